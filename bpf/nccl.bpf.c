@@ -1,0 +1,577 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * NCCL probes: an entry uprobe per NCCL API function and one shared return
+ * probe. The entry probe decodes the arguments (System V x86-64 calling
+ * convention: integer arguments in rdi, rsi, rdx, rcx, r8, r9, the rest on
+ * the stack above the return address) into a per-thread pending slot; the
+ * return probe adds the result and the return time and emits one record.
+ *
+ * Sequence numbers are assigned here, per (process, communicator, lane), so a
+ * record lost to a full ring buffer leaves a visible gap instead of shifting
+ * every later number (collectives are matched across ranks by sequence).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "bpf/nccl_events.h"
+
+/* libbpf 1.1 (Debian 12) defines PT_REGS_PARM1..5 only; the sixth integer
+ * argument of the x86-64 System V ABI is in r9. */
+#ifndef PT_REGS_PARM6
+#define PT_REGS_PARM6(x) (((struct pt_regs *)(x))->r9)
+#endif
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Scope: which processes this agent speaks for (several agents on one kernel
+ * act as several nodes in tests). Zero means "no filter". */
+const volatile __u32 filter_netns_ino = 0;
+const volatile __u64 filter_cgroup_id = 0;
+const volatile __u32 filter_cgroup_level = 0;
+const volatile __u8 filter_by_pid = 0;
+
+struct {
+  __uint(type, BPF_MAP_TYPE_RINGBUF);
+  __uint(max_entries, 4 * 1024 * 1024);
+} events SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, RS_DROP_MAX);
+  __type(key, __u32);
+  __type(value, __u64);
+} drops SEC(".maps");
+
+/* Processes to trace when filter_by_pid is set (filled by the agent). */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u32);
+  __type(value, __u8);
+} traced_pids SEC(".maps");
+
+struct pending_call {
+  __u64 entry_ns;
+  __u64 comm;
+  __u64 stream;
+  __u64 count;
+  __u64 seq;
+  __u64 comm_out;    /* ncclComm_t* to read at return (communicator creation) */
+  __u64 parent_comm; /* CommSplit */
+  __s32 peer;
+  __s32 nranks;
+  __s32 rank;
+  __s32 color;
+  __s32 key;
+  __u32 lane;
+  __u32 group_id;
+  __u32 nested;      /* NCCL API calls made from inside this one */
+  __u8 op;
+  __u8 datatype;
+  __u8 redop;
+  __u8 flags;
+  __u8 unique_id[RS_UNIQUE_ID_BYTES];
+};
+
+/* One in-flight NCCL API call per thread; also what the agent reads to report
+ * calls that never returned. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u64); /* pid_tgid */
+  __type(value, struct pending_call);
+} pending SEC(".maps");
+
+struct group_state {
+  __u32 depth;
+  __u32 group_id;
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u64); /* pid_tgid */
+  __type(value, struct group_state);
+} groups SEC(".maps");
+
+struct comm_key {
+  __u32 pid;
+  __u32 reserved;
+  __u64 comm;
+};
+
+struct comm_state {
+  __u64 next_seq; /* lane 0 */
+  __u64 epoch;    /* creation time: tells a reused ncclComm_t address apart */
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 131072);
+  __type(key, struct comm_key);
+  __type(value, struct comm_state);
+} comms SEC(".maps");
+
+struct p2p_key {
+  __u32 pid;
+  __u32 lane;
+  __u64 comm;
+  __u64 epoch;
+};
+
+/* Point-to-point lanes are many and never destroyed explicitly: LRU. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 262144);
+  __type(key, struct p2p_key);
+  __type(value, __u64);
+} p2p_seqs SEC(".maps");
+
+/* An all-zero template, so that large values are never built on the stack. */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct pending_call);
+} zero_pending SEC(".maps");
+
+static __always_inline void drops__count(__u32 reason)
+{
+  __u64 *slot = bpf_map_lookup_elem(&drops, &reason);
+  if (slot)
+    *slot += 1;
+}
+
+static __always_inline bool scope__in(__u32 pid)
+{
+  if (filter_by_pid && !bpf_map_lookup_elem(&traced_pids, &pid))
+    return false;
+  if (filter_netns_ino) {
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    if (BPF_CORE_READ(task, nsproxy, net_ns, ns.inum) != filter_netns_ino)
+      return false;
+  }
+  if (filter_cgroup_id && bpf_get_current_ancestor_cgroup_id(filter_cgroup_level) != filter_cgroup_id)
+    return false;
+  return true;
+}
+
+static __always_inline __u64 args__stack(struct pt_regs *ctx, int slot)
+{
+  /* At the first instruction of the callee, rsp points at the return
+   * address; the first stack-passed argument is the next eight bytes. */
+  __u64 value = 0;
+  bpf_probe_read_user(&value, sizeof(value), (void *)(PT_REGS_SP(ctx) + 8 * (slot + 1)));
+  return value;
+}
+
+static __always_inline void header__fill(struct rs_event_header *hdr, __u64 pid_tgid, __u16 kind)
+{
+  hdr->ts_ns = bpf_ktime_get_ns();
+  hdr->cgroup_id = bpf_get_current_cgroup_id();
+  hdr->pid = pid_tgid >> 32;
+  hdr->tid = (__u32)pid_tgid;
+  hdr->kind = kind;
+  hdr->reserved0 = 0;
+  hdr->reserved1 = 0;
+  bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
+}
+
+/* Opens the pending slot of this thread, or notes a nested call in the one
+ * already open (NCCL's own public entry points call each other, e.g.
+ * ncclBcast -> ncclBroadcast; the user made one call). */
+static __always_inline struct pending_call *pending__open(__u64 pid_tgid, __u8 op)
+{
+  __u32 zero = 0;
+  struct pending_call *p = bpf_map_lookup_elem(&pending, &pid_tgid);
+  if (p) {
+    p->nested += 1;
+    drops__count(RS_DROP_NESTED);
+    return NULL;
+  }
+  struct pending_call *tmpl = bpf_map_lookup_elem(&zero_pending, &zero);
+  if (!tmpl)
+    return NULL;
+  if (bpf_map_update_elem(&pending, &pid_tgid, tmpl, BPF_ANY)) {
+    drops__count(RS_DROP_MAP_FULL);
+    return NULL;
+  }
+  p = bpf_map_lookup_elem(&pending, &pid_tgid);
+  if (!p)
+    return NULL;
+  p->entry_ns = bpf_ktime_get_ns();
+  p->op = op;
+  p->peer = -1;
+  return p;
+}
+
+static __always_inline void seq__assign(struct pending_call *p, __u32 pid)
+{
+  struct comm_key key = {.pid = pid, .comm = p->comm};
+  struct comm_state *state = bpf_map_lookup_elem(&comms, &key);
+  if (!state) {
+    /* A communicator created before the agent attached (or its creation was
+     * lost): number from here and say so. */
+    struct comm_state fresh = {};
+    if (bpf_map_update_elem(&comms, &key, &fresh, BPF_NOEXIST) && bpf_map_update_elem(&comms, &key, &fresh, BPF_ANY)) {
+      drops__count(RS_DROP_MAP_FULL);
+      return;
+    }
+    state = bpf_map_lookup_elem(&comms, &key);
+    if (!state)
+      return;
+    p->flags |= RS_CALL_UNKNOWN_COMM;
+  } else if (state->epoch == 0) {
+    p->flags |= RS_CALL_UNKNOWN_COMM;
+  }
+  if (p->lane == 0) {
+    p->seq = __sync_fetch_and_add(&state->next_seq, 1);
+    return;
+  }
+  struct p2p_key pkey = {.pid = pid, .lane = p->lane, .comm = p->comm, .epoch = state->epoch};
+  __u64 *next = bpf_map_lookup_elem(&p2p_seqs, &pkey);
+  if (!next) {
+    __u64 first = 0;
+    bpf_map_update_elem(&p2p_seqs, &pkey, &first, BPF_NOEXIST);
+    next = bpf_map_lookup_elem(&p2p_seqs, &pkey);
+    if (!next) {
+      drops__count(RS_DROP_MAP_FULL);
+      return;
+    }
+  }
+  p->seq = __sync_fetch_and_add(next, 1);
+}
+
+static __always_inline void group__tag(struct pending_call *p, __u64 pid_tgid)
+{
+  struct group_state *g = bpf_map_lookup_elem(&groups, &pid_tgid);
+  if (g && g->depth > 0) {
+    p->flags |= RS_CALL_IN_GROUP;
+    p->group_id = g->group_id;
+  }
+}
+
+/* Common body of every collective and point-to-point entry probe. */
+static __always_inline int call__enter(struct pt_regs *ctx, __u8 op, __u64 count, __u64 datatype, __u64 redop,
+                                       __s32 peer, __u64 comm, __u64 stream)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 pid = pid_tgid >> 32;
+  if (!scope__in(pid))
+    return 0;
+  struct pending_call *p = pending__open(pid_tgid, op);
+  if (!p)
+    return 0;
+  p->count = count;
+  p->datatype = (__u8)datatype;
+  p->redop = (__u8)redop;
+  p->peer = peer;
+  p->comm = comm;
+  p->stream = stream;
+  if (op == RS_OP_SEND || op == RS_OP_RECV)
+    p->lane = RS_P2P_LANE(peer, op == RS_OP_RECV);
+  group__tag(p, pid_tgid);
+  seq__assign(p, pid);
+  return 0;
+}
+
+/* ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_allreduce_enter)
+{
+  return call__enter(ctx, RS_OP_ALLREDUCE, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), -1,
+                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+}
+
+/* ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_reducescatter_enter)
+{
+  return call__enter(ctx, RS_OP_REDUCESCATTER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), -1,
+                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+}
+
+/* ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_reduce_enter)
+{
+  return call__enter(ctx, RS_OP_REDUCE, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx),
+                     (__s32)PT_REGS_PARM6(ctx), args__stack(ctx, 0), args__stack(ctx, 1));
+}
+
+/* ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_broadcast_enter)
+{
+  return call__enter(ctx, RS_OP_BROADCAST, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, (__s32)PT_REGS_PARM5(ctx),
+                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+}
+
+/* ncclGather / ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_gather_enter)
+{
+  return call__enter(ctx, RS_OP_GATHER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, (__s32)PT_REGS_PARM5(ctx),
+                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+}
+
+SEC("uprobe")
+int BPF_KPROBE(nccl_scatter_enter)
+{
+  return call__enter(ctx, RS_OP_SCATTER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, (__s32)PT_REGS_PARM5(ctx),
+                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+}
+
+/* ncclBcast(buff, count, datatype, root, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_bcast_enter)
+{
+  return call__enter(ctx, RS_OP_BCAST, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0, (__s32)PT_REGS_PARM4(ctx),
+                     PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}
+
+/* ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_allgather_enter)
+{
+  return call__enter(ctx, RS_OP_ALLGATHER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, -1, PT_REGS_PARM5(ctx),
+                     PT_REGS_PARM6(ctx));
+}
+
+/* ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_alltoall_enter)
+{
+  return call__enter(ctx, RS_OP_ALLTOALL, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, -1, PT_REGS_PARM5(ctx),
+                     PT_REGS_PARM6(ctx));
+}
+
+/* ncclSend(sendbuff, count, datatype, peer, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_send_enter)
+{
+  return call__enter(ctx, RS_OP_SEND, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0, (__s32)PT_REGS_PARM4(ctx),
+                     PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}
+
+/* ncclRecv(recvbuff, count, datatype, peer, comm, stream) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_recv_enter)
+{
+  return call__enter(ctx, RS_OP_RECV, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0, (__s32)PT_REGS_PARM4(ctx),
+                     PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+}
+
+/* Common body of the communicator-creation entry probes. */
+static __always_inline struct pending_call *init__enter(__u8 op)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  if (!scope__in(pid_tgid >> 32))
+    return NULL;
+  return pending__open(pid_tgid, op);
+}
+
+/* ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank).
+ * The 128-byte ncclUniqueId is a MEMORY-class argument: it is copied onto the
+ * stack and takes no register, so `rank` is the third integer register. */
+SEC("uprobe")
+int BPF_KPROBE(nccl_comm_init_rank_enter)
+{
+  struct pending_call *p = init__enter(RS_OP_COMM_INIT_RANK);
+  if (!p)
+    return 0;
+  p->comm_out = PT_REGS_PARM1(ctx);
+  p->nranks = (__s32)PT_REGS_PARM2(ctx);
+  p->rank = (__s32)PT_REGS_PARM3(ctx);
+  bpf_probe_read_user(p->unique_id, sizeof(p->unique_id), (void *)(PT_REGS_SP(ctx) + 8));
+  return 0;
+}
+
+/* ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_comm_init_rank_config_enter)
+{
+  struct pending_call *p = init__enter(RS_OP_COMM_INIT_RANK_CONFIG);
+  if (!p)
+    return 0;
+  p->comm_out = PT_REGS_PARM1(ctx);
+  p->nranks = (__s32)PT_REGS_PARM2(ctx);
+  p->rank = (__s32)PT_REGS_PARM3(ctx);
+  bpf_probe_read_user(p->unique_id, sizeof(p->unique_id), (void *)(PT_REGS_SP(ctx) + 8));
+  return 0;
+}
+
+/* ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_comm_split_enter)
+{
+  struct pending_call *p = init__enter(RS_OP_COMM_SPLIT);
+  if (!p)
+    return 0;
+  p->parent_comm = PT_REGS_PARM1(ctx);
+  p->color = (__s32)PT_REGS_PARM2(ctx);
+  p->key = (__s32)PT_REGS_PARM3(ctx);
+  p->comm_out = PT_REGS_PARM4(ctx);
+  return 0;
+}
+
+/* ncclCommDestroy(ncclComm_t comm) / ncclCommAbort(ncclComm_t comm) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_comm_destroy_enter)
+{
+  struct pending_call *p = init__enter(RS_OP_COMM_DESTROY);
+  if (p)
+    p->comm = PT_REGS_PARM1(ctx);
+  return 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(nccl_comm_abort_enter)
+{
+  struct pending_call *p = init__enter(RS_OP_COMM_ABORT);
+  if (p)
+    p->comm = PT_REGS_PARM1(ctx);
+  return 0;
+}
+
+/* ncclGroupStart() / ncclGroupEnd(): only the per-thread nesting is kept. */
+SEC("uprobe")
+int BPF_KPROBE(nccl_group_start_enter)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  if (!scope__in(pid_tgid >> 32))
+    return 0;
+  struct group_state *g = bpf_map_lookup_elem(&groups, &pid_tgid);
+  if (!g) {
+    struct group_state fresh = {};
+    bpf_map_update_elem(&groups, &pid_tgid, &fresh, BPF_NOEXIST);
+    g = bpf_map_lookup_elem(&groups, &pid_tgid);
+    if (!g) {
+      drops__count(RS_DROP_MAP_FULL);
+      return 0;
+    }
+  }
+  if (g->depth == 0)
+    g->group_id += 1;
+  g->depth += 1;
+  return 0;
+}
+
+SEC("uprobe")
+int BPF_KPROBE(nccl_group_end_enter)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  struct group_state *g = bpf_map_lookup_elem(&groups, &pid_tgid);
+  if (g && g->depth > 0)
+    g->depth -= 1;
+  return 0;
+}
+
+static __always_inline void emit__call(struct pending_call *p, __u64 pid_tgid, __s32 result)
+{
+  struct rs_call_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) {
+    drops__count(RS_DROP_RINGBUF_FULL);
+    return;
+  }
+  header__fill(&e->hdr, pid_tgid, RS_EV_CALL);
+  e->entry_ns = p->entry_ns;
+  e->comm = p->comm;
+  e->stream = p->stream;
+  e->count = p->count;
+  e->seq = p->seq;
+  e->peer = p->peer;
+  e->result = result;
+  e->lane = p->lane;
+  e->group_id = p->group_id;
+  e->op = p->op;
+  e->datatype = p->datatype;
+  e->redop = p->redop;
+  e->flags = p->flags;
+  e->reserved = 0;
+  bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void emit__comm_init(struct pending_call *p, __u64 pid_tgid, __s32 result)
+{
+  __u64 comm = 0;
+  if (p->comm_out)
+    bpf_probe_read_user(&comm, sizeof(comm), (void *)p->comm_out);
+  if (result == 0 && comm) {
+    /* Start numbering the new communicator; a stale entry at the same
+     * address (a destroyed communicator's memory reused) is replaced. */
+    struct comm_key key = {.pid = pid_tgid >> 32, .comm = comm};
+    struct comm_state fresh = {.next_seq = 0, .epoch = bpf_ktime_get_ns()};
+    if (bpf_map_update_elem(&comms, &key, &fresh, BPF_ANY))
+      drops__count(RS_DROP_MAP_FULL);
+  }
+  struct rs_comm_init_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) {
+    drops__count(RS_DROP_RINGBUF_FULL);
+    return;
+  }
+  header__fill(&e->hdr, pid_tgid, RS_EV_COMM_INIT);
+  e->entry_ns = p->entry_ns;
+  e->comm = comm;
+  e->parent_comm = p->parent_comm;
+  e->nranks = p->nranks;
+  e->rank = p->rank;
+  e->result = result;
+  e->color = p->color;
+  e->key = p->key;
+  e->op = p->op;
+  e->reserved[0] = e->reserved[1] = e->reserved[2] = 0;
+  __builtin_memcpy(e->unique_id, p->unique_id, sizeof(e->unique_id));
+  bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void emit__comm_end(struct pending_call *p, __u64 pid_tgid, __s32 result)
+{
+  struct comm_key key = {.pid = pid_tgid >> 32, .comm = p->comm};
+  bpf_map_delete_elem(&comms, &key);
+  struct rs_comm_end_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) {
+    drops__count(RS_DROP_RINGBUF_FULL);
+    return;
+  }
+  header__fill(&e->hdr, pid_tgid, RS_EV_COMM_END);
+  e->entry_ns = p->entry_ns;
+  e->comm = p->comm;
+  e->result = result;
+  e->op = p->op;
+  e->reserved[0] = e->reserved[1] = e->reserved[2] = 0;
+  bpf_ringbuf_submit(e, 0);
+}
+
+/* The one return probe, attached to every function that has an entry probe. */
+SEC("uretprobe")
+int BPF_KRETPROBE(nccl_call_return, long ret)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  struct pending_call *p = bpf_map_lookup_elem(&pending, &pid_tgid);
+  if (!p)
+    return 0;
+  if (p->nested > 0) {
+    p->nested -= 1;
+    return 0;
+  }
+  __s32 result = (__s32)ret;
+  switch (p->op) {
+  case RS_OP_COMM_INIT_RANK:
+  case RS_OP_COMM_INIT_RANK_CONFIG:
+  case RS_OP_COMM_SPLIT:
+    emit__comm_init(p, pid_tgid, result);
+    break;
+  case RS_OP_COMM_DESTROY:
+  case RS_OP_COMM_ABORT:
+    emit__comm_end(p, pid_tgid, result);
+    break;
+  default:
+    emit__call(p, pid_tgid, result);
+    break;
+  }
+  bpf_map_delete_elem(&pending, &pid_tgid);
+  return 0;
+}

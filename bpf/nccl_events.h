@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The records that bpf/nccl.bpf.c writes into its ring buffer, and the
+ * codes shared by the BPF side, the agent and the wire format. This is the
+ * only description of their layout: C++ includes this header, nobody
+ * restates it. Fixed-width fields, explicit padding, the common header first.
+ */
+#ifndef RANKSCOPE_BPF_NCCL_EVENTS_H
+#define RANKSCOPE_BPF_NCCL_EVENTS_H
+
+#ifdef __cplusplus
+#include <linux/types.h>
+#endif
+
+#define RS_TASK_COMM_LEN 16
+#define RS_UNIQUE_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES in nccl.h */
+
+enum rs_event_kind {
+  RS_EV_CALL = 1,      /* one NCCL collective or point-to-point call, entry and return */
+  RS_EV_COMM_INIT = 2, /* a communicator created (CommInitRank and friends) */
+  RS_EV_COMM_END = 3,  /* a communicator destroyed or aborted */
+};
+
+/* NCCL entry points, numbered for the wire: never renumber, only append. */
+enum rs_nccl_op {
+  RS_OP_NONE = 0,
+  RS_OP_ALLREDUCE = 1,
+  RS_OP_BROADCAST = 2,
+  RS_OP_BCAST = 3,
+  RS_OP_REDUCE = 4,
+  RS_OP_ALLGATHER = 5,
+  RS_OP_REDUCESCATTER = 6,
+  RS_OP_ALLTOALL = 7,
+  RS_OP_GATHER = 8,
+  RS_OP_SCATTER = 9,
+  RS_OP_SEND = 10,
+  RS_OP_RECV = 11,
+  RS_OP_COMM_INIT_RANK = 32,
+  RS_OP_COMM_INIT_RANK_CONFIG = 33,
+  RS_OP_COMM_INIT_ALL = 34,
+  RS_OP_COMM_SPLIT = 35,
+  RS_OP_COMM_DESTROY = 36,
+  RS_OP_COMM_ABORT = 37,
+  RS_OP_GROUP_START = 40,
+  RS_OP_GROUP_END = 41,
+};
+
+/* Ways the BPF side loses data; each is a slot of the `drops` per-CPU array. */
+enum rs_drop_reason {
+  RS_DROP_RINGBUF_FULL = 0,
+  RS_DROP_MAP_FULL = 1,
+  RS_DROP_NESTED = 2, /* an NCCL API call made from inside another one */
+  RS_DROP_MAX = 4,
+};
+
+/* Flags of one call record (also carried on the wire, proto/records.h). */
+enum rs_call_flag {
+  RS_CALL_IN_GROUP = 1 << 0,     /* issued between GroupStart and GroupEnd */
+  RS_CALL_UNKNOWN_COMM = 1 << 1, /* the communicator's creation was not seen */
+  RS_CALL_DURATION_SAT = 1 << 2, /* wire only: duration did not fit, saturated */
+};
+
+/* Lane 0 numbers a communicator's collectives; point-to-point calls with one
+ * peer are numbered apart, because NCCL orders them per peer only. */
+#define RS_P2P_LANE(peer, is_recv) (1u + 2u * (__u32)(peer) + ((is_recv) ? 1u : 0u))
+
+struct rs_event_header {
+  __u64 ts_ns;     /* bpf_ktime_get_ns() (CLOCK_MONOTONIC) at the event */
+  __u64 cgroup_id; /* bpf_get_current_cgroup_id() */
+  __u32 pid;       /* thread-group id */
+  __u32 tid;
+  __u16 kind;      /* enum rs_event_kind */
+  __u16 reserved0;
+  __u32 reserved1;
+  char comm[RS_TASK_COMM_LEN];
+};
+
+/* An NCCL collective or Send/Recv, written at return; ts_ns is the return. */
+struct rs_call_event {
+  struct rs_event_header hdr;
+  __u64 entry_ns;
+  __u64 comm;     /* ncclComm_t, local to the process */
+  __u64 stream;   /* cudaStream_t */
+  __u64 count;    /* element count as passed (sendcount for AllGather, recvcount for ReduceScatter) */
+  __u64 seq;      /* per (process, communicator, lane), from 0, numbered in BPF */
+  __s32 peer;     /* root or peer; -1 when the call has none */
+  __s32 result;   /* ncclResult_t returned */
+  __u32 lane;
+  __u32 group_id; /* per-thread count of outermost GroupStart calls; valid with RS_CALL_IN_GROUP */
+  __u8 op;        /* enum rs_nccl_op */
+  __u8 datatype;  /* ncclDataType_t */
+  __u8 redop;     /* ncclRedOp_t (0 when the call has none) */
+  __u8 flags;     /* enum rs_call_flag */
+  __u32 reserved;
+};
+
+/* A communicator created by this process; ts_ns is the return. */
+struct rs_comm_init_event {
+  struct rs_event_header hdr;
+  __u64 entry_ns;
+  __u64 comm;        /* the new ncclComm_t, read through the ncclComm_t* argument at return */
+  __u64 parent_comm; /* CommSplit's parent; 0 otherwise */
+  __s32 nranks;
+  __s32 rank;
+  __s32 result;
+  __s32 color;       /* CommSplit */
+  __s32 key;         /* CommSplit */
+  __u8 op;           /* enum rs_nccl_op */
+  __u8 reserved[3];
+  __u8 unique_id[RS_UNIQUE_ID_BYTES]; /* the ncclUniqueId passed by value (read from the stack) */
+};
+
+struct rs_comm_end_event {
+  struct rs_event_header hdr;
+  __u64 entry_ns;
+  __u64 comm;
+  __s32 result;
+  __u8 op;
+  __u8 reserved[3];
+};
+
+#ifdef __cplusplus
+static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");
+static_assert(sizeof(struct rs_call_event) == 112, "rs_call_event layout");
+static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");
+static_assert(sizeof(struct rs_comm_end_event) == 72, "rs_comm_end_event layout");
+#else
+_Static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");
+_Static_assert(sizeof(struct rs_call_event) == 112, "rs_call_event layout");
+_Static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");
+_Static_assert(sizeof(struct rs_comm_end_event) == 72, "rs_comm_end_event layout");
+#endif
+
+#endif /* RANKSCOPE_BPF_NCCL_EVENTS_H */

@@ -1,0 +1,19 @@
+# One target name per dependency, whatever its origin. Every package comes
+# from Debian (scripts/install-deps.sh); nothing is downloaded by the build.
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+
+pkg_check_modules(LIBBPF REQUIRED IMPORTED_TARGET libbpf>=1.0)
+add_library(rankscope::libbpf ALIAS PkgConfig::LIBBPF)
+
+pkg_check_modules(LIBZMQ REQUIRED IMPORTED_TARGET libzmq>=4.3)
+add_library(rankscope::zmq ALIAS PkgConfig::LIBZMQ)
+find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
+
+find_package(CapnProto CONFIG REQUIRED)
+find_package(RocksDB CONFIG REQUIRED)
+find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
+find_package(prometheus-cpp CONFIG REQUIRED)
+
+find_program(RANKSCOPE_CLANG NAMES clang clang-14 REQUIRED)
+find_program(RANKSCOPE_BPFTOOL NAMES bpftool PATHS /usr/sbin /usr/local/sbin REQUIRED)

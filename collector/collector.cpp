@@ -1,0 +1,116 @@
+#include "collector/collector.h"
+
+#include <zmq.hpp>
+
+#include "collector/ingest.h"
+#include "collector/query.h"
+#include "collector/store/timeline_store.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace rankscope::collector {
+
+namespace {
+// How many agent messages are taken in before one durable write: the group
+// commit that lets many agents share one fsync.
+constexpr int kMaxMessagesPerCommit = 512;
+
+std::string frame(const zmq::message_t& message) {
+  return std::string(static_cast<const char*>(message.data()), message.size());
+}
+
+void send_to(zmq::socket_t& socket, const std::string& routing_id, const std::string& bytes, bool delimiter) {
+  try {
+    socket.send(zmq::buffer(routing_id), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    if (delimiter) socket.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    socket.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t& e) {
+    RS_LOG(warn, "reply not sent: %s", e.what());
+  }
+}
+
+// Reads one multipart message from a ROUTER: routing id, [empty], payload.
+std::optional<std::pair<std::string, std::string>> receive(zmq::socket_t& socket) {
+  std::vector<zmq::message_t> parts;
+  for (;;) {
+    zmq::message_t part;
+    auto got = socket.recv(part, parts.empty() ? zmq::recv_flags::dontwait : zmq::recv_flags::none);
+    if (!got) return std::nullopt;
+    bool more = part.more();
+    parts.push_back(std::move(part));
+    if (!more) break;
+  }
+  if (parts.size() < 2) return std::nullopt;
+  return std::make_pair(frame(parts.front()), frame(parts.back()));
+}
+
+Result<void> bind(zmq::socket_t& socket, const std::string& endpoint, const char* what) {
+  try {
+    socket.bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    return make_error(Errc::io, std::string("cannot listen for ") + what + " on " + endpoint + ": " + e.what());
+  }
+  return {};
+}
+}  // namespace
+
+int run(const Options& options, const std::atomic<bool>& stop) {
+  auto store = TimelineStore::open(options.db);
+  if (!store) {
+    RS_LOG(error, "%s", store.error().message.c_str());
+    return 2;
+  }
+  SystemClock clock;
+  Ingest ingest(**store, clock);
+  if (auto restored = ingest.restore(); !restored) {
+    RS_LOG(error, "%s", restored.error().message.c_str());
+    return 2;
+  }
+
+  zmq::context_t context(1);
+  zmq::socket_t agents(context, zmq::socket_type::router);
+  zmq::socket_t queries(context, zmq::socket_type::router);
+  for (auto* socket : {&agents, &queries}) {
+    socket->set(zmq::sockopt::linger, 0);
+    socket->set(zmq::sockopt::router_mandatory, 0);
+  }
+  agents.set(zmq::sockopt::rcvhwm, 100000);
+  for (auto r : {bind(agents, options.listen, "agents"), bind(queries, options.query, "queries")}) {
+    if (!r) {
+      RS_LOG(error, "%s", r.error().message.c_str());
+      return 2;
+    }
+  }
+  RS_LOG(info, "listening for agents on %s, queries on %s; database %s", options.listen.c_str(),
+         options.query.c_str(), options.db.c_str());
+
+  QueryContext query_context{ingest, **store, clock, static_cast<uint64_t>(options.liveness_ms) * 1'000'000ull};
+  while (!stop.load()) {
+    zmq::pollitem_t items[] = {{agents.handle(), 0, ZMQ_POLLIN, 0}, {queries.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 2, std::chrono::milliseconds(100));
+
+    Outbox outbox;
+    for (int i = 0; i < kMaxMessagesPerCommit; ++i) {
+      auto message = receive(agents);
+      if (!message) break;
+      ingest.on_agent_message(message->first, message->second, outbox);
+    }
+    for (const auto& [id, bytes] : outbox.now) send_to(agents, id, bytes, false);
+    if (!outbox.after_commit.empty()) {
+      if (auto committed = ingest.commit(); committed) {
+        for (const auto& [id, bytes] : outbox.after_commit) send_to(agents, id, bytes, false);
+      } else {
+        RS_LOG(error, "%s; %zu batch(es) not acknowledged, agents will re-send", committed.error().message.c_str(),
+               outbox.after_commit.size());
+      }
+    } else if (auto committed = ingest.commit(); !committed) {
+      RS_LOG(error, "%s", committed.error().message.c_str());
+    }
+
+    while (auto request = receive(queries)) send_to(queries, request->first, answer_query(request->second, query_context), true);
+  }
+  RS_LOG(info, "stopped");
+  return 0;
+}
+
+}  // namespace rankscope::collector

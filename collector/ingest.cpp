@@ -1,0 +1,348 @@
+#include "collector/ingest.h"
+
+#include <capnp/message.h>
+
+#include "common/format.h"
+#include "common/log.h"
+#include "proto/store.capnp.h"
+
+namespace rankscope::collector {
+
+namespace {
+constexpr size_t kAckedMemory = 4096;  // batch numbers remembered per node to spot re-sends
+
+void copy_drops(wire::DropCounters::Reader in, Drops& out) {
+  out.ringbuf_full = in.getRingbufFull();
+  out.map_full = in.getMapFull();
+  out.unknown_comm = in.getUnknownComm();
+  out.nested = in.getNested();
+  out.send_queue_full = in.getSendQueueFull();
+}
+
+void fill_drops(const Drops& in, wire::DropCounters::Builder out) {
+  out.setRingbufFull(in.ringbuf_full);
+  out.setMapFull(in.map_full);
+  out.setUnknownComm(in.unknown_comm);
+  out.setNested(in.nested);
+  out.setSendQueueFull(in.send_queue_full);
+}
+}  // namespace
+
+Ingest::Ingest(TimelineStore& store, const Clock& clock)
+    : store_(store), clock_(clock), pending_(store.writes()), started_ns_(clock.realtime_ns()) {}
+
+Result<void> Ingest::restore() {
+  auto comms = store_.all_comms();
+  if (!comms) return comms.error();
+  for (const auto& bytes : *comms) {
+    auto read = proto::read_packed<proto::store::StoredComm>(bytes, proto::ReadLimits{}, [&](auto stored) {
+      CommState comm;
+      comm.hash = stored.getCommHash();
+      comm.job = stored.getJob();
+      comm.nranks = stored.getNranks();
+      comm.origin = stored.getOrigin();
+      comm.first_ns = stored.getFirstNs();
+      comm.last_ns = stored.getLastNs();
+      comm.ended = stored.getEnded();
+      for (auto lane : stored.getLanes()) comm.lanes.insert(lane);
+      for (auto m : stored.getMembers()) {
+        MemberState member;
+        member.rank = m.getRank();
+        member.node = m.getNode();
+        member.pid = m.getPid();
+        member.records = m.getRecords();
+        member.last_seq = m.getLastSeq();
+        member.last_issue_ns = m.getLastIssueNs();
+        comm.members[member.rank] = member;
+      }
+      comms_[comm.hash] = std::move(comm);
+    });
+    if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
+  }
+  auto nodes = store_.all_nodes();
+  if (!nodes) return nodes.error();
+  for (const auto& bytes : *nodes) {
+    auto read = proto::read_packed<proto::store::StoredNode>(bytes, proto::ReadLimits{}, [&](auto stored) {
+      NodeState node;
+      node.name = stored.getNode();
+      node.last_contact_ns = stored.getLastContactNs();
+      node.agent_version = stored.getAgentVersion();
+      node.instance = stored.getInstanceId();
+      node.boot_id = stored.getBootId();
+      node.batches = stored.getBatches();
+      node.records = stored.getRecords();
+      copy_drops(stored.getDrops(), node.drops);
+      nodes_[node.name] = std::move(node);
+    });
+    if (!read) return make_error(Errc::storage, "a stored node is unreadable: " + read.error().message);
+  }
+  if (!comms_.empty() || !nodes_.empty())
+    RS_LOG(info, "restored %zu node(s) and %zu communicator(s) from the database", nodes_.size(), comms_.size());
+  return {};
+}
+
+std::string Ingest::error_reply(wire::ErrorCode code, const std::string& message) const {
+  capnp::MallocMessageBuilder builder;
+  auto error = builder.initRoot<wire::CollectorMessage>().initError();
+  error.setCode(code);
+  error.setMessage(message);
+  return proto::to_packed(builder);
+}
+
+void Ingest::on_agent_message(const std::string& routing_id, std::string_view bytes, Outbox& out) {
+  uint64_t received_ns = clock_.realtime_ns();
+  auto result = proto::read_packed<wire::AgentMessage>(bytes, proto::ReadLimits{}, [&](auto message) {
+    if (message.which() == wire::AgentMessage::HELLO) {
+      on_hello(routing_id, message.getHello(), out);
+      return;
+    }
+    auto known = node_of_connection_.find(routing_id);
+    if (known == node_of_connection_.end()) {
+      out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::NEED_HELLO, "say hello first"));
+      return;
+    }
+    NodeState& node = nodes_[known->second];
+    node.last_contact_ns = received_ns;
+    switch (message.which()) {
+      case wire::AgentMessage::BATCH:
+        on_batch(node, routing_id, message.getBatch(), out);
+        counters_.batch_bytes += bytes.size();
+        break;
+      case wire::AgentMessage::HEARTBEAT: on_heartbeat(node, message.getHeartbeat()); break;
+      case wire::AgentMessage::CLOCK_PROBE: {
+        capnp::MallocMessageBuilder builder;
+        auto reply = builder.initRoot<wire::CollectorMessage>().initClockReply();
+        reply.setT1(message.getClockProbe().getT1());
+        reply.setT2(received_ns);
+        reply.setT3(clock_.realtime_ns());
+        out.now.emplace_back(routing_id, proto::to_packed(builder));
+        break;
+      }
+      default:
+        ++counters_.bad_messages;
+        RS_LOG(warn, "node %s sent a message kind this collector does not know; ignored", node.name.c_str());
+    }
+  });
+  if (!result) {
+    ++counters_.bad_messages;
+    auto known = node_of_connection_.find(routing_id);
+    RS_LOG(warn, "bad message from %s: %s",
+           known == node_of_connection_.end() ? "an unidentified agent" : ("node " + known->second).c_str(),
+           result.error().message.c_str());
+    out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, result.error().message));
+  }
+}
+
+void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out) {
+  capnp::MallocMessageBuilder builder;
+  auto reply = builder.initRoot<wire::CollectorMessage>().initHelloReply();
+  reply.setProtocolVersion(wire::PROTOCOL_VERSION);
+  reply.setCollectorVersion("0.1.0");
+  std::string name = hello.getNode();
+  uint32_t version = hello.getProtocolVersion();
+  if (version == 0 || version > wire::PROTOCOL_VERSION) {
+    reply.setAccepted(false);
+    reply.setReason("agent protocol version " + std::to_string(version) + " is not supported; this collector reads " +
+                    "version " + std::to_string(wire::PROTOCOL_VERSION) + ": upgrade the collector first");
+    RS_LOG(warn, "refused node %s: protocol version %u", name.c_str(), version);
+  } else if (name.empty() || name.size() > 255) {
+    reply.setAccepted(false);
+    reply.setReason("node name must be 1 to 255 bytes");
+  } else {
+    reply.setAccepted(true);
+    NodeState& node = nodes_[name];
+    bool new_instance = node.instance != hello.getInstanceId();
+    node.name = name;
+    node.agent_version = hello.getAgentVersion();
+    node.boot_id = hello.getBootId();
+    node.last_contact_ns = clock_.realtime_ns();
+    if (new_instance) {
+      node.instance = hello.getInstanceId();
+      node.acked.clear();
+    }
+    node.clock.seed(hello.getMonotonicNs(), hello.getRealtimeNs());
+    node.wall_offset_ns = static_cast<int64_t>(hello.getRealtimeNs() - hello.getMonotonicNs());
+    for (auto it = node_of_connection_.begin(); it != node_of_connection_.end();)
+      it = it->second == name ? node_of_connection_.erase(it) : std::next(it);
+    node_of_connection_[routing_id] = name;
+    persist_node(node);
+    RS_LOG(info, "node %s connected (agent %s, instance %s)", name.c_str(), node.agent_version.c_str(),
+           hex64(node.instance).c_str());
+  }
+  out.now.emplace_back(routing_id, proto::to_packed(builder));
+}
+
+CommState& Ingest::comm_for(uint64_t hash, const std::string& node, uint32_t pid) {
+  CommState& comm = comms_[hash];
+  if (comm.hash == 0) {
+    comm.hash = hash;
+    comm.first_ns = clock_.realtime_ns();
+  }
+  if (comm.job.empty()) {
+    auto proc = processes_.find({node, pid});
+    if (proc != processes_.end()) comm.job = proc->second.job;
+  }
+  comm.last_ns = clock_.realtime_ns();
+  return comm;
+}
+
+void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, Outbox& out) {
+  capnp::MallocMessageBuilder ack_builder;
+  auto ack = ack_builder.initRoot<wire::CollectorMessage>().initAck();
+  ack.setInstanceId(batch.getInstanceId());
+  ack.setSeq(batch.getSeq());
+  std::string ack_bytes = proto::to_packed(ack_builder);
+
+  if (batch.getInstanceId() == node.instance && node.acked.count(batch.getSeq())) {
+    // Re-sent (our ack was lost or late): already durable, say so again.
+    ++counters_.duplicate_batches;
+    out.now.emplace_back(routing_id, std::move(ack_bytes));
+    return;
+  }
+
+  // Clock first, so that this batch's records use the newest estimate.
+  for (auto s : batch.getClockSamples()) node.clock.add({s.getT1(), s.getT2(), s.getT3(), s.getT4()});
+  copy_drops(batch.getDrops(), node.drops);
+
+  for (auto p : batch.getProcesses()) {
+    ProcessInfo& info = processes_[{node.name, p.getPid()}];
+    info.job = p.getJob();
+    info.rank = p.getRank();
+    info.world_size = p.getWorldSize();
+  }
+  std::set<uint64_t> touched;
+  for (auto c : batch.getComms()) {
+    CommState& comm = comm_for(c.getCommHash(), node.name, c.getPid());
+    if (c.getNranks() > 0) comm.nranks = c.getNranks();
+    if (comm.origin == wire::CommOrigin::UNKNOWN) comm.origin = c.getOrigin();
+    comm.ended = false;
+    MemberState& member = comm.members[c.getRank()];
+    member.rank = c.getRank();
+    member.node = node.name;
+    member.pid = c.getPid();
+    touched.insert(comm.hash);
+  }
+  for (auto e : batch.getCommEnds()) {
+    auto it = comms_.find(e.getCommHash());
+    if (it == comms_.end()) continue;
+    // Ended once every member that reported it has destroyed it; one end is enough to note it.
+    it->second.ended = true;
+    touched.insert(it->first);
+  }
+  size_t records = 0;
+  for (auto columns : batch.getCollectives()) {
+    auto block = proto::decode_columns(columns, batch);
+    if (!block) {
+      ++counters_.bad_messages;
+      RS_LOG(warn, "node %s batch %llu: %s; block skipped", node.name.c_str(),
+             static_cast<unsigned long long>(batch.getSeq()), block.error().message.c_str());
+      continue;
+    }
+    CommState& comm = comm_for(block->comm_hash, node.name, block->pid);
+    comm.lanes.insert(block->lane);
+    MemberState& member = comm.members[block->rank];
+    member.rank = block->rank;
+    member.node = node.name;
+    member.pid = block->pid;
+    for (const auto& call : block->records) {
+      StoredRecord record;
+      record.key = RecordKey{block->comm_hash, block->lane, block->rank, call.seq};
+      record.call = call;
+      record.call.issue_ns = node.clock.to_cluster(call.issue_ns);
+      record.call.return_ns = node.clock.to_cluster(call.return_ns);
+      record.pid = block->pid;
+      pending_.put_record(record);
+      if (block->lane == 0 && static_cast<int64_t>(call.seq) > member.last_seq) {
+        member.last_seq = static_cast<int64_t>(call.seq);
+        member.last_issue_ns = record.call.issue_ns;
+      }
+    }
+    member.records += block->records.size();
+    records += block->records.size();
+    touched.insert(comm.hash);
+  }
+  for (uint64_t hash : touched) persist_comm(comms_[hash]);
+
+  if (batch.getInstanceId() == node.instance) {
+    node.acked.insert(batch.getSeq());
+    uncommitted_.emplace_back(node.name, batch.getSeq());
+    while (node.acked.size() > kAckedMemory) node.acked.erase(node.acked.begin());
+  }
+  node.batches += 1;
+  node.records += records;
+  counters_.batches_stored += 1;
+  counters_.records_stored += records;
+  persist_node(node);
+  out.after_commit.emplace_back(routing_id, std::move(ack_bytes));
+}
+
+void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
+  node.traced_processes = heartbeat.getTracedProcesses();
+  Drops drops;
+  copy_drops(heartbeat.getDrops(), drops);
+  // A heartbeat carries what the agent knows now; keep the larger counters.
+  node.drops.ringbuf_full = std::max(node.drops.ringbuf_full, drops.ringbuf_full);
+  node.drops.map_full = std::max(node.drops.map_full, drops.map_full);
+  node.drops.unknown_comm = std::max(node.drops.unknown_comm, drops.unknown_comm);
+  node.drops.send_queue_full = std::max(node.drops.send_queue_full, drops.send_queue_full);
+}
+
+void Ingest::persist_comm(const CommState& comm) {
+  capnp::MallocMessageBuilder builder;
+  auto stored = builder.initRoot<proto::store::StoredComm>();
+  stored.setCommHash(comm.hash);
+  stored.setJob(comm.job);
+  stored.setNranks(comm.nranks);
+  stored.setOrigin(comm.origin);
+  stored.setFirstNs(comm.first_ns);
+  stored.setLastNs(comm.last_ns);
+  stored.setEnded(comm.ended);
+  auto lanes = stored.initLanes(static_cast<unsigned>(comm.lanes.size()));
+  unsigned i = 0;
+  for (uint32_t lane : comm.lanes) lanes.set(i++, lane);
+  auto members = stored.initMembers(static_cast<unsigned>(comm.members.size()));
+  i = 0;
+  for (const auto& [rank, m] : comm.members) {
+    auto out = members[i++];
+    out.setRank(m.rank);
+    out.setNode(m.node);
+    out.setPid(m.pid);
+    out.setRecords(m.records);
+    out.setLastSeq(m.last_seq);
+    out.setLastIssueNs(m.last_issue_ns);
+  }
+  pending_.put_comm(comm.hash, proto::to_packed(builder));
+}
+
+void Ingest::persist_node(const NodeState& node) {
+  capnp::MallocMessageBuilder builder;
+  auto stored = builder.initRoot<proto::store::StoredNode>();
+  stored.setNode(node.name);
+  stored.setLastContactNs(node.last_contact_ns);
+  stored.setAgentVersion(node.agent_version);
+  stored.setInstanceId(node.instance);
+  stored.setBootId(node.boot_id);
+  stored.setBatches(node.batches);
+  stored.setRecords(node.records);
+  fill_drops(node.drops, stored.initDrops());
+  stored.setClockOffsetNs(node.clock.offset_ns());
+  stored.setClockUncertaintyNs(node.clock.uncertainty_ns());
+  pending_.put_node(node.name, proto::to_packed(builder));
+}
+
+Result<void> Ingest::commit() {
+  if (pending_.empty()) return {};
+  auto result = store_.commit(pending_);
+  if (!result) {
+    // Nothing is acknowledged: the agents keep their batches and re-send,
+    // and those batches must then be stored, not taken for duplicates.
+    for (const auto& [node, seq] : uncommitted_) nodes_[node].acked.erase(seq);
+    uncommitted_.clear();
+    pending_ = store_.writes();
+    return result;
+  }
+  uncommitted_.clear();
+  return {};
+}
+
+}  // namespace rankscope::collector

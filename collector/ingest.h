@@ -1,0 +1,124 @@
+#pragma once
+// Ingest: what the agents say, checked, put on the cluster clock, and
+// written to the timeline store. Keeps the live picture of the cluster
+// (nodes, communicators, their members) that queries and detectors read.
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "collector/clock.h"
+#include "collector/store/timeline_store.h"
+#include "common/clock.h"
+#include "proto/agent.capnp.h"
+#include "proto/codec.h"
+
+namespace rankscope::collector {
+
+namespace wire = ::rankscope::proto::wire;
+
+struct Drops {
+  uint64_t ringbuf_full = 0, map_full = 0, unknown_comm = 0, nested = 0, send_queue_full = 0;
+};
+
+struct NodeState {
+  std::string name;
+  NodeClock clock;
+  int64_t wall_offset_ns = 0;    // the node's realtime minus its monotonic clock, from its Hello
+  uint64_t last_contact_ns = 0;  // collector clock
+  std::string agent_version;
+  std::string boot_id;
+  uint64_t instance = 0;
+  uint64_t batches = 0;
+  uint64_t records = 0;
+  uint32_t traced_processes = 0;
+  Drops drops;
+  std::set<uint64_t> acked;      // batch numbers of `instance` already stored
+};
+
+struct MemberState {
+  int32_t rank = -1;
+  std::string node;
+  uint32_t pid = 0;
+  uint64_t records = 0;
+  int64_t last_seq = -1;          // lane 0
+  uint64_t last_issue_ns = 0;     // cluster clock
+};
+
+struct CommState {
+  uint64_t hash = 0;
+  std::string job;
+  int32_t nranks = -1;
+  wire::CommOrigin origin = wire::CommOrigin::UNKNOWN;
+  std::map<int32_t, MemberState> members;
+  std::set<uint32_t> lanes;
+  uint64_t first_ns = 0, last_ns = 0;
+  bool ended = false;
+};
+
+struct IngestCounters {
+  uint64_t batches_stored = 0;
+  uint64_t records_stored = 0;
+  uint64_t duplicate_batches = 0;
+  uint64_t bad_messages = 0;
+  uint64_t batch_bytes = 0;  // wire size of the batches stored
+};
+
+// Replies to send: some at once, acks only once their batch is durable.
+struct Outbox {
+  std::vector<std::pair<std::string, std::string>> now;           // (routing id, bytes)
+  std::vector<std::pair<std::string, std::string>> after_commit;
+};
+
+class Ingest {
+ public:
+  Ingest(TimelineStore& store, const Clock& clock);
+
+  // Reloads nodes and communicators written by an earlier run.
+  Result<void> restore();
+  void on_agent_message(const std::string& routing_id, std::string_view bytes, Outbox& out);
+  // Makes everything received so far durable; on success the acks in
+  // out.after_commit may be sent, on failure they must be dropped (agents re-send).
+  Result<void> commit();
+
+  const std::map<std::string, NodeState>& nodes() const { return nodes_; }
+  const std::map<uint64_t, CommState>& comms() const { return comms_; }
+  const IngestCounters& counters() const { return counters_; }
+  uint64_t started_ns() const { return started_ns_; }
+
+ private:
+  struct ProcessKey {
+    std::string node;
+    uint32_t pid;
+    bool operator<(const ProcessKey& o) const { return node != o.node ? node < o.node : pid < o.pid; }
+  };
+  struct ProcessInfo {
+    std::string job;
+    int32_t rank = -1;
+    int32_t world_size = -1;
+  };
+
+  void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out);
+  void on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, Outbox& out);
+  void on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat);
+  CommState& comm_for(uint64_t hash, const std::string& node, uint32_t pid);
+  void persist_comm(const CommState& comm);
+  void persist_node(const NodeState& node);
+  std::string error_reply(wire::ErrorCode code, const std::string& message) const;
+
+  TimelineStore& store_;
+  const Clock& clock_;
+  WriteSet pending_;
+  std::map<std::string, NodeState> nodes_;
+  std::map<std::string, std::string> node_of_connection_;  // routing id -> node name
+  std::map<uint64_t, CommState> comms_;
+  std::map<ProcessKey, ProcessInfo> processes_;
+  std::vector<std::pair<std::string, uint64_t>> uncommitted_;  // (node, batch) marked acked, not yet durable
+  IngestCounters counters_;
+  uint64_t started_ns_;
+};
+
+}  // namespace rankscope::collector

@@ -1,0 +1,176 @@
+#include "collector/query.h"
+
+#include <capnp/message.h>
+
+#include <algorithm>
+
+#include "common/format.h"
+#include "proto/codec.h"
+
+namespace rankscope::collector {
+
+namespace query = proto::query;
+
+namespace {
+void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
+  const Ingest& ingest = ctx.ingest;
+  uint64_t now = ctx.clock.realtime_ns();
+  out.setCollectorVersion("0.1.0");
+  out.setStartedNs(ingest.started_ns());
+  out.setNowNs(now);
+  out.setBatchesStored(ingest.counters().batches_stored);
+  out.setRecordsStored(ingest.counters().records_stored);
+  out.setDuplicateBatches(ingest.counters().duplicate_batches);
+  out.setBadMessages(ingest.counters().bad_messages);
+  out.setBatchBytes(ingest.counters().batch_bytes);
+  auto nodes = out.initNodes(static_cast<unsigned>(ingest.nodes().size()));
+  unsigned i = 0;
+  for (const auto& [name, node] : ingest.nodes()) {
+    auto n = nodes[i++];
+    n.setNode(name);
+    n.setConnected(node.last_contact_ns != 0 && now - node.last_contact_ns < ctx.liveness_ns);
+    n.setLastContactNs(node.last_contact_ns);
+    n.setAgentVersion(node.agent_version);
+    n.setInstanceId(node.instance);
+    n.setBatches(node.batches);
+    n.setRecords(node.records);
+    auto drops = n.initDrops();
+    drops.setRingbufFull(node.drops.ringbuf_full);
+    drops.setMapFull(node.drops.map_full);
+    drops.setUnknownComm(node.drops.unknown_comm);
+    drops.setNested(node.drops.nested);
+    drops.setSendQueueFull(node.drops.send_queue_full);
+    n.setClockOffsetNs(node.clock.offset_ns());
+    n.setClockUncertaintyNs(node.clock.uncertainty_ns());
+    n.setClockSamples(node.clock.samples());
+    n.setTracedProcesses(node.traced_processes);
+    n.setWallClockSkewNs(node.wall_offset_ns - node.clock.offset_ns());
+  }
+}
+
+void fill_comm(const CommState& comm, query::CommInfo::Builder out) {
+  out.setCommHash(comm.hash);
+  out.setNranks(comm.nranks);
+  out.setOrigin(comm.origin);
+  auto ranks = out.initRanks(static_cast<unsigned>(comm.members.size()));
+  unsigned i = 0;
+  for (const auto& [rank, m] : comm.members) {
+    auto r = ranks[i++];
+    r.setRank(m.rank);
+    r.setNode(m.node);
+    r.setPid(m.pid);
+    r.setRecords(m.records);
+    r.setLastSeq(m.last_seq);
+    r.setLastIssueNs(m.last_issue_ns);
+  }
+}
+
+void answer_jobs(const QueryContext& ctx, query::JobsReply::Builder out) {
+  std::map<std::string, std::vector<const CommState*>> jobs;
+  for (const auto& [hash, comm] : ctx.ingest.comms()) jobs[comm.job.empty() ? "(unknown)" : comm.job].push_back(&comm);
+  auto list = out.initJobs(static_cast<unsigned>(jobs.size()));
+  unsigned i = 0;
+  for (const auto& [name, comms] : jobs) {
+    auto job = list[i++];
+    job.setJob(name);
+    uint64_t first = UINT64_MAX, last = 0;
+    auto out_comms = job.initComms(static_cast<unsigned>(comms.size()));
+    for (unsigned k = 0; k < comms.size(); ++k) {
+      first = std::min(first, comms[k]->first_ns);
+      last = std::max(last, comms[k]->last_ns);
+      fill_comm(*comms[k], out_comms[k]);
+    }
+    job.setFirstNs(first == UINT64_MAX ? 0 : first);
+    job.setLastNs(last);
+  }
+}
+
+// Finds the communicator whose hash in hex starts with `prefix`.
+Result<const CommState*> resolve_comm(const Ingest& ingest, const std::string& prefix) {
+  if (prefix.empty() || prefix.size() > 16 || prefix.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return make_error(Errc::invalid_argument, "--comm takes a communicator hash in lower-case hex (see `rankscope jobs`)");
+  const CommState* found = nullptr;
+  for (const auto& [hash, comm] : ingest.comms()) {
+    if (hex64(hash).rfind(prefix, 0) != 0) continue;
+    if (found) return make_error(Errc::invalid_argument, "communicator prefix " + prefix + " is ambiguous; give more digits");
+    found = &comm;
+  }
+  if (!found) return make_error(Errc::not_found, "no communicator " + prefix + " (see `rankscope jobs`)");
+  return found;
+}
+
+Result<void> answer_timeline(const QueryContext& ctx, query::TimelineQuery::Reader q, query::TimelineReply::Builder out) {
+  auto comm = resolve_comm(ctx.ingest, q.getComm());
+  if (!comm) return comm.error();
+  const CommState& c = **comm;
+  std::vector<StoredRecord> records;
+  for (const auto& [rank, member] : c.members) {
+    if (q.getRank() >= 0 && rank != q.getRank()) continue;
+    for (uint32_t lane : c.lanes) {
+      auto tail = ctx.store.tail(c.hash, lane, rank, q.getLast());
+      if (!tail) return tail.error();
+      records.insert(records.end(), tail->begin(), tail->end());
+    }
+  }
+  std::sort(records.begin(), records.end(), [](const StoredRecord& a, const StoredRecord& b) {
+    return std::tie(a.key.lane, a.key.seq, a.key.rank) < std::tie(b.key.lane, b.key.seq, b.key.rank);
+  });
+  out.setCommHash(c.hash);
+  out.setJob(c.job);
+  out.setNranks(c.nranks);
+  auto list = out.initRecords(static_cast<unsigned>(records.size()));
+  for (unsigned i = 0; i < records.size(); ++i) {
+    const StoredRecord& r = records[i];
+    auto o = list[i];
+    o.setRank(r.key.rank);
+    o.setLane(r.key.lane);
+    o.setSeq(r.key.seq);
+    o.setOp(r.call.op);
+    o.setDatatype(r.call.datatype);
+    o.setRedop(r.call.redop);
+    o.setPeer(r.call.peer);
+    o.setCount(r.call.count);
+    o.setBytes(proto::record_bytes(r.call));
+    o.setIssueNs(r.call.issue_ns);
+    o.setReturnNs(r.call.return_ns);
+    o.setResult(r.call.result);
+    o.setFlags(r.call.flags);
+    auto member = c.members.find(r.key.rank);
+    if (member != c.members.end()) o.setNode(member->second.node);
+    o.setPid(r.pid);
+  }
+  return {};
+}
+}  // namespace
+
+std::string answer_query(std::string_view request, const QueryContext& ctx) {
+  capnp::MallocMessageBuilder builder;
+  auto reply = builder.initRoot<query::Reply>();
+  auto read = proto::read_packed<query::Request>(request, proto::ReadLimits{1 << 20, 1 << 16, 8}, [&](auto req) {
+    if (req.getProtocolVersion() > query::QUERY_PROTOCOL_VERSION) {
+      reply.setError("query protocol version " + std::to_string(req.getProtocolVersion()) +
+                     " is newer than this collector's (" + std::to_string(query::QUERY_PROTOCOL_VERSION) + ")");
+      return;
+    }
+    switch (req.which()) {
+      case query::Request::STATUS: answer_status(ctx, reply.initStatus()); break;
+      case query::Request::JOBS: answer_jobs(ctx, reply.initJobs()); break;
+      case query::Request::TIMELINE: {
+        // Built aside so that an error leaves no half-filled union member.
+        capnp::MallocMessageBuilder scratch;
+        auto timeline = scratch.initRoot<query::TimelineReply>();
+        auto result = answer_timeline(ctx, req.getTimeline(), timeline);
+        if (result)
+          reply.setTimeline(timeline.asReader());
+        else
+          reply.setError(result.error().message);
+        break;
+      }
+      default: reply.setError("this collector does not know that request; upgrade it"); break;
+    }
+  });
+  if (!read) reply.setError("bad request: " + read.error().message);
+  return proto::to_packed(builder);
+}
+
+}  // namespace rankscope::collector

@@ -1,0 +1,23 @@
+#pragma once
+// The query service: answers the CLI's requests from the live state and the
+// timeline store.
+#include <string>
+#include <string_view>
+
+#include "collector/ingest.h"
+#include "collector/store/timeline_store.h"
+#include "common/clock.h"
+
+namespace rankscope::collector {
+
+struct QueryContext {
+  const Ingest& ingest;
+  const TimelineStore& store;
+  const Clock& clock;
+  uint64_t liveness_ns;  // a node heard from within this window is "connected"
+};
+
+// Decodes one request and returns the packed reply (an error reply for bad input).
+std::string answer_query(std::string_view request, const QueryContext& context);
+
+}  // namespace rankscope::collector

@@ -1,0 +1,206 @@
+#include "collector/store/timeline_store.h"
+
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace rankscope::collector {
+
+namespace {
+constexpr uint8_t kRecordVersion = 1;
+constexpr size_t kRecordKeySize = 8 + 4 + 4 + 8;
+constexpr size_t kRecordValueSize = 48;
+
+void put_be(std::string& out, uint64_t value, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+uint64_t get_be(const char* in, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value = (value << 8) | static_cast<uint8_t>(in[i]);
+  return value;
+}
+void put_le(char* out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+uint64_t get_le(const char* in, int bytes) {
+  uint64_t value = 0;
+  for (int i = bytes - 1; i >= 0; --i) value = (value << 8) | static_cast<uint8_t>(in[i]);
+  return value;
+}
+
+// Ranks are signed (a record whose rank is unknown carries -1); flipping the
+// sign bit keeps byte order equal to numeric order.
+uint32_t rank_bits(int32_t rank) { return static_cast<uint32_t>(rank) ^ 0x80000000u; }
+int32_t rank_of(uint32_t bits) { return static_cast<int32_t>(bits ^ 0x80000000u); }
+
+Error storage_error(const char* what, const rocksdb::Status& status) {
+  return make_error(Errc::storage, std::string(what) + ": " + status.ToString());
+}
+
+std::string lane_rank_prefix(uint64_t comm, uint32_t lane, int32_t rank) {
+  std::string prefix;
+  put_be(prefix, comm, 8);
+  put_be(prefix, lane, 4);
+  put_be(prefix, rank_bits(rank), 4);
+  return prefix;
+}
+}  // namespace
+
+std::string encode_record_key(const RecordKey& key) {
+  std::string out = lane_rank_prefix(key.comm, key.lane, key.rank);
+  put_be(out, key.seq, 8);
+  return out;
+}
+
+std::optional<RecordKey> decode_record_key(std::string_view bytes) {
+  if (bytes.size() != kRecordKeySize) return std::nullopt;
+  RecordKey key;
+  key.comm = get_be(bytes.data(), 8);
+  key.lane = static_cast<uint32_t>(get_be(bytes.data() + 8, 4));
+  key.rank = rank_of(static_cast<uint32_t>(get_be(bytes.data() + 12, 4)));
+  key.seq = get_be(bytes.data() + 16, 8);
+  return key;
+}
+
+std::string encode_record_value(const proto::CallRecord& call, uint32_t pid) {
+  // Fixed little-endian layout, version byte first:
+  // 0 version | 1 op | 2 datatype | 3 redop | 4 result | 5 flags | 6..7 zero
+  // 8 peer (i32) | 12 pid | 16 count | 24 issue_ns | 32 return_ns | 40..47 zero
+  std::string out(kRecordValueSize, '\0');
+  char* p = out.data();
+  p[0] = static_cast<char>(kRecordVersion);
+  p[1] = static_cast<char>(call.op);
+  p[2] = static_cast<char>(call.datatype);
+  p[3] = static_cast<char>(call.redop);
+  p[4] = static_cast<char>(call.result);
+  p[5] = static_cast<char>(call.flags);
+  put_le(p + 8, static_cast<uint32_t>(call.peer), 4);
+  put_le(p + 12, pid, 4);
+  put_le(p + 16, call.count, 8);
+  put_le(p + 24, call.issue_ns, 8);
+  put_le(p + 32, call.return_ns, 8);
+  return out;
+}
+
+Result<StoredRecord> decode_record_value(const RecordKey& key, std::string_view bytes) {
+  if (bytes.size() < kRecordValueSize || static_cast<uint8_t>(bytes[0]) != kRecordVersion)
+    return make_error(Errc::storage, "record value of an unknown layout (size " + std::to_string(bytes.size()) + ")");
+  const char* p = bytes.data();
+  StoredRecord record;
+  record.key = key;
+  record.call.seq = key.seq;
+  record.call.op = static_cast<uint8_t>(p[1]);
+  record.call.datatype = static_cast<uint8_t>(p[2]);
+  record.call.redop = static_cast<uint8_t>(p[3]);
+  record.call.result = static_cast<uint8_t>(p[4]);
+  record.call.flags = static_cast<uint8_t>(p[5]);
+  record.call.peer = static_cast<int32_t>(get_le(p + 8, 4));
+  record.pid = static_cast<uint32_t>(get_le(p + 12, 4));
+  record.call.count = get_le(p + 16, 8);
+  record.call.issue_ns = get_le(p + 24, 8);
+  record.call.return_ns = get_le(p + 32, 8);
+  return record;
+}
+
+void WriteSet::put_record(const StoredRecord& record) {
+  batch_.Put(records_family_, encode_record_key(record.key), encode_record_value(record.call, record.pid));
+  ++records_;
+}
+
+void WriteSet::put_comm(uint64_t comm, std::string value) {
+  std::string key;
+  put_be(key, comm, 8);
+  batch_.Put(comms_family_, key, value);
+}
+
+void WriteSet::put_node(const std::string& node, std::string value) { batch_.Put(nodes_family_, node, value); }
+
+Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& path) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.create_missing_column_families = true;
+  options.IncreaseParallelism(2);
+  options.OptimizeLevelStyleCompaction();
+  options.compression = rocksdb::kLZ4Compression;
+  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+      {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions(options)},
+      {"records", rocksdb::ColumnFamilyOptions(options)},
+      {"comms", rocksdb::ColumnFamilyOptions(options)},
+      {"nodes", rocksdb::ColumnFamilyOptions(options)},
+  };
+  std::unique_ptr<TimelineStore> store(new TimelineStore());
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status status = rocksdb::DB::Open(options, path, families, &store->handles_, &db);
+  if (!status.ok()) return storage_error(("opening the database at " + path).c_str(), status);
+  store->db_.reset(db);
+  store->records_ = store->handles_[1];
+  store->comms_ = store->handles_[2];
+  store->nodes_ = store->handles_[3];
+  return store;
+}
+
+TimelineStore::~TimelineStore() {
+  for (auto* handle : handles_) db_->DestroyColumnFamilyHandle(handle);
+}
+
+Result<void> TimelineStore::commit(WriteSet& writes) {
+  rocksdb::WriteOptions options;
+  options.sync = true;
+  rocksdb::Status status = db_->Write(options, &writes.batch_);
+  if (!status.ok()) return storage_error("writing to RocksDB", status);
+  writes.batch_.Clear();
+  writes.records_ = 0;
+  return {};
+}
+
+Result<std::vector<StoredRecord>> TimelineStore::tail(uint64_t comm, uint32_t lane, int32_t rank,
+                                                      uint32_t last) const {
+  std::string prefix = lane_rank_prefix(comm, lane, rank);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), records_));
+  std::vector<StoredRecord> out;
+  auto take = [&]() -> Result<void> {
+    auto key = decode_record_key(std::string_view(it->key().data(), it->key().size()));
+    if (!key) return make_error(Errc::storage, "malformed record key in the database");
+    auto record = decode_record_value(*key, std::string_view(it->value().data(), it->value().size()));
+    if (!record) return record.error();
+    out.push_back(std::move(*record));
+    return {};
+  };
+  if (last == 0) {
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
+      if (auto r = take(); !r) return r.error();
+  } else {
+    std::string end = prefix;
+    put_be(end, UINT64_MAX, 8);
+    for (it->SeekForPrev(end); it->Valid() && it->key().starts_with(prefix) && out.size() < last; it->Prev())
+      if (auto r = take(); !r) return r.error();
+    std::reverse(out.begin(), out.end());
+  }
+  if (!it->status().ok()) return storage_error("reading records", it->status());
+  return out;
+}
+
+Result<uint64_t> TimelineStore::count(uint64_t comm, uint32_t lane, int32_t rank) const {
+  std::string prefix = lane_rank_prefix(comm, lane, rank);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), records_));
+  uint64_t n = 0;
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) ++n;
+  if (!it->status().ok()) return storage_error("counting records", it->status());
+  return n;
+}
+
+Result<std::vector<std::string>> TimelineStore::all_values(rocksdb::ColumnFamilyHandle* family) const {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), family));
+  std::vector<std::string> out;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) out.push_back(it->value().ToString());
+  if (!it->status().ok()) return storage_error("reading metadata", it->status());
+  return out;
+}
+
+Result<std::vector<std::string>> TimelineStore::all_comms() const { return all_values(comms_); }
+Result<std::vector<std::string>> TimelineStore::all_nodes() const { return all_values(nodes_); }
+
+}  // namespace rankscope::collector

@@ -1,0 +1,64 @@
+#include "common/format.h"
+
+#include <cstdio>
+#include <ctime>
+
+namespace rankscope {
+
+std::string hex64(uint64_t value) {
+  char buf[17];
+  snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+std::string format_time_ns(uint64_t realtime_ns) {
+  if (realtime_ns == 0) return "-";
+  time_t seconds = static_cast<time_t>(realtime_ns / 1000000000ull);
+  tm parts{};
+  gmtime_r(&seconds, &parts);
+  char buf[64];
+  snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%06lluZ", parts.tm_year + 1900, parts.tm_mon + 1,
+           parts.tm_mday, parts.tm_hour, parts.tm_min, parts.tm_sec,
+           static_cast<unsigned long long>((realtime_ns % 1000000000ull) / 1000));
+  return buf;
+}
+
+std::string format_duration_ns(int64_t ns) {
+  char buf[48];
+  double v = static_cast<double>(ns);
+  double a = v < 0 ? -v : v;
+  if (a >= 1e9)
+    snprintf(buf, sizeof(buf), "%.2f s", v / 1e9);
+  else if (a >= 1e6)
+    snprintf(buf, sizeof(buf), "%.2f ms", v / 1e6);
+  else if (a >= 1e3)
+    snprintf(buf, sizeof(buf), "%.1f us", v / 1e3);
+  else
+    snprintf(buf, sizeof(buf), "%lld ns", static_cast<long long>(ns));
+  return buf;
+}
+
+std::string json_quote(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+}  // namespace rankscope

@@ -1,0 +1,142 @@
+#include "node-agent/agent.h"
+
+#include <unistd.h>
+
+#include <random>
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "node-agent/attach.h"
+#include "node-agent/discover.h"
+#include "node-agent/drain.h"
+#include "node-agent/summarise.h"
+#include "node-agent/transport.h"
+#include "proto/codec.h"
+
+namespace rankscope::agent {
+
+namespace {
+constexpr uint64_t kMs = 1'000'000ull;
+
+uint64_t random_instance_id() {
+  std::random_device device;
+  uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return id == 0 ? 1 : id;
+}
+
+void attach_library(NcclProbes& probes, Discovery& discovery, const LibraryFile& library) {
+  discovery.remember(library);
+  auto attached = probes.attach(library);
+  if (!attached) {
+    RS_LOG(warn, "not tracing %s: %s", library.path.c_str(), attached.error().message.c_str());
+    return;
+  }
+  RS_LOG(info, "probing %zu NCCL functions in %s%s", attached->functions.size(), library.path.c_str(),
+         attached->missing.empty() ? "" : (" (" + std::to_string(attached->missing.size()) + " absent)").c_str());
+}
+}  // namespace
+
+int run(const Options& options, const std::atomic<bool>& stop) {
+  auto scope = resolve_scope(options);
+  if (!scope) {
+    RS_LOG(error, "%s", scope.error().message.c_str());
+    return 2;
+  }
+  SystemClock clock;
+  auto now = [&] { return clock.monotonic_ns() + static_cast<uint64_t>(options.test_clock_offset_ns); };
+
+  Summariser summariser(options.proc_root, options.node, options.test_clock_offset_ns);
+  auto probes = NcclProbes::open(*scope, [&](const void* data, size_t size) {
+    if (auto event = decode_event(data, size))
+      summariser.on_event(*event);
+    else
+      summariser.on_malformed();
+  });
+  if (!probes) {
+    RS_LOG(error, "%s", probes.error().message.c_str());
+    return 3;
+  }
+  NcclProbes& bpf = **probes;
+
+  Discovery discovery(options.proc_root);
+  for (const auto& path : options.nccl_libs) {
+    auto library = Discovery::from_path(path);
+    if (!library) {
+      RS_LOG(error, "--nccl-lib %s: no such file", path.c_str());
+      return 2;
+    }
+    attach_library(bpf, discovery, *library);
+  }
+  for (const auto& path : Discovery::standard_locations()) {
+    if (auto library = Discovery::from_path(path); library && !discovery.known(*library))
+      attach_library(bpf, discovery, *library);
+  }
+
+  zmq::context_t context(1);
+  uint64_t instance = random_instance_id();
+  Transport transport(context, options, clock, instance, [&](uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
+    summariser.add_clock_sample(t1, t2, t3, t4);
+  });
+  RS_LOG(info, "node %s: tracing %s, sending to %s", options.node.c_str(), scope->describe().c_str(),
+         options.collector.c_str());
+
+  uint64_t batch_seq = 0;
+  auto flush = [&] {
+    BpfDrops drops = bpf.drops();
+    DropTotals totals{drops.ringbuf_full, drops.map_full, 0, drops.nested, transport.discarded_batches(), 0};
+    capnp::MallocMessageBuilder message;
+    auto batch = message.initRoot<wire::AgentMessage>().initBatch();
+    batch.setInstanceId(instance);
+    batch.setSeq(++batch_seq);
+    batch.setCreatedNs(now());
+    summariser.fill(batch, totals);
+    transport.submit(batch_seq, proto::to_packed(message));
+  };
+  uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
+  while (!stop.load()) {
+    // Wake for records and for replies alike: a clock reply stamped late
+    // would look like a long round trip.
+    zmq::pollitem_t items[] = {{transport.socket().handle(), 0, ZMQ_POLLIN, 0}, {nullptr, bpf.wait_fd(), ZMQ_POLLIN, 0}};
+    zmq::poll(items, 2, std::chrono::milliseconds(10));
+    transport.service();
+    bpf.consume();
+    uint64_t t = now();
+    if (t - last_scan >= options.scan_interval_ms * kMs) {
+      for (const auto& library : discovery.scan(*scope)) attach_library(bpf, discovery, library);
+      summariser.forget_exited();
+      last_scan = t;
+    }
+    if (t - last_probe >= options.clock_probe_interval_ms * kMs) {
+      transport.send_clock_probe();
+      last_probe = t;
+    }
+    if (t - last_flush >= options.batch_interval_ms * kMs && !summariser.empty()) {
+      flush();
+      last_flush = t;
+    } else if (summariser.empty()) {
+      last_flush = t;  // the age of a batch counts from its first record
+    }
+    if (t - last_heartbeat >= options.heartbeat_interval_ms * kMs) {
+      BpfDrops drops = bpf.drops();
+      transport.send_heartbeat(static_cast<uint32_t>(summariser.traced_processes()), drops.ringbuf_full,
+                               drops.map_full, summariser.unknown_comm_records());
+      last_heartbeat = t;
+    }
+  }
+
+  // Last records out, and a short grace for their acks.
+  bpf.poll(0);
+  if (!summariser.empty()) flush();
+  uint64_t deadline = now() + 2000 * kMs;
+  while (transport.unacked() > 0 && now() < deadline) {
+    transport.service();
+    usleep(10000);
+  }
+  if (transport.unacked() > 0)
+    RS_LOG(warn, "stopping with %zu batch(es) not acknowledged by %s", transport.unacked(), options.collector.c_str());
+  RS_LOG(info, "stopped");
+  return 0;
+}
+
+}  // namespace rankscope::agent

@@ -1,0 +1,210 @@
+#include "node-agent/attach.h"
+
+#include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstring>
+#include <map>
+
+#include "common/log.h"
+#include "nccl.skel.h"
+
+namespace rankscope::agent {
+
+namespace {
+
+struct ProbeSpec {
+  const char* symbol;
+  bpf_program* (*program)(nccl*);
+  bool needs_return;
+};
+
+// Every NCCL API entry point we probe (signatures: nccl.h, NCCL 2.28).
+const ProbeSpec kProbes[] = {
+    {"ncclAllReduce", [](nccl* s) { return s->progs.nccl_allreduce_enter; }, true},
+    {"ncclReduceScatter", [](nccl* s) { return s->progs.nccl_reducescatter_enter; }, true},
+    {"ncclReduce", [](nccl* s) { return s->progs.nccl_reduce_enter; }, true},
+    {"ncclBroadcast", [](nccl* s) { return s->progs.nccl_broadcast_enter; }, true},
+    {"ncclBcast", [](nccl* s) { return s->progs.nccl_bcast_enter; }, true},
+    {"ncclAllGather", [](nccl* s) { return s->progs.nccl_allgather_enter; }, true},
+    {"ncclAlltoAll", [](nccl* s) { return s->progs.nccl_alltoall_enter; }, true},
+    {"ncclGather", [](nccl* s) { return s->progs.nccl_gather_enter; }, true},
+    {"ncclScatter", [](nccl* s) { return s->progs.nccl_scatter_enter; }, true},
+    {"ncclSend", [](nccl* s) { return s->progs.nccl_send_enter; }, true},
+    {"ncclRecv", [](nccl* s) { return s->progs.nccl_recv_enter; }, true},
+    {"ncclCommInitRank", [](nccl* s) { return s->progs.nccl_comm_init_rank_enter; }, true},
+    {"ncclCommInitRankConfig", [](nccl* s) { return s->progs.nccl_comm_init_rank_config_enter; }, true},
+    {"ncclCommSplit", [](nccl* s) { return s->progs.nccl_comm_split_enter; }, true},
+    {"ncclCommDestroy", [](nccl* s) { return s->progs.nccl_comm_destroy_enter; }, true},
+    {"ncclCommAbort", [](nccl* s) { return s->progs.nccl_comm_abort_enter; }, true},
+    {"ncclGroupStart", [](nccl* s) { return s->progs.nccl_group_start_enter; }, false},
+    {"ncclGroupEnd", [](nccl* s) { return s->progs.nccl_group_end_enter; }, false},
+};
+
+int libbpf_to_log(enum libbpf_print_level level, const char* format, va_list args) {
+  log::Level ours = level == LIBBPF_WARN ? log::Level::warn : log::Level::debug;
+  if (ours > log::level()) return 0;
+  char message[1024];
+  vsnprintf(message, sizeof(message), format, args);
+  size_t len = strlen(message);
+  while (len > 0 && message[len - 1] == '\n') message[--len] = '\0';
+  log::write(ours, "%s", message);  // libbpf prefixes its own name
+  return 0;
+}
+
+std::string bpf_failure(const char* what, int err) {
+  std::string text = std::string(what) + ": " + strerror(err);
+  if (err == EPERM || err == EACCES)
+    text += ". Loading eBPF programs needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE); run the agent as root";
+  return text;
+}
+
+}  // namespace
+
+void route_libbpf_logs() { libbpf_set_print(libbpf_to_log); }
+
+Result<std::vector<std::pair<std::string, uint64_t>>> find_function_offsets(const std::string& path,
+                                                                            const std::vector<std::string>& names) {
+  if (elf_version(EV_CURRENT) == EV_NONE) return make_error(Errc::system, "libelf is too old");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(Errc::io, "cannot open " + path + ": " + strerror(errno));
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  if (!elf) {
+    ::close(fd);
+    return make_error(Errc::io, path + " is not an ELF file: " + elf_errmsg(-1));
+  }
+  std::map<std::string, uint64_t> found;
+  for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn; scn = elf_nextscn(elf, scn)) {
+    GElf_Shdr shdr;
+    if (!gelf_getshdr(scn, &shdr) || (shdr.sh_type != SHT_DYNSYM && shdr.sh_type != SHT_SYMTAB)) continue;
+    Elf_Data* data = elf_getdata(scn, nullptr);
+    if (!data || shdr.sh_entsize == 0) continue;
+    size_t count = shdr.sh_size / shdr.sh_entsize;
+    for (size_t i = 0; i < count; ++i) {
+      GElf_Sym sym;
+      if (!gelf_getsym(data, static_cast<int>(i), &sym)) continue;
+      if (GELF_ST_TYPE(sym.st_info) != STT_FUNC || sym.st_shndx == SHN_UNDEF || sym.st_value == 0) continue;
+      const char* name = elf_strptr(elf, shdr.sh_link, sym.st_name);
+      if (!name) continue;
+      for (const auto& wanted : names) {
+        if (wanted != name || found.count(wanted)) continue;
+        // Uprobes take a file offset: translate the symbol's address through
+        // the section that holds it.
+        Elf_Scn* code = elf_getscn(elf, sym.st_shndx);
+        GElf_Shdr code_hdr;
+        if (code && gelf_getshdr(code, &code_hdr)) found[wanted] = sym.st_value - code_hdr.sh_addr + code_hdr.sh_offset;
+      }
+    }
+  }
+  elf_end(elf);
+  ::close(fd);
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (const auto& name : names) {
+    auto it = found.find(name);
+    if (it != found.end()) out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
+Result<std::unique_ptr<NcclProbes>> NcclProbes::open(const Scope& scope, Handler handler) {
+  route_libbpf_logs();
+  std::unique_ptr<NcclProbes> probes(new NcclProbes());
+  probes->handler_ = std::move(handler);
+  probes->skel_ = nccl__open();
+  if (!probes->skel_) return make_error(Errc::system, bpf_failure("opening the NCCL BPF object", errno));
+  probes->skel_->rodata->filter_netns_ino = scope.netns_ino;
+  probes->skel_->rodata->filter_cgroup_id = scope.cgroup_id;
+  probes->skel_->rodata->filter_cgroup_level = scope.cgroup_level;
+  probes->skel_->rodata->filter_by_pid = scope.pids.empty() ? 0 : 1;
+  if (int err = nccl__load(probes->skel_))
+    return make_error(Errc::system, bpf_failure("loading the NCCL BPF programs", -err));
+  for (uint32_t pid : scope.pids) {
+    if (auto r = probes->allow_pid(pid); !r) return r.error();
+  }
+  probes->ring_ = ring_buffer__new(bpf_map__fd(probes->skel_->maps.events), &NcclProbes::on_record, probes.get(),
+                                   nullptr);
+  if (!probes->ring_) return make_error(Errc::system, bpf_failure("creating the ring buffer reader", errno));
+  return probes;
+}
+
+NcclProbes::~NcclProbes() {
+  for (bpf_link* link : links_) bpf_link__destroy(link);
+  if (ring_) ring_buffer__free(ring_);
+  if (skel_) nccl__destroy(skel_);
+}
+
+Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
+  std::vector<std::string> names;
+  for (const auto& spec : kProbes) names.emplace_back(spec.symbol);
+  auto offsets = find_function_offsets(library.path, names);
+  if (!offsets) return offsets.error();
+  AttachedLibrary attached;
+  attached.path = library.path;
+  std::map<std::string, uint64_t> by_name(offsets->begin(), offsets->end());
+  for (const auto& spec : kProbes) {
+    auto it = by_name.find(spec.symbol);
+    if (it == by_name.end()) {
+      attached.missing.emplace_back(spec.symbol);
+      continue;
+    }
+    bpf_link* entry = bpf_program__attach_uprobe(spec.program(skel_), false, -1, library.path.c_str(), it->second);
+    if (!entry) return make_error(Errc::system, bpf_failure(("uprobe on " + std::string(spec.symbol)).c_str(), errno));
+    links_.push_back(entry);
+    if (spec.needs_return) {
+      bpf_link* ret = bpf_program__attach_uprobe(skel_->progs.nccl_call_return, true, -1, library.path.c_str(),
+                                                 it->second);
+      if (!ret)
+        return make_error(Errc::system, bpf_failure(("uretprobe on " + std::string(spec.symbol)).c_str(), errno));
+      links_.push_back(ret);
+    }
+    attached.functions.emplace_back(spec.symbol);
+  }
+  if (attached.functions.empty())
+    return make_error(Errc::not_found, library.path + " exports none of the NCCL API functions");
+  libraries_.push_back(attached);
+  return attached;
+}
+
+Result<void> NcclProbes::allow_pid(uint32_t pid) {
+  uint8_t one = 1;
+  if (bpf_map__update_elem(skel_->maps.traced_pids, &pid, sizeof(pid), &one, sizeof(one), BPF_ANY) != 0)
+    return make_error(Errc::system, "cannot add pid " + std::to_string(pid) + " to the BPF scope: " + strerror(errno));
+  return {};
+}
+
+int NcclProbes::poll(int timeout_ms) {
+  int n = ring_buffer__poll(ring_, timeout_ms);
+  return n < 0 ? 0 : n;
+}
+
+int NcclProbes::consume() {
+  int n = ring_buffer__consume(ring_);
+  return n < 0 ? 0 : n;
+}
+
+int NcclProbes::wait_fd() const { return ring_buffer__epoll_fd(ring_); }
+
+int NcclProbes::on_record(void* self, void* data, size_t size) {
+  static_cast<NcclProbes*>(self)->handler_(data, size);
+  return 0;
+}
+
+BpfDrops NcclProbes::drops() const {
+  int cpus = libbpf_num_possible_cpus();
+  std::vector<uint64_t> values(cpus > 0 ? cpus : 1);
+  auto sum = [&](uint32_t slot) {
+    uint64_t total = 0;
+    if (bpf_map__lookup_elem(skel_->maps.drops, &slot, sizeof(slot), values.data(), values.size() * sizeof(uint64_t),
+                             0) == 0)
+      for (uint64_t v : values) total += v;
+    return total;
+  };
+  return BpfDrops{sum(RS_DROP_RINGBUF_FULL), sum(RS_DROP_MAP_FULL), sum(RS_DROP_NESTED)};
+}
+
+}  // namespace rankscope::agent

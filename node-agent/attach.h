@@ -1,0 +1,78 @@
+#pragma once
+// The loader of bpf/nccl.bpf.c, with a fixed lifecycle: open -> configure
+// (scope filters in rodata) -> load -> attach to each libnccl file -> drain.
+// Owns every libbpf object it creates.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bpf/nccl_events.h"
+#include "common/result.h"
+#include "node-agent/discover.h"
+
+struct nccl;  // the generated skeleton (nccl.skel.h)
+struct ring_buffer;
+struct bpf_link;
+
+namespace rankscope::agent {
+
+struct BpfDrops {
+  uint64_t ringbuf_full = 0;
+  uint64_t map_full = 0;
+  uint64_t nested = 0;
+};
+
+struct AttachedLibrary {
+  std::string path;
+  std::vector<std::string> functions;  // NCCL functions probed in it
+  std::vector<std::string> missing;    // NCCL functions this copy does not export
+};
+
+class NcclProbes {
+ public:
+  // Called once per ring-buffer record; decode with decode_event().
+  using Handler = std::function<void(const void* data, size_t size)>;
+
+  static Result<std::unique_ptr<NcclProbes>> open(const Scope& scope, Handler handler);
+  ~NcclProbes();
+  NcclProbes(const NcclProbes&) = delete;
+  NcclProbes& operator=(const NcclProbes&) = delete;
+
+  // Puts an entry probe on every NCCL API function the file exports and the
+  // shared return probe on those that need one. Applies to every process
+  // that maps this file, now or later.
+  Result<AttachedLibrary> attach(const LibraryFile& library);
+  // Admits a process when the scope is a pid list.
+  Result<void> allow_pid(uint32_t pid);
+  // Drains the ring buffer, waiting up to timeout_ms; returns records handled.
+  int poll(int timeout_ms);
+  // Drains what is there without waiting.
+  int consume();
+  // A descriptor that becomes readable when records are waiting (for poll(2)).
+  int wait_fd() const;
+  BpfDrops drops() const;
+  const std::vector<AttachedLibrary>& libraries() const { return libraries_; }
+
+ private:
+  NcclProbes() = default;
+  static int on_record(void* self, void* data, size_t size);
+
+  nccl* skel_ = nullptr;
+  ring_buffer* ring_ = nullptr;
+  Handler handler_;
+  std::vector<bpf_link*> links_;
+  std::vector<AttachedLibrary> libraries_;
+};
+
+// Function name -> file offset of the symbol's code, for the functions asked
+// for (ELF .dynsym and .symtab). Missing names are absent from the result.
+Result<std::vector<std::pair<std::string, uint64_t>>> find_function_offsets(const std::string& path,
+                                                                            const std::vector<std::string>& names);
+
+// Routes libbpf's own messages into the rankscope log (once per process).
+void route_libbpf_logs();
+
+}  // namespace rankscope::agent

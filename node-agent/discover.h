@@ -1,0 +1,61 @@
+#pragma once
+// Finding what to trace: the processes in this agent's scope and the libnccl
+// files they map, each file once (by device and inode), wherever it lives.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "node-agent/options.h"
+
+namespace rankscope::agent {
+
+struct Scope {
+  uint32_t netns_ino = 0;      // 0: any network namespace
+  uint64_t cgroup_id = 0;      // 0: any cgroup
+  uint32_t cgroup_level = 0;   // depth of cgroup_id below the cgroup v2 root
+  std::string cgroup_path;     // as in /proc/PID/cgroup ("/a/b")
+  std::set<uint32_t> pids;     // empty: any process
+  std::string describe() const;
+};
+
+// Turns the scope options into kernel identifiers (namespace inode, cgroup id).
+Result<Scope> resolve_scope(const Options& options);
+
+struct LibraryFile {
+  std::string path;  // a path this agent can open (through /proc/PID/root for other mount namespaces)
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator<(const LibraryFile& other) const { return dev != other.dev ? dev < other.dev : ino < other.ino; }
+};
+
+class Discovery {
+ public:
+  explicit Discovery(std::string proc_root) : proc_root_(std::move(proc_root)) {}
+
+  // Is the process inside the scope? False if it is gone.
+  bool in_scope(const Scope& scope, uint32_t pid) const;
+  // libnccl files mapped by processes in scope that were not reported before.
+  // Reads the maps of processes not seen before; all of them every `full_every` calls.
+  std::vector<LibraryFile> scan(const Scope& scope);
+  // A library file given by path (standard locations, --nccl-lib); empty path if missing.
+  static std::optional<LibraryFile> from_path(const std::string& path);
+  // Marks a library as known so that scan() does not report it again.
+  void remember(const LibraryFile& library) { known_.insert(library); }
+  bool known(const LibraryFile& library) const { return known_.count(library) > 0; }
+  // The NCCL libraries in the places distributions and NVIDIA install them.
+  static std::vector<std::string> standard_locations();
+
+ private:
+  std::string proc_root_;
+  std::set<LibraryFile> known_;
+  std::map<uint32_t, uint64_t> seen_pids_;  // pid -> start time, maps already read
+  unsigned scans_ = 0;
+};
+
+}  // namespace rankscope::agent

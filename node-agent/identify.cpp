@@ -1,0 +1,122 @@
+#include "node-agent/identify.h"
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+namespace rankscope::agent {
+
+namespace {
+std::optional<int32_t> to_int(const std::string& text) {
+  int32_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+const std::string* first_of(const std::map<std::string, std::string>& env, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    auto it = env.find(key);
+    if (it != env.end() && !it->second.empty()) return &it->second;
+  }
+  return nullptr;
+}
+
+void set_int(const std::map<std::string, std::string>& env, std::initializer_list<const char*> keys, int32_t& out) {
+  for (const char* key : keys) {
+    auto it = env.find(key);
+    if (it == env.end()) continue;
+    if (auto v = to_int(it->second)) {
+      out = *v;
+      return;
+    }
+  }
+}
+}  // namespace
+
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::map<std::string, std::string> parse_environ(const std::string& raw) {
+  std::map<std::string, std::string> env;
+  size_t start = 0;
+  while (start < raw.size()) {
+    size_t end = raw.find('\0', start);
+    if (end == std::string::npos) end = raw.size();
+    std::string entry = raw.substr(start, end - start);
+    size_t eq = entry.find('=');
+    if (eq != std::string::npos && eq > 0) env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+    start = end + 1;
+  }
+  return env;
+}
+
+void apply_environment(const std::map<std::string, std::string>& env, ProcessIdentity& identity) {
+  set_int(env, {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, identity.rank);
+  set_int(env, {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}, identity.local_rank);
+  set_int(env, {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, identity.world_size);
+  if (auto* job = first_of(env, {"SLURM_JOB_ID", "RANKSCOPE_JOB_ID", "TORCHELASTIC_RUN_ID"})) identity.job = *job;
+  if (auto* account = first_of(env, {"SLURM_JOB_ACCOUNT"})) identity.account = *account;
+  if (auto* user = first_of(env, {"SLURM_JOB_USER"})) identity.user = *user;
+  if (auto* devices = first_of(env, {"CUDA_VISIBLE_DEVICES"})) identity.visible_devices = *devices;
+}
+
+std::optional<uint64_t> read_start_time(const std::string& proc_root, uint32_t pid) {
+  auto stat = read_file(proc_root + "/" + std::to_string(pid) + "/stat");
+  if (!stat) return std::nullopt;
+  // The command name (field 2) may hold spaces and parentheses: fields are
+  // counted from the last ')'. See proc(5).
+  size_t close = stat->rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat->substr(close + 2));
+  std::string field;
+  // After ')' come fields 3..; starttime is field 22, the 20th of these.
+  for (int i = 3; i <= 22; ++i) {
+    if (!(fields >> field)) return std::nullopt;
+  }
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), value);
+  if (ec != std::errc()) return std::nullopt;
+  return value;
+}
+
+std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid) {
+  ProcessIdentity identity;
+  identity.pid = pid;
+  auto start = read_start_time(proc_root, pid);
+  if (!start) return std::nullopt;
+  identity.start_time = *start;
+  std::string dir = proc_root + "/" + std::to_string(pid);
+  char exe[4096];
+  ssize_t n = readlink((dir + "/exe").c_str(), exe, sizeof(exe) - 1);
+  if (n > 0) identity.exe.assign(exe, static_cast<size_t>(n));
+  if (auto status = read_file(dir + "/status")) {
+    std::istringstream lines(*status);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind("Uid:", 0) == 0) {
+        std::istringstream uid(line.substr(4));
+        uid >> identity.uid;
+        break;
+      }
+    }
+  }
+  if (auto environ = read_file(dir + "/environ")) apply_environment(parse_environ(*environ), identity);
+  if (identity.user.empty()) {
+    passwd entry{};
+    passwd* found = nullptr;
+    char buf[1024];
+    if (getpwuid_r(identity.uid, &entry, buf, sizeof(buf), &found) == 0 && found) identity.user = found->pw_name;
+  }
+  return identity;
+}
+
+}  // namespace rankscope::agent

@@ -1,0 +1,37 @@
+#pragma once
+// Who a traced process is: read from /proc (under an injectable root) and
+// from its environment, the way launchers (Slurm, torchrun, Open MPI) pass it.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace rankscope::agent {
+
+struct ProcessIdentity {
+  uint32_t pid = 0;
+  uint64_t start_time = 0;  // /proc/PID/stat field 22, clock ticks since boot
+  std::string exe;
+  uint32_t uid = 0;
+  std::string user;
+  std::string job;          // SLURM_JOB_ID, RANKSCOPE_JOB_ID, TORCHELASTIC_RUN_ID; "" if none
+  std::string account;      // SLURM_JOB_ACCOUNT
+  int32_t rank = -1;
+  int32_t local_rank = -1;
+  int32_t world_size = -1;
+  std::string visible_devices;
+};
+
+// Parses the NUL-separated contents of /proc/PID/environ.
+std::map<std::string, std::string> parse_environ(const std::string& raw);
+// Fills the environment-derived fields of `identity` (first match wins, in
+// the order RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK; likewise for the rest).
+void apply_environment(const std::map<std::string, std::string>& env, ProcessIdentity& identity);
+// Reads everything about pid under proc_root; nullopt if the process is gone.
+std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid);
+// /proc/PID/stat start time, or nullopt if the process is gone.
+std::optional<uint64_t> read_start_time(const std::string& proc_root, uint32_t pid);
+// Reads a whole small file; nullopt if it cannot be opened.
+std::optional<std::string> read_file(const std::string& path);
+
+}  // namespace rankscope::agent

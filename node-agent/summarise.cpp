@@ -1,0 +1,249 @@
+#include "node-agent/summarise.h"
+
+#include <cstring>
+
+#include "common/format.h"
+#include "common/log.h"
+
+namespace rankscope::agent {
+
+namespace {
+wire::CommOrigin origin_of(uint8_t op) {
+  switch (op) {
+    case RS_OP_COMM_INIT_RANK: return wire::CommOrigin::INIT_RANK;
+    case RS_OP_COMM_INIT_RANK_CONFIG: return wire::CommOrigin::INIT_RANK_CONFIG;
+    case RS_OP_COMM_INIT_ALL: return wire::CommOrigin::INIT_ALL;
+    case RS_OP_COMM_SPLIT: return wire::CommOrigin::SPLIT;
+    default: return wire::CommOrigin::UNKNOWN;
+  }
+}
+
+uint64_t mix_hash(std::initializer_list<uint64_t> parts) {
+  uint8_t bytes[8 * 8];
+  size_t n = 0;
+  for (uint64_t part : parts) {
+    std::memcpy(bytes + n, &part, sizeof(part));
+    n += sizeof(part);
+    if (n == sizeof(bytes)) break;
+  }
+  return proto::comm_hash_of_unique_id(bytes, n);
+}
+}  // namespace
+
+Summariser::Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns)
+    : proc_root_(std::move(proc_root)), node_(std::move(node)), clock_offset_ns_(clock_offset_ns) {}
+
+Summariser::ProcessEntry& Summariser::process(uint32_t pid) {
+  auto it = processes_.find(pid);
+  if (it != processes_.end()) return it->second;
+  ProcessEntry entry;
+  if (auto identity = read_identity(proc_root_, pid)) {
+    entry.identity = std::move(*identity);
+  } else {
+    entry.identity.pid = pid;  // it exited already: keep what the events say
+  }
+  return processes_.emplace(pid, std::move(entry)).first->second;
+}
+
+void Summariser::on_event(const Event& event) {
+  std::visit(
+      [this](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, rs_call_event>) on_call(e);
+        else if constexpr (std::is_same_v<T, rs_comm_init_event>) on_comm_init(e);
+        else on_comm_end(e);
+      },
+      event);
+}
+
+void Summariser::on_comm_init(const rs_comm_init_event& e) {
+  ProcessEntry& proc = process(e.hdr.pid);
+  if (e.result != 0 || e.comm == 0) {
+    RS_LOG(info, "process %u: %s returned %s; no communicator", e.hdr.pid, proto::op_name(e.op).c_str(),
+           proto::result_name(e.result).c_str());
+    return;
+  }
+  CommEntry comm;
+  comm.origin = origin_of(e.op);
+  comm.nranks = e.nranks;
+  comm.rank = e.rank;
+  uint64_t parent_hash = 0;
+  if (e.op == RS_OP_COMM_SPLIT) {
+    // Every member splits the parent in the same order with the same color:
+    // (parent, order, color) names the child the same way everywhere.
+    auto parent = comms_.find({e.hdr.pid, e.parent_comm});
+    if (parent != comms_.end()) {
+      parent_hash = parent->second.hash;
+      comm.hash = mix_hash({parent_hash, parent->second.splits++, static_cast<uint64_t>(static_cast<int64_t>(e.color))});
+    } else {
+      comm.hash = mix_hash({0xdeadull, e.hdr.pid, e.comm});
+      comm.origin = wire::CommOrigin::UNKNOWN;
+    }
+    comm.rank = -1;  // decided by the split's keys; the collector works it out
+    comm.nranks = -1;
+  } else {
+    comm.hash = proto::comm_hash_of_unique_id(e.unique_id, sizeof(e.unique_id));
+  }
+  comms_[{e.hdr.pid, e.comm}] = comm;
+  if (proc.identity.job.empty()) proc.identity.job = "nccl-" + hex64(comm.hash).substr(0, 12);
+  new_comms_.push_back(PendingComm{e.hdr.pid, comm.hash, e.comm, parent_hash, shift(e.entry_ns), shift(e.hdr.ts_ns),
+                                   comm.rank, comm.nranks, e.result, comm.origin});
+  RS_LOG(debug, "process %u: communicator %s rank %d/%d", e.hdr.pid, hex64(comm.hash).c_str(), comm.rank,
+         comm.nranks);
+}
+
+void Summariser::on_call(const rs_call_event& e) {
+  ProcessEntry& proc = process(e.hdr.pid);
+  auto it = comms_.find({e.hdr.pid, e.comm});
+  if (it == comms_.end()) {
+    // Created before we attached: name it locally so its records are kept,
+    // marked; it cannot be matched with the other ranks (docs/architecture.md).
+    CommEntry comm;
+    comm.hash = mix_hash({0x756e6b6e6f776eull, e.hdr.pid, proc.identity.start_time, e.comm});
+    comm.rank = proc.identity.rank;
+    comm.nranks = proc.identity.world_size;
+    it = comms_.emplace(CommKey{e.hdr.pid, e.comm}, comm).first;
+    new_comms_.push_back(PendingComm{e.hdr.pid, comm.hash, e.comm, 0, 0, 0, comm.rank, comm.nranks, 0,
+                                     wire::CommOrigin::UNKNOWN});
+    if (proc.identity.job.empty()) proc.identity.job = "nccl-unknown";
+  }
+  if (e.flags & RS_CALL_UNKNOWN_COMM) ++unknown_comm_;
+  auto& block = blocks_[{e.hdr.pid, it->second.hash, e.lane}];
+  if (block.records.empty()) {
+    block.pid = e.hdr.pid;
+    block.comm_hash = it->second.hash;
+    block.rank = it->second.rank;
+    block.lane = e.lane;
+  }
+  proto::CallRecord record;
+  record.seq = e.seq;
+  record.issue_ns = shift(e.entry_ns);
+  record.return_ns = shift(e.hdr.ts_ns);
+  record.count = e.count;
+  record.peer = e.peer;
+  record.op = e.op;
+  record.datatype = e.datatype;
+  record.redop = e.redop;
+  record.result = static_cast<uint8_t>(e.result);
+  record.flags = e.flags;
+  // Records of one lane come in call order from one thread; if two threads
+  // share a communicator (NCCL forbids concurrent use), keep seq order.
+  if (!block.records.empty() && block.records.back().seq > record.seq) {
+    auto pos = std::upper_bound(block.records.begin(), block.records.end(), record,
+                                [](const auto& a, const auto& b) { return a.seq < b.seq; });
+    block.records.insert(pos, record);
+  } else {
+    block.records.push_back(record);
+  }
+  ++pending_records_;
+}
+
+void Summariser::on_comm_end(const rs_comm_end_event& e) {
+  auto it = comms_.find({e.hdr.pid, e.comm});
+  if (it == comms_.end()) return;
+  ended_comms_.push_back(
+      PendingEnd{e.hdr.pid, it->second.hash, shift(e.hdr.ts_ns), e.result, e.op == RS_OP_COMM_ABORT});
+  comms_.erase(it);
+}
+
+void Summariser::add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
+  clock_samples_.push_back({t1, t2, t3, t4});
+}
+
+bool Summariser::empty() const {
+  if (!blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty()) return false;
+  for (const auto& [pid, entry] : processes_)
+    if (!entry.sent) return false;
+  return true;
+}
+
+void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
+  unsigned unsent = 0;
+  for (const auto& [pid, entry] : processes_) unsent += entry.sent ? 0 : 1;
+  auto procs = batch.initProcesses(unsent);
+  unsigned i = 0;
+  for (auto& [pid, entry] : processes_) {
+    if (entry.sent) continue;
+    const ProcessIdentity& id = entry.identity;
+    auto p = procs[i++];
+    p.setPid(pid);
+    p.setStartTime(id.start_time);
+    p.setExe(id.exe);
+    p.setJob(id.job);
+    p.setRank(id.rank);
+    p.setLocalRank(id.local_rank);
+    p.setWorldSize(id.world_size);
+    p.setUid(id.uid);
+    p.setUser(id.user);
+    p.setAccount(id.account);
+    p.setVisibleDevices(id.visible_devices);
+    entry.sent = true;
+  }
+
+  auto comms = batch.initComms(static_cast<unsigned>(new_comms_.size()));
+  for (unsigned k = 0; k < new_comms_.size(); ++k) {
+    const auto& c = new_comms_[k];
+    auto out = comms[k];
+    out.setPid(c.pid);
+    out.setCommHash(c.hash);
+    out.setHandle(c.handle);
+    out.setRank(c.rank);
+    out.setNranks(c.nranks);
+    out.setOrigin(c.origin);
+    out.setEntryNs(c.entry_ns);
+    out.setReturnNs(c.return_ns);
+    out.setResult(c.result);
+    out.setParentHash(c.parent_hash);
+  }
+  new_comms_.clear();
+
+  auto ends = batch.initCommEnds(static_cast<unsigned>(ended_comms_.size()));
+  for (unsigned k = 0; k < ended_comms_.size(); ++k) {
+    const auto& c = ended_comms_[k];
+    ends[k].setPid(c.pid);
+    ends[k].setCommHash(c.hash);
+    ends[k].setKind(c.abort ? wire::CommEndKind::ABORT : wire::CommEndKind::DESTROY);
+    ends[k].setNs(c.ns);
+    ends[k].setResult(c.result);
+  }
+  ended_comms_.clear();
+
+  std::vector<const proto::ColumnBlock*> blocks;
+  for (const auto& [key, block] : blocks_) blocks.push_back(&block);
+  proto::encode_collectives(blocks, batch);
+  blocks_.clear();
+  pending_records_ = 0;
+
+  auto samples = batch.initClockSamples(static_cast<unsigned>(clock_samples_.size()));
+  for (unsigned k = 0; k < clock_samples_.size(); ++k) {
+    samples[k].setT1(clock_samples_[k][0]);
+    samples[k].setT2(clock_samples_[k][1]);
+    samples[k].setT3(clock_samples_[k][2]);
+    samples[k].setT4(clock_samples_[k][3]);
+  }
+  clock_samples_.clear();
+
+  auto d = batch.initDrops();
+  d.setRingbufFull(drops.ringbuf_full);
+  d.setMapFull(drops.map_full);
+  d.setUnknownComm(unknown_comm_);
+  d.setNested(drops.nested);
+  d.setSendQueueFull(drops.send_queue_full);
+}
+
+void Summariser::forget_exited() {
+  for (auto it = processes_.begin(); it != processes_.end();) {
+    auto start = read_start_time(proc_root_, it->first);
+    bool gone = !start || (it->second.identity.start_time != 0 && *start != it->second.identity.start_time);
+    // Keep an exited process until its records went out.
+    if (gone && it->second.sent) {
+      uint32_t pid = it->first;
+      for (auto c = comms_.begin(); c != comms_.end();) c = (c->first.first == pid) ? comms_.erase(c) : std::next(c);
+      it = processes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace rankscope::agent

@@ -1,0 +1,99 @@
+#pragma once
+// Turns decoded events into the next batch: communicator identities, one
+// column block per (process, communicator, lane), process identities when
+// first seen, communicator ends, and the agent's clock samples.
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "node-agent/drain.h"
+#include "node-agent/identify.h"
+#include "proto/agent.capnp.h"
+#include "proto/codec.h"
+
+namespace rankscope::agent {
+
+namespace wire = ::rankscope::proto::wire;
+
+struct DropTotals {
+  uint64_t ringbuf_full = 0;
+  uint64_t map_full = 0;
+  uint64_t unknown_comm = 0;
+  uint64_t nested = 0;
+  uint64_t send_queue_full = 0;
+  uint64_t malformed = 0;
+};
+
+struct CommEntry {
+  uint64_t hash = 0;
+  int32_t rank = -1;
+  int32_t nranks = -1;
+  wire::CommOrigin origin = wire::CommOrigin::UNKNOWN;
+  uint32_t splits = 0;  // children split off so far: the same count on every member
+};
+
+class Summariser {
+ public:
+  // clock_offset_ns is added to every event time (tests use it to play a
+  // node whose clock is off).
+  Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns);
+
+  void on_event(const Event& event);
+  void on_malformed() { ++malformed_; }
+  void add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4);
+
+  bool empty() const;
+  size_t pending_records() const { return pending_records_; }
+  // Moves everything pending into `batch` and starts afresh.
+  void fill(wire::Batch::Builder batch, const DropTotals& drops);
+  // Frees entries of processes that exited (pid gone or reused).
+  void forget_exited();
+
+  uint64_t unknown_comm_records() const { return unknown_comm_; }
+  size_t traced_processes() const { return processes_.size(); }
+  size_t known_comms() const { return comms_.size(); }
+
+ private:
+  struct ProcessEntry {
+    ProcessIdentity identity;
+    bool sent = false;
+  };
+  using CommKey = std::pair<uint32_t, uint64_t>;                 // pid, ncclComm_t
+  using BlockKey = std::tuple<uint32_t, uint64_t, uint32_t>;     // pid, comm hash, lane
+
+  ProcessEntry& process(uint32_t pid);
+  void on_call(const rs_call_event& e);
+  void on_comm_init(const rs_comm_init_event& e);
+  void on_comm_end(const rs_comm_end_event& e);
+  uint64_t shift(uint64_t ns) const { return ns + static_cast<uint64_t>(clock_offset_ns_); }
+
+  std::string proc_root_;
+  std::string node_;
+  int64_t clock_offset_ns_;
+  std::map<uint32_t, ProcessEntry> processes_;
+  std::map<CommKey, CommEntry> comms_;
+  std::map<BlockKey, proto::ColumnBlock> blocks_;
+  struct PendingComm {
+    uint32_t pid;
+    uint64_t hash, handle, parent_hash, entry_ns, return_ns;
+    int32_t rank, nranks, result;
+    wire::CommOrigin origin;
+  };
+  struct PendingEnd {
+    uint32_t pid;
+    uint64_t hash, ns;
+    int32_t result;
+    bool abort;
+  };
+  std::vector<PendingComm> new_comms_;
+  std::vector<PendingEnd> ended_comms_;
+  std::vector<std::array<uint64_t, 4>> clock_samples_;
+  size_t pending_records_ = 0;
+  uint64_t unknown_comm_ = 0;
+  uint64_t malformed_ = 0;
+};
+
+}  // namespace rankscope::agent

@@ -1,0 +1,201 @@
+# The agent wire protocol: node agent <-> collector, over one ZeroMQ
+# DEALER (agent) / ROUTER (collector) connection. One Cap'n Proto message
+# per ZeroMQ frame, packed encoding. Evolution rules: docs/protocol.md.
+@0xe264f13f2abb4822;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("rankscope::proto::wire");
+
+# Bumped only for a change an older collector cannot read. Additive changes
+# (new fields, new union members) keep the number.
+const protocolVersion :UInt32 = 1;
+
+# ---------------------------------------------------------------- agent -> collector
+
+struct AgentMessage {
+  union {
+    hello @0 :Hello;
+    batch @1 :Batch;
+    heartbeat @2 :Heartbeat;
+    clockProbe @3 :ClockProbe;
+  }
+}
+
+struct Hello {
+  protocolVersion @0 :UInt32;
+  node @1 :Text;            # the node name this agent speaks for
+  instanceId @2 :UInt64;    # random per agent start; batch numbers restart with it
+  bootId @3 :Text;          # /proc/sys/kernel/random/boot_id: a new boot is a new clock origin
+  agentVersion @4 :Text;
+  kernelRelease @5 :Text;
+  monotonicNs @6 :UInt64;   # the clock every event is stamped with (CLOCK_MONOTONIC)
+  realtimeNs @7 :UInt64;    # the node's wall clock at the same instant (a first, rough offset)
+}
+
+struct Batch {
+  instanceId @0 :UInt64;
+  seq @1 :UInt64;           # 1, 2, 3... per instance; the collector acks each one
+  processes @2 :List(Process);
+  comms @3 :List(Comm);
+  commEnds @4 :List(CommEnd);
+  collectives @5 :List(CollectiveColumns);
+  clockSamples @6 :List(ClockSample);
+  drops @7 :DropCounters;   # cumulative since the instance started
+  createdNs @8 :UInt64;     # agent clock when the batch was closed
+  baseNs @9 :UInt64;        # time base of the collective blocks (agent clock)
+  commTable @10 :List(UInt64);    # communicator hashes the blocks refer to by index
+}
+
+# A traced process, sent when it is first seen and when its identity changes.
+struct Process {
+  pid @0 :UInt32;
+  startTime @1 :UInt64;     # /proc/PID/stat field 22: (pid, startTime) names one process
+  exe @2 :Text;
+  cgroupId @3 :UInt64;
+  job @4 :Text;             # SLURM_JOB_ID, TORCHELASTIC_RUN_ID, RANKSCOPE_JOB, or "" (collector derives one)
+  rank @5 :Int32 = -1;      # from the environment (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK)
+  localRank @6 :Int32 = -1;
+  worldSize @7 :Int32 = -1;
+  uid @8 :UInt32;
+  user @9 :Text;
+  account @10 :Text;        # SLURM_JOB_ACCOUNT
+  visibleDevices @11 :Text; # CUDA_VISIBLE_DEVICES as the process sees it
+}
+
+enum CommOrigin {
+  initRank @0;
+  initRankConfig @1;
+  initAll @2;
+  split @3;
+  unknown @4;               # collectives on a communicator whose creation was not seen
+}
+
+# A communicator as one member process created it.
+struct Comm {
+  pid @0 :UInt32;
+  commHash @1 :UInt64;      # the same on every member: hash of the ncclUniqueId
+  handle @2 :UInt64;        # the ncclComm_t value inside this process
+  rank @3 :Int32;
+  nranks @4 :Int32;
+  origin @5 :CommOrigin;
+  entryNs @6 :UInt64;
+  returnNs @7 :UInt64;
+  result @8 :Int32;         # ncclResult_t of the creating call
+  parentHash @9 :UInt64;    # for a split child
+}
+
+enum CommEndKind {
+  destroy @0;
+  abort @1;
+}
+
+struct CommEnd {
+  pid @0 :UInt32;
+  commHash @1 :UInt64;
+  kind @2 :CommEndKind;
+  ns @3 :UInt64;
+  result @4 :Int32;
+}
+
+enum TimingSource {
+  hostIssue @0;             # host-side API call times (uprobes): when work was enqueued
+  gpuProfiler @1;           # reserved: NCCL profiler plugin, device-side times
+}
+
+# The collective records of one (process, communicator, lane), in sequence
+# order, stored column by column. Each column is delta- or xor-encoded
+# against the previous record so that the packed encoding turns the usual
+# run of identical calls into zero words. An empty list means "all zero".
+# The block header is kept small (a comm index, a time relative to the
+# batch) because a block often holds only the few calls of one interval.
+struct CollectiveColumns {
+  pid @0 :UInt32;
+  comm @1 :UInt32;          # index into Batch.commTable
+  rank @2 :Int32;
+  lane @3 :UInt32;          # 0: collectives; 1 + 2*peer + isRecv: point-to-point with one peer
+  firstSeq @4 :UInt64;
+  baseOffsetNs @5 :Int64;   # issue time of the first record minus Batch.baseNs
+  count @6 :UInt32;         # number of records
+  source @7 :TimingSource;
+  seqGap @8 :List(UInt32);  # seq[i] - seq[i-1] - 1
+  issueDeltaNs @9 :List(UInt64);  # issue[i] - issue[i-1]; issue[-1] = the block's base time
+  durationNs @10 :List(UInt32);   # return - issue, saturated (flag RS_CALL_DURATION_SAT)
+  code @11 :List(UInt32);   # op | datatype << 8 | redop << 16 | flags << 24, xor previous (previous of the first: firstCode)
+  countDelta @12 :List(Int64);    # element count minus the previous one (previous of the first: firstCount)
+  peer @13 :List(Int32);    # root or peer (-1: none), xor previous
+  result @14 :List(UInt8);  # ncclResult_t
+  firstCode @15 :UInt32;    # the code "previous" to the first record: usually the first's own, so the column is all zero
+  firstCount @16 :UInt64;   # likewise for the element count
+}
+
+struct DropCounters {
+  ringbufFull @0 :UInt64;   # events lost because the BPF ring buffer was full
+  mapFull @1 :UInt64;       # BPF map updates that failed (too many threads/communicators)
+  unknownComm @2 :UInt64;   # collectives on a communicator whose creation was not seen
+  nested @3 :UInt64;        # NCCL API calls made from inside another (not recorded twice)
+  sendQueueFull @4 :UInt64; # batches discarded because too many were unacked
+}
+
+struct Heartbeat {
+  instanceId @0 :UInt64;
+  monotonicNs @1 :UInt64;
+  drops @2 :DropCounters;
+  tracedProcesses @3 :UInt32;
+  unackedBatches @4 :UInt32;
+}
+
+# NTP-style probe: t1 (agent send, agent clock); the collector answers with
+# t2 (receive) and t3 (send) on its clock; the agent stamps t4 on receipt and
+# reports the four times in its next batch.
+struct ClockProbe {
+  t1 @0 :UInt64;
+}
+
+struct ClockSample {
+  t1 @0 :UInt64;
+  t2 @1 :UInt64;
+  t3 @2 :UInt64;
+  t4 @3 :UInt64;
+}
+
+# ---------------------------------------------------------------- collector -> agent
+
+struct CollectorMessage {
+  union {
+    helloReply @0 :HelloReply;
+    ack @1 :Ack;
+    clockReply @2 :ClockReply;
+    error @3 :ErrorReply;
+  }
+}
+
+struct HelloReply {
+  accepted @0 :Bool;
+  reason @1 :Text;
+  protocolVersion @2 :UInt32;
+  collectorVersion @3 :Text;
+}
+
+# Sent only after the batch is written to RocksDB (write-ahead log synced).
+struct Ack {
+  instanceId @0 :UInt64;
+  seq @1 :UInt64;
+}
+
+struct ClockReply {
+  t1 @0 :UInt64;
+  t2 @1 :UInt64;
+  t3 @2 :UInt64;
+}
+
+enum ErrorCode {
+  needHello @0;             # the collector does not know this connection (it restarted)
+  badMessage @1;
+  unsupportedVersion @2;
+  refused @3;
+}
+
+struct ErrorReply {
+  code @0 :ErrorCode;
+  message @1 :Text;
+}

@@ -1,0 +1,182 @@
+#include "proto/codec.h"
+
+#include <kj/io.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace rankscope::proto {
+
+namespace {
+// Writes `values` into a list only if one of them is non-zero: an empty list
+// means "all zero" and costs nothing on the wire.
+template <typename Value, typename InitList>
+void put_column(const std::vector<Value>& values, InitList init) {
+  bool any = false;
+  for (Value v : values) any |= (v != 0);
+  if (!any) return;
+  auto list = init(static_cast<unsigned>(values.size()));
+  for (unsigned i = 0; i < values.size(); ++i) list.set(i, values[i]);
+}
+
+template <typename Value, typename ListReader>
+Result<std::vector<Value>> get_column(ListReader list, uint32_t count, const char* name) {
+  std::vector<Value> values(count, 0);
+  if (list.size() == 0) return values;
+  if (list.size() != count)
+    return make_error(Errc::protocol, std::string("column ") + name + " has " + std::to_string(list.size()) +
+                                          " entries, expected " + std::to_string(count));
+  for (uint32_t i = 0; i < count; ++i) values[i] = list[i];
+  return values;
+}
+}  // namespace
+
+namespace {
+uint32_t pack_code(const CallRecord& r, uint8_t flags) {
+  return static_cast<uint32_t>(r.op) | static_cast<uint32_t>(r.datatype) << 8 | static_cast<uint32_t>(r.redop) << 16 |
+         static_cast<uint32_t>(flags) << 24;
+}
+
+void encode_block(const ColumnBlock& block, uint32_t comm_index, uint64_t base_ns,
+                  wire::CollectiveColumns::Builder out) {
+  const auto& records = block.records;
+  size_t n = records.size();
+  out.setPid(block.pid);
+  out.setComm(comm_index);
+  out.setRank(block.rank);
+  out.setLane(block.lane);
+  out.setCount(static_cast<uint32_t>(n));
+  out.setSource(wire::TimingSource::HOST_ISSUE);
+  if (n == 0) return;
+  out.setFirstSeq(records[0].seq);
+  out.setBaseOffsetNs(static_cast<int64_t>(records[0].issue_ns - base_ns));
+
+  std::vector<uint32_t> seq_gap(n), duration(n), code(n);
+  std::vector<uint64_t> issue_delta(n);
+  std::vector<uint8_t> result(n);
+  std::vector<int64_t> count_delta(n);
+  std::vector<int32_t> peer(n);
+  CallRecord prev{};
+  prev.seq = records[0].seq - 1;  // so that the first gap is 0
+  prev.issue_ns = records[0].issue_ns;
+  // The header carries the first record's code and count, so that a block of
+  // identical calls has all-zero (empty) code and count columns.
+  uint32_t prev_code = pack_code(records[0], records[0].flags);
+  prev.count = records[0].count;
+  out.setFirstCode(prev_code);
+  out.setFirstCount(prev.count);
+  for (size_t i = 0; i < n; ++i) {
+    const CallRecord& r = records[i];
+    seq_gap[i] = static_cast<uint32_t>(r.seq - prev.seq - 1);
+    issue_delta[i] = r.issue_ns - prev.issue_ns;
+    uint64_t d = r.return_ns >= r.issue_ns ? r.return_ns - r.issue_ns : 0;
+    uint8_t flags = r.flags;
+    if (d > std::numeric_limits<uint32_t>::max()) {
+      d = std::numeric_limits<uint32_t>::max();
+      flags |= RS_CALL_DURATION_SAT;
+    }
+    duration[i] = static_cast<uint32_t>(d);
+    uint32_t c = pack_code(r, flags);
+    code[i] = c ^ prev_code;
+    prev_code = c;
+    count_delta[i] = static_cast<int64_t>(r.count - prev.count);
+    peer[i] = r.peer ^ prev.peer;
+    result[i] = r.result;
+    prev = r;
+  }
+  put_column(seq_gap, [&](unsigned k) { return out.initSeqGap(k); });
+  put_column(issue_delta, [&](unsigned k) { return out.initIssueDeltaNs(k); });
+  put_column(duration, [&](unsigned k) { return out.initDurationNs(k); });
+  put_column(code, [&](unsigned k) { return out.initCode(k); });
+  put_column(count_delta, [&](unsigned k) { return out.initCountDelta(k); });
+  put_column(peer, [&](unsigned k) { return out.initPeer(k); });
+  put_column(result, [&](unsigned k) { return out.initResult(k); });
+}
+}  // namespace
+
+void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Batch::Builder batch) {
+  uint64_t base_ns = UINT64_MAX;
+  std::vector<uint64_t> table;
+  std::vector<uint32_t> index(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const ColumnBlock& block = *blocks[i];
+    if (!block.records.empty()) base_ns = std::min(base_ns, block.records[0].issue_ns);
+    auto it = std::find(table.begin(), table.end(), block.comm_hash);
+    index[i] = static_cast<uint32_t>(it - table.begin());
+    if (it == table.end()) table.push_back(block.comm_hash);
+  }
+  if (base_ns == UINT64_MAX) base_ns = 0;
+  batch.setBaseNs(base_ns);
+  auto comm_table = batch.initCommTable(static_cast<unsigned>(table.size()));
+  for (unsigned i = 0; i < table.size(); ++i) comm_table.set(i, table[i]);
+  auto columns = batch.initCollectives(static_cast<unsigned>(blocks.size()));
+  for (size_t i = 0; i < blocks.size(); ++i) encode_block(*blocks[i], index[i], base_ns, columns[i]);
+}
+
+Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Batch::Reader batch) {
+  constexpr uint32_t kMaxRecords = 1u << 20;
+  uint32_t n = in.getCount();
+  if (n > kMaxRecords)
+    return make_error(Errc::protocol, "column block claims " + std::to_string(n) + " records (limit " +
+                                          std::to_string(kMaxRecords) + ")");
+  auto table = batch.getCommTable();
+  if (in.getComm() >= table.size())
+    return make_error(Errc::protocol, "column block refers to communicator #" + std::to_string(in.getComm()) +
+                                          " of a table of " + std::to_string(table.size()));
+  ColumnBlock block;
+  block.pid = in.getPid();
+  block.comm_hash = table[in.getComm()];
+  block.rank = in.getRank();
+  block.lane = in.getLane();
+
+  auto seq_gap = get_column<uint32_t>(in.getSeqGap(), n, "seqGap");
+  auto issue_delta = get_column<uint64_t>(in.getIssueDeltaNs(), n, "issueDeltaNs");
+  auto duration = get_column<uint32_t>(in.getDurationNs(), n, "durationNs");
+  auto code = get_column<uint32_t>(in.getCode(), n, "code");
+  auto count_delta = get_column<int64_t>(in.getCountDelta(), n, "countDelta");
+  auto peer = get_column<int32_t>(in.getPeer(), n, "peer");
+  auto result = get_column<uint8_t>(in.getResult(), n, "result");
+  for (const Error* e : {seq_gap.ok() ? nullptr : &seq_gap.error(), issue_delta.ok() ? nullptr : &issue_delta.error(),
+                         duration.ok() ? nullptr : &duration.error(), code.ok() ? nullptr : &code.error(),
+                         count_delta.ok() ? nullptr : &count_delta.error(), peer.ok() ? nullptr : &peer.error(),
+                         result.ok() ? nullptr : &result.error()}) {
+    if (e) return *e;
+  }
+
+  block.records.resize(n);
+  CallRecord prev{};
+  prev.seq = in.getFirstSeq() - 1;
+  prev.issue_ns = batch.getBaseNs() + static_cast<uint64_t>(in.getBaseOffsetNs());
+  prev.count = in.getFirstCount();
+  uint32_t prev_code = in.getFirstCode();
+  for (uint32_t i = 0; i < n; ++i) {
+    CallRecord& r = block.records[i];
+    uint64_t seq = prev.seq + 1 + seq_gap.value()[i];
+    uint64_t issue = prev.issue_ns + issue_delta.value()[i];
+    if (seq < prev.seq + 1 || issue < prev.issue_ns)
+      return make_error(Errc::protocol, "sequence or time overflows in record " + std::to_string(i));
+    uint32_t c = code.value()[i] ^ prev_code;
+    prev_code = c;
+    r.seq = seq;
+    r.issue_ns = issue;
+    r.return_ns = issue + duration.value()[i];
+    r.op = static_cast<uint8_t>(c);
+    r.datatype = static_cast<uint8_t>(c >> 8);
+    r.redop = static_cast<uint8_t>(c >> 16);
+    r.flags = static_cast<uint8_t>(c >> 24);
+    r.count = prev.count + static_cast<uint64_t>(count_delta.value()[i]);
+    r.peer = peer.value()[i] ^ prev.peer;
+    r.result = result.value()[i];
+    prev = r;
+  }
+  return block;
+}
+
+std::string to_packed(capnp::MessageBuilder& message) {
+  kj::VectorOutputStream output;
+  capnp::writePackedMessage(output, message);
+  auto bytes = output.getArray();
+  return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+}
+
+}  // namespace rankscope::proto

@@ -1,0 +1,74 @@
+#pragma once
+// Encoding and decoding of the wire messages: the columnar collective
+// records, and whole messages to and from packed bytes with limits that a
+// hostile peer cannot talk past.
+#include <capnp/message.h>
+#include <capnp/serialize-packed.h>
+#include <kj/exception.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+#include "proto/agent.capnp.h"
+#include "proto/query.capnp.h"
+#include "proto/records.h"
+
+namespace rankscope::proto {
+
+// The records of one (process, communicator, lane), sorted by seq.
+struct ColumnBlock {
+  uint32_t pid = 0;
+  uint64_t comm_hash = 0;
+  int32_t rank = -1;
+  uint32_t lane = 0;
+  std::vector<CallRecord> records;
+};
+
+// Writes the blocks into the batch: its time base (the earliest issue time),
+// its table of communicator hashes, and one CollectiveColumns per block.
+void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Batch::Builder batch);
+// Decodes one block of `batch`. Checks that every column is empty or exactly
+// `count` long, that the comm index is in the table, and that sequence
+// numbers and times do not overflow; throws nothing.
+Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Batch::Reader batch);
+
+// Limits applied to every message read from a socket.
+struct ReadLimits {
+  size_t max_bytes = 64u << 20;              // a larger frame is refused unread
+  uint64_t traversal_words = 16u << 20;      // Cap'n Proto traversal limit (words)
+  int nesting = 16;
+};
+
+// Serialises a message with the packed encoding.
+std::string to_packed(capnp::MessageBuilder& message);
+
+// Parses packed bytes as message type T and calls `use` with its root, all
+// inside one guard: Cap'n Proto reports malformed data while the reader is
+// traversed, not only when it is opened, so `use` runs under the guard too.
+template <typename T>
+Result<void> read_packed(std::string_view bytes, const ReadLimits& limits,
+                         const std::function<void(typename T::Reader)>& use) {
+  if (bytes.size() > limits.max_bytes)
+    return make_error(Errc::protocol, "message of " + std::to_string(bytes.size()) + " bytes is over the limit of " +
+                                          std::to_string(limits.max_bytes));
+  if (bytes.empty()) return make_error(Errc::protocol, "empty message");
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = limits.traversal_words;
+  options.nestingLimit = limits.nesting;
+  kj::Maybe<kj::Exception> failure = kj::runCatchingExceptions([&]() {
+    kj::ArrayInputStream input(
+        kj::ArrayPtr<const kj::byte>(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
+    capnp::PackedMessageReader reader(input, options);
+    use(reader.getRoot<T>());
+  });
+  KJ_IF_MAYBE(e, failure) {
+    return make_error(Errc::protocol, std::string("malformed message: ") + e->getDescription().cStr());
+  }
+  return {};
+}
+
+}  // namespace rankscope::proto

@@ -1,0 +1,114 @@
+# The query protocol: rankscope CLI (ZeroMQ REQ) <-> collector (ROUTER).
+# One Cap'n Proto message per frame, packed. Evolution rules: docs/protocol.md.
+@0xb56f5e3716083caa;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("rankscope::proto::query");
+
+using Agent = import "agent.capnp";
+
+const queryProtocolVersion :UInt32 = 1;
+
+struct Request {
+  protocolVersion @0 :UInt32;
+  union {
+    status @1 :Void;
+    jobs @2 :Void;
+    timeline @3 :TimelineQuery;
+  }
+}
+
+struct TimelineQuery {
+  comm @0 :Text;            # communicator hash in hex, or a unique prefix of it
+  rank @1 :Int32 = -1;      # -1: every rank
+  last @2 :UInt32 = 20;     # the last N sequence numbers (per rank); 0: all
+}
+
+struct Reply {
+  union {
+    error @0 :Text;
+    status @1 :StatusReply;
+    jobs @2 :JobsReply;
+    timeline @3 :TimelineReply;
+  }
+}
+
+struct StatusReply {
+  collectorVersion @0 :Text;
+  startedNs @1 :UInt64;
+  nowNs @2 :UInt64;
+  nodes @3 :List(NodeStatus);
+  batchesStored @4 :UInt64;
+  recordsStored @5 :UInt64;
+  duplicateBatches @6 :UInt64;
+  badMessages @7 :UInt64;
+  batchBytes @8 :UInt64;    # packed bytes of the batches stored: wire cost = batchBytes / recordsStored
+}
+
+struct NodeStatus {
+  node @0 :Text;
+  connected @1 :Bool;       # heard from within the liveness window
+  lastContactNs @2 :UInt64; # collector clock
+  agentVersion @3 :Text;
+  instanceId @4 :UInt64;
+  batches @5 :UInt64;
+  records @6 :UInt64;
+  drops @7 :Agent.DropCounters;
+  clockOffsetNs @8 :Int64;  # add to the node's monotonic clock to get cluster time
+  clockUncertaintyNs @9 :UInt64;
+  clockSamples @10 :UInt32;
+  tracedProcesses @11 :UInt32;
+  wallClockSkewNs @12 :Int64; # the node's own wall clock minus the collector's (its NTP health)
+}
+
+struct JobsReply {
+  jobs @0 :List(JobInfo);
+}
+
+struct JobInfo {
+  job @0 :Text;
+  firstNs @1 :UInt64;
+  lastNs @2 :UInt64;
+  comms @3 :List(CommInfo);
+}
+
+struct CommInfo {
+  commHash @0 :UInt64;
+  nranks @1 :Int32;
+  origin @2 :Agent.CommOrigin;
+  ranks @3 :List(RankInfo);
+}
+
+struct RankInfo {
+  rank @0 :Int32;
+  node @1 :Text;
+  pid @2 :UInt32;
+  records @3 :UInt64;
+  lastSeq @4 :Int64;        # -1: none yet
+  lastIssueNs @5 :UInt64;   # cluster time
+}
+
+struct TimelineReply {
+  commHash @0 :UInt64;
+  job @1 :Text;
+  nranks @2 :Int32;
+  records @3 :List(TimelineRecord);
+}
+
+struct TimelineRecord {
+  rank @0 :Int32;
+  lane @1 :UInt32;
+  seq @2 :UInt64;
+  op @3 :UInt8;
+  datatype @4 :UInt8;
+  redop @5 :UInt8;
+  peer @6 :Int32;
+  count @7 :UInt64;
+  bytes @8 :UInt64;
+  issueNs @9 :UInt64;       # cluster time
+  returnNs @10 :UInt64;     # cluster time
+  result @11 :UInt8;
+  flags @12 :UInt8;
+  node @13 :Text;
+  pid @14 :UInt32;
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what rankscope needs from Debian's packages, and nothing else.
+# Idempotent: packages already present are not touched and `apt-get update`
+# runs at most once per invocation, only when something is missing.
+#
+#   scripts/install-deps.sh build     # compilers and libraries for the build
+#   scripts/install-deps.sh test      # + what the test suite starts (iproute2, stress-ng, faketime)
+set -euo pipefail
+
+build_pkgs=(
+  cmake make g++ pkg-config clang llvm
+  libbpf-dev bpftool libelf-dev zlib1g-dev
+  libzmq3-dev cppzmq-dev
+  capnproto libcapnp-dev
+  librocksdb-dev
+  libboost-program-options-dev
+  prometheus-cpp-dev
+  libgtest-dev libgmock-dev
+)
+test_pkgs=(iproute2 stress-ng faketime procps)
+
+want=("${build_pkgs[@]}")
+case "${1:-build}" in
+  build) ;;
+  test|demo) want+=("${test_pkgs[@]}") ;;
+  *) echo "usage: $0 build|test|demo" >&2; exit 2 ;;
+esac
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "rankscope: these Debian packages are missing: ${missing[*]}" >&2
+  echo "rankscope: run this script as root (or: sudo apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "rankscope: installing from Debian: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

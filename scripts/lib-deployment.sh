@@ -1,0 +1,83 @@
+# Shared by scripts/demo.sh and scripts/bench.sh (sourced, not run): a
+# collector, one agent per simulated node, and fakenccl-train jobs across
+# the nodes. Call rs_setup first; rs_cleanup runs on exit.
+
+rs_setup() {
+  build=${1:-build}
+  bin="$build/bin"
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "rankscope: eBPF probes and network namespaces need root; this shell is not root." >&2
+    echo "rankscope: run it as root, e.g.  sudo make demo" >&2
+    exit 1
+  fi
+  work=$(mktemp -d /tmp/rankscope-XXXXXX)
+  prefix="rs$$"
+  agent_port=$((20000 + RANDOM % 20000))
+  query_port=$((agent_port + 1))
+  rs_pids=()
+  trap rs_cleanup EXIT INT TERM
+}
+
+rs_cleanup() {
+  for pid in "${rs_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  "$here/scripts/netns-cluster.sh" down "$prefix" 2>/dev/null || true
+  rm -rf "$work"
+}
+
+rs_cli() { "$bin/rankscope" --collector "tcp://127.0.0.1:$query_port" "$@"; }
+
+# rs_start NODES: the namespaces, the collector and one agent per node.
+rs_start() {
+  local nodes=$1
+  "$here/scripts/netns-cluster.sh" up "$prefix" "$nodes"
+  "$bin/rankscope-collector" --listen "tcp://127.0.0.1:$agent_port" --query "tcp://127.0.0.1:$query_port" \
+    --db "$work/db" >"$work/collector.log" 2>&1 &
+  rs_pids+=($!)
+  for ((node = 0; node < nodes; node++)); do
+    "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$agent_port" --node "gpu-$node" \
+      --netns "/run/netns/$prefix-$node" --nccl-lib "$build/fakenccl/libnccl.so.2" >"$work/agent-$node.log" 2>&1 &
+    rs_pids+=($!)
+  done
+  for _ in $(seq 200); do
+    [ "$(rs_cli status --json 2>/dev/null | grep -o '"connected":true' | wc -l)" -eq "$nodes" ] && return 0
+    sleep 0.1
+  done
+  echo "rankscope: the agents did not connect; their logs:" >&2
+  cat "$work"/agent-*.log "$work/collector.log" >&2
+  return 1
+}
+
+# rs_job NODES RANKS JOB_ID fakenccl-train-args...: runs one job to the end.
+rs_job() {
+  local nodes=$1 ranks=$2 job=$3
+  shift 3
+  local per_node=$(((ranks + nodes - 1) / nodes)) rank_pids=() failed=0
+  rm -f "$work/nccl.id"
+  for ((rank = 0; rank < ranks; rank++)); do
+    RANK=$rank WORLD_SIZE=$ranks LOCAL_RANK=$((rank % per_node)) RANKSCOPE_JOB_ID=$job \
+      ip netns exec "$prefix-$((rank / per_node))" "$bin/fakenccl-train" --id-file "$work/nccl.id" "$@" \
+      >"$work/rank-$rank.log" 2>&1 &
+    rank_pids+=($!)
+    rs_pids+=($!)
+  done
+  for pid in "${rank_pids[@]}"; do wait "$pid" || failed=1; done
+  if [ "$failed" -ne 0 ]; then
+    echo "rankscope: a rank of job $job failed; the logs:" >&2
+    cat "$work"/rank-*.log >&2
+    return 1
+  fi
+}
+
+# rs_wait_records N: until the collector has stored at least N records.
+rs_wait_records() {
+  for _ in $(seq 100); do
+    local stored
+    stored=$(rs_cli status --json | grep -o '"records_stored":[0-9]*' | cut -d: -f2)
+    [ "${stored:-0}" -ge "$1" ] && return 0
+    sleep 0.1
+  done
+  echo "rankscope: the collector holds ${stored:-0} records, expected $1" >&2
+  return 1
+}

@@ -1,0 +1,312 @@
+// fakenccl behaves like NCCL where rankscope depends on it: real rank
+// processes, collectives that return at once and complete only when every
+// rank has arrived, a stopped rank that stalls the others, a dead rank that
+// becomes an async error, and mismatched calls that hang.
+//
+// Every test starts its ranks as child processes in a fresh temporary folder,
+// follows them through their output and marker files (polling with a
+// deadline, never sleeping for readiness), and kills and removes everything
+// when it ends, pass or fail.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr auto kDeadline = 30s;  // for anything that should take well under a second
+
+// --------------------------------------------------------------- helpers --
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "fakenccl_test.XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const fs::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream content;
+  content << in.rdbuf();
+  return content.str();
+}
+
+// Polls `condition` until it holds or `timeout` passes; returns whether it held.
+bool waitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout = kDeadline) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// The NULL-terminated array execve() wants; valid while `strings` lives.
+std::vector<char*> pointersTo(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  pointers.reserve(strings.size() + 1);
+  for (std::string& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// One rank: a child process with RANK/WORLD_SIZE set and its stdout and
+// stderr in files. Killed and reaped on destruction if still running.
+class RankProcess {
+ public:
+  // `name` tells the output files apart ("stdout.NAME").
+  RankProcess(const TempDir& dir, const std::string& name, int rank, int worldSize, std::vector<std::string> argv)
+      : stdoutPath_(dir.file("stdout." + name)), stderrPath_(dir.file("stderr." + name)) {
+    std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(worldSize),
+                                    "LOCAL_RANK=" + std::to_string(rank)};
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      if (!entry.starts_with("RANK=") && !entry.starts_with("WORLD_SIZE=") && !entry.starts_with("LOCAL_RANK=")) {
+        env.push_back(entry);
+      }
+    }
+    // Built before fork(): the child only calls async-signal-safe functions.
+    std::vector<char*> argvPointers = pointersTo(argv);
+    std::vector<char*> envPointers = pointersTo(env);
+
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the test itself dies
+      const int out = ::open(stdoutPath_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = ::open(stderrPath_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(126);
+      ::execve(argvPointers[0], argvPointers.data(), envPointers.data());
+      ::_exit(127);
+    }
+  }
+
+  ~RankProcess() {
+    if (!exitStatus_) {
+      ::kill(pid_, SIGKILL);
+      int status;
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+  RankProcess(const RankProcess&) = delete;
+  RankProcess& operator=(const RankProcess&) = delete;
+
+  std::string out() const { return readFile(stdoutPath_); }
+  std::string err() const { return readFile(stderrPath_); }
+  void signal(int number) const { ::kill(pid_, number); }
+
+  bool running() {
+    if (exitStatus_) return false;
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) exitStatus_ = status;
+    return !exitStatus_;
+  }
+
+  // The exit code once the process has ended by itself within `timeout`;
+  // -1 if it is still running, 128 + N if signal N ended it.
+  int waitExit(std::chrono::milliseconds timeout = kDeadline) {
+    if (!waitFor([&] { return !running(); }, timeout)) return -1;
+    return WIFEXITED(*exitStatus_) ? WEXITSTATUS(*exitStatus_) : 128 + WTERMSIG(*exitStatus_);
+  }
+
+  // Whether the kernel shows the process stopped (state T in /proc/PID/stat).
+  bool stopped() const {
+    const std::string stat = readFile("/proc/" + std::to_string(pid_) + "/stat");
+    const size_t close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+  }
+
+ private:
+  std::string stdoutPath_;
+  std::string stderrPath_;
+  pid_t pid_ = -1;
+  std::optional<int> exitStatus_;
+};
+
+std::vector<std::unique_ptr<RankProcess>> launch(const TempDir& dir, int worldSize,
+                                                 const std::vector<std::string>& argv) {
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  ranks.reserve(worldSize);
+  for (int rank = 0; rank < worldSize; ++rank) {
+    ranks.push_back(std::make_unique<RankProcess>(dir, std::to_string(rank), rank, worldSize, argv));
+  }
+  return ranks;
+}
+
+// The last "step N done" that fakenccl-train printed; -1 before the first.
+int lastStep(const std::string& output) {
+  static const std::regex line(R"(step (\d+) done)");
+  int last = -1;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line); it != std::sregex_iterator(); ++it) {
+    last = std::stoi((*it)[1]);
+  }
+  return last;
+}
+
+// ----------------------------------------------------------------- tests --
+
+TEST(FakeNccl, TrainingRanksAllReduceExactSums) {
+  TempDir dir;
+  auto ranks = launch(dir, 4, {FAKENCCL_TRAIN, "--id-file", dir.file("id"), "--steps", "30", "--check", "--quiet"});
+  for (auto& rank : ranks) {
+    EXPECT_EQ(rank->waitExit(), 0) << rank->err();
+    EXPECT_NE(rank->out().find("30 steps, 90 collectives"), std::string::npos) << rank->out();
+    EXPECT_NE(rank->out().find("check ok"), std::string::npos) << rank->out();
+  }
+}
+
+TEST(FakeNccl, SelftestPassesOnFourRanks) {
+  TempDir dir;
+  auto ranks = launch(dir, 4, {FAKENCCL_SELFTEST, "--id-file", dir.file("id")});
+  for (auto& rank : ranks) {
+    EXPECT_EQ(rank->waitExit(), 0) << rank->out() << rank->err();
+    EXPECT_NE(rank->out().find(", 0 failed"), std::string::npos) << rank->out();
+  }
+}
+
+// The order is forced, not timed: rank 1 may call ncclAllReduce only after
+// the test has seen rank 0 return from its own call.
+TEST(FakeNccl, CollectiveReturnsBeforePeersArriveAndSyncWaitsForThem) {
+  TempDir dir;
+  auto ranks = launch(dir, 2, {FAKENCCL_PROBE, "--mode", "order", "--dir", dir.path().string()});
+  const std::string enqueued = dir.file("enqueued");
+  ASSERT_TRUE(waitFor([&] { return fs::exists(enqueued); }))
+      << "ncclAllReduce did not return while its peer had not called it\n"
+      << ranks[0]->err();
+  EXPECT_EQ(readFile(enqueued), "stream busy") << "the stream finished before the peer arrived";
+  EXPECT_TRUE(ranks[0]->running()) << "rank 0 finished before its peer arrived\n" << ranks[0]->out();
+
+  std::ofstream(dir.file("release")).close();
+  EXPECT_EQ(ranks[0]->waitExit(), 0) << ranks[0]->out() << ranks[0]->err();
+  EXPECT_EQ(ranks[1]->waitExit(), 0) << ranks[1]->err();
+  EXPECT_NE(ranks[0]->out().find("synchronize returned after the peer was released"), std::string::npos)
+      << ranks[0]->out();
+}
+
+// While a rank is stopped, the others can finish at most the step its
+// stream may already have fed (one past its last printed step), however long
+// the test watches; after SIGCONT everyone completes with correct sums.
+TEST(FakeNccl, StoppedRankBlocksOthersUntilContinued) {
+  TempDir dir;
+  auto ranks = launch(dir, 3,
+                      {FAKENCCL_TRAIN, "--id-file", dir.file("id"), "--steps", "200", "--compute-iters", "200000",
+                       "--bucket-elems", "4096", "--check"});
+  RankProcess& victim = *ranks[1];
+  ASSERT_TRUE(waitFor([&] { return lastStep(victim.out()) >= 3; })) << victim.err();
+  victim.signal(SIGSTOP);
+  ASSERT_TRUE(waitFor([&] { return victim.stopped(); }));
+  const int victimStep = lastStep(victim.out());
+  ASSERT_LT(victimStep, 199) << "the run ended before the rank could be stopped";
+
+  // An observation window, not a readiness wait: the bound holds however
+  // long it is, and longer only makes the test stricter.
+  std::this_thread::sleep_for(500ms);
+  for (int r : {0, 2}) {
+    EXPECT_TRUE(ranks[r]->running());
+    EXPECT_LE(lastStep(ranks[r]->out()), victimStep + 1) << "rank " << r << " progressed while rank 1 was stopped";
+  }
+
+  victim.signal(SIGCONT);
+  for (auto& rank : ranks) {
+    EXPECT_EQ(rank->waitExit(), 0) << rank->err();
+    EXPECT_NE(rank->out().find("200 steps, 600 collectives"), std::string::npos);
+    EXPECT_NE(rank->out().find("check ok"), std::string::npos);
+  }
+}
+
+TEST(FakeNccl, MismatchedCollectiveIsReportedAndHangs) {
+  TempDir dir;
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::string> argv = {FAKENCCL_TRAIN,
+                                     "--id-file",
+                                     dir.file("id"),
+                                     "--steps",
+                                     "10",
+                                     "--compute-iters",
+                                     "0",
+                                     "--record",
+                                     dir.file("record." + std::to_string(rank))};
+    if (rank == 1) argv.insert(argv.end(), {"--mismatch-at-step", "2"});
+    ranks.push_back(std::make_unique<RankProcess>(dir, std::to_string(rank), rank, 2, argv));
+  }
+  auto reported = [&] {
+    return ranks[0]->err().find("collective mismatch at op #6") != std::string::npos ||
+           ranks[1]->err().find("collective mismatch at op #6") != std::string::npos;
+  };
+  ASSERT_TRUE(waitFor(reported)) << ranks[0]->err() << ranks[1]->err();
+  const std::string both = ranks[0]->err() + ranks[1]->err();
+  EXPECT_NE(both.find("hanging as NCCL would"), std::string::npos) << both;
+  EXPECT_TRUE(ranks[0]->running() && ranks[1]->running()) << "a rank went past the mismatch";
+  // The record shows what the rank called, in order: at step 2, op #6.
+  EXPECT_NE(readFile(dir.file("record.1")).find("7 AllGather 65536 float32 262144"), std::string::npos)
+      << readFile(dir.file("record.1"));
+}
+
+TEST(FakeNccl, DeadPeerBecomesRemoteErrorAndAbortFreesTheStream) {
+  TempDir dir;
+  auto ranks = launch(dir, 2, {FAKENCCL_PROBE, "--mode", "peer-death", "--dir", dir.path().string()});
+  ASSERT_TRUE(waitFor([&] { return fs::exists(dir.file("ready.0")) && fs::exists(dir.file("ready.1")); }))
+      << ranks[0]->err() << ranks[1]->err();
+  ranks[1]->signal(SIGKILL);
+  EXPECT_EQ(ranks[0]->waitExit(), 0) << ranks[0]->out() << ranks[0]->err();
+  EXPECT_NE(ranks[0]->out().find("async error ncclRemoteError, stream blocked until ncclCommAbort"), std::string::npos)
+      << ranks[0]->out();
+}
+
+// Rank 0 holds back, so the rendezvous cannot complete while the two claims
+// to rank 1 arrive: the second must be refused, and the root must keep
+// waiting for rank 0 rather than give up.
+TEST(FakeNccl, DuplicateRankIsRefusedAndTheOthersStillMeet) {
+  TempDir dir;
+  const std::vector<std::string> argv = {FAKENCCL_PROBE, "--mode", "duplicate", "--dir", dir.path().string()};
+  RankProcess rank0(dir, "0", 0, 2, argv);
+  RankProcess claimA(dir, "1a", 1, 2, argv);
+  RankProcess claimB(dir, "1b", 1, 2, argv);
+  ASSERT_TRUE(waitFor([&] { return !claimA.running() || !claimB.running(); }));
+  const bool refusedA = !claimA.running();
+  RankProcess& refused = refusedA ? claimA : claimB;
+  RankProcess& accepted = refusedA ? claimB : claimA;
+  EXPECT_EQ(refused.waitExit(), 4) << refused.out() << refused.err();
+  EXPECT_NE(refused.err().find("duplicate rank"), std::string::npos) << refused.err();
+
+  std::ofstream(dir.file("go")).close();
+  EXPECT_EQ(rank0.waitExit(), 0) << rank0.err();
+  EXPECT_EQ(accepted.waitExit(), 0) << accepted.err();
+}
+
+}  // namespace

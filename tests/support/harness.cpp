@@ -1,0 +1,159 @@
+#include "tests/support/harness.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#ifndef RANKSCOPE_BIN_DIR
+#error "RANKSCOPE_BIN_DIR must be defined by the build"
+#endif
+
+extern char** environ;
+
+namespace rankscope::testing {
+
+bool wait_for(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
+}
+
+std::string unique_name(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  return prefix + std::to_string(getpid() % 100000) + "x" + std::to_string(counter++);
+}
+
+TempDir::TempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "rankscope-test-XXXXXX").string();
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  if (!mkdtemp(buf.data())) abort();
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+Process::Process(const SpawnOptions& options) {
+  std::vector<std::string> argv;
+  if (!options.netns.empty()) argv = {"/usr/bin/ip", "netns", "exec", options.netns};
+  argv.insert(argv.end(), options.argv.begin(), options.argv.end());
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  for (const auto& [k, v] : options.env) env[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+
+  pid_ = fork();
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    std::string out = options.stdout_path.empty() ? "/dev/null" : options.stdout_path;
+    std::string err = options.stderr_path.empty() ? out : options.stderr_path;
+    int out_fd = open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    int err_fd = err == out ? out_fd : open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (out_fd >= 0) dup2(out_fd, 1);
+    if (err_fd >= 0) dup2(err_fd, 2);
+    int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) dup2(null_fd, 0);
+    std::vector<char*> args, envp;
+    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    for (auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    execve(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+}
+
+Process::Process(Process&& other) noexcept
+    : pid_(other.pid_), status_(other.status_), reaped_(other.reaped_) {
+  other.pid_ = -1;
+}
+
+Process::~Process() {
+  if (pid_ > 0 && !reaped_) {
+    kill(pid_, SIGKILL);
+    kill(pid_, SIGCONT);
+    waitpid(pid_, &status_, 0);
+  }
+}
+
+bool Process::running() {
+  if (pid_ <= 0 || reaped_) return false;
+  pid_t r = waitpid(pid_, &status_, WNOHANG);
+  if (r == pid_) {
+    reaped_ = true;
+    return false;
+  }
+  return true;
+}
+
+void Process::signal(int sig) {
+  if (pid_ > 0 && !reaped_) kill(pid_, sig);
+}
+
+int Process::wait(std::chrono::milliseconds timeout) {
+  if (!wait_for([&] { return !running(); }, timeout)) return -1;
+  if (WIFEXITED(status_)) return WEXITSTATUS(status_);
+  if (WIFSIGNALED(status_)) return 128 + WTERMSIG(status_);
+  return -1;
+}
+
+int run_command(const std::string& command) {
+  int status = system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+NetnsCluster::NetnsCluster(int nodes) : prefix_(unique_name("rst")) {
+  std::string script = std::string(RANKSCOPE_SOURCE_DIR) + "/scripts/netns-cluster.sh";
+  ok_ = run_command(script + " up " + prefix_ + " " + std::to_string(nodes) + " >/dev/null 2>&1") == 0;
+}
+
+NetnsCluster::~NetnsCluster() {
+  run_command(std::string(RANKSCOPE_SOURCE_DIR) + "/scripts/netns-cluster.sh down " + prefix_ + " >/dev/null 2>&1");
+}
+
+std::string bin_path(const std::string& name) { return std::string(RANKSCOPE_BIN_DIR) + "/" + name; }
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+}  // namespace rankscope::testing

@@ -1,0 +1,86 @@
+#pragma once
+// What the integration tests share: child processes, temporary folders,
+// network namespaces as simulated nodes, and waiting for a condition with a
+// deadline (never a bare sleep). Everything cleans up in its destructor, so
+// a failing test leaves nothing behind.
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace rankscope::testing {
+
+// Polls `condition` every few milliseconds until it holds or `timeout` passes.
+bool wait_for(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
+
+// A unique name for this run: prefix + pid + counter (names of namespaces, ports...).
+std::string unique_name(const std::string& prefix);
+
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct SpawnOptions {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;  // added to (or replacing in) this process's environment
+  std::string netns;                       // run inside `ip netns exec NAME`
+  std::string stdout_path;                 // default: /dev/null
+  std::string stderr_path;                 // default: same as stdout
+};
+
+class Process {
+ public:
+  explicit Process(const SpawnOptions& options);
+  ~Process();  // SIGKILLs the process if it still runs
+  Process(Process&&) noexcept;
+  Process(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // The pid of the program itself when it runs under `ip netns exec` (which execs it, so they are the same).
+  bool running();
+  void signal(int sig);
+  // Waits for exit; returns the exit code, 128+signal if killed, -1 on timeout.
+  int wait(std::chrono::milliseconds timeout);
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+  bool reaped_ = false;
+};
+
+// Simulated nodes: network namespaces on one bridge, made and removed by
+// scripts/netns-cluster.sh (node i has address 10.213.0.(i+1)).
+class NetnsCluster {
+ public:
+  explicit NetnsCluster(int nodes);
+  ~NetnsCluster();
+  bool ok() const { return ok_; }
+  std::string name(int node) const { return prefix_ + "-" + std::to_string(node); }
+  std::string path(int node) const { return "/run/netns/" + name(node); }
+  std::string address(int node) const { return "10.213.0." + std::to_string(node + 1); }
+
+ private:
+  std::string prefix_;
+  bool ok_ = false;
+};
+
+// Runs a shell command; returns its exit status.
+int run_command(const std::string& command);
+// Absolute path of a program built into build/bin.
+std::string bin_path(const std::string& name);
+// A TCP port free on 127.0.0.1 at the time of the call.
+int free_port();
+// The content of a file, or "" if it cannot be read.
+std::string slurp(const std::string& path);
+
+}  // namespace rankscope::testing

@@ -1,0 +1,155 @@
+// The collector's ingest on a real RocksDB: hello first, durable acks,
+// idempotent re-sends, refusals with a reason.
+#include <gtest/gtest.h>
+
+#include "collector/ingest.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::collector {
+namespace {
+
+class FixedClock final : public Clock {
+ public:
+  uint64_t monotonic_ns() const override { return now; }
+  uint64_t realtime_ns() const override { return now; }
+  uint64_t now = 1'800'000'000'000'000'000ull;
+};
+
+std::string hello(const std::string& node, uint32_t version = wire::PROTOCOL_VERSION) {
+  capnp::MallocMessageBuilder message;
+  auto h = message.initRoot<wire::AgentMessage>().initHello();
+  h.setProtocolVersion(version);
+  h.setNode(node);
+  h.setInstanceId(99);
+  h.setMonotonicNs(1'000);
+  h.setRealtimeNs(1'000 + 5'000'000);
+  return proto::to_packed(message);
+}
+
+std::string batch(uint64_t seq, uint64_t first_record_seq, size_t records) {
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  b.setInstanceId(99);
+  b.setSeq(seq);
+  auto procs = b.initProcesses(1);
+  procs[0].setPid(10);
+  procs[0].setJob("job-7");
+  auto comms = b.initComms(1);
+  comms[0].setPid(10);
+  comms[0].setCommHash(0xc0ffee);
+  comms[0].setRank(1);
+  comms[0].setNranks(2);
+  comms[0].setOrigin(wire::CommOrigin::INIT_RANK);
+  proto::ColumnBlock block;
+  block.pid = 10;
+  block.comm_hash = 0xc0ffee;
+  block.rank = 1;
+  for (size_t i = 0; i < records; ++i) {
+    proto::CallRecord r;
+    r.seq = first_record_seq + i;
+    r.issue_ns = 2'000 + i * 100;
+    r.return_ns = r.issue_ns + 10;
+    r.count = 256;
+    r.op = RS_OP_ALLREDUCE;
+    r.datatype = 7;
+    block.records.push_back(r);
+  }
+  proto::encode_collectives({&block}, b);
+  return proto::to_packed(message);
+}
+
+wire::CollectorMessage::Which kind_of(const std::string& bytes) {
+  wire::CollectorMessage::Which which{};
+  EXPECT_TRUE(proto::read_packed<wire::CollectorMessage>(bytes, proto::ReadLimits{}, [&](auto m) { which = m.which(); }));
+  return which;
+}
+
+class IngestTest : public ::testing::Test {
+ protected:
+  testing::TempDir dir;
+  std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
+  FixedClock clock;
+  Ingest ingest{*store, clock};
+};
+
+TEST_F(IngestTest, BatchBeforeHelloIsAnsweredWithNeedHello) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", batch(1, 0, 3), out);
+  ASSERT_EQ(out.now.size(), 1u);
+  EXPECT_EQ(kind_of(out.now[0].second), wire::CollectorMessage::ERROR);
+  EXPECT_TRUE(out.after_commit.empty());
+}
+
+TEST_F(IngestTest, AckComesOnlyAfterCommitAndReSendsChangeNothing) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-1", batch(1, 0, 5), out);
+  ASSERT_EQ(out.after_commit.size(), 1u);
+  EXPECT_EQ(kind_of(out.after_commit[0].second), wire::CollectorMessage::ACK);
+  ASSERT_TRUE(ingest.commit());
+  EXPECT_EQ(*store->count(0xc0ffee, 0, 1), 5u);
+
+  Outbox again;
+  ingest.on_agent_message("conn-1", batch(1, 0, 5), again);  // our ack was lost; the agent re-sends
+  ASSERT_EQ(again.now.size(), 1u);
+  EXPECT_EQ(kind_of(again.now[0].second), wire::CollectorMessage::ACK);
+  EXPECT_TRUE(again.after_commit.empty());
+  ASSERT_TRUE(ingest.commit());
+  EXPECT_EQ(*store->count(0xc0ffee, 0, 1), 5u);
+  EXPECT_EQ(ingest.counters().records_stored, 5u);
+  EXPECT_EQ(ingest.counters().duplicate_batches, 1u);
+
+  const CommState& comm = ingest.comms().at(0xc0ffee);
+  EXPECT_EQ(comm.job, "job-7");
+  EXPECT_EQ(comm.nranks, 2);
+  EXPECT_EQ(comm.members.at(1).node, "gpu-1");
+  EXPECT_EQ(comm.members.at(1).last_seq, 4);
+}
+
+TEST_F(IngestTest, RecordsAreStoredOnTheCollectorClock) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);  // seeds offset realtime - monotonic = 5 ms
+  ingest.on_agent_message("conn-1", batch(1, 0, 1), out);
+  ASSERT_TRUE(ingest.commit());
+  auto records = store->tail(0xc0ffee, 0, 1, 0);
+  ASSERT_TRUE(records);
+  ASSERT_EQ(records->size(), 1u);
+  EXPECT_EQ((*records)[0].call.issue_ns, 2'000u + 5'000'000u);
+}
+
+TEST_F(IngestTest, NewerProtocolIsRefusedWithAReason) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1", wire::PROTOCOL_VERSION + 1), out);
+  ASSERT_EQ(out.now.size(), 1u);
+  bool accepted = true;
+  std::string reason;
+  ASSERT_TRUE(proto::read_packed<wire::CollectorMessage>(out.now[0].second, proto::ReadLimits{}, [&](auto m) {
+    accepted = m.getHelloReply().getAccepted();
+    reason = m.getHelloReply().getReason();
+  }));
+  EXPECT_FALSE(accepted);
+  EXPECT_NE(reason.find("upgrade the collector"), std::string::npos);
+}
+
+TEST_F(IngestTest, GarbageIsCountedAndAnswered) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", std::string("\x01\x02\x03 not capnp", 14), out);
+  EXPECT_EQ(ingest.counters().bad_messages, 1u);
+  ASSERT_EQ(out.now.size(), 1u);
+  EXPECT_EQ(kind_of(out.now[0].second), wire::CollectorMessage::ERROR);
+}
+
+TEST_F(IngestTest, StateSurvivesARestart) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-1", batch(1, 0, 3), out);
+  ASSERT_TRUE(ingest.commit());
+  Ingest restarted(*store, clock);
+  ASSERT_TRUE(restarted.restore());
+  ASSERT_EQ(restarted.comms().count(0xc0ffee), 1u);
+  EXPECT_EQ(restarted.comms().at(0xc0ffee).members.at(1).last_seq, 2);
+  EXPECT_EQ(restarted.nodes().count("gpu-1"), 1u);
+}
+
+}  // namespace
+}  // namespace rankscope::collector

@@ -1,0 +1,43 @@
+#include "tools/cli/client.h"
+
+#include "proto/codec.h"
+
+namespace rankscope::cli {
+
+QueryClient::QueryClient(std::string endpoint, int timeout_ms)
+    : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms) {}
+
+Result<void> QueryClient::ask(capnp::MallocMessageBuilder& request,
+                              const std::function<void(proto::query::Reply::Reader)>& use) {
+  zmq::socket_t socket(context_, zmq::socket_type::req);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::rcvtimeo, timeout_ms_);
+  socket.set(zmq::sockopt::sndtimeo, timeout_ms_);
+  try {
+    socket.connect(endpoint_);
+    std::string bytes = proto::to_packed(request);
+    if (!socket.send(zmq::buffer(bytes), zmq::send_flags::none))
+      return make_error(Errc::io, "cannot send to the collector at " + endpoint_);
+    zmq::message_t reply;
+    if (!socket.recv(reply, zmq::recv_flags::none))
+      return make_error(Errc::io, "no answer from the collector at " + endpoint_ + " within " +
+                                      std::to_string(timeout_ms_) +
+                                      " ms: is rankscope-collector running there? (set --collector)");
+    std::string error;
+    auto read = proto::read_packed<proto::query::Reply>(
+        std::string_view(static_cast<const char*>(reply.data()), reply.size()), proto::ReadLimits{},
+        [&](proto::query::Reply::Reader r) {
+          if (r.which() == proto::query::Reply::ERROR)
+            error = r.getError();
+          else
+            use(r);
+        });
+    if (!read) return read.error();
+    if (!error.empty()) return make_error(Errc::refused, error);
+  } catch (const zmq::error_t& e) {
+    return make_error(Errc::io, "collector at " + endpoint_ + ": " + e.what());
+  }
+  return {};
+}
+
+}  // namespace rankscope::cli

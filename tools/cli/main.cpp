@@ -1,0 +1,259 @@
+// rankscope: the command line for the collector.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/format.h"
+#include "proto/records.h"
+#include "tools/cli/client.h"
+
+namespace po = boost::program_options;
+namespace query = rankscope::proto::query;
+using rankscope::format_duration_ns;
+using rankscope::format_time_ns;
+using rankscope::hex64;
+using rankscope::json_quote;
+
+namespace {
+
+const char* kUsage =
+    "rankscope: ask the rankscope collector what it knows.\n\n"
+    "Usage: rankscope [--collector ENDPOINT] COMMAND [options]\n\n"
+    "Commands:\n"
+    "  status                       nodes, agents, last contact, clock offsets, drops\n"
+    "  jobs                         jobs, their communicators and ranks\n"
+    "  timeline --comm C [--rank R] [--last N]\n"
+    "                               the NCCL calls of one communicator, per rank\n\n"
+    "Every command takes --json.\n";
+
+std::string origin_name(rankscope::proto::wire::CommOrigin origin) {
+  switch (origin) {
+    case rankscope::proto::wire::CommOrigin::INIT_RANK: return "CommInitRank";
+    case rankscope::proto::wire::CommOrigin::INIT_RANK_CONFIG: return "CommInitRankConfig";
+    case rankscope::proto::wire::CommOrigin::INIT_ALL: return "CommInitAll";
+    case rankscope::proto::wire::CommOrigin::SPLIT: return "CommSplit";
+    default: return "unknown (attached late)";
+  }
+}
+
+std::string age(uint64_t now, uint64_t then) {
+  if (then == 0) return "never";
+  return format_duration_ns(static_cast<int64_t>(now - then)) + " ago";
+}
+
+void print_status(query::StatusReply::Reader s, bool json) {
+  if (json) {
+    std::printf("{\"collector_version\":%s,\"started_ns\":%llu,\"now_ns\":%llu,\"batches_stored\":%llu,"
+                "\"records_stored\":%llu,\"duplicate_batches\":%llu,\"bad_messages\":%llu,\"batch_bytes\":%llu,\"nodes\":[",
+                json_quote(s.getCollectorVersion()).c_str(), (unsigned long long)s.getStartedNs(),
+                (unsigned long long)s.getNowNs(), (unsigned long long)s.getBatchesStored(),
+                (unsigned long long)s.getRecordsStored(), (unsigned long long)s.getDuplicateBatches(),
+                (unsigned long long)s.getBadMessages(), (unsigned long long)s.getBatchBytes());
+    bool first = true;
+    for (auto n : s.getNodes()) {
+      auto d = n.getDrops();
+      std::printf("%s{\"node\":%s,\"connected\":%s,\"last_contact_ns\":%llu,\"agent_version\":%s,\"instance\":\"%s\","
+                  "\"batches\":%llu,\"records\":%llu,\"traced_processes\":%u,\"clock_offset_ns\":%lld,"
+                  "\"clock_uncertainty_ns\":%llu,\"clock_samples\":%u,\"wall_clock_skew_ns\":%lld,\"drops\":{\"ringbuf_full\":%llu,"
+                  "\"map_full\":%llu,\"unknown_comm\":%llu,\"nested\":%llu,\"send_queue_full\":%llu}}",
+                  first ? "" : ",", json_quote(n.getNode()).c_str(), n.getConnected() ? "true" : "false",
+                  (unsigned long long)n.getLastContactNs(), json_quote(n.getAgentVersion()).c_str(),
+                  hex64(n.getInstanceId()).c_str(), (unsigned long long)n.getBatches(),
+                  (unsigned long long)n.getRecords(), n.getTracedProcesses(), (long long)n.getClockOffsetNs(),
+                  (unsigned long long)n.getClockUncertaintyNs(), n.getClockSamples(), (long long)n.getWallClockSkewNs(),
+                  (unsigned long long)d.getRingbufFull(), (unsigned long long)d.getMapFull(),
+                  (unsigned long long)d.getUnknownComm(), (unsigned long long)d.getNested(),
+                  (unsigned long long)d.getSendQueueFull());
+      first = false;
+    }
+    std::printf("]}\n");
+    return;
+  }
+  std::printf("collector %s, up %s; %llu batches, %llu records stored", s.getCollectorVersion().cStr(),
+              format_duration_ns(static_cast<int64_t>(s.getNowNs() - s.getStartedNs())).c_str(),
+              (unsigned long long)s.getBatchesStored(), (unsigned long long)s.getRecordsStored());
+  if (s.getRecordsStored() > 0)
+    std::printf(", %.1f wire bytes/record", static_cast<double>(s.getBatchBytes()) / s.getRecordsStored());
+  std::printf(" (%llu re-sent batches ignored, %llu bad messages)\n\n", (unsigned long long)s.getDuplicateBatches(),
+              (unsigned long long)s.getBadMessages());
+  std::printf("%-16s %-13s %-14s %9s %10s %5s %-26s %s\n", "NODE", "AGENT", "LAST CONTACT", "BATCHES", "RECORDS",
+              "PROCS", "WALL CLOCK SKEW (+/-)", "DROPS");
+  for (auto n : s.getNodes()) {
+    auto d = n.getDrops();
+    uint64_t drops = d.getRingbufFull() + d.getMapFull() + d.getSendQueueFull();
+    std::string clock = n.getClockSamples() == 0 && n.getClockUncertaintyNs() >= 1'000'000'000ull
+                            ? "from hello (no probe yet)"
+                            : format_duration_ns(n.getWallClockSkewNs()) + " (" +
+                                  format_duration_ns(static_cast<int64_t>(n.getClockUncertaintyNs())) + ")";
+    std::string drop_text = std::to_string(drops);
+    if (d.getUnknownComm()) drop_text += ", " + std::to_string(d.getUnknownComm()) + " unmatched";
+    std::printf("%-16s %-13s %-14s %9llu %10llu %5u %-26s %s\n", n.getNode().cStr(),
+                n.getConnected() ? "connected" : "disconnected", age(s.getNowNs(), n.getLastContactNs()).c_str(),
+                (unsigned long long)n.getBatches(), (unsigned long long)n.getRecords(), n.getTracedProcesses(),
+                clock.c_str(), drop_text.c_str());
+  }
+}
+
+void print_jobs(query::JobsReply::Reader r, bool json) {
+  if (json) {
+    std::printf("{\"jobs\":[");
+    bool first_job = true;
+    for (auto job : r.getJobs()) {
+      std::printf("%s{\"job\":%s,\"first_ns\":%llu,\"last_ns\":%llu,\"comms\":[", first_job ? "" : ",",
+                  json_quote(job.getJob()).c_str(), (unsigned long long)job.getFirstNs(),
+                  (unsigned long long)job.getLastNs());
+      bool first_comm = true;
+      for (auto c : job.getComms()) {
+        std::printf("%s{\"comm\":\"%s\",\"nranks\":%d,\"origin\":%s,\"ranks\":[", first_comm ? "" : ",",
+                    hex64(c.getCommHash()).c_str(), c.getNranks(), json_quote(origin_name(c.getOrigin())).c_str());
+        bool first_rank = true;
+        for (auto rk : c.getRanks()) {
+          std::printf("%s{\"rank\":%d,\"node\":%s,\"pid\":%u,\"records\":%llu,\"last_seq\":%lld,\"last_issue_ns\":%llu}",
+                      first_rank ? "" : ",", rk.getRank(), json_quote(rk.getNode()).c_str(), rk.getPid(),
+                      (unsigned long long)rk.getRecords(), (long long)rk.getLastSeq(),
+                      (unsigned long long)rk.getLastIssueNs());
+          first_rank = false;
+        }
+        std::printf("]}");
+        first_comm = false;
+      }
+      std::printf("]}");
+      first_job = false;
+    }
+    std::printf("]}\n");
+    return;
+  }
+  if (r.getJobs().size() == 0) std::printf("no jobs seen yet\n");
+  for (auto job : r.getJobs()) {
+    std::printf("job %s  (first seen %s, last %s)\n", job.getJob().cStr(), format_time_ns(job.getFirstNs()).c_str(),
+                format_time_ns(job.getLastNs()).c_str());
+    for (auto c : job.getComms()) {
+      std::printf("  comm %s  %d ranks, %s\n", hex64(c.getCommHash()).c_str(), c.getNranks(),
+                  origin_name(c.getOrigin()).c_str());
+      std::printf("    %5s  %-16s %8s %9s %9s  %s\n", "RANK", "NODE", "PID", "CALLS", "LAST SEQ", "LAST ISSUE");
+      for (auto rk : c.getRanks())
+        std::printf("    %5d  %-16s %8u %9llu %9lld  %s\n", rk.getRank(), rk.getNode().cStr(), rk.getPid(),
+                    (unsigned long long)rk.getRecords(), (long long)rk.getLastSeq(),
+                    format_time_ns(rk.getLastIssueNs()).c_str());
+    }
+  }
+}
+
+void print_timeline(query::TimelineReply::Reader t, bool json) {
+  using rankscope::proto::datatype_name;
+  using rankscope::proto::op_name;
+  using rankscope::proto::redop_name;
+  if (json) {
+    std::printf("{\"comm\":\"%s\",\"job\":%s,\"nranks\":%d,\"records\":[", hex64(t.getCommHash()).c_str(),
+                json_quote(t.getJob()).c_str(), t.getNranks());
+    bool first = true;
+    for (auto r : t.getRecords()) {
+      std::printf("%s{\"rank\":%d,\"lane\":%u,\"seq\":%llu,\"op\":\"%s\",\"datatype\":\"%s\",\"redop\":\"%s\","
+                  "\"peer\":%d,\"count\":%llu,\"bytes\":%llu,\"issue_ns\":%llu,\"return_ns\":%llu,\"result\":%u,"
+                  "\"flags\":%u,\"node\":%s,\"pid\":%u}",
+                  first ? "" : ",", r.getRank(), r.getLane(), (unsigned long long)r.getSeq(), op_name(r.getOp()).c_str(),
+                  datatype_name(r.getDatatype()).c_str(), redop_name(r.getRedop()).c_str(), r.getPeer(),
+                  (unsigned long long)r.getCount(), (unsigned long long)r.getBytes(),
+                  (unsigned long long)r.getIssueNs(), (unsigned long long)r.getReturnNs(), r.getResult(), r.getFlags(),
+                  json_quote(r.getNode()).c_str(), r.getPid());
+      first = false;
+    }
+    std::printf("]}\n");
+    return;
+  }
+  std::printf("comm %s  job %s  %d ranks  (times: cluster clock, UTC)\n", hex64(t.getCommHash()).c_str(),
+              t.getJob().cStr(), t.getNranks());
+  std::printf("%8s %5s %-14s %-12s %-9s %12s %-27s %10s %s\n", "SEQ", "RANK", "NODE", "OP", "TYPE", "BYTES",
+              "ISSUED", "CALL", "NOTE");
+  for (auto r : t.getRecords()) {
+    std::string op = op_name(r.getOp());
+    if (r.getLane() != 0) op += " " + std::to_string(r.getPeer());
+    else if (r.getPeer() >= 0) op += " root " + std::to_string(r.getPeer());
+    std::string note;
+    if (r.getResult() != 0) note += rankscope::proto::result_name(r.getResult()) + " ";
+    if (r.getFlags() & RS_CALL_IN_GROUP) note += "in-group ";
+    if (r.getFlags() & RS_CALL_UNKNOWN_COMM) note += "comm-unmatched ";
+    if (rankscope::proto::op_is_collective(r.getOp()) && r.getOp() != RS_OP_ALLGATHER && r.getOp() != RS_OP_BROADCAST &&
+        r.getOp() != RS_OP_BCAST && r.getOp() != RS_OP_ALLTOALL && r.getOp() != RS_OP_GATHER && r.getOp() != RS_OP_SCATTER)
+      note += redop_name(r.getRedop());
+    std::printf("%8llu %5d %-14s %-12s %-9s %12llu %-27s %10s %s\n", (unsigned long long)r.getSeq(), r.getRank(),
+                r.getNode().cStr(), op.c_str(), datatype_name(r.getDatatype()).c_str(),
+                (unsigned long long)r.getBytes(), format_time_ns(r.getIssueNs()).c_str(),
+                format_duration_ns(static_cast<int64_t>(r.getReturnNs() - r.getIssueNs())).c_str(), note.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string endpoint = "tcp://127.0.0.1:7601";
+  std::string command, comm;
+  int rank = -1;
+  unsigned last = 20;
+  int timeout_ms = 5000;
+  bool json = false;
+  po::options_description desc("Options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("collector", po::value(&endpoint)->default_value(endpoint), "the collector's query endpoint")
+    ("timeout-ms", po::value(&timeout_ms)->default_value(timeout_ms), "how long to wait for the collector")
+    ("json", po::bool_switch(&json), "print JSON instead of a table")
+    ("comm", po::value(&comm), "timeline: communicator hash (hex, a unique prefix is enough)")
+    ("rank", po::value(&rank), "timeline: only this rank")
+    ("last", po::value(&last)->default_value(last), "timeline: the last N calls per rank (0: all)")
+    ("command", po::value(&command), "status | jobs | timeline");
+  // clang-format on
+  po::positional_options_description positional;
+  positional.add("command", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "rankscope: " << e.what() << "\n\n" << kUsage;
+    return 2;
+  }
+  if (vm.count("help") || command.empty()) {
+    std::cout << kUsage << "\n" << desc << "\n";
+    return command.empty() && !vm.count("help") ? 2 : 0;
+  }
+
+  capnp::MallocMessageBuilder request;
+  auto req = request.initRoot<query::Request>();
+  req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+  if (command == "status") {
+    req.setStatus();
+  } else if (command == "jobs") {
+    req.setJobs();
+  } else if (command == "timeline") {
+    if (comm.empty()) {
+      std::cerr << "rankscope timeline: --comm is required (communicator hashes are listed by `rankscope jobs`)\n";
+      return 2;
+    }
+    auto t = req.initTimeline();
+    t.setComm(comm);
+    t.setRank(rank);
+    t.setLast(last);
+  } else {
+    std::cerr << "rankscope: unknown command '" << command << "'\n\n" << kUsage;
+    return 2;
+  }
+
+  rankscope::cli::QueryClient client(endpoint, timeout_ms);
+  auto result = client.ask(request, [&](query::Reply::Reader reply) {
+    switch (reply.which()) {
+      case query::Reply::STATUS: print_status(reply.getStatus(), json); break;
+      case query::Reply::JOBS: print_jobs(reply.getJobs(), json); break;
+      case query::Reply::TIMELINE: print_timeline(reply.getTimeline(), json); break;
+      default: std::cerr << "rankscope: the collector answered with something this CLI does not know\n"; break;
+    }
+  });
+  if (!result) {
+    std::cerr << "rankscope " << command << ": " << result.error().message << "\n";
+    return 1;
+  }
+  return 0;
+}
