@@ -1,8 +1,13 @@
 #pragma once
-// One node's clock against the collector's: cluster_ns = node_ns + offset.
-// Estimated from NTP-style probes (t1, t4 on the node's clock; t2, t3 on
-// the collector's): each probe bounds the offset within half its round trip,
-// so the probe with the smallest round trip in a recent window is trusted.
+// One node's clock against the collector's: cluster_ns = node_ns + offset(node_ns).
+//
+// Estimated from NTP-style probes (t1, t4 on the node's clock; t2, t3 on the
+// collector's). A probe bounds the offset within half its round trip, so
+// queueing delay only ever widens the bound: in each group of consecutive
+// probes the one with the smallest round trip is trusted (the "minimum
+// filter" of NTP and of Paxson's clock studies). A line through those
+// points, weighted by how tight each is, gives the offset and the drift
+// (monotonic clocks of two machines run apart by 10-30 us/s).
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -21,17 +26,25 @@ class NodeClock {
   // Ignores samples that are inconsistent (t4 < t1 or t3 < t2).
   void add(const ClockProbeSample& sample);
 
+  // Offset at the newest probe (cluster minus node).
   int64_t offset_ns() const { return offset_ns_; }
-  // Half the round trip of the sample in use; the seed counts as 1 s.
+  // Drift in ns per s of node time (ppm x 1000); 0 until enough probes span time.
+  double drift_ppb() const { return drift_ * 1e9; }
+  // Half the smallest recent round trip, plus the fit's residual; the seed counts as 1 s.
   uint64_t uncertainty_ns() const { return uncertainty_ns_; }
   uint32_t samples() const { return static_cast<uint32_t>(window_.size()); }
   bool known() const { return known_; }
-  uint64_t to_cluster(uint64_t node_ns) const { return node_ns + static_cast<uint64_t>(offset_ns_); }
+  uint64_t to_cluster(uint64_t node_ns) const;
 
  private:
-  static constexpr size_t kWindow = 64;
+  static constexpr size_t kWindow = 256;  // probes kept (about 4 minutes at one a second)
+  static constexpr size_t kGroup = 8;     // probes per minimum-filter group
+  void fit();
+
   std::deque<ClockProbeSample> window_;
+  uint64_t reference_ns_ = 0;  // node time the offset refers to
   int64_t offset_ns_ = 0;
+  double drift_ = 0;           // d(offset)/d(node time)
   uint64_t uncertainty_ns_ = UINT64_MAX;
   bool known_ = false;
 };

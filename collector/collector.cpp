@@ -2,6 +2,8 @@
 
 #include <zmq.hpp>
 
+#include "collector/detect/detector.h"
+#include "collector/detect/findings.h"
 #include "collector/ingest.h"
 #include "collector/query.h"
 #include "collector/store/timeline_store.h"
@@ -14,6 +16,8 @@ namespace {
 // How many agent messages are taken in before one durable write: the group
 // commit that lets many agents share one fsync.
 constexpr int kMaxMessagesPerCommit = 512;
+// How often the hang, straggler and node-lost detectors look at the picture.
+constexpr uint64_t kEvaluationIntervalNs = 500'000'000ull;
 
 std::string frame(const zmq::message_t& message) {
   return std::string(static_cast<const char*>(message.data()), message.size());
@@ -62,10 +66,18 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   }
   SystemClock clock;
   Ingest ingest(**store, clock);
-  if (auto restored = ingest.restore(); !restored) {
-    RS_LOG(error, "%s", restored.error().message.c_str());
-    return 2;
+  FindingBook findings;
+  for (auto restored : {ingest.restore(), findings.restore(**store)}) {
+    if (!restored) {
+      RS_LOG(error, "%s", restored.error().message.c_str());
+      return 2;
+    }
   }
+  DetectOptions detect_options;
+  detect_options.hang_timeout_ns = static_cast<uint64_t>(options.hang_timeout_s * 1e9);
+  detect_options.node_lost_timeout_ns = static_cast<uint64_t>(options.node_lost_timeout_s * 1e9);
+  Detector detector(ingest, findings, clock, detect_options);
+  ingest.set_observer(&detector);
 
   zmq::context_t context(1);
   zmq::socket_t agents(context, zmq::socket_type::router);
@@ -84,7 +96,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   RS_LOG(info, "listening for agents on %s, queries on %s; database %s", options.listen.c_str(),
          options.query.c_str(), options.db.c_str());
 
-  QueryContext query_context{ingest, **store, clock, static_cast<uint64_t>(options.liveness_ms) * 1'000'000ull};
+  QueryContext query_context{ingest, **store, findings, clock, static_cast<uint64_t>(options.liveness_ms) * 1'000'000ull};
+  uint64_t last_evaluation = 0;
   while (!stop.load()) {
     zmq::pollitem_t items[] = {{agents.handle(), 0, ZMQ_POLLIN, 0}, {queries.handle(), 0, ZMQ_POLLIN, 0}};
     zmq::poll(items, 2, std::chrono::milliseconds(100));
@@ -95,6 +108,12 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       if (!message) break;
       ingest.on_agent_message(message->first, message->second, outbox);
     }
+    uint64_t now = clock.realtime_ns();
+    if (now - last_evaluation >= kEvaluationIntervalNs) {
+      detector.evaluate(now);
+      last_evaluation = now;
+    }
+    findings.persist(ingest.pending_writes());
     for (const auto& [id, bytes] : outbox.now) send_to(agents, id, bytes, false);
     if (!outbox.after_commit.empty()) {
       if (auto committed = ingest.commit(); committed) {

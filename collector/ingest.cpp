@@ -256,6 +256,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
         member.last_seq = static_cast<int64_t>(call.seq);
         member.last_issue_ns = record.call.issue_ns;
       }
+      if (observer_) observer_->on_record(comm, block->rank, block->lane, record.call);
     }
     member.records += block->records.size();
     records += block->records.size();
@@ -285,6 +286,15 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   node.drops.map_full = std::max(node.drops.map_full, drops.map_full);
   node.drops.unknown_comm = std::max(node.drops.unknown_comm, drops.unknown_comm);
   node.drops.send_queue_full = std::max(node.drops.send_queue_full, drops.send_queue_full);
+  for (auto p : heartbeat.getProcesses()) {
+    HealthSample sample;
+    sample.sample_ns = p.getSampleNs();
+    sample.alive = p.getAlive();
+    sample.state = static_cast<char>(p.getState());
+    sample.cpu_ns = p.getCpuNs();
+    sample.runqueue_ns = p.getRunqueueNs();
+    node.health[p.getPid()].add(sample);
+  }
 }
 
 void Ingest::persist_comm(const CommState& comm) {

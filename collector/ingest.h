@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collector/clock.h"
+#include "collector/health.h"
 #include "collector/store/timeline_store.h"
 #include "common/clock.h"
 #include "proto/agent.capnp.h"
@@ -37,6 +38,7 @@ struct NodeState {
   uint32_t traced_processes = 0;
   Drops drops;
   std::set<uint64_t> acked;      // batch numbers of `instance` already stored
+  std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
 };
 
 struct MemberState {
@@ -67,6 +69,14 @@ struct IngestCounters {
   uint64_t batch_bytes = 0;  // wire size of the batches stored
 };
 
+// Told about every collective record as it is ingested (the detectors).
+class RecordObserver {
+ public:
+  virtual ~RecordObserver() = default;
+  // `record` times are on the cluster clock.
+  virtual void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) = 0;
+};
+
 // Replies to send: some at once, acks only once their batch is durable.
 struct Outbox {
   std::vector<std::pair<std::string, std::string>> now;           // (routing id, bytes)
@@ -83,6 +93,9 @@ class Ingest {
   // Makes everything received so far durable; on success the acks in
   // out.after_commit may be sent, on failure they must be dropped (agents re-send).
   Result<void> commit();
+  // Adds what else must become durable with the next commit (findings).
+  WriteSet& pending_writes() { return pending_; }
+  void set_observer(RecordObserver* observer) { observer_ = observer; }
 
   const std::map<std::string, NodeState>& nodes() const { return nodes_; }
   const std::map<uint64_t, CommState>& comms() const { return comms_; }
@@ -119,6 +132,7 @@ class Ingest {
   std::vector<std::pair<std::string, uint64_t>> uncommitted_;  // (node, batch) marked acked, not yet durable
   IngestCounters counters_;
   uint64_t started_ns_;
+  RecordObserver* observer_ = nullptr;
 };
 
 }  // namespace rankscope::collector

@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
     ("query", po::value(&options.query)->default_value(options.query), "ZeroMQ endpoint the CLI connects to")
     ("db", po::value(&options.db)->default_value(options.db), "RocksDB directory (created if missing)")
     ("liveness-ms", po::value(&options.liveness_ms)->default_value(options.liveness_ms), "a node silent for longer is shown as disconnected")
+    ("hang-timeout-s", po::value(&options.hang_timeout_s)->default_value(options.hang_timeout_s), "ranks missing from a collective for this long are a hang (1 s at least)")
+    ("node-lost-timeout-s", po::value(&options.node_lost_timeout_s)->default_value(options.node_lost_timeout_s), "an agent silent for this long, with ranks running, is a lost node")
+    ("metrics", po::value(&options.metrics), "serve Prometheus metrics on HOST:PORT (e.g. 0.0.0.0:9464)")
+    ("alertmanager", po::value(&options.alertmanager), "push findings to this Alertmanager (http://HOST:PORT, API v2)")
     ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug");
   // clang-format on
   po::variables_map vm;
@@ -54,6 +58,14 @@ int main(int argc, char** argv) {
   }
   if (!rankscope::log::set_level(options.log_level)) {
     std::cerr << "rankscope-collector: --log-level must be error, warn, info or debug\n";
+    return 2;
+  }
+  if (options.hang_timeout_s < 1) {
+    std::cerr << "rankscope-collector: --hang-timeout-s must be at least 1 (collectives legitimately take milliseconds to seconds)\n";
+    return 2;
+  }
+  if (options.node_lost_timeout_s < 3) {
+    std::cerr << "rankscope-collector: --node-lost-timeout-s must be at least 3 (agents send a heartbeat every second)\n";
     return 2;
   }
   struct sigaction action {};

@@ -141,6 +141,22 @@ Result<void> answer_timeline(const QueryContext& ctx, query::TimelineQuery::Read
   }
   return {};
 }
+Result<void> answer_findings(const QueryContext& ctx, query::FindingsQuery::Reader q, query::FindingsReply::Builder out) {
+  FindingKind kind{};
+  std::string kind_name = q.getKind();
+  if (!kind_name.empty() && !parse_finding_kind(kind_name, kind))
+    return make_error(Errc::invalid_argument, "--kind must be hang, mismatch, straggler or node_lost, not '" + kind_name + "'");
+  std::vector<const Finding*> selected;
+  for (const Finding* f : q.getOpenOnly() ? ctx.findings.open() : ctx.findings.all()) {
+    if (!kind_name.empty() && f->kind != kind) continue;
+    if (selected.size() >= q.getLimit()) break;
+    selected.push_back(f);
+  }
+  out.setNowNs(ctx.clock.realtime_ns());
+  auto list = out.initFindings(static_cast<unsigned>(selected.size()));
+  for (unsigned i = 0; i < selected.size(); ++i) fill_finding(*selected[i], list[i]);
+  return {};
+}
 }  // namespace
 
 std::string answer_query(std::string_view request, const QueryContext& ctx) {
@@ -162,6 +178,16 @@ std::string answer_query(std::string_view request, const QueryContext& ctx) {
         auto result = answer_timeline(ctx, req.getTimeline(), timeline);
         if (result)
           reply.setTimeline(timeline.asReader());
+        else
+          reply.setError(result.error().message);
+        break;
+      }
+      case query::Request::FINDINGS: {
+        capnp::MallocMessageBuilder scratch;
+        auto findings = scratch.initRoot<query::FindingsReply>();
+        auto result = answer_findings(ctx, req.getFindings(), findings);
+        if (result)
+          reply.setFindings(findings.asReader());
         else
           reply.setError(result.error().message);
         break;

@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "collector/detect/findings.h"
 #include "collector/ingest.h"
 #include "collector/store/timeline_store.h"
 #include "common/clock.h"
@@ -13,6 +14,7 @@ namespace rankscope::collector {
 struct QueryContext {
   const Ingest& ingest;
   const TimelineStore& store;
+  const FindingBook& findings;
   const Clock& clock;
   uint64_t liveness_ns;  // a node heard from within this window is "connected"
 };

@@ -16,6 +16,8 @@
 
 namespace rankscope::agent {
 
+namespace wire = ::rankscope::proto::wire;
+
 namespace {
 constexpr uint64_t kMs = 1'000'000ull;
 
@@ -119,8 +121,15 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
     if (t - last_heartbeat >= options.heartbeat_interval_ms * kMs) {
       BpfDrops drops = bpf.drops();
-      transport.send_heartbeat(static_cast<uint32_t>(summariser.traced_processes()), drops.ringbuf_full,
-                               drops.map_full, summariser.unknown_comm_records());
+      transport.send_heartbeat([&](wire::Heartbeat::Builder hb) {
+        hb.setTracedProcesses(static_cast<uint32_t>(summariser.traced_processes()));
+        auto d = hb.initDrops();
+        d.setRingbufFull(drops.ringbuf_full);
+        d.setMapFull(drops.map_full);
+        d.setUnknownComm(summariser.unknown_comm_records());
+        d.setNested(drops.nested);
+        summariser.health(hb, t);
+      });
       last_heartbeat = t;
     }
   }

@@ -88,6 +88,22 @@ std::optional<uint64_t> read_start_time(const std::string& proc_root, uint32_t p
   return value;
 }
 
+std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t pid) {
+  std::string dir = proc_root + "/" + std::to_string(pid);
+  auto stat = read_file(dir + "/stat");
+  if (!stat) return std::nullopt;
+  size_t close = stat->rfind(')');
+  if (close == std::string::npos || close + 2 >= stat->size()) return std::nullopt;
+  ProcessSample sample;
+  sample.state = (*stat)[close + 2];
+  // schedstat: "<on-cpu ns> <run-queue wait ns> <timeslices>" (Documentation/scheduler/sched-stats.rst)
+  if (auto schedstat = read_file(dir + "/schedstat")) {
+    std::istringstream fields(*schedstat);
+    fields >> sample.cpu_ns >> sample.runqueue_ns;
+  }
+  return sample;
+}
+
 std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid) {
   ProcessIdentity identity;
   identity.pid = pid;

@@ -31,6 +31,14 @@ void apply_environment(const std::map<std::string, std::string>& env, ProcessIde
 std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid);
 // /proc/PID/stat start time, or nullopt if the process is gone.
 std::optional<uint64_t> read_start_time(const std::string& proc_root, uint32_t pid);
+struct ProcessSample {
+  char state = '?';          // /proc/PID/stat field 3
+  uint64_t cpu_ns = 0;       // /proc/PID/schedstat: on-CPU time of the main thread
+  uint64_t runqueue_ns = 0;  // /proc/PID/schedstat: time spent waiting for a CPU
+};
+// Reads the process's scheduling state; nullopt if it is gone.
+std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t pid);
+
 // Reads a whole small file; nullopt if it cannot be opened.
 std::optional<std::string> read_file(const std::string& path);
 

@@ -239,11 +239,39 @@ void Summariser::forget_exited() {
     if (gone && it->second.sent) {
       uint32_t pid = it->first;
       for (auto c = comms_.begin(); c != comms_.end();) c = (c->first.first == pid) ? comms_.erase(c) : std::next(c);
+      exited_.push_back(pid);
       it = processes_.erase(it);
     } else {
       ++it;
     }
   }
+}
+
+}  // namespace rankscope::agent
+
+namespace rankscope::agent {
+
+void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns) {
+  auto list = heartbeat.initProcesses(static_cast<unsigned>(processes_.size() + exited_.size()));
+  unsigned i = 0;
+  for (const auto& [pid, entry] : processes_) {
+    auto out = list[i++];
+    out.setPid(pid);
+    out.setSampleNs(now_ns);
+    auto sample = read_sample(proc_root_, pid);
+    out.setAlive(sample.has_value());
+    if (!sample) continue;
+    out.setState(static_cast<uint8_t>(sample->state));
+    out.setCpuNs(sample->cpu_ns);
+    out.setRunqueueNs(sample->runqueue_ns);
+  }
+  for (uint32_t pid : exited_) {
+    auto out = list[i++];
+    out.setPid(pid);
+    out.setSampleNs(now_ns);
+    out.setAlive(false);
+  }
+  exited_.clear();
 }
 
 }  // namespace rankscope::agent

@@ -49,8 +49,11 @@ class Summariser {
   size_t pending_records() const { return pending_records_; }
   // Moves everything pending into `batch` and starts afresh.
   void fill(wire::Batch::Builder batch, const DropTotals& drops);
-  // Frees entries of processes that exited (pid gone or reused).
+  // Frees entries of processes that exited (pid gone or reused); each is
+  // reported once more by health() as not alive.
   void forget_exited();
+  // The scheduling state of every traced process, for the heartbeat.
+  void health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns);
 
   uint64_t unknown_comm_records() const { return unknown_comm_; }
   size_t traced_processes() const { return processes_.size(); }
@@ -74,6 +77,7 @@ class Summariser {
   std::string node_;
   int64_t clock_offset_ns_;
   std::map<uint32_t, ProcessEntry> processes_;
+  std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
   std::map<CommKey, CommEntry> comms_;
   std::map<BlockKey, proto::ColumnBlock> blocks_;
   struct PendingComm {

@@ -87,20 +87,15 @@ void Transport::send_clock_probe() {
   send_bytes(proto::to_packed(message));
 }
 
-void Transport::send_heartbeat(uint32_t traced_processes, uint64_t ringbuf_full, uint64_t map_full,
-                               uint64_t unknown_comm) {
+void Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill) {
   if (!accepted_) return;
   capnp::MallocMessageBuilder message;
   auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();
   hb.setInstanceId(instance_id_);
   hb.setMonotonicNs(now());
-  hb.setTracedProcesses(traced_processes);
   hb.setUnackedBatches(static_cast<uint32_t>(queue_.size()));
-  auto drops = hb.initDrops();
-  drops.setRingbufFull(ringbuf_full);
-  drops.setMapFull(map_full);
-  drops.setUnknownComm(unknown_comm);
-  drops.setSendQueueFull(discarded_);
+  fill(hb);
+  hb.getDrops().setSendQueueFull(discarded_);
   send_bytes(proto::to_packed(message));
 }
 

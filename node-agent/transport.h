@@ -29,7 +29,8 @@ class Transport {
   // Reads every reply waiting, re-sends what is due. Never waits.
   void service();
   void send_clock_probe();
-  void send_heartbeat(uint32_t traced_processes, uint64_t ringbuf_full, uint64_t map_full, uint64_t unknown_comm);
+  // `fill` adds what the caller knows (drops, process health) to the heartbeat.
+  void send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill);
 
   bool accepted() const { return accepted_; }
   size_t unacked() const { return queue_.size(); }

@@ -142,6 +142,17 @@ struct Heartbeat {
   drops @2 :DropCounters;
   tracedProcesses @3 :UInt32;
   unackedBatches @4 :UInt32;
+  processes @5 :List(ProcessHealth);
+}
+
+# How a traced process is doing right now, from /proc (every heartbeat).
+struct ProcessHealth {
+  pid @0 :UInt32;
+  alive @1 :Bool;
+  state @2 :UInt8;          # /proc/PID/stat state letter: R, S, D, T (stopped), t, Z, X...
+  cpuNs @3 :UInt64;         # /proc/PID/schedstat: time its main thread ran on a CPU
+  runqueueNs @4 :UInt64;    # /proc/PID/schedstat: time its main thread waited for a CPU
+  sampleNs @5 :UInt64;      # agent clock when read
 }
 
 # NTP-style probe: t1 (agent send, agent clock); the collector answers with

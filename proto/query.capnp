@@ -15,7 +15,14 @@ struct Request {
     status @1 :Void;
     jobs @2 :Void;
     timeline @3 :TimelineQuery;
+    findings @4 :FindingsQuery;
   }
+}
+
+struct FindingsQuery {
+  openOnly @0 :Bool;
+  kind @1 :Text;            # "" for every kind; else hang | mismatch | straggler | node_lost
+  limit @2 :UInt32 = 200;   # newest first
 }
 
 struct TimelineQuery {
@@ -30,7 +37,31 @@ struct Reply {
     status @1 :StatusReply;
     jobs @2 :JobsReply;
     timeline @3 :TimelineReply;
+    findings @4 :FindingsReply;
   }
+}
+
+struct FindingsReply {
+  nowNs @0 :UInt64;
+  findings @1 :List(Finding);
+}
+
+struct Finding {
+  id @0 :UInt64;
+  kind @1 :Text;            # hang | mismatch | straggler | node_lost
+  job @2 :Text;
+  comm @3 :UInt64;
+  seq @4 :Int64;            # -1 when the finding is not about one collective
+  ranks @5 :List(Int32);    # the culprit ranks
+  nodes @6 :List(Text);
+  openedNs @7 :UInt64;      # cluster clock
+  resolvedNs @8 :UInt64;    # 0 while open
+  updatedNs @9 :UInt64;
+  summary @10 :Text;
+  detail @11 :Text;
+  latenessS @12 :Float64;   # straggler: persistent lateness
+  waitShare @13 :Float64;   # straggler: share of the time the others waited for it
+  gpuHoursLost @14 :Float64;# straggler: GPU-hours the others spent waiting
 }
 
 struct StatusReply {

@@ -34,3 +34,5 @@ struct StoredNode {
   clockOffsetNs @8 :Int64;
   clockUncertaintyNs @9 :UInt64;
 }
+
+# Findings are stored as Query.Finding (the CLI sees exactly what is stored).

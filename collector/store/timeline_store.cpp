@@ -118,6 +118,12 @@ void WriteSet::put_comm(uint64_t comm, std::string value) {
 
 void WriteSet::put_node(const std::string& node, std::string value) { batch_.Put(nodes_family_, node, value); }
 
+void WriteSet::put_finding(uint64_t id, std::string value) {
+  std::string key;
+  put_be(key, id, 8);
+  batch_.Put(findings_family_, key, value);
+}
+
 Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& path) {
   rocksdb::Options options;
   options.create_if_missing = true;
@@ -130,6 +136,7 @@ Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& pa
       {"records", rocksdb::ColumnFamilyOptions(options)},
       {"comms", rocksdb::ColumnFamilyOptions(options)},
       {"nodes", rocksdb::ColumnFamilyOptions(options)},
+      {"findings", rocksdb::ColumnFamilyOptions(options)},
   };
   std::unique_ptr<TimelineStore> store(new TimelineStore());
   rocksdb::DB* db = nullptr;
@@ -139,6 +146,7 @@ Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& pa
   store->records_ = store->handles_[1];
   store->comms_ = store->handles_[2];
   store->nodes_ = store->handles_[3];
+  store->findings_ = store->handles_[4];
   return store;
 }
 
@@ -202,5 +210,6 @@ Result<std::vector<std::string>> TimelineStore::all_values(rocksdb::ColumnFamily
 
 Result<std::vector<std::string>> TimelineStore::all_comms() const { return all_values(comms_); }
 Result<std::vector<std::string>> TimelineStore::all_nodes() const { return all_values(nodes_); }
+Result<std::vector<std::string>> TimelineStore::all_findings() const { return all_values(findings_); }
 
 }  // namespace rankscope::collector

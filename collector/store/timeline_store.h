@@ -3,6 +3,7 @@
 //   records: (comm, lane, rank, seq) -> one NCCL call, times on the cluster clock
 //   comms:   comm -> StoredComm (job, members, lanes)
 //   nodes:   node -> StoredNode
+//   findings: id -> StoredFinding
 // Keys are big-endian so that RocksDB's byte order is sequence order.
 // rocksdb::Status is converted to Result here and never leaves this file.
 #include <rocksdb/db.h>
@@ -45,16 +46,19 @@ class WriteSet {
   void put_record(const StoredRecord& record);
   void put_comm(uint64_t comm, std::string value);
   void put_node(const std::string& node, std::string value);
+  void put_finding(uint64_t id, std::string value);
   size_t records() const { return records_; }
   bool empty() const { return batch_.Count() == 0; }
 
  private:
   friend class TimelineStore;
-  WriteSet(rocksdb::ColumnFamilyHandle* records, rocksdb::ColumnFamilyHandle* comms, rocksdb::ColumnFamilyHandle* nodes)
-      : records_family_(records), comms_family_(comms), nodes_family_(nodes) {}
+  WriteSet(rocksdb::ColumnFamilyHandle* records, rocksdb::ColumnFamilyHandle* comms, rocksdb::ColumnFamilyHandle* nodes,
+           rocksdb::ColumnFamilyHandle* findings)
+      : records_family_(records), comms_family_(comms), nodes_family_(nodes), findings_family_(findings) {}
   rocksdb::ColumnFamilyHandle* records_family_;
   rocksdb::ColumnFamilyHandle* comms_family_;
   rocksdb::ColumnFamilyHandle* nodes_family_;
+  rocksdb::ColumnFamilyHandle* findings_family_;
   rocksdb::WriteBatch batch_;
   size_t records_ = 0;
 };
@@ -64,7 +68,7 @@ class TimelineStore {
   static Result<std::unique_ptr<TimelineStore>> open(const std::string& path);
   ~TimelineStore();
 
-  WriteSet writes() const { return WriteSet(records_, comms_, nodes_); }
+  WriteSet writes() const { return WriteSet(records_, comms_, nodes_, findings_); }
   // Writes and syncs the write-ahead log before returning: what this
   // returns ok for survives a crash, so only then is it acknowledged.
   Result<void> commit(WriteSet& writes);
@@ -76,6 +80,7 @@ class TimelineStore {
 
   Result<std::vector<std::string>> all_comms() const;  // values
   Result<std::vector<std::string>> all_nodes() const;  // values
+  Result<std::vector<std::string>> all_findings() const;  // values, in id order
 
  private:
   TimelineStore() = default;
@@ -86,6 +91,7 @@ class TimelineStore {
   rocksdb::ColumnFamilyHandle* records_ = nullptr;
   rocksdb::ColumnFamilyHandle* comms_ = nullptr;
   rocksdb::ColumnFamilyHandle* nodes_ = nullptr;
+  rocksdb::ColumnFamilyHandle* findings_ = nullptr;
 };
 
 }  // namespace rankscope::collector

@@ -1,15 +1,18 @@
 #include "tests/support/cluster.h"
 
+#include <gtest/gtest.h>
+
 namespace rankscope::testing {
 
 TestDeployment::TestDeployment(const TempDir& dir, const NetnsCluster& cluster, int nodes,
-                               const std::vector<std::string>& extra_agent_args)
+                               const DeploymentOptions& options)
     : dir_(dir), agent_port_(free_port()), query_port_(free_port()), client_(query_endpoint(), 3000) {
   SpawnOptions collector;
   collector.argv = {bin_path("rankscope-collector"),
                     "--listen",  "tcp://127.0.0.1:" + std::to_string(agent_port_),
                     "--query",   query_endpoint(),
                     "--db",      dir.file("db")};
+  collector.argv.insert(collector.argv.end(), options.collector_args.begin(), options.collector_args.end());
   collector.stdout_path = dir.file("collector.log");
   collector_ = std::make_unique<Process>(collector);
   for (int node = 0; node < nodes; ++node) {
@@ -19,7 +22,10 @@ TestDeployment::TestDeployment(const TempDir& dir, const NetnsCluster& cluster, 
                   "--node",      node_name(node),
                   "--netns",     cluster.path(node),
                   "--nccl-lib",  std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2"};
-    agent.argv.insert(agent.argv.end(), extra_agent_args.begin(), extra_agent_args.end());
+    if (options.agent_args) {
+      auto extra = options.agent_args(node);
+      agent.argv.insert(agent.argv.end(), extra.begin(), extra.end());
+    }
     agent.stdout_path = dir.file("agent-" + std::to_string(node) + ".log");
     agents_.emplace_back(agent);
   }
@@ -39,6 +45,71 @@ bool TestDeployment::wait_connected(std::chrono::milliseconds timeout) {
         return result && connected == agents_.size();
       },
       timeout);
+}
+
+}  // namespace rankscope::testing
+
+namespace rankscope::testing {
+
+std::vector<SeenFinding> TestDeployment::findings(bool open_only) {
+  capnp::MallocMessageBuilder request;
+  auto req = request.initRoot<proto::query::Request>();
+  req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+  req.initFindings().setOpenOnly(open_only);
+  std::vector<SeenFinding> out;
+  auto result = client_.ask(request, [&](proto::query::Reply::Reader reply) {
+    for (auto f : reply.getFindings().getFindings()) {
+      SeenFinding seen;
+      seen.id = f.getId();
+      seen.kind = f.getKind();
+      seen.job = f.getJob();
+      seen.summary = f.getSummary();
+      seen.detail = f.getDetail();
+      seen.seq = f.getSeq();
+      for (auto r : f.getRanks()) seen.ranks.push_back(r);
+      for (auto n : f.getNodes()) seen.nodes.emplace_back(n.cStr());
+      seen.opened_ns = f.getOpenedNs();
+      seen.resolved_ns = f.getResolvedNs();
+      out.push_back(seen);
+    }
+  });
+  if (!result) ADD_FAILURE() << "findings query failed: " << result.error().message;
+  return out;
+}
+
+std::vector<SeenNode> TestDeployment::nodes() {
+  capnp::MallocMessageBuilder request;
+  auto req = request.initRoot<proto::query::Request>();
+  req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+  req.setStatus();
+  std::vector<SeenNode> out;
+  auto result = client_.ask(request, [&](proto::query::Reply::Reader reply) {
+    for (auto n : reply.getStatus().getNodes())
+      out.push_back(SeenNode{n.getNode(), n.getConnected(), n.getClockOffsetNs(), n.getWallClockSkewNs(),
+                             n.getClockUncertaintyNs()});
+  });
+  if (!result) ADD_FAILURE() << "status query failed: " << result.error().message;
+  return out;
+}
+
+int64_t TestDeployment::min_progress() {
+  capnp::MallocMessageBuilder request;
+  auto req = request.initRoot<proto::query::Request>();
+  req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+  req.setJobs();
+  int64_t lowest = INT64_MAX;
+  bool any = false;
+  auto result = client_.ask(request, [&](proto::query::Reply::Reader reply) {
+    for (auto job : reply.getJobs().getJobs())
+      for (auto comm : job.getComms()) {
+        if (comm.getRanks().size() < static_cast<unsigned>(comm.getNranks())) lowest = -1;
+        for (auto rank : comm.getRanks()) {
+          lowest = std::min(lowest, rank.getLastSeq());
+          any = true;
+        }
+      }
+  });
+  return result && any ? lowest : -1;
 }
 
 }  // namespace rankscope::testing

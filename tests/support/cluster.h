@@ -2,6 +2,8 @@
 // A rankscope deployment for end-to-end tests: a real collector on loopback
 // ports, real agents, each speaking for one simulated node (a network
 // namespace), all real processes.
+#include <csignal>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,11 +13,39 @@
 
 namespace rankscope::testing {
 
+struct DeploymentOptions {
+  std::vector<std::string> collector_args;
+  // Extra arguments for the agent of one node.
+  std::function<std::vector<std::string>(int node)> agent_args;
+};
+
+// A finding as the tests read it from the query service.
+struct SeenFinding {
+  uint64_t id = 0;
+  std::string kind, job, summary, detail;
+  int64_t seq = -1;
+  std::vector<int32_t> ranks;
+  std::vector<std::string> nodes;
+  uint64_t opened_ns = 0, resolved_ns = 0;
+};
+
+struct SeenNode {
+  std::string node;
+  bool connected = false;
+  int64_t clock_offset_ns = 0;
+  int64_t wall_clock_skew_ns = 0;
+  uint64_t clock_uncertainty_ns = 0;
+};
+
 class TestDeployment {
  public:
   // Starts the collector and one agent per node of `cluster`.
-  TestDeployment(const TempDir& dir, const NetnsCluster& cluster, int nodes,
-                 const std::vector<std::string>& extra_agent_args = {});
+  TestDeployment(const TempDir& dir, const NetnsCluster& cluster, int nodes, const DeploymentOptions& options = {});
+  std::vector<SeenFinding> findings(bool open_only);
+  std::vector<SeenNode> nodes();
+  // Lowest last sequence number over the ranks of every communicator (-1: none yet).
+  int64_t min_progress();
+  void stop_agent(int node) { agents_.at(node).signal(SIGKILL); }
   // Waits until every agent is connected (true) or the deadline passes.
   bool wait_connected(std::chrono::milliseconds timeout);
   std::string query_endpoint() const { return "tcp://127.0.0.1:" + std::to_string(query_port_); }

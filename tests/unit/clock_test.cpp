@@ -1,4 +1,5 @@
-// Offset estimation from NTP-style probes with asymmetric noise.
+// Offset and drift estimation from NTP-style probes with asymmetric,
+// heavy-tailed queueing delay, as on a busy network.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -8,26 +9,53 @@
 namespace rankscope::collector {
 namespace {
 
-TEST(NodeClock, MinimumRoundTripProbeGivesTheOffset) {
-  const int64_t true_offset = 250'000'000;  // the node is 250 ms behind the collector
-  std::mt19937_64 rng(42);
-  std::exponential_distribution<double> queueing(1.0 / 2'000'000);  // mean 2 ms one-way extra delay
-  NodeClock clock;
-  uint64_t node_now = 5'000'000'000ull;
-  for (int i = 0; i < 64; ++i) {
-    uint64_t t1 = node_now;
-    uint64_t there = 50'000 + static_cast<uint64_t>(queueing(rng));
-    uint64_t back = 50'000 + static_cast<uint64_t>(queueing(rng));
-    uint64_t t2 = t1 + true_offset + there;
-    uint64_t t3 = t2 + 10'000;
-    uint64_t t4 = t3 - true_offset + back;
-    clock.add({t1, t2, t3, t4});
-    node_now += 1'000'000'000ull;
+// A node whose clock runs `drift_ppm` fast and is `offset_ns` behind the
+// collector at node time 0; probes once a second with exponential one-way
+// delays of mean `jitter_ns` on top of 50 us.
+struct SimulatedNode {
+  int64_t offset_ns;
+  double drift_ppm;
+  double jitter_ns;
+  std::mt19937_64 rng{42};
+
+  // Collector time at node time t.
+  uint64_t collector_at(uint64_t node_ns) const {
+    return static_cast<uint64_t>(static_cast<int64_t>(node_ns) + offset_ns -
+                                 static_cast<int64_t>(static_cast<double>(node_ns) * drift_ppm * 1e-6));
   }
-  EXPECT_NEAR(static_cast<double>(clock.offset_ns()), static_cast<double>(true_offset), 1'000'000.0);
-  EXPECT_LT(clock.uncertainty_ns(), 1'000'000u);
-  EXPECT_LE(std::abs(clock.offset_ns() - true_offset), static_cast<int64_t>(clock.uncertainty_ns()));
-  EXPECT_EQ(clock.to_cluster(100), 100 + static_cast<uint64_t>(clock.offset_ns()));
+  ClockProbeSample probe(uint64_t t1) {
+    std::exponential_distribution<double> delay(1.0 / jitter_ns);
+    uint64_t there = 50'000 + static_cast<uint64_t>(delay(rng));
+    uint64_t back = 50'000 + static_cast<uint64_t>(delay(rng));
+    uint64_t t2 = collector_at(t1 + there);
+    uint64_t t3 = t2 + 20'000;
+    uint64_t t4 = t1 + there + 20'000 + back;
+    return {t1, t2, t3, t4};
+  }
+};
+
+TEST(NodeClock, RecoversOffsetFromFewProbes) {
+  SimulatedNode node{250'000'000, 0, 2'000'000};
+  NodeClock clock;
+  for (int i = 0; i < 8; ++i) clock.add(node.probe(1'000'000'000ull + i * 1'000'000'000ull));
+  uint64_t t = 9'000'000'000ull;
+  double error = static_cast<double>(clock.to_cluster(t)) - static_cast<double>(node.collector_at(t));
+  EXPECT_LT(std::abs(error), 1'000'000.0);
+  EXPECT_LE(std::abs(error), static_cast<double>(clock.uncertainty_ns()));
+}
+
+TEST(NodeClock, RecoversDriftOfThirtyPpmWithinFiftyMicroseconds) {
+  // 1 ms of probe jitter, 30 us/s of drift, five minutes of probes.
+  SimulatedNode node{-3'000'000'000ll, 30.0, 1'000'000};
+  NodeClock clock;
+  uint64_t t = 5'000'000'000ull;
+  for (int i = 0; i < 300; ++i, t += 1'000'000'000ull) clock.add(node.probe(t));
+  EXPECT_NEAR(clock.drift_ppb() / 1000.0, -30.0, 3.0);
+  for (uint64_t at : std::initializer_list<uint64_t>{t - 60000000000ull, t, t + 5000000000ull}) {
+    double error = static_cast<double>(clock.to_cluster(at)) - static_cast<double>(node.collector_at(at));
+    EXPECT_LT(std::abs(error), 50'000.0) << "at node time " << at;
+  }
+  EXPECT_LT(clock.uncertainty_ns(), 200'000u);
 }
 
 TEST(NodeClock, InconsistentSamplesAreIgnoredAndSeedIsUncertain) {
@@ -39,6 +67,7 @@ TEST(NodeClock, InconsistentSamplesAreIgnoredAndSeedIsUncertain) {
   clock.add({100, 50, 40, 200});  // t3 < t2
   clock.add({100, 50, 60, 90});   // t4 < t1
   EXPECT_EQ(clock.samples(), 0u);
+  EXPECT_EQ(clock.to_cluster(1'000), 2'000'000u);
 }
 
 }  // namespace

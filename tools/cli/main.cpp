@@ -25,7 +25,10 @@ const char* kUsage =
     "  status                       nodes, agents, last contact, clock offsets, drops\n"
     "  jobs                         jobs, their communicators and ranks\n"
     "  timeline --comm C [--rank R] [--last N]\n"
-    "                               the NCCL calls of one communicator, per rank\n\n"
+    "                               the NCCL calls of one communicator, per rank\n"
+    "  findings [--open] [--kind K] hangs, mismatches, stragglers and lost nodes, newest first\n"
+    "  hangs                        open hangs (findings --open --kind hang)\n"
+    "  stragglers                   open stragglers (findings --open --kind straggler)\n\n"
     "Every command takes --json.\n";
 
 std::string origin_name(rankscope::proto::wire::CommOrigin origin) {
@@ -185,6 +188,59 @@ void print_timeline(query::TimelineReply::Reader t, bool json) {
   }
 }
 
+std::string upper(std::string text) {
+  for (auto& c : text) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+  return text;
+}
+
+void print_findings(query::FindingsReply::Reader r, bool json) {
+  if (json) {
+    std::printf("[");
+    bool first = true;
+    for (auto f : r.getFindings()) {
+      std::string ranks, nodes;
+      for (auto rank : f.getRanks()) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
+      for (auto node : f.getNodes()) nodes += (nodes.empty() ? "" : ",") + json_quote(node);
+      std::string seq = f.getSeq() < 0 ? "null" : std::to_string(f.getSeq());
+      std::string comm = f.getComm() == 0 ? "null" : "\"" + hex64(f.getComm()) + "\"";
+      std::string resolved = f.getResolvedNs() == 0 ? "null" : json_quote(format_time_ns(f.getResolvedNs()));
+      std::printf("%s{\"id\":%llu,\"kind\":%s,\"job\":%s,\"comm\":%s,\"seq\":%s,\"ranks\":[%s],\"nodes\":[%s],"
+                  "\"opened_at\":%s,\"resolved_at\":%s,\"opened_ns\":%llu,\"resolved_ns\":%llu,\"summary\":%s,"
+                  "\"detail\":%s,\"lateness_s\":%.6f,\"wait_share\":%.4f,\"gpu_hours_lost\":%.6f}",
+                  first ? "" : ",", (unsigned long long)f.getId(), json_quote(f.getKind()).c_str(),
+                  json_quote(f.getJob()).c_str(), comm.c_str(), seq.c_str(), ranks.c_str(), nodes.c_str(),
+                  json_quote(format_time_ns(f.getOpenedNs())).c_str(), resolved.c_str(),
+                  (unsigned long long)f.getOpenedNs(), (unsigned long long)f.getResolvedNs(),
+                  json_quote(f.getSummary()).c_str(), json_quote(f.getDetail()).c_str(), f.getLatenessS(),
+                  f.getWaitShare(), f.getGpuHoursLost());
+      first = false;
+    }
+    std::printf("]\n");
+    return;
+  }
+  if (r.getFindings().size() == 0) {
+    std::printf("no findings\n");
+    return;
+  }
+  for (auto f : r.getFindings()) {
+    std::string state = f.getResolvedNs() == 0
+                            ? "OPEN for " + format_duration_ns(static_cast<int64_t>(r.getNowNs() - f.getOpenedNs()))
+                            : "resolved at " + format_time_ns(f.getResolvedNs()) + " after " +
+                                  format_duration_ns(static_cast<int64_t>(f.getResolvedNs() - f.getOpenedNs()));
+    std::printf("#%llu %s  %s  (opened %s)\n", (unsigned long long)f.getId(), upper(f.getKind()).c_str(),
+                state.c_str(), format_time_ns(f.getOpenedNs()).c_str());
+    std::string detail = f.getDetail();
+    size_t start = 0;
+    while (start <= detail.size()) {
+      size_t end = detail.find('\n', start);
+      if (end == std::string::npos) end = detail.size();
+      std::printf("    %s\n", detail.substr(start, end - start).c_str());
+      start = end + 1;
+    }
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,7 +249,8 @@ int main(int argc, char** argv) {
   int rank = -1;
   unsigned last = 20;
   int timeout_ms = 5000;
-  bool json = false;
+  bool json = false, open_only = false;
+  std::string kind;
   po::options_description desc("Options");
   // clang-format off
   desc.add_options()
@@ -204,6 +261,8 @@ int main(int argc, char** argv) {
     ("comm", po::value(&comm), "timeline: communicator hash (hex, a unique prefix is enough)")
     ("rank", po::value(&rank), "timeline: only this rank")
     ("last", po::value(&last)->default_value(last), "timeline: the last N calls per rank (0: all)")
+    ("open", po::bool_switch(&open_only), "findings: only the open ones")
+    ("kind", po::value(&kind), "findings: only hang, mismatch, straggler or node_lost")
     ("command", po::value(&command), "status | jobs | timeline");
   // clang-format on
   po::positional_options_description positional;
@@ -237,6 +296,10 @@ int main(int argc, char** argv) {
     t.setComm(comm);
     t.setRank(rank);
     t.setLast(last);
+  } else if (command == "findings" || command == "hangs" || command == "stragglers") {
+    auto f = req.initFindings();
+    f.setOpenOnly(open_only || command != "findings");
+    f.setKind(command == "hangs" ? "hang" : command == "stragglers" ? "straggler" : kind);
   } else {
     std::cerr << "rankscope: unknown command '" << command << "'\n\n" << kUsage;
     return 2;
@@ -248,6 +311,7 @@ int main(int argc, char** argv) {
       case query::Reply::STATUS: print_status(reply.getStatus(), json); break;
       case query::Reply::JOBS: print_jobs(reply.getJobs(), json); break;
       case query::Reply::TIMELINE: print_timeline(reply.getTimeline(), json); break;
+      case query::Reply::FINDINGS: print_findings(reply.getFindings(), json); break;
       default: std::cerr << "rankscope: the collector answered with something this CLI does not know\n"; break;
     }
   });

@@ -1,0 +1,461 @@
+#include "collector/detect/detector.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "common/format.h"
+#include "proto/records.h"
+
+namespace rankscope::collector {
+
+namespace {
+constexpr size_t kMaxOpenInstances = 4096;  // incomplete collectives remembered per communicator
+constexpr uint64_t kStragglerUpdateNs = 10'000'000'000ull;
+
+uint32_t call_code(const proto::CallRecord& r) {
+  return static_cast<uint32_t>(r.op) | static_cast<uint32_t>(r.datatype) << 8 | static_cast<uint32_t>(r.redop) << 16;
+}
+
+bool has_root(uint8_t op) {
+  return op == RS_OP_BROADCAST || op == RS_OP_BCAST || op == RS_OP_REDUCE || op == RS_OP_GATHER ||
+         op == RS_OP_SCATTER;
+}
+
+std::string describe_call(uint32_t code, uint64_t count, int32_t root) {
+  uint8_t op = static_cast<uint8_t>(code);
+  std::string text = proto::op_name(op) + " " + std::to_string(count) + " x " +
+                     proto::datatype_name(static_cast<uint8_t>(code >> 8));
+  if (op == RS_OP_ALLREDUCE || op == RS_OP_REDUCE || op == RS_OP_REDUCESCATTER)
+    text += " " + proto::redop_name(static_cast<uint8_t>(code >> 16));
+  if (has_root(op)) text += " root " + std::to_string(root);
+  return text;
+}
+
+int64_t median(std::vector<int64_t> values) {
+  if (values.empty()) return 0;
+  size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + mid, values.end());
+  int64_t upper = values[mid];
+  if (values.size() % 2 == 1) return upper;
+  int64_t lower = *std::max_element(values.begin(), values.begin() + mid);
+  return lower + (upper - lower) / 2;
+}
+
+std::string percent(double share) {
+  char buf[16];
+  snprintf(buf, sizeof(buf), "%.0f%%", share * 100);
+  return buf;
+}
+
+std::string join(const std::vector<int32_t>& values) {
+  std::string out;
+  for (int32_t v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
+}
+
+std::string short_comm(uint64_t comm) { return hex64(comm).substr(0, 8); }
+
+// A straggler finding with only what makes its key (comm, rank).
+Finding straggler_of(uint64_t comm, int32_t rank) {
+  Finding f;
+  f.kind = FindingKind::straggler;
+  f.comm = comm;
+  f.ranks = {rank};
+  return f;
+}
+}  // namespace
+
+Detector::Detector(const Ingest& ingest, FindingBook& book, const Clock& clock, DetectOptions options)
+    : ingest_(ingest), book_(book), clock_(clock), options_(options) {}
+
+void Detector::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
+  if (lane != 0 || !proto::op_is_collective(record.op) || comm.nranks <= 0 || rank < 0 || rank >= comm.nranks) return;
+  CommDetect& state = comms_[comm.hash];
+  if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
+  Instance& instance = state.instances[record.seq];
+  if (instance.issue.empty()) {
+    instance.issue.assign(comm.nranks, 0);
+    instance.signature.assign(comm.nranks, 0);
+    instance.code = call_code(record);
+    instance.count = record.count;
+    instance.root = has_root(record.op) ? record.peer : -1;
+    instance.first_issue_ns = record.issue_ns;
+    instance.first_signature = Call{instance.code, instance.count, instance.root}.signature();
+  }
+  if (instance.issue[rank] != 0) return;  // seen already
+  instance.issue[rank] = std::max<uint64_t>(record.issue_ns, 1);
+  Call call{call_code(record), record.count, has_root(record.op) ? record.peer : -1};
+  instance.signature[rank] = call.signature();
+  instance.distinct.emplace(instance.signature[rank], call);
+  instance.arrived += 1;
+  instance.first_issue_ns = std::min(instance.first_issue_ns, record.issue_ns);
+  if (instance.signature[rank] != instance.first_signature || instance.mismatched)
+    check_mismatch(comm, record.seq, instance);
+  if (instance.arrived == comm.nranks && !instance.mismatched) {
+    complete(comm, state, instance);
+    state.instances.erase(record.seq);
+  }
+  while (state.instances.size() > kMaxOpenInstances) state.instances.erase(state.instances.begin());
+}
+
+void Detector::check_mismatch(const CommState& comm, uint64_t seq, Instance& instance) {
+  // Group the ranks that arrived by what they called; the culprits are the
+  // ranks outside the largest group (every rank when the largest is tied).
+  std::map<uint64_t, std::vector<int32_t>> groups;
+  for (int32_t r = 0; r < comm.nranks; ++r)
+    if (instance.issue[r] != 0) groups[instance.signature[r]].push_back(r);
+  if (groups.size() < 2) return;
+  instance.mismatched = true;
+  size_t largest = 0, tied = 0;
+  for (const auto& [sig, ranks] : groups) largest = std::max(largest, ranks.size());
+  for (const auto& [sig, ranks] : groups) tied += ranks.size() == largest ? 1 : 0;
+  Finding f;
+  f.kind = FindingKind::mismatch;
+  f.job = comm.job;
+  f.comm = comm.hash;
+  f.seq = static_cast<int64_t>(seq);
+  std::string calls;
+  for (const auto& [sig, ranks] : groups) {
+    if (tied > 1 || ranks.size() < largest) f.ranks.insert(f.ranks.end(), ranks.begin(), ranks.end());
+    const Call& call = instance.distinct.at(sig);
+    calls += (calls.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") + join(ranks) +
+             " called " + describe_call(call.code, call.count, call.root);
+  }
+  std::sort(f.ranks.begin(), f.ranks.end());
+  if (const Finding* open = book_.open_finding(f.key()); open && open->ranks == f.ranks) return;
+  uint64_t now = clock_.realtime_ns();
+  for (int32_t r : f.ranks) {
+    auto m = comm.members.find(r);
+    if (m != comm.members.end() && std::find(f.nodes.begin(), f.nodes.end(), m->second.node) == f.nodes.end())
+      f.nodes.push_back(m->second.node);
+  }
+  f.summary = "mismatch in job " + comm.job + ", comm " + short_comm(comm.hash) + " at collective #" +
+              std::to_string(seq) + ": " + calls;
+  f.detail = f.summary + ".\nNCCL requires every rank to issue the same collectives in the same order; this job "
+                         "will hang or corrupt data at this point. Culprit rank(s): " + join(f.ranks) + ".";
+  for (int32_t r : f.ranks) f.detail += "\n  " + describe_rank(comm, r, now);
+  book_.raise(std::move(f), now);
+}
+
+void Detector::complete(const CommState& comm, CommDetect& state, Instance& instance) {
+  const int32_t n = comm.nranks;
+  std::vector<int64_t> t(instance.issue.begin(), instance.issue.end());
+  int32_t last = static_cast<int32_t>(std::max_element(t.begin(), t.end()) - t.begin());
+  int64_t all_median = median(t);
+  int64_t max_others = INT64_MIN;
+  for (int32_t r = 0; r < n; ++r)
+    if (r != last) max_others = std::max(max_others, t[r]);
+  for (int32_t r = 0; r < n; ++r) {
+    // Lateness against the median of the *other* ranks, so that with two
+    // ranks the late one is late by the whole gap. Past 8 ranks one rank
+    // moves the median by at most one neighbour: the plain median will do.
+    int64_t reference = all_median;
+    if (n < 8) {
+      std::vector<int64_t> others;
+      for (int32_t o = 0; o < n; ++o)
+        if (o != r) others.push_back(t[o]);
+      reference = median(others);
+    }
+    RankStats& stats = state.ranks[r];
+    stats.lateness_ns.push_back(t[r] - reference);
+    // What-if: had this rank arrived with the others, the collective would
+    // have started when the last of them arrived.
+    uint64_t delay = (r == last && n > 1) ? static_cast<uint64_t>(t[r] - max_others) : 0;
+    stats.delay_ns.push_back(delay);
+    if (stats.over > 0 || book_.open_finding(straggler_of(comm.hash, r).key()))
+      stats.gpu_ns_lost += static_cast<double>(delay) * (n - 1);
+    while (stats.lateness_ns.size() > options_.straggler_window) stats.lateness_ns.pop_front();
+    while (stats.delay_ns.size() > options_.straggler_window) stats.delay_ns.pop_front();
+    if (r == last && n > 1) lateness_samples_.push_back(static_cast<double>(t[r] - reference) / 1e9);
+  }
+  state.completed_ns.push_back(static_cast<uint64_t>(t[last]));
+  while (state.completed_ns.size() > options_.straggler_window + 1) state.completed_ns.pop_front();
+}
+
+std::vector<double> Detector::take_lateness_samples() {
+  std::vector<double> out;
+  out.swap(lateness_samples_);
+  return out;
+}
+
+const ProcessHealth* Detector::health_of(const MemberState& member) const {
+  auto node = ingest_.nodes().find(member.node);
+  if (node == ingest_.nodes().end()) return nullptr;
+  auto health = node->second.health.find(member.pid);
+  return health == node->second.health.end() ? nullptr : &health->second;
+}
+
+uint64_t Detector::clock_uncertainty(const std::string& node) const {
+  auto it = ingest_.nodes().find(node);
+  return it == ingest_.nodes().end() ? UINT64_MAX / 4 : it->second.clock.uncertainty_ns();
+}
+
+std::string Detector::describe_rank(const CommState& comm, int32_t rank, uint64_t now_ns) const {
+  auto it = comm.members.find(rank);
+  if (it == comm.members.end())
+    return "rank " + std::to_string(rank) + ": never joined this communicator (no agent reported it)";
+  const MemberState& m = it->second;
+  std::string text = "rank " + std::to_string(rank) + " on node " + m.node + " (pid " + std::to_string(m.pid) + ")";
+  if (m.last_seq >= 0) {
+    text += ": last collective #" + std::to_string(m.last_seq) + " issued at " + format_time_ns(m.last_issue_ns);
+  } else {
+    text += ": no collective issued yet";
+  }
+  const ProcessHealth* health = health_of(m);
+  text += "; process " + (health ? health->describe() : std::string("state unknown"));
+  std::string context = host_context(comm, rank);
+  if (!context.empty()) text += "; " + context;
+  return text;
+}
+
+std::string Detector::host_context(const CommState& comm, int32_t rank) const {
+  auto it = comm.members.find(rank);
+  if (it == comm.members.end()) return {};
+  const ProcessHealth* health = health_of(it->second);
+  if (!health) return {};
+  CpuShares mine = health->shares(options_.context_window_ns);
+  if (!mine.known) return {};
+  std::vector<int64_t> peers_running, peers_waiting;
+  for (const auto& [r, m] : comm.members) {
+    if (r == rank) continue;
+    const ProcessHealth* peer = health_of(m);
+    if (!peer) continue;
+    CpuShares s = peer->shares(options_.context_window_ns);
+    if (!s.known) continue;
+    peers_running.push_back(static_cast<int64_t>(s.running * 1000));
+    peers_waiting.push_back(static_cast<int64_t>(s.waiting * 1000));
+  }
+  uint64_t seconds = options_.context_window_ns / 1'000'000'000ull;
+  std::string text = "in the last " + std::to_string(seconds) + " s its main thread ran " + percent(mine.running) +
+                     " and waited for a CPU " + percent(mine.waiting) + " of the time";
+  if (!peers_running.empty())
+    text += " (peers, median: ran " + percent(median(peers_running) / 1000.0) + ", waited " +
+            percent(median(peers_waiting) / 1000.0) + ")";
+  return text;
+}
+
+void Detector::evaluate(uint64_t now_ns) {
+  for (const auto& [hash, comm] : ingest_.comms()) {
+    if (comm.ended) {
+      if (comms_.erase(hash)) resolve_comm(hash, now_ns);
+      continue;
+    }
+    if (comm.nranks <= 0) continue;
+    CommDetect& state = comms_[hash];
+    if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
+    evaluate_hang(comm, state, now_ns);
+    evaluate_stragglers(comm, state, now_ns);
+  }
+  evaluate_nodes(now_ns);
+}
+
+void Detector::resolve_comm(uint64_t comm, uint64_t now_ns) {
+  for (const Finding* f : book_.open())
+    if (f->comm == comm && f->kind != FindingKind::node_lost) book_.resolve(f->key(), now_ns);
+}
+
+void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns) {
+  const int32_t n = comm.nranks;
+  std::vector<int64_t> last(n, -1);
+  bool any_alive = false, any_known = false;
+  uint64_t last_activity = 0;
+  for (const auto& [rank, m] : comm.members) {
+    if (rank < 0 || rank >= n) continue;
+    last[rank] = m.last_seq;
+    last_activity = std::max(last_activity, m.last_issue_ns);
+    const ProcessHealth* health = health_of(m);
+    any_known |= health && health->known();
+    any_alive |= !health || health->alive();
+  }
+  if (any_known && !any_alive) {  // the job is gone: nothing hangs any more
+    resolve_comm(comm.hash, now_ns);
+    return;
+  }
+  int64_t min_last = *std::min_element(last.begin(), last.end());
+  int64_t max_last = *std::max_element(last.begin(), last.end());
+
+  for (const Finding* f : book_.open()) {
+    if (f->comm != comm.hash || (f->kind != FindingKind::hang && f->kind != FindingKind::mismatch)) continue;
+    std::string key = f->key();
+    bool inside = state.all_inside.count(key) > 0;
+    bool progressed = inside ? max_last > f->seq : min_last >= f->seq;
+    if (f->kind == FindingKind::mismatch) progressed = min_last > f->seq;
+    if (progressed) {
+      state.all_inside.erase(key);
+      book_.resolve(key, now_ns);
+    }
+  }
+  if (max_last < 0) return;
+
+  Finding f;
+  f.kind = FindingKind::hang;
+  f.job = comm.job;
+  f.comm = comm.hash;
+  if (min_last < max_last) {
+    // Some ranks reached N = min_last + 1, the others never entered it.
+    uint64_t n_seq = static_cast<uint64_t>(min_last + 1);
+    auto instance = state.instances.lower_bound(n_seq);
+    if (instance == state.instances.end()) return;
+    uint64_t reached_ns = instance->second.first_issue_ns;
+    if (now_ns < reached_ns || now_ns - reached_ns < options_.hang_timeout_ns) return;
+    f.seq = static_cast<int64_t>(n_seq);
+    for (int32_t r = 0; r < n; ++r)
+      if (last[r] == min_last) f.ranks.push_back(r);
+    std::string call = instance->first == n_seq
+                           ? describe_call(instance->second.code, instance->second.count, instance->second.root)
+                           : "the next collective";
+    std::string op = proto::op_name(static_cast<uint8_t>(instance->second.code));
+    f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank" +
+                (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + " never entered " + op + " #" +
+                std::to_string(n_seq) + "; " + std::to_string(n - static_cast<int>(f.ranks.size())) +
+                " other rank(s) entered it from " + format_time_ns(reached_ns) + " on and wait there";
+    f.detail = f.summary + " (" + call + ").\nMissing:";
+  } else {
+    // Every rank issued the same last collective and nothing moves.
+    if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return;
+    std::vector<int32_t> stuck, busy;
+    for (const auto& [rank, m] : comm.members) {
+      const ProcessHealth* health = health_of(m);
+      if (!health || !health->known()) continue;
+      if (!health->alive() || health->state() == 'T' || health->state() == 't' || health->state() == 'Z')
+        stuck.push_back(rank);
+      else if (health->shares(options_.context_window_ns).running > 0.2)
+        busy.push_back(rank);
+    }
+    if (stuck.empty() && !busy.empty()) return;  // ranks busy on the CPU: working, not hung
+    f.seq = max_last;
+    f.ranks = stuck.empty() ? std::vector<int32_t>{} : stuck;
+    if (f.ranks.empty())
+      for (int32_t r = 0; r < n; ++r) f.ranks.push_back(r);
+    std::string idle = format_time_ns(last_activity);
+    if (!stuck.empty())
+      f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": every rank entered collective #" +
+                  std::to_string(max_last) + " but rank" + (stuck.size() > 1 ? "s " : " ") + join(stuck) +
+                  " cannot progress (process stopped or exited); nothing has moved since " + idle;
+    else
+      f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": all " + std::to_string(n) +
+                  " ranks entered collective #" + std::to_string(max_last) +
+                  " and none has progressed since " + idle +
+                  ": no rank is missing; suspect the network or a GPU (every process is alive and idle)";
+    f.detail = f.summary + ".\nRanks:";
+    state.all_inside.insert(f.key());
+  }
+  for (int32_t r : f.ranks) {
+    f.detail += "\n  " + describe_rank(comm, r, now_ns);
+    auto m = comm.members.find(r);
+    if (m != comm.members.end() && std::find(f.nodes.begin(), f.nodes.end(), m->second.node) == f.nodes.end())
+      f.nodes.push_back(m->second.node);
+  }
+  book_.raise(std::move(f), now_ns);
+}
+
+void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns) {
+  const int32_t n = comm.nranks;
+  if (n < 2 || state.completed_ns.size() < 2) return;
+  double period = static_cast<double>(state.completed_ns.back() - state.completed_ns.front()) /
+                  static_cast<double>(state.completed_ns.size() - 1);
+  double window = static_cast<double>(state.completed_ns.back() - state.completed_ns.front());
+  // The two largest clock uncertainties among the members' nodes: a rank is
+  // compared with the others, so both clocks' errors add up.
+  std::vector<uint64_t> uncertainty(n, 0);
+  for (const auto& [rank, m] : comm.members)
+    if (rank >= 0 && rank < n) uncertainty[rank] = clock_uncertainty(m.node);
+  for (int32_t r = 0; r < n; ++r) {
+    RankStats& stats = state.ranks[r];
+    Finding key_probe = straggler_of(comm.hash, r);
+    std::string key = key_probe.key();
+    const Finding* open = book_.open_finding(key);
+    if (stats.lateness_ns.size() < options_.straggler_min_samples) continue;
+    uint64_t others_unc = 0;
+    for (int32_t o = 0; o < n; ++o)
+      if (o != r) others_unc = std::max(others_unc, uncertainty[o]);
+    double threshold = std::max(static_cast<double>(options_.min_lateness_ns), options_.relative_lateness * period) +
+                       static_cast<double>(uncertainty[r]) + static_cast<double>(others_unc);
+    int64_t lateness = median(std::vector<int64_t>(stats.lateness_ns.begin(), stats.lateness_ns.end()));
+    size_t late = std::count_if(stats.lateness_ns.begin(), stats.lateness_ns.end(),
+                                [&](int64_t l) { return static_cast<double>(l) > threshold / 2; });
+    bool over = static_cast<double>(lateness) > threshold && late * 4 >= stats.lateness_ns.size() * 3;
+    bool under = static_cast<double>(lateness) < threshold / 2;
+    stats.over = over ? stats.over + 1 : 0;
+    stats.under = under ? stats.under + 1 : 0;
+    if (!over && !stats.over) {
+      if (!open) stats.gpu_ns_lost = 0;
+    }
+    if (open && stats.under >= options_.close_after) {
+      book_.resolve(key, now_ns);
+      stats.gpu_ns_lost = 0;
+      continue;
+    }
+    if (!open && stats.over < options_.open_after) continue;
+    double delay_in_window = 0;
+    for (uint64_t d : stats.delay_ns) delay_in_window += static_cast<double>(d);
+    // Opening: the waste already seen in the evidence window counts.
+    if (!open) stats.gpu_ns_lost = std::max(stats.gpu_ns_lost, delay_in_window * (n - 1));
+    if (open && !over) continue;  // between the thresholds: keep it open as it is
+    if (open && now_ns - open->updated_ns < kStragglerUpdateNs) continue;  // figures refreshed every 10 s
+
+    double delay = delay_in_window;
+    Finding f = key_probe;
+    f.job = comm.job;
+    f.seq = -1;
+    f.lateness_s = static_cast<double>(lateness) / 1e9;
+    f.wait_share = window > 0 ? std::min(1.0, delay / window) : 0;
+    f.gpu_hours_lost = stats.gpu_ns_lost / 1e9 / 3600.0;
+    auto m = comm.members.find(r);
+    std::string where = m == comm.members.end() ? "" : " on " + m->second.node + " (pid " + std::to_string(m->second.pid) + ")";
+    if (m != comm.members.end()) f.nodes.push_back(m->second.node);
+    char figures[256];
+    snprintf(figures, sizeof(figures), "arrives %s late at each collective (median of the last %zu); the other %d ranks "
+             "spent %s of the time waiting for it",
+             format_duration_ns(lateness).c_str(), stats.lateness_ns.size(), n - 1, percent(f.wait_share).c_str());
+    f.summary = "straggler in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank " + std::to_string(r) +
+                where + " " + figures;
+    char cost[160];
+    snprintf(cost, sizeof(cost), "GPU-hours lost waiting for it so far: %.4f (%d GPUs idle while it was late)",
+             f.gpu_hours_lost, n - 1);
+    f.detail = f.summary + ".\n" + cost + ".\nThreshold: " + format_duration_ns(static_cast<int64_t>(threshold)) +
+               " (including clock uncertainty " + format_duration_ns(static_cast<int64_t>(uncertainty[r] + others_unc)) +
+               ").";
+    std::string context = host_context(comm, r);
+    if (!context.empty()) f.detail += "\nWhy: " + context + ".";
+    book_.raise(std::move(f), now_ns);
+  }
+}
+
+void Detector::evaluate_nodes(uint64_t now_ns) {
+  for (const auto& [name, node] : ingest_.nodes()) {
+    // After a restart, a node's last contact is at least our own start.
+    uint64_t heard = std::max(node.last_contact_ns, ingest_.started_ns());
+    Finding f;
+    f.kind = FindingKind::node_lost;
+    f.nodes = {name};
+    std::string key = f.key();
+    bool silent = now_ns > heard && now_ns - heard > options_.node_lost_timeout_ns;
+    if (!silent) {
+      book_.resolve(key, now_ns);
+      continue;
+    }
+    std::set<std::string> jobs;
+    for (const auto& [hash, comm] : ingest_.comms()) {
+      if (comm.ended) continue;
+      for (const auto& [rank, m] : comm.members) {
+        if (m.node != name) continue;
+        const ProcessHealth* health = health_of(m);
+        if (health && !health->alive()) continue;
+        if (std::find(f.ranks.begin(), f.ranks.end(), rank) == f.ranks.end()) f.ranks.push_back(rank);
+        jobs.insert(comm.job);
+      }
+    }
+    if (f.ranks.empty()) continue;  // nothing of value ran there
+    std::sort(f.ranks.begin(), f.ranks.end());
+    for (const auto& job : jobs) f.job += (f.job.empty() ? "" : ",") + job;
+    f.summary = "node " + name + " lost: its agent has been silent since " + format_time_ns(heard) +
+                "; it ran rank(s) " + join(f.ranks) + " of job " + f.job;
+    f.detail = f.summary + ".\nLast contact " + format_time_ns(node.last_contact_ns) +
+               ". The node, its network or its agent is down; rankscope cannot see these ranks until it returns.";
+    book_.raise(std::move(f), now_ns);
+  }
+}
+
+}  // namespace rankscope::collector

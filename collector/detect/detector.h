@@ -1,0 +1,101 @@
+#pragma once
+// The live detectors. They read the timeline as it is ingested (every
+// collective record, on the cluster clock) and the collector's picture of
+// nodes, communicators and processes, and keep the book of findings:
+//   hang       some ranks reached sequence N of a communicator and others did
+//              not, for longer than the hang timeout; or all reached it and
+//              none progresses
+//   mismatch   ranks issued different collectives at the same sequence number
+//   straggler  a rank persistently arrives late at its communicator's
+//              collectives, by more than the clock uncertainty
+//   node_lost  an agent with live communicators stopped talking
+// Methods, parameters and limits: docs/detection.md.
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "collector/detect/findings.h"
+#include "collector/ingest.h"
+
+namespace rankscope::collector {
+
+struct DetectOptions {
+  uint64_t hang_timeout_ns = 30'000'000'000ull;
+  uint64_t node_lost_timeout_ns = 15'000'000'000ull;
+  uint64_t min_lateness_ns = 2'000'000;   // never call a rank late by less than this
+  double relative_lateness = 0.05;        // ... nor by less than this share of the collective period
+  size_t straggler_window = 32;           // complete instances the lateness statistics use
+  size_t straggler_min_samples = 16;
+  int open_after = 3;                     // consecutive evaluations over the threshold to open
+  int close_after = 5;                    // ... under half of it to resolve
+  uint64_t context_window_ns = 10'000'000'000ull;  // host context looked at for explanations
+};
+
+class Detector final : public RecordObserver {
+ public:
+  Detector(const Ingest& ingest, FindingBook& book, const Clock& clock, DetectOptions options);
+
+  void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) override;
+  // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
+  void evaluate(uint64_t now_ns);
+  // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
+  std::vector<double> take_lateness_samples();
+
+ private:
+  struct Call {
+    uint32_t code;   // op | datatype << 8 | redop << 16
+    uint64_t count;
+    int32_t root;    // -1 for collectives without one
+    uint64_t signature() const {
+      return (static_cast<uint64_t>(code) << 32) ^ (count * 0x9e3779b97f4a7c15ull) ^ static_cast<uint32_t>(root);
+    }
+  };
+  struct Instance {
+    uint32_t code = 0;       // op | datatype | redop of the first arrival
+    uint64_t count = 0;
+    int32_t root = -1;
+    uint64_t first_signature = 0;
+    std::map<uint64_t, Call> distinct;  // the different calls made at this sequence number, by signature
+    uint64_t first_issue_ns = 0;
+    std::vector<uint64_t> issue;      // by rank; 0: not yet
+    std::vector<uint64_t> signature;  // by rank: what it called (op, type, count, root)
+    int32_t arrived = 0;
+    bool mismatched = false;
+  };
+  struct RankStats {
+    std::deque<int64_t> lateness_ns;  // per complete instance, against the median of the others
+    std::deque<uint64_t> delay_ns;    // how much later the instance completed because of this rank
+    int over = 0, under = 0;          // hysteresis counters
+    double gpu_ns_lost = 0;           // since its straggler finding opened
+  };
+  struct CommDetect {
+    std::map<uint64_t, Instance> instances;  // incomplete ones, by seq
+    std::deque<uint64_t> completed_ns;       // completion (last arrival) times, for the period
+    std::vector<RankStats> ranks;
+    std::set<std::string> all_inside;        // keys of open hangs where every rank is inside
+  };
+
+  void check_mismatch(const CommState& comm, uint64_t seq, Instance& instance);
+  void complete(const CommState& comm, CommDetect& state, Instance& instance);
+  void evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns);
+  void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns);
+  void evaluate_nodes(uint64_t now_ns);
+  void resolve_comm(uint64_t comm, uint64_t now_ns);
+
+  const ProcessHealth* health_of(const MemberState& member) const;
+  std::string describe_rank(const CommState& comm, int32_t rank, uint64_t now_ns) const;
+  std::string host_context(const CommState& comm, int32_t rank) const;
+  uint64_t clock_uncertainty(const std::string& node) const;
+
+  const Ingest& ingest_;
+  FindingBook& book_;
+  const Clock& clock_;
+  DetectOptions options_;
+  std::map<uint64_t, CommDetect> comms_;
+  std::vector<double> lateness_samples_;
+};
+
+}  // namespace rankscope::collector

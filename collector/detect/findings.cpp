@@ -1,0 +1,174 @@
+#include "collector/detect/findings.h"
+
+#include <capnp/message.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "proto/codec.h"
+#include "proto/query.capnp.h"
+
+namespace rankscope::collector {
+
+std::string encode_finding(const Finding& f) {
+  capnp::MallocMessageBuilder builder;
+  fill_finding(f, builder.initRoot<proto::query::Finding>());
+  return proto::to_packed(builder);
+}
+
+void fill_finding(const Finding& f, proto::query::Finding::Builder out) {
+  out.setId(f.id);
+  out.setKind(finding_kind_name(f.kind));
+  out.setJob(f.job);
+  out.setComm(f.comm);
+  out.setSeq(f.seq);
+  auto ranks = out.initRanks(static_cast<unsigned>(f.ranks.size()));
+  for (unsigned i = 0; i < f.ranks.size(); ++i) ranks.set(i, f.ranks[i]);
+  auto nodes = out.initNodes(static_cast<unsigned>(f.nodes.size()));
+  for (unsigned i = 0; i < f.nodes.size(); ++i) nodes.set(i, f.nodes[i]);
+  out.setOpenedNs(f.opened_ns);
+  out.setResolvedNs(f.resolved_ns);
+  out.setUpdatedNs(f.updated_ns);
+  out.setSummary(f.summary);
+  out.setDetail(f.detail);
+  out.setLatenessS(f.lateness_s);
+  out.setWaitShare(f.wait_share);
+  out.setGpuHoursLost(f.gpu_hours_lost);
+}
+
+Result<Finding> decode_finding(const std::string& bytes) {
+  Finding f;
+  bool kind_ok = true;
+  auto read = proto::read_packed<proto::query::Finding>(bytes, proto::ReadLimits{}, [&](auto in) {
+    f.id = in.getId();
+    kind_ok = parse_finding_kind(in.getKind(), f.kind);
+    f.job = in.getJob();
+    f.comm = in.getComm();
+    f.seq = in.getSeq();
+    for (auto r : in.getRanks()) f.ranks.push_back(r);
+    for (auto n : in.getNodes()) f.nodes.emplace_back(n.cStr());
+    f.opened_ns = in.getOpenedNs();
+    f.resolved_ns = in.getResolvedNs();
+    f.updated_ns = in.getUpdatedNs();
+    f.summary = in.getSummary();
+    f.detail = in.getDetail();
+    f.lateness_s = in.getLatenessS();
+    f.wait_share = in.getWaitShare();
+    f.gpu_hours_lost = in.getGpuHoursLost();
+  });
+  if (!read) return read.error();
+  if (!kind_ok) return make_error(Errc::storage, "stored finding " + std::to_string(f.id) + " has an unknown kind");
+  return f;
+}
+
+Result<void> FindingBook::restore(const TimelineStore& store) {
+  auto values = store.all_findings();
+  if (!values) return values.error();
+  for (const auto& bytes : *values) {
+    auto f = decode_finding(bytes);
+    if (!f) return make_error(Errc::storage, "a stored finding is unreadable: " + f.error().message);
+    next_id_ = std::max(next_id_, f->id + 1);
+    if (f->open()) open_[f->key()] = f->id;
+    findings_[f->id] = std::move(*f);
+  }
+  trim();
+  return {};
+}
+
+const Finding& FindingBook::raise(Finding f, uint64_t now_ns) {
+  std::string key = f.key();
+  auto it = open_.find(key);
+  if (it == open_.end()) {
+    f.id = next_id_++;
+    f.opened_ns = f.opened_ns ? f.opened_ns : now_ns;
+    f.resolved_ns = 0;
+    f.updated_ns = now_ns;
+    open_[key] = f.id;
+    dirty_.insert(f.id);
+    RS_LOG(warn, "finding #%llu opened: %s", static_cast<unsigned long long>(f.id), f.summary.c_str());
+    return findings_[f.id] = std::move(f);
+  }
+  Finding& current = findings_[it->second];
+  bool changed = current.summary != f.summary || current.detail != f.detail || current.ranks != f.ranks ||
+                 current.nodes != f.nodes || current.lateness_s != f.lateness_s ||
+                 current.gpu_hours_lost != f.gpu_hours_lost;
+  if (changed) {
+    current.ranks = std::move(f.ranks);
+    current.nodes = std::move(f.nodes);
+    current.summary = std::move(f.summary);
+    current.detail = std::move(f.detail);
+    current.lateness_s = f.lateness_s;
+    current.wait_share = f.wait_share;
+    current.gpu_hours_lost = f.gpu_hours_lost;
+    if (!f.job.empty()) current.job = f.job;
+    current.updated_ns = now_ns;
+    dirty_.insert(current.id);
+  }
+  return current;
+}
+
+void FindingBook::resolve(const std::string& key, uint64_t now_ns) {
+  auto it = open_.find(key);
+  if (it == open_.end()) return;
+  Finding& f = findings_[it->second];
+  f.resolved_ns = now_ns;
+  f.updated_ns = now_ns;
+  dirty_.insert(f.id);
+  RS_LOG(info, "finding #%llu resolved: %s", static_cast<unsigned long long>(f.id), f.summary.c_str());
+  open_.erase(it);
+  trim();
+}
+
+const Finding* FindingBook::open_finding(const std::string& key) const {
+  auto it = open_.find(key);
+  return it == open_.end() ? nullptr : &findings_.at(it->second);
+}
+
+std::vector<const Finding*> FindingBook::open() const {
+  std::vector<const Finding*> out;
+  for (const auto& [key, id] : open_) out.push_back(&findings_.at(id));
+  std::sort(out.begin(), out.end(), [](const Finding* a, const Finding* b) { return a->id > b->id; });
+  return out;
+}
+
+std::vector<const Finding*> FindingBook::all() const {
+  std::vector<const Finding*> out;
+  for (auto it = findings_.rbegin(); it != findings_.rend(); ++it) out.push_back(&it->second);
+  return out;
+}
+
+std::vector<Finding> FindingBook::for_alerts(uint64_t since_ns) const {
+  std::vector<Finding> out;
+  for (const auto& [id, f] : findings_)
+    if (f.open() || f.resolved_ns >= since_ns) out.push_back(f);
+  return out;
+}
+
+size_t FindingBook::open_count(FindingKind kind) const {
+  size_t n = 0;
+  for (const auto& [key, id] : open_) n += findings_.at(id).kind == kind ? 1 : 0;
+  return n;
+}
+
+void FindingBook::persist(WriteSet& writes) {
+  for (uint64_t id : dirty_) {
+    auto it = findings_.find(id);
+    if (it != findings_.end()) writes.put_finding(id, encode_finding(it->second));
+  }
+  dirty_.clear();
+}
+
+void FindingBook::trim() {
+  // RocksDB keeps every finding; memory keeps the open ones and the newest resolved.
+  size_t resolved = findings_.size() - open_.size();
+  for (auto it = findings_.begin(); it != findings_.end() && resolved > kResolvedInMemory;) {
+    if (!it->second.open() && !dirty_.count(it->first)) {
+      it = findings_.erase(it);
+      --resolved;
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace rankscope::collector

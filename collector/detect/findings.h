@@ -1,0 +1,53 @@
+#pragma once
+// The book of findings: opened, updated and resolved by the detectors, one
+// open finding per condition (Finding::key), written to RocksDB with the next
+// commit and read back after a restart.
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "collector/detect/finding.h"
+#include "collector/store/timeline_store.h"
+#include "common/result.h"
+#include "proto/query.capnp.h"
+
+namespace rankscope::collector {
+
+class FindingBook {
+ public:
+  Result<void> restore(const TimelineStore& store);
+
+  // Opens a finding for f's condition, or updates the open one with f's
+  // ranks, nodes, text and cost (keeping its id and opening time).
+  const Finding& raise(Finding f, uint64_t now_ns);
+  // Resolves the open finding with this key, if any.
+  void resolve(const std::string& key, uint64_t now_ns);
+  const Finding* open_finding(const std::string& key) const;
+
+  std::vector<const Finding*> open() const;
+  // Every finding still in memory (all open ones and the newest resolved), newest first.
+  std::vector<const Finding*> all() const;
+  // Open findings and those resolved since `since_ns` (what Alertmanager must hear about).
+  std::vector<Finding> for_alerts(uint64_t since_ns) const;
+  size_t open_count(FindingKind kind) const;
+
+  // Writes what changed since the last call into `writes`.
+  void persist(WriteSet& writes);
+
+ private:
+  static constexpr size_t kResolvedInMemory = 10000;
+  void trim();
+
+  std::map<uint64_t, Finding> findings_;      // by id
+  std::map<std::string, uint64_t> open_;      // key -> id
+  std::set<uint64_t> dirty_;
+  uint64_t next_id_ = 1;
+};
+
+void fill_finding(const Finding& finding, proto::query::Finding::Builder out);
+std::string encode_finding(const Finding& finding);
+Result<Finding> decode_finding(const std::string& bytes);
+
+}  // namespace rankscope::collector

@@ -1,0 +1,42 @@
+#include "collector/health.h"
+
+namespace rankscope::collector {
+
+void ProcessHealth::add(const HealthSample& sample) {
+  samples_.push_back(sample);
+  if (samples_.size() > kSamples) samples_.pop_front();
+}
+
+CpuShares ProcessHealth::shares(uint64_t window_ns) const {
+  CpuShares out;
+  if (samples_.size() < 2 || !samples_.back().alive) return out;
+  const HealthSample& last = samples_.back();
+  const HealthSample* first = nullptr;
+  for (auto it = samples_.rbegin(); it != samples_.rend(); ++it) {
+    if (!it->alive) break;
+    first = &*it;
+    if (last.sample_ns - it->sample_ns >= window_ns) break;
+  }
+  if (!first || first == &last || last.sample_ns <= first->sample_ns) return out;
+  double span = static_cast<double>(last.sample_ns - first->sample_ns);
+  out.running = static_cast<double>(last.cpu_ns - first->cpu_ns) / span;
+  out.waiting = static_cast<double>(last.runqueue_ns - first->runqueue_ns) / span;
+  out.known = true;
+  return out;
+}
+
+std::string ProcessHealth::describe() const {
+  if (samples_.empty()) return "state unknown (no report from its agent yet)";
+  if (!alive()) return "exited";
+  switch (state()) {
+    case 'T': return "alive, stopped (SIGSTOP or job control, state T)";
+    case 't': return "alive, stopped by a debugger (state t)";
+    case 'D': return "alive, in uninterruptible sleep (I/O or driver, state D)";
+    case 'Z': return "exited (zombie, state Z)";
+    case 'R': return "alive, running";
+    case 'S': return "alive, sleeping";
+    default: return std::string("alive, state ") + state();
+  }
+}
+
+}  // namespace rankscope::collector

@@ -1,0 +1,40 @@
+#pragma once
+// What the agents say about the traced processes' scheduling, kept briefly
+// per (node, pid) to explain findings: stopped, exited, starved of CPU.
+#include <cstdint>
+#include <deque>
+#include <string>
+
+namespace rankscope::collector {
+
+struct HealthSample {
+  uint64_t sample_ns = 0;  // node clock; only differences are used
+  bool alive = true;
+  char state = '?';
+  uint64_t cpu_ns = 0;
+  uint64_t runqueue_ns = 0;
+};
+
+struct CpuShares {
+  double running = 0;   // share of wall time on a CPU
+  double waiting = 0;   // share of wall time runnable but waiting for a CPU
+  bool known = false;
+};
+
+class ProcessHealth {
+ public:
+  void add(const HealthSample& sample);
+  bool known() const { return !samples_.empty(); }
+  bool alive() const { return samples_.empty() || samples_.back().alive; }
+  char state() const { return samples_.empty() ? '?' : samples_.back().state; }
+  // Shares over (about) the last `window_ns` of samples.
+  CpuShares shares(uint64_t window_ns) const;
+  // "alive, stopped (state T)", "exited", "alive, running"...
+  std::string describe() const;
+
+ private:
+  static constexpr size_t kSamples = 64;
+  std::deque<HealthSample> samples_;
+};
+
+}  // namespace rankscope::collector

@@ -1,0 +1,203 @@
+// The detectors end to end, all real: fakenccl-train ranks in network
+// namespaces, two agents tracing them with eBPF, the collector finding what
+// is wrong (or, for a healthy job, nothing).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "tests/support/cluster.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::testing {
+namespace {
+
+constexpr int kRanks = 4, kNodes = 2;
+
+struct JobOptions {
+  std::vector<std::string> args;                    // fakenccl-train arguments besides the id file
+  std::map<int, std::vector<std::string>> rank_args; // extra arguments of one rank
+  std::map<int, int> cpu;                            // pin a rank to a CPU (taskset)
+};
+
+std::vector<Process> launch_job(const TempDir& dir, const NetnsCluster& cluster, const JobOptions& job) {
+  std::vector<Process> ranks;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    SpawnOptions spawn;
+    if (job.cpu.count(rank)) spawn.argv = {"/usr/bin/taskset", "-c", std::to_string(job.cpu.at(rank))};
+    spawn.argv.push_back(bin_path("fakenccl-train"));
+    spawn.argv.insert(spawn.argv.end(), {"--id-file", dir.file("nccl.id"), "--quiet"});
+    spawn.argv.insert(spawn.argv.end(), job.args.begin(), job.args.end());
+    if (job.rank_args.count(rank))
+      spawn.argv.insert(spawn.argv.end(), job.rank_args.at(rank).begin(), job.rank_args.at(rank).end());
+    spawn.env = {{"RANK", std::to_string(rank)},
+                 {"WORLD_SIZE", std::to_string(kRanks)},
+                 {"LOCAL_RANK", std::to_string(rank % 2)},
+                 {"RANKSCOPE_JOB_ID", "e2e-job"}};
+    spawn.netns = cluster.name(rank / 2);
+    spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
+    ranks.emplace_back(spawn);
+  }
+  return ranks;
+}
+
+std::string dump(TestDeployment& deployment, const TempDir& dir) {
+  std::string out = "findings:\n";
+  for (const auto& f : deployment.findings(false)) out += "  [" + f.kind + "] " + f.detail + "\n";
+  out += "collector log:\n" + slurp(dir.file("collector.log"));
+  return out;
+}
+
+std::vector<SeenFinding> of_kind(const std::vector<SeenFinding>& all, const std::string& kind) {
+  std::vector<SeenFinding> out;
+  for (const auto& f : all)
+    if (f.kind == kind) out.push_back(f);
+  return out;
+}
+
+class DetectE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "eBPF and network namespaces need root: run the suite as root (sudo make test)";
+    ASSERT_TRUE(cluster.ok()) << "could not create network namespaces";
+  }
+  void deploy(DeploymentOptions options = {}) {
+    options.collector_args.insert(options.collector_args.end(), {"--hang-timeout-s", "2"});
+    deployment = std::make_unique<TestDeployment>(dir, cluster, kNodes, options);
+    ASSERT_TRUE(deployment->wait_connected(std::chrono::seconds(20))) << slurp(dir.file("collector.log"));
+  }
+  bool wait_progress(int64_t seq) {
+    return wait_for([&] { return deployment->min_progress() >= seq; }, std::chrono::seconds(60));
+  }
+
+  TempDir dir;
+  NetnsCluster cluster{kNodes};
+  std::unique_ptr<TestDeployment> deployment;
+};
+
+// A stress-ng CPU hog on the victim's core: the victim computes slower and
+// arrives late at every collective.
+void expect_cpu_contention_straggler(DetectE2E& t, TestDeployment& deployment, const TempDir& dir,
+                                     const NetnsCluster& cluster, int victim) {
+  JobOptions job;
+  job.args = {"--steps", "100000", "--compute-iters", "1000000", "--bucket-elems", "1024"};
+  for (int rank = 0; rank < kRanks; ++rank) job.cpu[rank] = rank == victim ? 1 : 0;
+  auto ranks = launch_job(dir, cluster, job);
+  SpawnOptions hog;
+  hog.argv = {"/usr/bin/taskset", "-c", "1", "/usr/bin/stress-ng", "--cpu", "4", "--timeout", "120s", "--quiet"};
+  Process stress(hog);
+
+  std::vector<SeenFinding> stragglers;
+  bool found = wait_for(
+      [&] {
+        stragglers = of_kind(deployment.findings(true), "straggler");
+        return !stragglers.empty();
+      },
+      std::chrono::seconds(60));
+  ASSERT_TRUE(found) << dump(deployment, dir);
+  // Give the others the same chance to be (wrongly) flagged.
+  wait_for([] { return false; }, std::chrono::seconds(3));
+  stragglers = of_kind(deployment.findings(false), "straggler");
+  ASSERT_EQ(stragglers.size(), 1u) << dump(deployment, dir);
+  EXPECT_EQ(stragglers[0].ranks, std::vector<int32_t>{victim}) << stragglers[0].detail;
+  EXPECT_EQ(stragglers[0].nodes, std::vector<std::string>{deployment.node_name(victim / 2)});
+  EXPECT_NE(stragglers[0].detail.find("waited for a CPU"), std::string::npos) << stragglers[0].detail;
+  EXPECT_TRUE(of_kind(deployment.findings(false), "hang").empty()) << dump(deployment, dir);
+}
+
+TEST_F(DetectE2E, CpuContentionOnOneRankMakesItTheOnlyStraggler) {
+  deploy();
+  expect_cpu_contention_straggler(*this, *deployment, dir, cluster, 3);
+}
+
+TEST_F(DetectE2E, StoppedRankIsNamedInAHangWithinTimeoutPlusTwoSeconds) {
+  deploy();
+  JobOptions job;
+  job.args = {"--steps", "100000", "--compute-iters", "2000000", "--bucket-elems", "1024"};
+  auto ranks = launch_job(dir, cluster, job);
+  ASSERT_TRUE(wait_progress(30)) << dump(*deployment, dir);
+  const int victim = 2;
+  uint64_t stopped_ns = SystemClock::read(CLOCK_REALTIME);
+  ranks[victim].signal(SIGSTOP);
+
+  std::vector<SeenFinding> hangs;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        hangs = of_kind(deployment->findings(true), "hang");
+        return !hangs.empty();
+      },
+      std::chrono::seconds(30)))
+      << dump(*deployment, dir);
+  ASSERT_EQ(hangs.size(), 1u) << dump(*deployment, dir);
+  EXPECT_EQ(hangs[0].ranks, std::vector<int32_t>{victim}) << hangs[0].detail;
+  EXPECT_EQ(hangs[0].nodes, std::vector<std::string>{deployment->node_name(victim / 2)});
+  EXPECT_NE(hangs[0].detail.find("stopped"), std::string::npos) << hangs[0].detail;
+  double seconds = static_cast<double>(hangs[0].opened_ns - stopped_ns) / 1e9;
+  EXPECT_LE(seconds, 2.0 + 2.0) << "hang timeout 2 s; found after " << seconds << " s";
+  RecordProperty("hang_detected_after_s", std::to_string(seconds));
+
+  ranks[victim].signal(SIGCONT);
+  EXPECT_TRUE(wait_for([&] { return of_kind(deployment->findings(true), "hang").empty(); }, std::chrono::seconds(15)))
+      << "the hang resolves once the rank runs again\n" << dump(*deployment, dir);
+}
+
+TEST_F(DetectE2E, RankCallingADifferentCollectiveIsAMismatch) {
+  deploy();
+  JobOptions job;
+  job.args = {"--steps", "50", "--compute-iters", "200000", "--bucket-elems", "1024"};
+  job.rank_args[1] = {"--mismatch-at-step", "10"};
+  auto ranks = launch_job(dir, cluster, job);
+  std::vector<SeenFinding> mismatches;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        mismatches = of_kind(deployment->findings(true), "mismatch");
+        return !mismatches.empty();
+      },
+      std::chrono::seconds(30)))
+      << dump(*deployment, dir);
+  ASSERT_EQ(mismatches.size(), 1u);
+  EXPECT_EQ(mismatches[0].ranks, std::vector<int32_t>{1}) << mismatches[0].detail;
+  EXPECT_EQ(mismatches[0].seq, 30) << "step 10, first of 3 buckets";
+  EXPECT_NE(mismatches[0].summary.find("AllGather"), std::string::npos) << mismatches[0].summary;
+}
+
+TEST_F(DetectE2E, NodeClock250msOffStillNamesTheRightStraggler) {
+  const int64_t offset = 250'000'000;
+  DeploymentOptions options;
+  options.agent_args = [&](int node) {
+    return node == 1 ? std::vector<std::string>{"--test-clock-offset-ns", std::to_string(offset)}
+                     : std::vector<std::string>{};
+  };
+  deploy(options);
+  // Enough probes for the fit.
+  ASSERT_TRUE(wait_for(
+      [&] {
+        auto nodes = deployment->nodes();
+        return nodes.size() == 2 && nodes[0].clock_uncertainty_ns < 1'000'000 && nodes[1].clock_uncertainty_ns < 1'000'000;
+      },
+      std::chrono::seconds(20)));
+  auto nodes = deployment->nodes();
+  ASSERT_EQ(nodes[1].node, deployment->node_name(1));
+  EXPECT_NEAR(static_cast<double>(nodes[1].wall_clock_skew_ns), static_cast<double>(offset), 1e6)
+      << "status shows node-1's clock 250 ms off, within 1 ms";
+  EXPECT_NEAR(static_cast<double>(nodes[0].wall_clock_skew_ns), 0.0, 1e6);
+  EXPECT_NEAR(static_cast<double>(nodes[0].clock_offset_ns - nodes[1].clock_offset_ns), static_cast<double>(offset), 1e6);
+  // The straggler is on the skewed node; uncorrected, both its ranks would look 250 ms late.
+  expect_cpu_contention_straggler(*this, *deployment, dir, cluster, 3);
+}
+
+TEST_F(DetectE2E, HealthyJobYieldsNoFindingAtAll) {
+  deploy();
+  JobOptions job;
+  job.args = {"--steps", "150", "--compute-iters", "1000000", "--bucket-elems", "4096", "--check"};
+  auto ranks = launch_job(dir, cluster, job);
+  for (int rank = 0; rank < kRanks; ++rank)
+    ASSERT_EQ(ranks[rank].wait(std::chrono::seconds(120)), 0) << slurp(dir.file("rank" + std::to_string(rank) + ".log"));
+  // Past the hang timeout after the job, so an idle end would have shown.
+  wait_for([] { return false; }, std::chrono::seconds(3));
+  EXPECT_TRUE(deployment->findings(false).empty()) << dump(*deployment, dir);
+}
+
+}  // namespace
+}  // namespace rankscope::testing

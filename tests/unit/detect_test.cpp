@@ -1,0 +1,365 @@
+// The detectors on synthetic timelines fed through the real ingest path
+// (Cap'n Proto batches into a real RocksDB), with a clock the test drives.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "collector/detect/detector.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::collector {
+namespace {
+
+constexpr uint64_t kComm = 0xfeedface12345678ull;
+constexpr uint64_t kSecond = 1'000'000'000ull;
+constexpr uint64_t kMs = 1'000'000ull;
+
+class TestClock final : public Clock {
+ public:
+  uint64_t monotonic_ns() const override { return now; }
+  uint64_t realtime_ns() const override { return now; }
+  uint64_t now = 1'000 * kSecond;
+};
+
+struct Call {
+  int32_t rank;
+  uint64_t seq;
+  uint64_t issue_ns;
+  uint8_t op = RS_OP_ALLREDUCE;
+  uint64_t count = 1024;
+};
+
+class DetectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    options.hang_timeout_ns = 5 * kSecond;
+    options.node_lost_timeout_ns = 10 * kSecond;
+    detector = std::make_unique<Detector>(ingest, book, clock, options);
+    ingest.set_observer(detector.get());
+  }
+
+  std::string node_of(int32_t rank) const { return "node-" + std::to_string(rank / 2); }
+
+  void send(const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
+    capnp::MallocMessageBuilder message;
+    fill(message.initRoot<wire::AgentMessage>());
+    Outbox out;
+    ingest.on_agent_message("conn-" + node, proto::to_packed(message), out);
+    ASSERT_TRUE(ingest.commit());
+  }
+
+  // Hello from every node, the communicator on every rank, and (if
+  // `tight_clocks`) probes that make every clock exact to 100 ns.
+  void start(int32_t nranks, bool tight_clocks = true, const std::set<int32_t>& unregistered = {}) {
+    this->nranks = nranks;
+    for (int32_t rank = 0; rank < nranks; rank += 2) {
+      std::string node = node_of(rank);
+      send(node, [&](auto m) {
+        auto h = m.initHello();
+        h.setProtocolVersion(wire::PROTOCOL_VERSION);
+        h.setNode(node);
+        h.setInstanceId(7);
+      });
+      send(node, [&](auto m) {
+        auto b = m.initBatch();
+        b.setInstanceId(7);
+        b.setSeq(++batch_seq[node]);
+        std::vector<int32_t> here;
+        for (int32_t r = rank; r < std::min(rank + 2, nranks); ++r)
+          if (!unregistered.count(r)) here.push_back(r);
+        register_ranks(b, here);
+        if (tight_clocks) {
+          auto samples = b.initClockSamples(1);
+          samples[0].setT1(1000);
+          samples[0].setT2(1050);
+          samples[0].setT3(1060);
+          samples[0].setT4(1110);
+        }
+      });
+    }
+  }
+
+  void register_ranks(wire::Batch::Builder b, const std::vector<int32_t>& ranks) {
+    auto procs = b.initProcesses(static_cast<unsigned>(ranks.size()));
+    auto comms = b.initComms(static_cast<unsigned>(ranks.size()));
+    for (unsigned i = 0; i < ranks.size(); ++i) {
+      procs[i].setPid(100 + ranks[i]);
+      procs[i].setJob("job-1");
+      comms[i].setPid(100 + ranks[i]);
+      comms[i].setCommHash(kComm);
+      comms[i].setRank(ranks[i]);
+      comms[i].setNranks(nranks);
+    }
+  }
+
+  void register_late(int32_t rank) {
+    send(node_of(rank), [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(++batch_seq[node_of(rank)]);
+      register_ranks(b, {rank});
+    });
+  }
+
+  void calls(const std::vector<Call>& list) {
+    std::map<int32_t, proto::ColumnBlock> blocks;
+    for (const Call& c : list) {
+      auto& block = blocks[c.rank];
+      block.pid = 100 + c.rank;
+      block.comm_hash = kComm;
+      block.rank = c.rank;
+      proto::CallRecord r;
+      r.seq = c.seq;
+      r.issue_ns = c.issue_ns;
+      r.return_ns = c.issue_ns + 5000;
+      r.op = c.op;
+      r.datatype = 7;
+      r.count = c.count;
+      block.records.push_back(r);
+    }
+    for (auto& [rank, block] : blocks) {
+      send(node_of(rank), [&](auto m) {
+        auto b = m.initBatch();
+        b.setInstanceId(7);
+        b.setSeq(++batch_seq[node_of(rank)]);
+        proto::encode_collectives({&block}, b);
+      });
+    }
+  }
+
+  // One collective per rank at `seq`, issued at `t` plus a per-rank delay.
+  void instance(uint64_t seq, uint64_t t, const std::function<int64_t(int32_t)>& delay = nullptr,
+                const std::set<int32_t>& absent = {}) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < nranks; ++r)
+      if (!absent.count(r)) list.push_back({r, seq, t + (delay ? delay(r) : 0)});
+    calls(list);
+  }
+
+  void health(int32_t rank, char state, uint64_t cpu_ns, uint64_t sample_ns) {
+    send(node_of(rank), [&](auto m) {
+      auto hb = m.initHeartbeat();
+      hb.setInstanceId(7);
+      auto p = hb.initProcesses(1);
+      p[0].setPid(100 + rank);
+      p[0].setAlive(true);
+      p[0].setState(static_cast<uint8_t>(state));
+      p[0].setCpuNs(cpu_ns);
+      p[0].setSampleNs(sample_ns);
+    });
+  }
+
+  void evaluate_at(uint64_t t) {
+    clock.now = t;
+    detector->evaluate(t);
+  }
+
+  std::vector<const Finding*> open(FindingKind kind) {
+    std::vector<const Finding*> out;
+    for (const Finding* f : book.open())
+      if (f->kind == kind) out.push_back(f);
+    return out;
+  }
+
+  testing::TempDir dir;
+  std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
+  TestClock clock;
+  Ingest ingest{*store, clock};
+  FindingBook book;
+  DetectOptions options;
+  std::unique_ptr<Detector> detector;
+  std::map<std::string, uint64_t> batch_seq;
+  int32_t nranks = 0;
+};
+
+TEST_F(DetectTest, HangNamesTheRankThatNeverEnteredAndResolvesWhenItDoes) {
+  start(4);
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 10; ++seq) instance(seq, t + seq * 10 * kMs);
+  instance(10, t + 100 * kMs, nullptr, {3});  // rank 3 never enters #10
+
+  evaluate_at(t + 100 * kMs + options.hang_timeout_ns - kSecond);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << "not before the timeout";
+
+  evaluate_at(t + 100 * kMs + options.hang_timeout_ns + kMs);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{3});
+  EXPECT_EQ(hangs[0]->seq, 10);
+  EXPECT_EQ(hangs[0]->nodes, std::vector<std::string>{"node-1"});
+  EXPECT_EQ(hangs[0]->job, "job-1");
+  EXPECT_NE(hangs[0]->summary.find("never entered AllReduce #10"), std::string::npos) << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->detail.find("pid 103"), std::string::npos) << hangs[0]->detail;
+
+  calls({{3, 10, clock.now}});
+  evaluate_at(clock.now + kMs);
+  EXPECT_TRUE(open(FindingKind::hang).empty());
+}
+
+TEST_F(DetectTest, EveryRankInsideAndIdleIsReportedAsNoRankMissing) {
+  start(4);
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 5; ++seq) instance(seq, t + seq * kMs);
+  for (int32_t r = 0; r < 4; ++r) {  // alive, asleep, no CPU used
+    health(r, 'S', 1000, t);
+    health(r, 'S', 1000, t + 6 * kSecond);
+  }
+  evaluate_at(t + options.hang_timeout_ns + kSecond);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]->ranks.size(), 4u);
+  EXPECT_NE(hangs[0]->summary.find("no rank is missing"), std::string::npos) << hangs[0]->summary;
+}
+
+TEST_F(DetectTest, StoppedProcessInsideTheCollectiveIsTheCulprit) {
+  start(4);
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 5; ++seq) instance(seq, t + seq * kMs);
+  for (int32_t r = 0; r < 4; ++r) health(r, r == 2 ? 'T' : 'S', 1000, t);
+  evaluate_at(t + options.hang_timeout_ns + kSecond);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{2});
+  EXPECT_NE(hangs[0]->detail.find("stopped"), std::string::npos);
+}
+
+TEST_F(DetectTest, BusyRanksWithoutCollectivesAreNotAHang) {
+  start(2);
+  uint64_t t = clock.now;
+  instance(0, t);
+  for (int32_t r = 0; r < 2; ++r) {  // computing (a long evaluation step): 100% CPU
+    health(r, 'R', 0, t);
+    health(r, 'R', 6 * kSecond, t + 6 * kSecond);
+  }
+  evaluate_at(t + options.hang_timeout_ns + kSecond);
+  EXPECT_TRUE(open(FindingKind::hang).empty());
+}
+
+TEST_F(DetectTest, MismatchIsReportedAsSoonAsBothCallsAreKnown) {
+  start(4);
+  uint64_t t = clock.now;
+  instance(0, t);
+  calls({{0, 1, t + kMs}, {1, 1, t + kMs}, {2, 1, t + kMs, RS_OP_ALLGATHER}, {3, 1, t + kMs}});
+  auto mismatches = open(FindingKind::mismatch);
+  ASSERT_EQ(mismatches.size(), 1u) << "no evaluation needed";
+  EXPECT_EQ(mismatches[0]->ranks, std::vector<int32_t>{2});
+  EXPECT_EQ(mismatches[0]->seq, 1);
+  EXPECT_NE(mismatches[0]->summary.find("AllGather"), std::string::npos) << mismatches[0]->summary;
+
+  calls({{0, 2, t + 2 * kMs, RS_OP_ALLREDUCE, 1024}, {1, 2, t + 2 * kMs, RS_OP_ALLREDUCE, 2048}});
+  auto sizes = open(FindingKind::mismatch);
+  ASSERT_EQ(sizes.size(), 2u) << "a different byte count at the same sequence is a mismatch too";
+}
+
+TEST_F(DetectTest, PersistentlyLateRankIsAStragglerAndRecovers) {
+  start(4);
+  uint64_t t = clock.now;
+  uint64_t seq = 0;
+  auto step = [&](int64_t late) {
+    instance(seq, t + seq * 20 * kMs, [&](int32_t r) { return (r == 1 ? late : 0) + (r * 37 + seq * 11) % 300 * 1000; });
+    ++seq;
+  };
+  for (int i = 0; i < 40; ++i) step(10 * kMs);
+  for (int i = 0; i < options.open_after; ++i) evaluate_at(t + seq * 20 * kMs + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001);
+  EXPECT_GT(stragglers[0]->wait_share, 0.2);
+  EXPECT_GT(stragglers[0]->gpu_hours_lost, 0.0);
+
+  for (int i = 0; i < 40; ++i) step(0);
+  for (int i = 0; i < options.close_after; ++i) evaluate_at(t + seq * 20 * kMs + i * kMs);
+  EXPECT_TRUE(open(FindingKind::straggler).empty());
+}
+
+TEST_F(DetectTest, RandomJitterIsNotAStraggler) {
+  start(8);
+  std::mt19937 rng(3);
+  std::normal_distribution<double> jitter(0, 1.5e6);  // 1.5 ms
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 200; ++seq) {
+    instance(seq, t + seq * 20 * kMs, [&](int32_t) { return static_cast<int64_t>(std::abs(jitter(rng))); });
+    if (seq % 10 == 0) evaluate_at(t + seq * 20 * kMs);
+  }
+  EXPECT_TRUE(book.open().empty());
+}
+
+TEST_F(DetectTest, LatenessWithinClockUncertaintyIsNotFlagged) {
+  start(2, /*tight_clocks=*/false);  // only the Hello's wall clock: 1 s uncertain
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 40; ++seq) instance(seq, t + seq * 50 * kMs, [](int32_t r) { return r == 1 ? 20 * kMs : 0; });
+  for (int i = 0; i < 6; ++i) evaluate_at(t + 3 * kSecond + i * kMs);
+  EXPECT_TRUE(open(FindingKind::straggler).empty());
+}
+
+TEST_F(DetectTest, RankThatJoinsLateButCatchesUpIsNotAHang) {
+  start(4, true, {3});
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 4; ++seq) instance(seq, t + seq * kMs, nullptr, {3});
+  clock.now = t + 2 * kSecond;
+  register_late(3);
+  for (uint64_t seq = 0; seq < 4; ++seq) calls({{3, seq, clock.now + seq * kMs}});
+  evaluate_at(t + options.hang_timeout_ns + kSecond);
+  EXPECT_TRUE(book.open().empty());
+}
+
+TEST_F(DetectTest, RankThatNeverJoinedIsNamed) {
+  start(4, true, {3});
+  // Rank 3's registration and calls never came; the others are at #3.
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 4; ++seq) instance(seq, t + seq * kMs, nullptr, {3});
+  evaluate_at(t + options.hang_timeout_ns + kSecond);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{3});
+  EXPECT_EQ(hangs[0]->seq, 0);
+}
+
+TEST_F(DetectTest, DestroyedCommunicatorResolvesItsFindings) {
+  start(2);
+  uint64_t t = clock.now;
+  instance(0, t);
+  calls({{0, 1, t + kMs}});
+  evaluate_at(t + options.hang_timeout_ns + kSecond);
+  ASSERT_EQ(open(FindingKind::hang).size(), 1u);
+  send(node_of(0), [&](auto m) {
+    auto b = m.initBatch();
+    b.setInstanceId(7);
+    b.setSeq(++batch_seq[node_of(0)]);
+    auto ends = b.initCommEnds(1);
+    ends[0].setPid(100);
+    ends[0].setCommHash(kComm);
+  });
+  evaluate_at(clock.now + kMs);
+  EXPECT_TRUE(book.open().empty());
+}
+
+TEST_F(DetectTest, SequenceGapFromADropIsNotAHang) {
+  start(2);
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 10; ++seq) instance(seq, t + seq * kMs, nullptr, seq == 5 ? std::set<int32_t>{1} : std::set<int32_t>{});
+  // Rank 1's record #5 was lost to a full ring buffer; the job goes on.
+  for (uint64_t seq = 10; seq < 20; ++seq) instance(seq, t + options.hang_timeout_ns + seq * kMs);
+  evaluate_at(t + options.hang_timeout_ns + kSecond);
+  EXPECT_TRUE(book.open().empty());
+}
+
+TEST_F(DetectTest, SilentNodeWithLiveRanksIsLost) {
+  start(4);
+  instance(0, clock.now);
+  evaluate_at(clock.now + options.node_lost_timeout_ns / 2);
+  EXPECT_TRUE(open(FindingKind::node_lost).empty());
+  health(0, 'S', 0, 0);  // node-0 keeps talking, node-1 does not
+  evaluate_at(clock.now + options.node_lost_timeout_ns / 2 + kSecond);
+  auto lost = open(FindingKind::node_lost);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0]->nodes, std::vector<std::string>{"node-1"});
+  EXPECT_EQ(lost[0]->ranks, (std::vector<int32_t>{2, 3}));
+  health(2, 'S', 0, 0);
+  evaluate_at(clock.now + kMs);
+  EXPECT_TRUE(open(FindingKind::node_lost).empty());
+}
+
+}  // namespace
+}  // namespace rankscope::collector
