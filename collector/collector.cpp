@@ -1,13 +1,17 @@
 #include "collector/collector.h"
 
+#include <set>
 #include <zmq.hpp>
 
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
+#include "collector/alert/alertmanager.h"
 #include "collector/ingest.h"
+#include "collector/metrics.h"
 #include "collector/query.h"
 #include "collector/store/timeline_store.h"
 #include "common/clock.h"
+#include "common/format.h"
 #include "common/log.h"
 
 namespace rankscope::collector {
@@ -18,6 +22,8 @@ namespace {
 constexpr int kMaxMessagesPerCommit = 512;
 // How often the hang, straggler and node-lost detectors look at the picture.
 constexpr uint64_t kEvaluationIntervalNs = 500'000'000ull;
+// Resolved findings still handed to the Alertmanager client (it repeats a resolution once).
+constexpr uint64_t kAlertResolvedWindowNs = 600'000'000'000ull;
 
 std::string frame(const zmq::message_t& message) {
   return std::string(static_cast<const char*>(message.data()), message.size());
@@ -47,6 +53,51 @@ std::optional<std::pair<std::string, std::string>> receive(zmq::socket_t& socket
   if (parts.size() < 2) return std::nullopt;
   return std::make_pair(frame(parts.front()), frame(parts.back()));
 }
+
+// Mirrors the collector's state into the Prometheus metrics.
+class MetricsExport {
+ public:
+  explicit MetricsExport(Metrics& metrics) : metrics_(metrics) {}
+
+  void update(const Ingest& ingest, const FindingBook& findings, Detector& detector, uint64_t now_ns,
+              uint64_t liveness_ns) {
+    for (FindingKind kind : {FindingKind::hang, FindingKind::mismatch, FindingKind::straggler, FindingKind::node_lost})
+      metrics_.set_open_findings(kind, findings.open_count(kind));
+    for (const Finding* f : findings.all()) {
+      if (f->id <= newest_finding_) break;  // newest first
+      metrics_.count_opened(f->kind);
+    }
+    if (auto all = findings.all(); !all.empty()) newest_finding_ = std::max(newest_finding_, all.front()->id);
+    for (const auto& [name, node] : ingest.nodes()) {
+      metrics_.set_node_clock(name, static_cast<double>(node.clock.offset_ns()) / 1e9,
+                              static_cast<double>(node.clock.uncertainty_ns()) / 1e9,
+                              static_cast<double>(node.wall_offset_ns - node.clock.offset_ns()) / 1e9);
+      metrics_.set_node_up(name, node.last_contact_ns != 0 && now_ns - node.last_contact_ns < liveness_ns);
+      metrics_.set_node_last_contact(name, static_cast<double>(node.last_contact_ns) / 1e9);
+      metrics_.set_node_drops(name, "ringbuf_full", node.drops.ringbuf_full);
+      metrics_.set_node_drops(name, "map_full", node.drops.map_full);
+      metrics_.set_node_drops(name, "unknown_comm", node.drops.unknown_comm);
+      metrics_.set_node_drops(name, "send_queue_full", node.drops.send_queue_full);
+    }
+    for (const auto& [hash, comm] : ingest.comms()) {
+      std::string hex = hex64(hash);
+      if (comm.ended) {
+        if (exported_comms_.erase(hash)) metrics_.forget_comm(hex);
+        continue;
+      }
+      exported_comms_.insert(hash);
+      for (const auto& [rank, member] : comm.members) metrics_.set_comm_progress(comm.job, hex, rank, member.last_seq);
+    }
+    for (double lateness : detector.take_lateness_samples()) metrics_.observe_lateness(lateness);
+    const IngestCounters& c = ingest.counters();
+    metrics_.set_ingest_totals(c.batches_stored, c.records_stored, c.duplicate_batches, c.bad_messages, c.batch_bytes);
+  }
+
+ private:
+  Metrics& metrics_;
+  uint64_t newest_finding_ = 0;
+  std::set<uint64_t> exported_comms_;
+};
 
 Result<void> bind(zmq::socket_t& socket, const std::string& endpoint, const char* what) {
   try {
@@ -78,6 +129,29 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   detect_options.node_lost_timeout_ns = static_cast<uint64_t>(options.node_lost_timeout_s * 1e9);
   Detector detector(ingest, findings, clock, detect_options);
   ingest.set_observer(&detector);
+
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<MetricsExport> metrics_export;
+  if (!options.metrics.empty()) {
+    auto started = Metrics::start(options.metrics);
+    if (!started) {
+      RS_LOG(error, "--metrics %s: %s", options.metrics.c_str(), started.error().message.c_str());
+      return 2;
+    }
+    metrics = std::move(*started);
+    metrics_export = std::make_unique<MetricsExport>(*metrics);
+    RS_LOG(info, "Prometheus metrics on %s (port %u)", options.metrics.c_str(), metrics->port());
+  }
+  std::unique_ptr<AlertmanagerClient> alertmanager;
+  if (!options.alertmanager.empty()) {
+    auto created = AlertmanagerClient::create(options.alertmanager);
+    if (!created) {
+      RS_LOG(error, "--alertmanager %s: %s", options.alertmanager.c_str(), created.error().message.c_str());
+      return 2;
+    }
+    alertmanager = std::move(*created);
+    RS_LOG(info, "pushing findings to the Alertmanager at %s", options.alertmanager.c_str());
+  }
 
   zmq::context_t context(1);
   zmq::socket_t agents(context, zmq::socket_type::router);
@@ -111,6 +185,11 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
       detector.evaluate(now);
+      if (alertmanager) alertmanager->sync(findings.for_alerts(now - kAlertResolvedWindowNs), now);
+      if (metrics_export) {
+        metrics_export->update(ingest, findings, detector, now, query_context.liveness_ns);
+        if (alertmanager) metrics->set_alert_posts(alertmanager->posts_ok(), alertmanager->posts_failed());
+      }
       last_evaluation = now;
     }
     findings.persist(ingest.pending_writes());

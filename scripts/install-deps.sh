@@ -4,7 +4,7 @@
 # runs at most once per invocation, only when something is missing.
 #
 #   scripts/install-deps.sh build     # compilers and libraries for the build
-#   scripts/install-deps.sh test      # + what the test suite starts (iproute2, stress-ng, faketime)
+#   scripts/install-deps.sh test      # + what the tests start: iproute2, stress-ng, faketime, promtool, Alertmanager
 set -euo pipefail
 
 build_pkgs=(
@@ -17,7 +17,7 @@ build_pkgs=(
   prometheus-cpp-dev
   libgtest-dev libgmock-dev
 )
-test_pkgs=(iproute2 stress-ng faketime procps)
+test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager)
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in

@@ -28,12 +28,13 @@ rs_cleanup() {
 
 rs_cli() { "$bin/rankscope" --collector "tcp://127.0.0.1:$query_port" "$@"; }
 
-# rs_start NODES: the namespaces, the collector and one agent per node.
+# rs_start NODES [collector options...]: the namespaces, the collector and one agent per node.
 rs_start() {
   local nodes=$1
+  shift
   "$here/scripts/netns-cluster.sh" up "$prefix" "$nodes"
   "$bin/rankscope-collector" --listen "tcp://127.0.0.1:$agent_port" --query "tcp://127.0.0.1:$query_port" \
-    --db "$work/db" >"$work/collector.log" 2>&1 &
+    --db "$work/db" "$@" >"$work/collector.log" 2>&1 &
   rs_pids+=($!)
   for ((node = 0; node < nodes; node++)); do
     "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$agent_port" --node "gpu-$node" \
@@ -49,22 +50,34 @@ rs_start() {
   return 1
 }
 
-# rs_job NODES RANKS JOB_ID fakenccl-train-args...: runs one job to the end.
-rs_job() {
+# rs_job_start NODES RANKS JOB_ID fakenccl-train-args...: starts one job in
+# the background; its rank processes are in rank_pids (rank order). A rank
+# listed in RS_CPU_OF ("rank:cpu ..."), or every rank with "*:cpu", is pinned.
+rs_job_start() {
   local nodes=$1 ranks=$2 job=$3
   shift 3
-  local per_node=$(((ranks + nodes - 1) / nodes)) rank_pids=() failed=0
+  local per_node=$(((ranks + nodes - 1) / nodes))
+  rank_pids=()
   rm -f "$work/nccl.id"
   for ((rank = 0; rank < ranks; rank++)); do
+    local pin=() cpu
+    cpu=$(tr ' ' '\n' <<<"${RS_CPU_OF:-}" | awk -F: -v r="$rank" '$1 == r {print $2; found = 1} $1 == "*" {d = $2} END {if (!found && d != "") print d}')
+    [ -n "$cpu" ] && pin=(taskset -c "$cpu")
     RANK=$rank WORLD_SIZE=$ranks LOCAL_RANK=$((rank % per_node)) RANKSCOPE_JOB_ID=$job \
-      ip netns exec "$prefix-$((rank / per_node))" "$bin/fakenccl-train" --id-file "$work/nccl.id" "$@" \
+      ip netns exec "$prefix-$((rank / per_node))" "${pin[@]}" "$bin/fakenccl-train" --id-file "$work/nccl.id" "$@" \
       >"$work/rank-$rank.log" 2>&1 &
     rank_pids+=($!)
     rs_pids+=($!)
   done
+}
+
+# rs_job NODES RANKS JOB_ID fakenccl-train-args...: runs one job to the end.
+rs_job() {
+  local failed=0
+  rs_job_start "$@"
   for pid in "${rank_pids[@]}"; do wait "$pid" || failed=1; done
   if [ "$failed" -ne 0 ]; then
-    echo "rankscope: a rank of job $job failed; the logs:" >&2
+    echo "rankscope: a rank of job $3 failed; the logs:" >&2
     cat "$work"/rank-*.log >&2
     return 1
   fi
@@ -79,5 +92,16 @@ rs_wait_records() {
     sleep 0.1
   done
   echo "rankscope: the collector holds ${stored:-0} records, expected $1" >&2
+  return 1
+}
+
+# rs_wait_finding COMMAND SECONDS: until `rankscope COMMAND --json` lists one.
+rs_wait_finding() {
+  for _ in $(seq $(($2 * 5))); do
+    [ "$(rs_cli "$1" --json)" != "[]" ] && return 0
+    sleep 0.2
+  done
+  echo "rankscope: no finding from '$1' within $2 s; the collector's log:" >&2
+  tail -20 "$work/collector.log" >&2
   return 1
 }

@@ -12,6 +12,8 @@ namespace rankscope::collector {
 namespace {
 constexpr size_t kMaxOpenInstances = 4096;  // incomplete collectives remembered per communicator
 constexpr uint64_t kStragglerUpdateNs = 10'000'000'000ull;
+// Lateness samples held for the metrics between two takes (dropped past it when nobody takes them).
+constexpr size_t kMaxLatenessSamples = 65536;
 
 uint32_t call_code(const proto::CallRecord& r) {
   return static_cast<uint32_t>(r.op) | static_cast<uint32_t>(r.datatype) << 8 | static_cast<uint32_t>(r.redop) << 16;
@@ -160,14 +162,22 @@ void Detector::complete(const CommState& comm, CommDetect& state, Instance& inst
     RankStats& stats = state.ranks[r];
     stats.lateness_ns.push_back(t[r] - reference);
     // What-if: had this rank arrived with the others, the collective would
-    // have started when the last of them arrived.
-    uint64_t delay = (r == last && n > 1) ? static_cast<uint64_t>(t[r] - max_others) : 0;
+    // have started when the last of them arrived. Collectives issued back to
+    // back (the buckets of one step) wait for the same late arrival: each
+    // stretch of waiting is counted once.
+    uint64_t delay = 0;
+    if (r == last && n > 1) {
+      int64_t from = std::max(max_others, stats.blamed_until);
+      delay = t[r] > from ? static_cast<uint64_t>(t[r] - from) : 0;
+      stats.blamed_until = std::max(stats.blamed_until, t[r]);
+    }
     stats.delay_ns.push_back(delay);
     if (stats.over > 0 || book_.open_finding(straggler_of(comm.hash, r).key()))
       stats.gpu_ns_lost += static_cast<double>(delay) * (n - 1);
     while (stats.lateness_ns.size() > options_.straggler_window) stats.lateness_ns.pop_front();
     while (stats.delay_ns.size() > options_.straggler_window) stats.delay_ns.pop_front();
-    if (r == last && n > 1) lateness_samples_.push_back(static_cast<double>(t[r] - reference) / 1e9);
+    if (r == last && n > 1 && lateness_samples_.size() < kMaxLatenessSamples)
+      lateness_samples_.push_back(static_cast<double>(t[r] - reference) / 1e9);
   }
   state.completed_ns.push_back(static_cast<uint64_t>(t[last]));
   while (state.completed_ns.size() > options_.straggler_window + 1) state.completed_ns.pop_front();
@@ -393,7 +403,10 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     // Opening: the waste already seen in the evidence window counts.
     if (!open) stats.gpu_ns_lost = std::max(stats.gpu_ns_lost, delay_in_window * (n - 1));
     if (open && !over) continue;  // between the thresholds: keep it open as it is
-    if (open && now_ns - open->updated_ns < kStragglerUpdateNs) continue;  // figures refreshed every 10 s
+    std::string context = host_context(comm, r);
+    // Figures are refreshed every 10 s; an explanation that became available is added at once.
+    bool explains_now = !context.empty() && open && open->detail.find("\nWhy: ") == std::string::npos;
+    if (open && now_ns - open->updated_ns < kStragglerUpdateNs && !explains_now) continue;
 
     double delay = delay_in_window;
     Finding f = key_probe;
@@ -417,7 +430,6 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     f.detail = f.summary + ".\n" + cost + ".\nThreshold: " + format_duration_ns(static_cast<int64_t>(threshold)) +
                " (including clock uncertainty " + format_duration_ns(static_cast<int64_t>(uncertainty[r] + others_unc)) +
                ").";
-    std::string context = host_context(comm, r);
     if (!context.empty()) f.detail += "\nWhy: " + context + ".";
     book_.raise(std::move(f), now_ns);
   }

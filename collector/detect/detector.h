@@ -70,6 +70,7 @@ class Detector final : public RecordObserver {
     std::deque<uint64_t> delay_ns;    // how much later the instance completed because of this rank
     int over = 0, under = 0;          // hysteresis counters
     double gpu_ns_lost = 0;           // since its straggler finding opened
+    int64_t blamed_until = 0;         // delays are counted once: back-to-back collectives overlap
   };
   struct CommDetect {
     std::map<uint64_t, Instance> instances;  // incomplete ones, by seq

@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 
+#include "collector/alert/http.h"
 #include "common/clock.h"
+#include "tests/support/alertmanager.h"
 #include "tests/support/cluster.h"
 #include "tests/support/harness.h"
 
@@ -78,14 +81,16 @@ class DetectE2E : public ::testing::Test {
 
 // A stress-ng CPU hog on the victim's core: the victim computes slower and
 // arrives late at every collective.
-void expect_cpu_contention_straggler(DetectE2E& t, TestDeployment& deployment, const TempDir& dir,
+void expect_cpu_contention_straggler(TestDeployment& deployment, const TempDir& dir,
                                      const NetnsCluster& cluster, int victim) {
   JobOptions job;
-  job.args = {"--steps", "100000", "--compute-iters", "1000000", "--bucket-elems", "1024"};
+  // Steps long enough (2M iterations, ~6 ms alone on a core) that the
+  // scheduler's credit for a task waking from sleep cannot hide the hogs.
+  job.args = {"--steps", "100000", "--compute-iters", "2000000", "--bucket-elems", "1024"};
   for (int rank = 0; rank < kRanks; ++rank) job.cpu[rank] = rank == victim ? 1 : 0;
   auto ranks = launch_job(dir, cluster, job);
   SpawnOptions hog;
-  hog.argv = {"/usr/bin/taskset", "-c", "1", "/usr/bin/stress-ng", "--cpu", "4", "--timeout", "120s", "--quiet"};
+  hog.argv = {"/usr/bin/taskset", "-c", "1", "/usr/bin/stress-ng", "--cpu", "8", "--timeout", "120s", "--quiet"};
   Process stress(hog);
 
   std::vector<SeenFinding> stragglers;
@@ -97,7 +102,7 @@ void expect_cpu_contention_straggler(DetectE2E& t, TestDeployment& deployment, c
       std::chrono::seconds(60));
   ASSERT_TRUE(found) << dump(deployment, dir);
   // Give the others the same chance to be (wrongly) flagged.
-  wait_for([] { return false; }, std::chrono::seconds(3));
+  observe_for(std::chrono::seconds(3));
   stragglers = of_kind(deployment.findings(false), "straggler");
   ASSERT_EQ(stragglers.size(), 1u) << dump(deployment, dir);
   EXPECT_EQ(stragglers[0].ranks, std::vector<int32_t>{victim}) << stragglers[0].detail;
@@ -108,11 +113,33 @@ void expect_cpu_contention_straggler(DetectE2E& t, TestDeployment& deployment, c
 
 TEST_F(DetectE2E, CpuContentionOnOneRankMakesItTheOnlyStraggler) {
   deploy();
-  expect_cpu_contention_straggler(*this, *deployment, dir, cluster, 3);
+  expect_cpu_contention_straggler(*deployment, dir, cluster, 3);
+}
+
+// Fetches the collector's /metrics and runs Prometheus's own checker on it.
+void expect_metrics_pass_promtool(const std::string& url, const TempDir& dir, const std::string& must_contain) {
+  auto response = collector::http_request("GET", url, "", "", 3000);
+  ASSERT_TRUE(response) << response.error().message;
+  ASSERT_EQ(response->status, 200);
+  EXPECT_NE(response->body.find(must_contain), std::string::npos) << response->body;
+  std::ofstream(dir.file("metrics.txt")) << response->body;
+  int rc = run_command("/usr/bin/promtool check metrics < " + dir.file("metrics.txt") + " > " +
+                       dir.file("promtool.out") + " 2>&1");
+  EXPECT_EQ(rc, 0) << slurp(dir.file("promtool.out"));
+  EXPECT_EQ(slurp(dir.file("promtool.out")), "") << "promtool has remarks";
 }
 
 TEST_F(DetectE2E, StoppedRankIsNamedInAHangWithinTimeoutPlusTwoSeconds) {
-  deploy();
+  // With the outputs on: Prometheus metrics and a real Alertmanager.
+  RealAlertmanager alertmanager;
+  ASSERT_TRUE(alertmanager.ready()) << alertmanager.log();
+  int metrics_port = free_port();
+  DeploymentOptions options;
+  options.collector_args = {"--metrics", "127.0.0.1:" + std::to_string(metrics_port), "--alertmanager",
+                            alertmanager.url()};
+  deploy(options);
+  std::string metrics_url = "http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics";
+
   JobOptions job;
   job.args = {"--steps", "100000", "--compute-iters", "2000000", "--bucket-elems", "1024"};
   auto ranks = launch_job(dir, cluster, job);
@@ -137,9 +164,26 @@ TEST_F(DetectE2E, StoppedRankIsNamedInAHangWithinTimeoutPlusTwoSeconds) {
   EXPECT_LE(seconds, 2.0 + 2.0) << "hang timeout 2 s; found after " << seconds << " s";
   RecordProperty("hang_detected_after_s", std::to_string(seconds));
 
+  // The alert reaches Alertmanager, the metrics say so and pass promtool.
+  std::string id = std::to_string(hangs[0].id);
+  auto firing = [&] {
+    for (const auto& alert : alertmanager.alerts())
+      if (has_field(alert, "finding_id", id) && has_field(alert, "alertname", "RankscopeHang") &&
+          has_field(alert, "state", "active"))
+        return true;
+    return false;
+  };
+  EXPECT_TRUE(wait_for(firing, std::chrono::seconds(10))) << alertmanager.log();
+  wait_for([&] {  // the metrics follow within one evaluation
+    auto r = collector::http_request("GET", metrics_url, "", "", 3000);
+    return r && r->body.find("rankscope_findings_open{kind=\"hang\"} 1") != std::string::npos;
+  }, std::chrono::seconds(5));
+  expect_metrics_pass_promtool(metrics_url, dir, "rankscope_findings_open{kind=\"hang\"} 1");
+
   ranks[victim].signal(SIGCONT);
   EXPECT_TRUE(wait_for([&] { return of_kind(deployment->findings(true), "hang").empty(); }, std::chrono::seconds(15)))
       << "the hang resolves once the rank runs again\n" << dump(*deployment, dir);
+  EXPECT_TRUE(wait_for([&] { return !firing(); }, std::chrono::seconds(10))) << "the alert resolves in Alertmanager";
 }
 
 TEST_F(DetectE2E, RankCallingADifferentCollectiveIsAMismatch) {
@@ -184,7 +228,7 @@ TEST_F(DetectE2E, NodeClock250msOffStillNamesTheRightStraggler) {
   EXPECT_NEAR(static_cast<double>(nodes[0].wall_clock_skew_ns), 0.0, 1e6);
   EXPECT_NEAR(static_cast<double>(nodes[0].clock_offset_ns - nodes[1].clock_offset_ns), static_cast<double>(offset), 1e6);
   // The straggler is on the skewed node; uncorrected, both its ranks would look 250 ms late.
-  expect_cpu_contention_straggler(*this, *deployment, dir, cluster, 3);
+  expect_cpu_contention_straggler(*deployment, dir, cluster, 3);
 }
 
 TEST_F(DetectE2E, HealthyJobYieldsNoFindingAtAll) {
@@ -195,7 +239,7 @@ TEST_F(DetectE2E, HealthyJobYieldsNoFindingAtAll) {
   for (int rank = 0; rank < kRanks; ++rank)
     ASSERT_EQ(ranks[rank].wait(std::chrono::seconds(120)), 0) << slurp(dir.file("rank" + std::to_string(rank) + ".log"));
   // Past the hang timeout after the job, so an idle end would have shown.
-  wait_for([] { return false; }, std::chrono::seconds(3));
+  observe_for(std::chrono::seconds(3));
   EXPECT_TRUE(deployment->findings(false).empty()) << dump(*deployment, dir);
 }
 

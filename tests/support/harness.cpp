@@ -32,6 +32,8 @@ bool wait_for(const std::function<bool()>& condition, std::chrono::milliseconds 
   return condition();
 }
 
+void observe_for(std::chrono::milliseconds window) { std::this_thread::sleep_for(window); }
+
 std::string unique_name(const std::string& prefix) {
   static std::atomic<int> counter{0};
   return prefix + std::to_string(getpid() % 100000) + "x" + std::to_string(counter++);

@@ -16,6 +16,10 @@ namespace rankscope::testing {
 // Polls `condition` every few milliseconds until it holds or `timeout` passes.
 bool wait_for(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
 
+// Waits out an observation window: for checking that something does *not*
+// happen (no second finding, no finding at all) in a given time.
+void observe_for(std::chrono::milliseconds window);
+
 // A unique name for this run: prefix + pid + counter (names of namespaces, ports...).
 std::string unique_name(const std::string& prefix);
 

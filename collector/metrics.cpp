@@ -1,0 +1,375 @@
+#include "collector/metrics.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+#include "common/log.h"
+
+namespace rankscope::collector {
+
+namespace {
+
+// Indexes into kCatalogue, in the same order.
+enum class MetricId {
+  findings_open,
+  findings_opened,
+  node_up,
+  node_last_contact,
+  node_clock_offset,
+  node_clock_uncertainty,
+  node_wall_clock_skew,
+  agent_drops,
+  comm_last_sequence,
+  collective_issue_lateness,
+  ingest_batches,
+  ingest_records,
+  ingest_duplicate_batches,
+  ingest_bad_messages,
+  ingest_bytes,
+  alertmanager_posts,
+  metrics_series_dropped,
+  count,
+};
+
+using Type = MetricType;
+
+// `job_name`, not `job`: Prometheus gives every scraped series a `job` label
+// of its own (the scrape job) and would rename ours to `exported_job`.
+// clang-format off: one metric per entry reads better than one field per line.
+const MetricInfo kCatalogue[] = {
+    {"rankscope_findings_open",
+     Type::gauge,
+     "",
+     {"kind"},
+     "Findings open now, by kind (hang, mismatch, straggler, node_lost)."},
+    {"rankscope_findings_opened_total",
+     Type::counter,
+     "",
+     {"kind"},
+     "Findings opened since the collector started, by kind."},
+    {"rankscope_node_up",
+     Type::gauge,
+     "",
+     {"node"},
+     "1 while the node's agent is connected (heard from within the liveness interval), 0 once it went silent."},
+    {"rankscope_node_last_contact_timestamp_seconds",
+     Type::gauge,
+     "seconds",
+     {"node"},
+     "When the collector last heard from the node's agent, as Unix time."},
+    {"rankscope_node_clock_offset_seconds",
+     Type::gauge,
+     "seconds",
+     {"node"},
+     "Offset from the node's monotonic clock to the cluster clock: cluster time = node time + offset."},
+    {"rankscope_node_clock_uncertainty_seconds",
+     Type::gauge,
+     "seconds",
+     {"node"},
+     "Bound on the error of the node's clock offset; lateness below it is never reported."},
+    {"rankscope_node_wall_clock_skew_seconds",
+     Type::gauge,
+     "seconds",
+     {"node"},
+     "The node's own wall clock minus the cluster clock (what its NTP gets wrong; rankscope does not rely on it)."},
+    {"rankscope_agent_drops_total",
+     Type::counter,
+     "",
+     {"node", "reason"},
+     "Records the node's agent lost or could not match, by reason (ringbuf_full, map_full, unknown_comm, "
+     "send_queue_full)."},
+    {"rankscope_comm_last_sequence",
+     Type::gauge,
+     "",
+     {"job_name", "comm", "rank"},
+     "Sequence number of the last collective the rank issued on the communicator."},
+    {"rankscope_collective_issue_lateness_seconds",
+     Type::histogram,
+     "seconds",
+     {},
+     "How much later than its peers' median each rank issued a collective, on the cluster clock."},
+    {"rankscope_ingest_batches_total", Type::counter, "", {}, "Agent batches stored."},
+    {"rankscope_ingest_records_total", Type::counter, "", {}, "Collective records stored."},
+    {"rankscope_ingest_duplicate_batches_total",
+     Type::counter,
+     "",
+     {},
+     "Batches received again after they were stored (an agent that missed the ack re-sent them), ignored."},
+    {"rankscope_ingest_bad_messages_total",
+     Type::counter,
+     "",
+     {},
+     "Agent messages refused as unreadable or outside the protocol."},
+    {"rankscope_ingest_bytes_total", Type::counter, "bytes", {}, "Wire size of the batches stored."},
+    {"rankscope_alertmanager_posts_total",
+     Type::counter,
+     "",
+     {"result"},
+     "Posts of alerts to Alertmanager, by result (ok, failed)."},
+    {"rankscope_metrics_series_dropped_total",
+     Type::counter,
+     "",
+     {},
+     "Metric updates dropped because their node or communicator series would pass the series limit."},
+};
+// clang-format on
+static_assert(std::size(kCatalogue) == static_cast<size_t>(MetricId::count));
+
+// Issue lateness spans a few microseconds of noise to seconds-long stalls.
+const std::vector<double> kLatenessBuckets = {10e-6, 30e-6, 100e-6, 300e-6, 1e-3, 3e-3, 10e-3,
+                                              30e-3, 0.1,   0.3,    1,      3,    10,   30};
+
+constexpr FindingKind kAllKinds[] = {FindingKind::hang, FindingKind::mismatch, FindingKind::straggler,
+                                     FindingKind::node_lost};
+
+const MetricInfo& info(MetricId id) {
+  return kCatalogue[static_cast<size_t>(id)];
+}
+
+prometheus::Family<prometheus::Gauge>& gauges(prometheus::Registry& registry, MetricId id) {
+  return prometheus::BuildGauge().Name(info(id).name).Help(info(id).help).Register(registry);
+}
+
+prometheus::Family<prometheus::Counter>& counters(prometheus::Registry& registry, MetricId id) {
+  return prometheus::BuildCounter().Name(info(id).name).Help(info(id).help).Register(registry);
+}
+
+prometheus::Counter& counter(prometheus::Registry& registry, MetricId id) {
+  return counters(registry, id).Add({});
+}
+
+struct ListenAddress {
+  std::string host, port;
+};
+
+// civetweb (prometheus-cpp's server) takes "HOST:PORT" with HOST an address;
+// it does not resolve names, and it reads commas and suffixes as options.
+Result<ListenAddress> parse_listen_address(const std::string& host_port) {
+  auto bad = [&] {
+    return make_error(Errc::invalid_argument, "metrics address '" + host_port +
+                                                  "': expected HOST:PORT with HOST an IP address, e.g. 0.0.0.0:9464 "
+                                                  "or 127.0.0.1:0 (0: any free port)");
+  };
+  size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return bad();
+  ListenAddress address{host_port.substr(0, colon), host_port.substr(colon + 1)};
+  if (address.host.size() > 2 && address.host.front() == '[' && address.host.back() == ']')
+    address.host = address.host.substr(1, address.host.size() - 2);
+  unsigned char ip[sizeof(in6_addr)];
+  bool is_ip = inet_pton(AF_INET, address.host.c_str(), ip) == 1 || inet_pton(AF_INET6, address.host.c_str(), ip) == 1;
+  unsigned port = 0;
+  auto [end, ec] = std::from_chars(address.port.data(), address.port.data() + address.port.size(), port);
+  bool port_ok =
+      !address.port.empty() && ec == std::errc() && end == address.port.data() + address.port.size() && port <= 65535;
+  if (!is_ip || !port_ok) return bad();
+  return address;
+}
+
+// civetweb only says that it could not bind; binding a socket the way it
+// does (SO_REUSEADDR) tells the operator why.
+std::string bind_failure_reason(const ListenAddress& address) {
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(address.host.c_str(), address.port.c_str(), &hints, &found); rc != 0)
+    return gai_strerror(rc);
+  std::string reason = "the HTTP server could not listen there (it gives no reason)";
+  int fd = socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  int one = 1;
+  if (fd < 0) {
+    reason = strerror(errno);
+  } else {
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, found->ai_addr, found->ai_addrlen) != 0) reason = strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return reason;
+}
+
+}  // namespace
+
+const char* metric_type_name(MetricType type) {
+  switch (type) {
+    case MetricType::counter:
+      return "counter";
+    case MetricType::gauge:
+      return "gauge";
+    case MetricType::histogram:
+      return "histogram";
+  }
+  return "?";
+}
+
+std::span<const MetricInfo> metric_catalogue() {
+  return kCatalogue;
+}
+
+Result<std::unique_ptr<Metrics>> Metrics::start(const std::string& host_port, size_t max_series) {
+  auto address = parse_listen_address(host_port);
+  if (!address) return address.error();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(host_port);
+  } catch (const std::exception&) {
+    return make_error(Errc::io, "cannot serve metrics on " + host_port + ": " + bind_failure_reason(*address));
+  }
+  return std::unique_ptr<Metrics>(new Metrics(std::move(exposer), max_series));
+}
+
+Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series)
+    : registry_(std::make_shared<prometheus::Registry>()), exposer_(std::move(exposer)), max_series_(max_series) {
+  prometheus::Registry& r = *registry_;
+  // Every kind has a series from the start: "no hang open" reads as 0, not as no data.
+  auto& open = gauges(r, MetricId::findings_open);
+  auto& opened = counters(r, MetricId::findings_opened);
+  for (FindingKind kind : kAllKinds) {
+    findings_open_[static_cast<size_t>(kind)] = &open.Add({{"kind", finding_kind_name(kind)}});
+    findings_opened_[static_cast<size_t>(kind)] = &opened.Add({{"kind", finding_kind_name(kind)}});
+  }
+  node_up_ = &gauges(r, MetricId::node_up);
+  node_last_contact_ = &gauges(r, MetricId::node_last_contact);
+  node_clock_offset_ = &gauges(r, MetricId::node_clock_offset);
+  node_clock_uncertainty_ = &gauges(r, MetricId::node_clock_uncertainty);
+  node_wall_clock_skew_ = &gauges(r, MetricId::node_wall_clock_skew);
+  agent_drops_ = &counters(r, MetricId::agent_drops);
+  comm_last_sequence_ = &gauges(r, MetricId::comm_last_sequence);
+  const MetricInfo& lateness = info(MetricId::collective_issue_lateness);
+  issue_lateness_ =
+      &prometheus::BuildHistogram().Name(lateness.name).Help(lateness.help).Register(r).Add({}, kLatenessBuckets);
+  ingest_batches_.counter = &counter(r, MetricId::ingest_batches);
+  ingest_records_.counter = &counter(r, MetricId::ingest_records);
+  ingest_duplicate_batches_.counter = &counter(r, MetricId::ingest_duplicate_batches);
+  ingest_bad_messages_.counter = &counter(r, MetricId::ingest_bad_messages);
+  ingest_bytes_.counter = &counter(r, MetricId::ingest_bytes);
+  auto& posts = counters(r, MetricId::alertmanager_posts);
+  alert_posts_ok_.counter = &posts.Add({{"result", "ok"}});
+  alert_posts_failed_.counter = &posts.Add({{"result", "failed"}});
+  series_dropped_ = &counter(r, MetricId::metrics_series_dropped);
+
+  exposer_->RegisterCollectable(registry_);
+  auto ports = exposer_->GetListeningPorts();
+  if (!ports.empty()) port_ = static_cast<uint16_t>(ports.front());
+}
+
+Metrics::~Metrics() = default;
+
+template <typename T>
+T* Metrics::add_series(prometheus::Family<T>& family, const std::map<std::string, std::string>& labels) {
+  if (series_ >= max_series_) {
+    series_dropped_->Increment();
+    if (!warned_series_limit_) {
+      RS_LOG(warn,
+             "metrics: %zu node and communicator series in use, the limit; updates needing more are dropped "
+             "(rankscope_metrics_series_dropped_total)",
+             max_series_);
+      warned_series_limit_ = true;
+    }
+    return nullptr;
+  }
+  ++series_;
+  return &family.Add(labels);
+}
+
+void Metrics::set_node_gauge(prometheus::Gauge*& gauge, prometheus::Family<prometheus::Gauge>& family,
+                             const std::string& node, double value) {
+  if (!gauge) gauge = add_series(family, {{"node", node}});
+  if (gauge) gauge->Set(value);
+}
+
+// Totals restart from zero when their source restarts (an agent's drop
+// counts); then the whole new total is growth, as Prometheus reads resets.
+void Metrics::advance(CounterTotal& counter, uint64_t total) {
+  counter.counter->Increment(static_cast<double>(total >= counter.last ? total - counter.last : total));
+  counter.last = total;
+}
+
+void Metrics::set_open_findings(FindingKind kind, size_t open) {
+  findings_open_[static_cast<size_t>(kind)]->Set(static_cast<double>(open));
+}
+
+void Metrics::count_opened(FindingKind kind) {
+  findings_opened_[static_cast<size_t>(kind)]->Increment();
+}
+
+void Metrics::set_node_clock(const std::string& node, double offset_seconds, double uncertainty_seconds,
+                             double wall_skew_seconds) {
+  NodeSeries& series = nodes_[node];
+  set_node_gauge(series.clock_offset, *node_clock_offset_, node, offset_seconds);
+  set_node_gauge(series.clock_uncertainty, *node_clock_uncertainty_, node, uncertainty_seconds);
+  set_node_gauge(series.wall_clock_skew, *node_wall_clock_skew_, node, wall_skew_seconds);
+}
+
+void Metrics::set_node_up(const std::string& node, bool up) {
+  set_node_gauge(nodes_[node].up, *node_up_, node, up ? 1 : 0);
+}
+
+void Metrics::set_node_last_contact(const std::string& node, double unix_seconds) {
+  set_node_gauge(nodes_[node].last_contact, *node_last_contact_, node, unix_seconds);
+}
+
+void Metrics::set_node_drops(const std::string& node, const std::string& reason, uint64_t total) {
+  CounterTotal& drops = nodes_[node].drops[reason];
+  if (!drops.counter) drops.counter = add_series(*agent_drops_, {{"node", node}, {"reason", reason}});
+  if (drops.counter) advance(drops, total);
+}
+
+void Metrics::set_comm_progress(const std::string& job, const std::string& comm_hex, int32_t rank, int64_t last_seq) {
+  RankSeries& series = comms_[comm_hex][rank];
+  if (series.last_sequence && series.job != job) {
+    // The job's name became known (or changed): keep one series per rank, under the newest name.
+    comm_last_sequence_->Remove(series.last_sequence);
+    series.last_sequence = nullptr;
+    --series_;
+  }
+  if (!series.last_sequence) {
+    series.job = job;
+    series.last_sequence =
+        add_series(*comm_last_sequence_, {{"job_name", job}, {"comm", comm_hex}, {"rank", std::to_string(rank)}});
+  }
+  if (series.last_sequence) series.last_sequence->Set(static_cast<double>(last_seq));
+}
+
+void Metrics::forget_comm(const std::string& comm_hex) {
+  auto it = comms_.find(comm_hex);
+  if (it == comms_.end()) return;
+  for (auto& [rank, series] : it->second) {
+    if (!series.last_sequence) continue;
+    comm_last_sequence_->Remove(series.last_sequence);
+    --series_;
+  }
+  comms_.erase(it);
+}
+
+void Metrics::observe_lateness(double seconds) {
+  issue_lateness_->Observe(seconds);
+}
+
+void Metrics::set_ingest_totals(uint64_t batches, uint64_t records, uint64_t duplicate_batches, uint64_t bad_messages,
+                                uint64_t batch_bytes) {
+  advance(ingest_batches_, batches);
+  advance(ingest_records_, records);
+  advance(ingest_duplicate_batches_, duplicate_batches);
+  advance(ingest_bad_messages_, bad_messages);
+  advance(ingest_bytes_, batch_bytes);
+}
+
+void Metrics::set_alert_posts(uint64_t ok, uint64_t failed) {
+  advance(alert_posts_ok_, ok);
+  advance(alert_posts_failed_, failed);
+}
+
+}  // namespace rankscope::collector

@@ -1,0 +1,147 @@
+#pragma once
+// The collector's Prometheus metrics, served on GET /metrics.
+//
+// One catalogue (name, type, unit, labels, help) is the source for the code
+// that registers the metrics, for docs/metrics.md and for the test that
+// checks both against the exposition (tests/alert/metrics_test.cpp).
+//
+// Series labelled by node or communicator grow with the cluster, so they
+// share a budget; past it, updates that would create a series are dropped
+// and counted, never silently.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "collector/detect/finding.h"
+#include "common/result.h"
+
+namespace prometheus {
+class Counter;
+class Exposer;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace rankscope::collector {
+
+enum class MetricType { counter, gauge, histogram };
+const char* metric_type_name(MetricType type);  // "counter", "gauge", "histogram"
+
+struct MetricInfo {
+  const char* name;
+  MetricType type;
+  const char* unit;  // the base unit in the name ("seconds", "bytes"); "" for counts and states
+  std::vector<std::string> labels;
+  const char* help;
+};
+
+// Every metric the collector exports.
+std::span<const MetricInfo> metric_catalogue();
+
+// Registers the catalogue and serves it. Calls come from one thread (the
+// collector loop); scrapes run on the server's own threads.
+class Metrics {
+ public:
+  // A cluster of 1,000 nodes and 8,000 ranks in one communicator each needs
+  // about 5 x 1,000 node series, 4 x 1,000 drop series and 8,000 rank series;
+  // 20,000 leaves room for a few more communicators per rank and keeps one
+  // scrape to a few megabytes.
+  static constexpr size_t kDefaultMaxSeries = 20000;
+
+  // Serves GET /metrics on HOST:PORT, HOST an IP address ("0.0.0.0:9464");
+  // port 0 takes a free port (see port()).
+  static Result<std::unique_ptr<Metrics>> start(const std::string& host_port, size_t max_series = kDefaultMaxSeries);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  uint16_t port() const { return port_; }
+
+  void set_open_findings(FindingKind kind, size_t open);
+  void count_opened(FindingKind kind);
+
+  // Seconds: offset (cluster time = node time + offset) and its uncertainty;
+  // wall skew is the node's own wall clock minus the cluster clock.
+  void set_node_clock(const std::string& node, double offset_seconds, double uncertainty_seconds,
+                      double wall_skew_seconds);
+  void set_node_up(const std::string& node, bool up);
+  void set_node_last_contact(const std::string& node, double unix_seconds);
+  // `total`: the agent's running count for `reason` (ringbuf_full, map_full,
+  // unknown_comm, send_queue_full); a smaller total than before means the
+  // agent restarted and counts from zero again.
+  void set_node_drops(const std::string& node, const std::string& reason, uint64_t total);
+
+  void set_comm_progress(const std::string& job, const std::string& comm_hex, int32_t rank, int64_t last_seq);
+  // Removes the communicator's series (it was destroyed).
+  void forget_comm(const std::string& comm_hex);
+
+  void observe_lateness(double seconds);
+
+  // Running totals since the collector started; only their growth is added.
+  void set_ingest_totals(uint64_t batches, uint64_t records, uint64_t duplicate_batches, uint64_t bad_messages,
+                         uint64_t batch_bytes);
+  void set_alert_posts(uint64_t ok, uint64_t failed);
+
+ private:
+  // A counter fed from a running total kept elsewhere.
+  struct CounterTotal {
+    prometheus::Counter* counter = nullptr;
+    uint64_t last = 0;
+  };
+  struct NodeSeries {
+    prometheus::Gauge* up = nullptr;
+    prometheus::Gauge* last_contact = nullptr;
+    prometheus::Gauge* clock_offset = nullptr;
+    prometheus::Gauge* clock_uncertainty = nullptr;
+    prometheus::Gauge* wall_clock_skew = nullptr;
+    std::map<std::string, CounterTotal> drops;  // by reason
+  };
+  struct RankSeries {
+    std::string job;
+    prometheus::Gauge* last_sequence = nullptr;
+  };
+  static constexpr size_t kFindingKinds = static_cast<size_t>(FindingKind::node_lost) + 1;
+
+  Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series);
+
+  template <typename T>
+  T* add_series(prometheus::Family<T>& family, const std::map<std::string, std::string>& labels);
+  void set_node_gauge(prometheus::Gauge*& gauge, prometheus::Family<prometheus::Gauge>& family, const std::string& node,
+                      double value);
+  static void advance(CounterTotal& counter, uint64_t total);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;  // after registry_: stops serving before it goes
+  uint16_t port_ = 0;
+  const size_t max_series_;
+  size_t series_ = 0;  // node- and communicator-labelled series in use
+  bool warned_series_limit_ = false;
+
+  std::array<prometheus::Gauge*, kFindingKinds> findings_open_{};
+  std::array<prometheus::Counter*, kFindingKinds> findings_opened_{};
+  prometheus::Family<prometheus::Gauge>* node_up_;
+  prometheus::Family<prometheus::Gauge>* node_last_contact_;
+  prometheus::Family<prometheus::Gauge>* node_clock_offset_;
+  prometheus::Family<prometheus::Gauge>* node_clock_uncertainty_;
+  prometheus::Family<prometheus::Gauge>* node_wall_clock_skew_;
+  prometheus::Family<prometheus::Counter>* agent_drops_;
+  prometheus::Family<prometheus::Gauge>* comm_last_sequence_;
+  prometheus::Histogram* issue_lateness_;
+  CounterTotal ingest_batches_, ingest_records_, ingest_duplicate_batches_, ingest_bad_messages_, ingest_bytes_;
+  CounterTotal alert_posts_ok_, alert_posts_failed_;
+  prometheus::Counter* series_dropped_;
+
+  std::unordered_map<std::string, NodeSeries> nodes_;
+  std::unordered_map<std::string, std::map<int32_t, RankSeries>> comms_;  // by comm hex, then rank
+};
+
+}  // namespace rankscope::collector
