@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * NCCL probes: an entry uprobe per NCCL API function and one shared return
+ * Probes on the host side of GPU work: NCCL's API and the CUDA runtime's
+ * synchronize calls.
+ *
+ * NCCL: an entry uprobe per NCCL API function and one shared return
  * probe. The entry probe decodes the arguments (System V x86-64 calling
  * convention: integer arguments in rdi, rsi, rdx, rcx, r8, r9, the rest on
  * the stack above the return address) into a per-thread pending slot; the
@@ -573,5 +576,75 @@ int BPF_KRETPROBE(nccl_call_return, long ret)
     break;
   }
   bpf_map_delete_elem(&pending, &pid_tgid);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- CUDA host waits
+ * cudaStreamSynchronize / cudaDeviceSynchronize / cudaEventSynchronize in
+ * libcudart: the host thread blocks until the GPU work is done. An open wait
+ * lives in `waits` (the agent reports those as in flight: a hang shows as a
+ * wait that never ends); the return writes one record. Kernel launches and
+ * other hot paths are not probed. */
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u64); /* pid_tgid */
+  __type(value, struct rs_open_wait);
+} waits SEC(".maps");
+
+static __always_inline int wait__enter(__u8 kind, __u64 object)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  if (!scope__in(pid_tgid >> 32))
+    return 0;
+  struct rs_open_wait open = {
+      .entry_ns = bpf_ktime_get_ns(), .object = object, .cgroup_id = bpf_get_current_cgroup_id(), .kind = kind};
+  if (bpf_map_update_elem(&waits, &pid_tgid, &open, BPF_ANY))
+    drops__count(RS_DROP_MAP_FULL);
+  return 0;
+}
+
+/* cudaStreamSynchronize(cudaStream_t stream) */
+SEC("uprobe")
+int BPF_KPROBE(cuda_stream_sync_enter)
+{
+  return wait__enter(RS_WAIT_STREAM_SYNC, PT_REGS_PARM1(ctx));
+}
+
+/* cudaDeviceSynchronize(void) */
+SEC("uprobe")
+int BPF_KPROBE(cuda_device_sync_enter)
+{
+  return wait__enter(RS_WAIT_DEVICE_SYNC, 0);
+}
+
+/* cudaEventSynchronize(cudaEvent_t event) */
+SEC("uprobe")
+int BPF_KPROBE(cuda_event_sync_enter)
+{
+  return wait__enter(RS_WAIT_EVENT_SYNC, PT_REGS_PARM1(ctx));
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(cuda_wait_return, long ret)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  struct rs_open_wait *open = bpf_map_lookup_elem(&waits, &pid_tgid);
+  if (!open)
+    return 0;
+  struct rs_wait_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) {
+    drops__count(RS_DROP_RINGBUF_FULL);
+  } else {
+    header__fill(&e->hdr, pid_tgid, RS_EV_WAIT);
+    e->entry_ns = open->entry_ns;
+    e->object = open->object;
+    e->result = (__s32)ret;
+    e->kind = open->kind;
+    e->reserved[0] = e->reserved[1] = e->reserved[2] = 0;
+    bpf_ringbuf_submit(e, 0);
+  }
+  bpf_map_delete_elem(&waits, &pid_tgid);
   return 0;
 }

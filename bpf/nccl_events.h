@@ -19,6 +19,14 @@ enum rs_event_kind {
   RS_EV_CALL = 1,      /* one NCCL collective or point-to-point call, entry and return */
   RS_EV_COMM_INIT = 2, /* a communicator created (CommInitRank and friends) */
   RS_EV_COMM_END = 3,  /* a communicator destroyed or aborted */
+  RS_EV_WAIT = 4,      /* a host thread waited on the GPU (libcudart synchronize calls) */
+};
+
+/* CUDA runtime calls in which a host thread waits for the GPU. */
+enum rs_wait_kind {
+  RS_WAIT_STREAM_SYNC = 1, /* cudaStreamSynchronize(stream) */
+  RS_WAIT_DEVICE_SYNC = 2, /* cudaDeviceSynchronize() */
+  RS_WAIT_EVENT_SYNC = 3,  /* cudaEventSynchronize(event) */
 };
 
 /* NCCL entry points, numbered for the wire: never renumber, only append. */
@@ -119,12 +127,36 @@ struct rs_comm_end_event {
   __u8 reserved[3];
 };
 
+/* A host wait on the GPU, written at return; ts_ns is the return. A wait
+ * that has not returned is in the `waits` map (struct rs_open_wait). */
+struct rs_wait_event {
+  struct rs_event_header hdr;
+  __u64 entry_ns;
+  __u64 object;  /* the cudaStream_t or cudaEvent_t waited on (0 for the device) */
+  __s32 result;  /* cudaError_t returned */
+  __u8 kind;     /* enum rs_wait_kind */
+  __u8 reserved[3];
+};
+
+/* Value of the per-thread `waits` map: a wait in progress. */
+struct rs_open_wait {
+  __u64 entry_ns;
+  __u64 object;
+  __u64 cgroup_id;
+  __u8 kind;
+  __u8 reserved[7];
+};
+
 #ifdef __cplusplus
+static_assert(sizeof(struct rs_wait_event) == 72, "rs_wait_event layout");
+static_assert(sizeof(struct rs_open_wait) == 32, "rs_open_wait layout");
 static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");
 static_assert(sizeof(struct rs_call_event) == 112, "rs_call_event layout");
 static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");
 static_assert(sizeof(struct rs_comm_end_event) == 72, "rs_comm_end_event layout");
 #else
+_Static_assert(sizeof(struct rs_wait_event) == 72, "rs_wait_event layout");
+_Static_assert(sizeof(struct rs_open_wait) == 32, "rs_open_wait layout");
 _Static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");
 _Static_assert(sizeof(struct rs_call_event) == 112, "rs_call_event layout");
 _Static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");

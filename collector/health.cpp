@@ -1,5 +1,7 @@
 #include "collector/health.h"
 
+#include "common/format.h"
+
 namespace rankscope::collector {
 
 void ProcessHealth::add(const HealthSample& sample) {
@@ -28,6 +30,12 @@ CpuShares ProcessHealth::shares(uint64_t window_ns) const {
 std::string ProcessHealth::describe() const {
   if (samples_.empty()) return "state unknown (no report from its agent yet)";
   if (!alive()) return "exited";
+  std::string text = describe_state();
+  for (const auto& wait : open_waits_) text += ", blocked in " + wait.call + " since " + format_time_ns(wait.since_ns);
+  return text;
+}
+
+std::string ProcessHealth::describe_state() const {
   switch (state()) {
     case 'T': return "alive, stopped (SIGSTOP or job control, state T)";
     case 't': return "alive, stopped by a debugger (state t)";

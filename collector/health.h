@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <vector>
 
 namespace rankscope::collector {
 
@@ -21,9 +22,18 @@ struct CpuShares {
   bool known = false;
 };
 
+// A host thread of the process blocked on the GPU (cudaStreamSynchronize...).
+struct OpenWait {
+  std::string call;          // "cudaStreamSynchronize"
+  uint64_t since_ns = 0;     // cluster clock
+};
+
 class ProcessHealth {
  public:
   void add(const HealthSample& sample);
+  // The waits on the GPU its agent saw in progress at the last heartbeat.
+  void set_open_waits(std::vector<OpenWait> waits) { open_waits_ = std::move(waits); }
+  const std::vector<OpenWait>& open_waits() const { return open_waits_; }
   bool known() const { return !samples_.empty(); }
   bool alive() const { return samples_.empty() || samples_.back().alive; }
   char state() const { return samples_.empty() ? '?' : samples_.back().state; }
@@ -33,8 +43,10 @@ class ProcessHealth {
   std::string describe() const;
 
  private:
+  std::string describe_state() const;
   static constexpr size_t kSamples = 64;
   std::deque<HealthSample> samples_;
+  std::vector<OpenWait> open_waits_;
 };
 
 }  // namespace rankscope::collector

@@ -19,6 +19,15 @@ void copy_drops(wire::DropCounters::Reader in, Drops& out) {
   out.send_queue_full = in.getSendQueueFull();
 }
 
+std::string wait_call_name(wire::WaitKind kind) {
+  switch (kind) {
+    case wire::WaitKind::STREAM_SYNCHRONIZE: return "cudaStreamSynchronize";
+    case wire::WaitKind::DEVICE_SYNCHRONIZE: return "cudaDeviceSynchronize";
+    case wire::WaitKind::EVENT_SYNCHRONIZE: return "cudaEventSynchronize";
+    default: return "a CUDA wait";
+  }
+}
+
 void fill_drops(const Drops& in, wire::DropCounters::Builder out) {
   out.setRingbufFull(in.ringbuf_full);
   out.setMapFull(in.map_full);
@@ -204,6 +213,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   for (auto s : batch.getClockSamples()) node.clock.add({s.getT1(), s.getT2(), s.getT3(), s.getT4()});
   copy_drops(batch.getDrops(), node.drops);
 
+  counters_.waits += batch.getWaits().size();
   for (auto p : batch.getProcesses()) {
     ProcessInfo& info = processes_[{node.name, p.getPid()}];
     info.job = p.getJob();
@@ -294,6 +304,14 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     sample.cpu_ns = p.getCpuNs();
     sample.runqueue_ns = p.getRunqueueNs();
     node.health[p.getPid()].add(sample);
+  }
+  // A wait missing from this heartbeat has ended.
+  std::map<uint32_t, std::vector<OpenWait>> waits;
+  for (auto w : heartbeat.getOpenWaits())
+    waits[w.getPid()].push_back(OpenWait{wait_call_name(w.getKind()), node.clock.to_cluster(w.getStartNs())});
+  for (auto& [pid, health] : node.health) {
+    auto it = waits.find(pid);
+    health.set_open_waits(it == waits.end() ? std::vector<OpenWait>{} : std::move(it->second));
   }
 }
 

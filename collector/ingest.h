@@ -67,6 +67,7 @@ struct IngestCounters {
   uint64_t duplicate_batches = 0;
   uint64_t bad_messages = 0;
   uint64_t batch_bytes = 0;  // wire size of the batches stored
+  uint64_t waits = 0;        // host waits on the GPU reported
 };
 
 // Told about every collective record as it is ingested (the detectors).

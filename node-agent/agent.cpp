@@ -34,7 +34,8 @@ void attach_library(NcclProbes& probes, Discovery& discovery, const LibraryFile&
     RS_LOG(warn, "not tracing %s: %s", library.path.c_str(), attached.error().message.c_str());
     return;
   }
-  RS_LOG(info, "probing %zu NCCL functions in %s%s", attached->functions.size(), library.path.c_str(),
+  RS_LOG(info, "probing %zu %s functions in %s%s", attached->functions.size(),
+         library.kind == LibraryKind::cudart ? "CUDA runtime" : "NCCL", library.path.c_str(),
          attached->missing.empty() ? "" : (" (" + std::to_string(attached->missing.size()) + " absent)").c_str());
 }
 }  // namespace
@@ -129,6 +130,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
         d.setUnknownComm(summariser.unknown_comm_records());
         d.setNested(drops.nested);
         summariser.health(hb, t);
+        summariser.open_waits(bpf.open_waits(), hb);
       });
       last_heartbeat = t;
     }

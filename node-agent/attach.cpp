@@ -1,5 +1,6 @@
 #include "node-agent/attach.h"
 
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <gelf.h>
@@ -44,6 +45,14 @@ const ProbeSpec kProbes[] = {
     {"ncclCommAbort", [](nccl* s) { return s->progs.nccl_comm_abort_enter; }, true},
     {"ncclGroupStart", [](nccl* s) { return s->progs.nccl_group_start_enter; }, false},
     {"ncclGroupEnd", [](nccl* s) { return s->progs.nccl_group_end_enter; }, false},
+};
+
+// Where a host thread waits for the GPU (cuda_runtime_api.h). The return
+// probe of these is cuda_wait_return.
+const ProbeSpec kCudaProbes[] = {
+    {"cudaStreamSynchronize", [](nccl* s) { return s->progs.cuda_stream_sync_enter; }, true},
+    {"cudaDeviceSynchronize", [](nccl* s) { return s->progs.cuda_device_sync_enter; }, true},
+    {"cudaEventSynchronize", [](nccl* s) { return s->progs.cuda_event_sync_enter; }, true},
 };
 
 int libbpf_to_log(enum libbpf_print_level level, const char* format, va_list args) {
@@ -139,14 +148,19 @@ NcclProbes::~NcclProbes() {
 }
 
 Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
+  bool cuda = library.kind == LibraryKind::cudart;
+  std::vector<ProbeSpec> specs = cuda ? std::vector<ProbeSpec>(std::begin(kCudaProbes), std::end(kCudaProbes))
+                                      : std::vector<ProbeSpec>(std::begin(kProbes), std::end(kProbes));
+  bpf_program* return_program = cuda ? skel_->progs.cuda_wait_return : skel_->progs.nccl_call_return;
   std::vector<std::string> names;
-  for (const auto& spec : kProbes) names.emplace_back(spec.symbol);
+  for (const auto& spec : specs) names.emplace_back(spec.symbol);
   auto offsets = find_function_offsets(library.path, names);
   if (!offsets) return offsets.error();
   AttachedLibrary attached;
   attached.path = library.path;
+  attached.kind = library.kind;
   std::map<std::string, uint64_t> by_name(offsets->begin(), offsets->end());
-  for (const auto& spec : kProbes) {
+  for (const auto& spec : specs) {
     auto it = by_name.find(spec.symbol);
     if (it == by_name.end()) {
       attached.missing.emplace_back(spec.symbol);
@@ -156,8 +170,7 @@ Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
     if (!entry) return make_error(Errc::system, bpf_failure(("uprobe on " + std::string(spec.symbol)).c_str(), errno));
     links_.push_back(entry);
     if (spec.needs_return) {
-      bpf_link* ret = bpf_program__attach_uprobe(skel_->progs.nccl_call_return, true, -1, library.path.c_str(),
-                                                 it->second);
+      bpf_link* ret = bpf_program__attach_uprobe(return_program, true, -1, library.path.c_str(), it->second);
       if (!ret)
         return make_error(Errc::system, bpf_failure(("uretprobe on " + std::string(spec.symbol)).c_str(), errno));
       links_.push_back(ret);
@@ -165,9 +178,24 @@ Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
     attached.functions.emplace_back(spec.symbol);
   }
   if (attached.functions.empty())
-    return make_error(Errc::not_found, library.path + " exports none of the NCCL API functions");
+    return make_error(Errc::not_found, library.path + " exports none of the functions rankscope probes");
   libraries_.push_back(attached);
   return attached;
+}
+
+std::vector<std::pair<uint64_t, rs_open_wait>> NcclProbes::open_waits() const {
+  std::vector<std::pair<uint64_t, rs_open_wait>> out;
+  int fd = bpf_map__fd(skel_->maps.waits);
+  __u64 key = 0, next = 0;
+  __u64* previous = nullptr;
+  while (bpf_map_get_next_key(fd, previous, &next) == 0) {
+    rs_open_wait wait{};
+    if (bpf_map_lookup_elem(fd, &next, &wait) == 0) out.emplace_back(next, wait);
+    key = next;
+    previous = &key;
+    if (out.size() > 100000) break;  // the map holds at most 65536
+  }
+  return out;
 }
 
 Result<void> NcclProbes::allow_pid(uint32_t pid) {

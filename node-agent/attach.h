@@ -27,11 +27,14 @@ struct BpfDrops {
 
 struct AttachedLibrary {
   std::string path;
-  std::vector<std::string> functions;  // NCCL functions probed in it
-  std::vector<std::string> missing;    // NCCL functions this copy does not export
+  LibraryKind kind = LibraryKind::nccl;
+  std::vector<std::string> functions;  // functions probed in it
+  std::vector<std::string> missing;    // functions of its kind this copy does not export
 };
 
-class NcclProbes {
+
+
+class NcclProbes {  // NCCL and CUDA runtime probes (bpf/nccl.bpf.c)
  public:
   // Called once per ring-buffer record; decode with decode_event().
   using Handler = std::function<void(const void* data, size_t size)>;
@@ -41,9 +44,9 @@ class NcclProbes {
   NcclProbes(const NcclProbes&) = delete;
   NcclProbes& operator=(const NcclProbes&) = delete;
 
-  // Puts an entry probe on every NCCL API function the file exports and the
-  // shared return probe on those that need one. Applies to every process
-  // that maps this file, now or later.
+  // Puts an entry probe on every function of its kind the file exports (the
+  // NCCL API; libcudart's synchronize calls) and the shared return probe on
+  // those that need one. Applies to every process that maps the file, now or later.
   Result<AttachedLibrary> attach(const LibraryFile& library);
   // Admits a process when the scope is a pid list.
   Result<void> allow_pid(uint32_t pid);
@@ -54,6 +57,8 @@ class NcclProbes {
   // A descriptor that becomes readable when records are waiting (for poll(2)).
   int wait_fd() const;
   BpfDrops drops() const;
+  // Waits on the GPU in progress right now: (pid_tgid, wait).
+  std::vector<std::pair<uint64_t, rs_open_wait>> open_waits() const;
   const std::vector<AttachedLibrary>& libraries() const { return libraries_; }
 
  private:

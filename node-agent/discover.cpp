@@ -36,10 +36,14 @@ std::optional<std::string> cgroup2_mount() {
   return std::nullopt;
 }
 
-bool is_nccl_library(const std::string& path) {
+std::string base_name(const std::string& path) {
   size_t slash = path.rfind('/');
-  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  return base.rfind("libnccl.so", 0) == 0;
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool is_probed_library(const std::string& path) {
+  std::string base = base_name(path);
+  return base.rfind("libnccl.so", 0) == 0 || base.rfind("libcudart.so", 0) == 0;
 }
 
 std::string cgroup_v2_path(const std::string& proc_root, uint32_t pid) {
@@ -108,13 +112,17 @@ bool Discovery::in_scope(const Scope& scope, uint32_t pid) const {
 std::optional<LibraryFile> Discovery::from_path(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  return LibraryFile{path, st.st_dev, st.st_ino};
+  LibraryKind kind = base_name(path).rfind("libcudart.so", 0) == 0 ? LibraryKind::cudart : LibraryKind::nccl;
+  return LibraryFile{path, st.st_dev, st.st_ino, kind};
 }
 
 std::vector<std::string> Discovery::standard_locations() {
   return {"/usr/lib/x86_64-linux-gnu/libnccl.so.2", "/usr/lib64/libnccl.so.2", "/usr/lib/libnccl.so.2",
           "/usr/local/lib/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2",
-          "/usr/local/nccl/lib/libnccl.so.2", "/opt/nccl/lib/libnccl.so.2"};
+          "/usr/local/nccl/lib/libnccl.so.2", "/opt/nccl/lib/libnccl.so.2",
+          "/usr/local/cuda/lib/libcudart.so.13", "/usr/local/cuda/lib64/libcudart.so.13",
+          "/usr/local/cuda/lib64/libcudart.so.12", "/usr/lib/x86_64-linux-gnu/libcudart.so.12",
+          "/usr/lib/x86_64-linux-gnu/libcudart.so.13"};
 }
 
 std::vector<LibraryFile> Discovery::scan(const Scope& scope) {
@@ -143,9 +151,10 @@ std::vector<LibraryFile> Discovery::scan(const Scope& scope) {
       size_t slash = line.find('/');
       if (slash == std::string::npos) continue;
       std::string path = line.substr(slash);
-      if (!is_nccl_library(path) || path.find(" (deleted)") != std::string::npos) continue;
+      if (!is_probed_library(path) || path.find(" (deleted)") != std::string::npos) continue;
       // Open through the process's root so libraries in containers resolve.
       auto library = from_path(dir + "/root" + path);
+      if (library) library->kind = base_name(path).rfind("libcudart.so", 0) == 0 ? LibraryKind::cudart : LibraryKind::nccl;
       if (!library || known_.count(*library)) continue;
       known_.insert(*library);
       found.push_back(*library);

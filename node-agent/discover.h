@@ -27,10 +27,14 @@ struct Scope {
 // Turns the scope options into kernel identifiers (namespace inode, cgroup id).
 Result<Scope> resolve_scope(const Options& options);
 
+// The libraries the agent probes.
+enum class LibraryKind { nccl, cudart };
+
 struct LibraryFile {
   std::string path;  // a path this agent can open (through /proc/PID/root for other mount namespaces)
   dev_t dev = 0;
   ino_t ino = 0;
+  LibraryKind kind = LibraryKind::nccl;
   bool operator<(const LibraryFile& other) const { return dev != other.dev ? dev < other.dev : ino < other.ino; }
 };
 
@@ -40,15 +44,16 @@ class Discovery {
 
   // Is the process inside the scope? False if it is gone.
   bool in_scope(const Scope& scope, uint32_t pid) const;
-  // libnccl files mapped by processes in scope that were not reported before.
+  // libnccl and libcudart files mapped by processes in scope that were not reported before.
   // Reads the maps of processes not seen before; all of them every `full_every` calls.
   std::vector<LibraryFile> scan(const Scope& scope);
-  // A library file given by path (standard locations, --nccl-lib); empty path if missing.
+  // A library file given by path (standard locations, --nccl-lib); nullopt if missing.
+  // Its kind comes from its file name (libcudart.so* or else NCCL).
   static std::optional<LibraryFile> from_path(const std::string& path);
   // Marks a library as known so that scan() does not report it again.
   void remember(const LibraryFile& library) { known_.insert(library); }
   bool known(const LibraryFile& library) const { return known_.count(library) > 0; }
-  // The NCCL libraries in the places distributions and NVIDIA install them.
+  // The NCCL and CUDA runtime libraries in the places distributions and NVIDIA install them.
   static std::vector<std::string> standard_locations();
 
  private:

@@ -51,6 +51,7 @@ void Summariser::on_event(const Event& event) {
         using T = std::decay_t<decltype(e)>;
         if constexpr (std::is_same_v<T, rs_call_event>) on_call(e);
         else if constexpr (std::is_same_v<T, rs_comm_init_event>) on_comm_init(e);
+        else if constexpr (std::is_same_v<T, rs_wait_event>) on_wait(e);
         else on_comm_end(e);
       },
       event);
@@ -146,12 +147,18 @@ void Summariser::on_comm_end(const rs_comm_end_event& e) {
   comms_.erase(it);
 }
 
+void Summariser::on_wait(const rs_wait_event& e) {
+  process(e.hdr.pid);
+  waits_.push_back(e);
+}
+
 void Summariser::add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
   clock_samples_.push_back({t1, t2, t3, t4});
 }
 
 bool Summariser::empty() const {
-  if (!blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty()) return false;
+  if (!blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty() || !waits_.empty())
+    return false;
   for (const auto& [pid, entry] : processes_)
     if (!entry.sent) return false;
   return true;
@@ -223,6 +230,19 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
   }
   clock_samples_.clear();
 
+  auto waits = batch.initWaits(static_cast<unsigned>(waits_.size()));
+  for (unsigned k = 0; k < waits_.size(); ++k) {
+    const rs_wait_event& w = waits_[k];
+    waits[k].setPid(w.hdr.pid);
+    waits[k].setTid(w.hdr.tid);
+    waits[k].setKind(static_cast<wire::WaitKind>(w.kind <= 3 ? w.kind : 0));
+    waits[k].setObject(w.object);
+    waits[k].setStartNs(shift(w.entry_ns));
+    waits[k].setEndNs(shift(w.hdr.ts_ns));
+    waits[k].setResult(w.result);
+  }
+  waits_.clear();
+
   auto d = batch.initDrops();
   d.setRingbufFull(drops.ringbuf_full);
   d.setMapFull(drops.map_full);
@@ -272,6 +292,23 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns) {
     out.setAlive(false);
   }
   exited_.clear();
+}
+
+}  // namespace rankscope::agent
+
+namespace rankscope::agent {
+
+void Summariser::open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& open,
+                            wire::Heartbeat::Builder heartbeat) {
+  auto list = heartbeat.initOpenWaits(static_cast<unsigned>(open.size()));
+  for (unsigned i = 0; i < open.size(); ++i) {
+    const auto& [pid_tgid, w] = open[i];
+    list[i].setPid(static_cast<uint32_t>(pid_tgid >> 32));
+    list[i].setTid(static_cast<uint32_t>(pid_tgid));
+    list[i].setKind(static_cast<wire::WaitKind>(w.kind <= 3 ? w.kind : 0));
+    list[i].setObject(w.object);
+    list[i].setStartNs(shift(w.entry_ns));
+  }
 }
 
 }  // namespace rankscope::agent

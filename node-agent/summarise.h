@@ -54,6 +54,8 @@ class Summariser {
   void forget_exited();
   // The scheduling state of every traced process, for the heartbeat.
   void health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns);
+  // Waits on the GPU still in progress, for the heartbeat.
+  void open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& waits, wire::Heartbeat::Builder heartbeat);
 
   uint64_t unknown_comm_records() const { return unknown_comm_; }
   size_t traced_processes() const { return processes_.size(); }
@@ -71,6 +73,7 @@ class Summariser {
   void on_call(const rs_call_event& e);
   void on_comm_init(const rs_comm_init_event& e);
   void on_comm_end(const rs_comm_end_event& e);
+  void on_wait(const rs_wait_event& e);
   uint64_t shift(uint64_t ns) const { return ns + static_cast<uint64_t>(clock_offset_ns_); }
 
   std::string proc_root_;
@@ -95,6 +98,7 @@ class Summariser {
   std::vector<PendingComm> new_comms_;
   std::vector<PendingEnd> ended_comms_;
   std::vector<std::array<uint64_t, 4>> clock_samples_;
+  std::vector<rs_wait_event> waits_;
   size_t pending_records_ = 0;
   uint64_t unknown_comm_ = 0;
   uint64_t malformed_ = 0;

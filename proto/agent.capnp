@@ -44,6 +44,25 @@ struct Batch {
   createdNs @8 :UInt64;     # agent clock when the batch was closed
   baseNs @9 :UInt64;        # time base of the collective blocks (agent clock)
   commTable @10 :List(UInt64);    # communicator hashes the blocks refer to by index
+  waits @11 :List(Wait);    # host waits on the GPU that ended in this interval
+}
+
+enum WaitKind {
+  unknown @0;
+  streamSynchronize @1;     # cudaStreamSynchronize
+  deviceSynchronize @2;     # cudaDeviceSynchronize
+  eventSynchronize @3;      # cudaEventSynchronize
+}
+
+# A host thread blocked until the GPU finished (libcudart synchronize calls).
+struct Wait {
+  pid @0 :UInt32;
+  tid @1 :UInt32;
+  kind @2 :WaitKind;
+  object @3 :UInt64;        # the stream or event waited on (0: the device)
+  startNs @4 :UInt64;       # agent clock
+  endNs @5 :UInt64;         # agent clock; 0 while still waiting (heartbeats)
+  result @6 :Int32;         # cudaError_t
 }
 
 # A traced process, sent when it is first seen and when its identity changes.
@@ -143,6 +162,7 @@ struct Heartbeat {
   tracedProcesses @3 :UInt32;
   unackedBatches @4 :UInt32;
   processes @5 :List(ProcessHealth);
+  openWaits @6 :List(Wait); # waits on the GPU in progress now (a hang is a wait that never ends)
 }
 
 # How a traced process is doing right now, from /proc (every heartbeat).

@@ -325,9 +325,11 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     // Every rank issued the same last collective and nothing moves.
     if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return;
     std::vector<int32_t> stuck, busy;
+    size_t in_gpu_wait = 0;
     for (const auto& [rank, m] : comm.members) {
       const ProcessHealth* health = health_of(m);
       if (!health || !health->known()) continue;
+      in_gpu_wait += health->open_waits().empty() ? 0 : 1;
       if (!health->alive() || health->state() == 'T' || health->state() == 't' || health->state() == 'Z')
         stuck.push_back(rank);
       else if (health->shares(options_.context_window_ns).running > 0.2)
@@ -347,7 +349,8 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
       f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": all " + std::to_string(n) +
                   " ranks entered collective #" + std::to_string(max_last) +
                   " and none has progressed since " + idle +
-                  ": no rank is missing; suspect the network or a GPU (every process is alive and idle)";
+                  ": no rank is missing; suspect the network or a GPU (every process is alive and idle" +
+                  (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
     f.detail = f.summary + ".\nRanks:";
     state.all_inside.insert(f.key());
   }

@@ -136,16 +136,32 @@ class DetectTest : public ::testing::Test {
     calls(list);
   }
 
+  // A heartbeat of `rank`'s node reporting that process only.
   void health(int32_t rank, char state, uint64_t cpu_ns, uint64_t sample_ns) {
-    send(node_of(rank), [&](auto m) {
+    node_health({rank}, state, cpu_ns, sample_ns, 0);
+  }
+
+  // One heartbeat of the node of `ranks` (all on one node), as an agent sends
+  // it: every process's health and every wait in progress; `waiting_since` >
+  // 0: each is blocked in cudaStreamSynchronize since then (node clock).
+  void node_health(const std::vector<int32_t>& ranks, char state, uint64_t cpu_ns, uint64_t sample_ns,
+                   uint64_t waiting_since) {
+    send(node_of(ranks.front()), [&](auto m) {
       auto hb = m.initHeartbeat();
       hb.setInstanceId(7);
-      auto p = hb.initProcesses(1);
-      p[0].setPid(100 + rank);
-      p[0].setAlive(true);
-      p[0].setState(static_cast<uint8_t>(state));
-      p[0].setCpuNs(cpu_ns);
-      p[0].setSampleNs(sample_ns);
+      auto p = hb.initProcesses(static_cast<unsigned>(ranks.size()));
+      auto w = hb.initOpenWaits(waiting_since ? static_cast<unsigned>(ranks.size()) : 0);
+      for (unsigned i = 0; i < ranks.size(); ++i) {
+        p[i].setPid(100 + ranks[i]);
+        p[i].setAlive(true);
+        p[i].setState(static_cast<uint8_t>(state));
+        p[i].setCpuNs(cpu_ns);
+        p[i].setSampleNs(sample_ns);
+        if (!waiting_since) continue;
+        w[i].setPid(100 + ranks[i]);
+        w[i].setKind(wire::WaitKind::STREAM_SYNCHRONIZE);
+        w[i].setStartNs(waiting_since);
+      }
     });
   }
 
@@ -200,15 +216,17 @@ TEST_F(DetectTest, EveryRankInsideAndIdleIsReportedAsNoRankMissing) {
   start(4);
   uint64_t t = clock.now;
   for (uint64_t seq = 0; seq < 5; ++seq) instance(seq, t + seq * kMs);
-  for (int32_t r = 0; r < 4; ++r) {  // alive, asleep, no CPU used
-    health(r, 'S', 1000, t);
-    health(r, 'S', 1000, t + 6 * kSecond);
+  for (int32_t node = 0; node < 2; ++node) {  // alive, asleep in cudaStreamSynchronize, no CPU used
+    node_health({2 * node, 2 * node + 1}, 'S', 1000, t, t + 5 * kMs);
+    node_health({2 * node, 2 * node + 1}, 'S', 1000, t + 6 * kSecond, t + 5 * kMs);
   }
   evaluate_at(t + options.hang_timeout_ns + kSecond);
   auto hangs = open(FindingKind::hang);
   ASSERT_EQ(hangs.size(), 1u);
   EXPECT_EQ(hangs[0]->ranks.size(), 4u);
   EXPECT_NE(hangs[0]->summary.find("no rank is missing"), std::string::npos) << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->summary.find("every rank blocked in a CUDA wait"), std::string::npos) << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->detail.find("blocked in cudaStreamSynchronize since"), std::string::npos) << hangs[0]->detail;
 }
 
 TEST_F(DetectTest, StoppedProcessInsideTheCollectiveIsTheCulprit) {
