@@ -93,7 +93,7 @@ void NodeClock::fit() {
 
 uint64_t NodeClock::to_cluster(uint64_t node_ns) const {
   double elapsed = static_cast<double>(static_cast<int64_t>(node_ns - reference_ns_));
-  int64_t offset = offset_ns_ + static_cast<int64_t>(std::llround(drift_ * elapsed));
+  int64_t offset = offset_ns_ + refinement_ns_ + static_cast<int64_t>(std::llround(drift_ * elapsed));
   return node_ns + static_cast<uint64_t>(offset);
 }
 

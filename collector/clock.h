@@ -26,8 +26,8 @@ class NodeClock {
   // Ignores samples that are inconsistent (t4 < t1 or t3 < t2).
   void add(const ClockProbeSample& sample);
 
-  // Offset at the newest probe (cluster minus node).
-  int64_t offset_ns() const { return offset_ns_; }
+  // Offset at the newest probe (cluster minus node), refinement included.
+  int64_t offset_ns() const { return offset_ns_ + refinement_ns_; }
   // Drift in ns per s of node time (ppm x 1000); 0 until enough probes span time.
   double drift_ppb() const { return drift_ * 1e9; }
   // Half the smallest recent round trip, plus the fit's residual; the seed counts as 1 s.
@@ -35,6 +35,9 @@ class NodeClock {
   uint32_t samples() const { return static_cast<uint32_t>(window_.size()); }
   bool known() const { return known_; }
   uint64_t to_cluster(uint64_t node_ns) const;
+  // A correction from the collectives (collector/clock_refine.h), added to the probes' offset.
+  void set_refinement(int64_t ns) { refinement_ns_ = ns; }
+  int64_t refinement_ns() const { return refinement_ns_; }
 
  private:
   static constexpr size_t kWindow = 256;  // probes kept (about 4 minutes at one a second)
@@ -46,6 +49,7 @@ class NodeClock {
   int64_t offset_ns_ = 0;
   double drift_ = 0;           // d(offset)/d(node time)
   uint64_t uncertainty_ns_ = UINT64_MAX;
+  int64_t refinement_ns_ = 0;
   bool known_ = false;
 };
 

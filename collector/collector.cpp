@@ -3,6 +3,7 @@
 #include <set>
 #include <zmq.hpp>
 
+#include "collector/clock_refine.h"
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
 #include "collector/alert/alertmanager.h"
@@ -70,7 +71,7 @@ class MetricsExport {
     if (auto all = findings.all(); !all.empty()) newest_finding_ = std::max(newest_finding_, all.front()->id);
     for (const auto& [name, node] : ingest.nodes()) {
       metrics_.set_node_clock(name, static_cast<double>(node.clock.offset_ns()) / 1e9,
-                              static_cast<double>(node.clock.uncertainty_ns()) / 1e9,
+                              static_cast<double>(node.clock.uncertainty_ns()) / 1e9, node.clock.drift_ppb() / 1e9,
                               static_cast<double>(node.wall_offset_ns - node.clock.offset_ns()) / 1e9);
       metrics_.set_node_up(name, node.last_contact_ns != 0 && now_ns - node.last_contact_ns < liveness_ns);
       metrics_.set_node_last_contact(name, static_cast<double>(node.last_contact_ns) / 1e9);
@@ -128,7 +129,9 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   detect_options.hang_timeout_ns = static_cast<uint64_t>(options.hang_timeout_s * 1e9);
   detect_options.node_lost_timeout_ns = static_cast<uint64_t>(options.node_lost_timeout_s * 1e9);
   Detector detector(ingest, findings, clock, detect_options);
-  ingest.set_observer(&detector);
+  ingest.add_observer(&detector);
+  ClockRefiner refiner(ingest);
+  ingest.add_observer(&refiner);
 
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<MetricsExport> metrics_export;
@@ -184,6 +187,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
+      refiner.update();
       detector.evaluate(now);
       if (alertmanager) alertmanager->sync(findings.for_alerts(now - kAlertResolvedWindowNs), now);
       if (metrics_export) {

@@ -37,6 +37,21 @@ void fill_drops(const Drops& in, wire::DropCounters::Builder out) {
 }
 }  // namespace
 
+std::string ProcessInfo::gpu() const {
+  std::vector<std::string> devices;
+  size_t start = 0;
+  while (start < visible_devices.size()) {
+    size_t comma = visible_devices.find(',', start);
+    if (comma == std::string::npos) comma = visible_devices.size();
+    if (comma > start) devices.push_back(visible_devices.substr(start, comma - start));
+    start = comma + 1;
+  }
+  if (devices.size() == 1) return devices[0];
+  if (local_rank >= 0 && static_cast<size_t>(local_rank) < devices.size()) return devices[local_rank];
+  if (devices.empty() && local_rank >= 0) return std::to_string(local_rank);
+  return {};
+}
+
 Ingest::Ingest(TimelineStore& store, const Clock& clock)
     : store_(store), clock_(clock), pending_(store.writes()), started_ns_(clock.realtime_ns()) {}
 
@@ -218,7 +233,11 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     ProcessInfo& info = processes_[{node.name, p.getPid()}];
     info.job = p.getJob();
     info.rank = p.getRank();
+    info.local_rank = p.getLocalRank();
     info.world_size = p.getWorldSize();
+    info.user = p.getUser();
+    info.account = p.getAccount();
+    info.visible_devices = p.getVisibleDevices();
   }
   std::set<uint64_t> touched;
   for (auto c : batch.getComms()) {
@@ -266,13 +285,20 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
         member.last_seq = static_cast<int64_t>(call.seq);
         member.last_issue_ns = record.call.issue_ns;
       }
-      if (observer_) observer_->on_record(comm, block->rank, block->lane, record.call);
+      for (RecordObserver* observer : observers_) observer->on_record(comm, block->rank, block->lane, record.call);
     }
     member.records += block->records.size();
     records += block->records.size();
     touched.insert(comm.hash);
   }
   for (uint64_t hash : touched) persist_comm(comms_[hash]);
+  // After the collectives: a wait follows the collectives issued before it.
+  for (auto w : batch.getWaits()) {
+    if (w.getEndNs() < w.getStartNs() || w.getResult() != 0) continue;
+    for (RecordObserver* observer : observers_)
+      observer->on_wait(node.name, w.getPid(), node.clock.to_cluster(w.getStartNs()), node.clock.to_cluster(w.getEndNs()));
+  }
+
 
   if (batch.getInstanceId() == node.instance) {
     node.acked.insert(batch.getSeq());

@@ -29,6 +29,7 @@ struct NodeState {
   std::string name;
   NodeClock clock;
   int64_t wall_offset_ns = 0;    // the node's realtime minus its monotonic clock, from its Hello
+  uint64_t clock_violations = 0; // its ranks seen leaving a collective before the last rank arrived
   uint64_t last_contact_ns = 0;  // collector clock
   std::string agent_version;
   std::string boot_id;
@@ -61,6 +62,21 @@ struct CommState {
   bool ended = false;
 };
 
+// Who a traced process is, as its agent identified it.
+struct ProcessInfo {
+  std::string job;
+  int32_t rank = -1;
+  int32_t local_rank = -1;
+  int32_t world_size = -1;
+  std::string user;
+  std::string account;
+  std::string visible_devices;  // CUDA_VISIBLE_DEVICES
+  // The GPU it most likely drives: its one visible device, or the one its
+  // local rank selects among several (cudaSetDevice(local_rank) is the
+  // convention of torchrun and Slurm launchers); "" when unknown.
+  std::string gpu() const;
+};
+
 struct IngestCounters {
   uint64_t batches_stored = 0;
   uint64_t records_stored = 0;
@@ -76,6 +92,8 @@ class RecordObserver {
   virtual ~RecordObserver() = default;
   // `record` times are on the cluster clock.
   virtual void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) = 0;
+  // A host wait on the GPU that ended; times on the cluster clock.
+  virtual void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {}
 };
 
 // Replies to send: some at once, acks only once their batch is durable.
@@ -96,11 +114,19 @@ class Ingest {
   Result<void> commit();
   // Adds what else must become durable with the next commit (findings).
   WriteSet& pending_writes() { return pending_; }
-  void set_observer(RecordObserver* observer) { observer_ = observer; }
+  void add_observer(RecordObserver* observer) { observers_.push_back(observer); }
+  NodeState* node(const std::string& name) {
+    auto it = nodes_.find(name);
+    return it == nodes_.end() ? nullptr : &it->second;
+  }
 
   const std::map<std::string, NodeState>& nodes() const { return nodes_; }
   const std::map<uint64_t, CommState>& comms() const { return comms_; }
   const IngestCounters& counters() const { return counters_; }
+  const ProcessInfo* process(const std::string& node, uint32_t pid) const {
+    auto it = processes_.find({node, pid});
+    return it == processes_.end() ? nullptr : &it->second;
+  }
   uint64_t started_ns() const { return started_ns_; }
 
  private:
@@ -109,12 +135,6 @@ class Ingest {
     uint32_t pid;
     bool operator<(const ProcessKey& o) const { return node != o.node ? node < o.node : pid < o.pid; }
   };
-  struct ProcessInfo {
-    std::string job;
-    int32_t rank = -1;
-    int32_t world_size = -1;
-  };
-
   void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out);
   void on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, Outbox& out);
   void on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat);
@@ -133,7 +153,7 @@ class Ingest {
   std::vector<std::pair<std::string, uint64_t>> uncommitted_;  // (node, batch) marked acked, not yet durable
   IngestCounters counters_;
   uint64_t started_ns_;
-  RecordObserver* observer_ = nullptr;
+  std::vector<RecordObserver*> observers_;
 };
 
 }  // namespace rankscope::collector

@@ -29,6 +29,7 @@ enum class MetricId {
   node_last_contact,
   node_clock_offset,
   node_clock_uncertainty,
+  node_clock_drift,
   node_wall_clock_skew,
   agent_drops,
   comm_last_sequence,
@@ -79,6 +80,11 @@ const MetricInfo kCatalogue[] = {
      "seconds",
      {"node"},
      "Bound on the error of the node's clock offset; lateness below it is never reported."},
+    {"rankscope_node_clock_drift_ratio",
+     Type::gauge,
+     "",
+     {"node"},
+     "Rate at which the node's clock runs apart from the cluster clock, in seconds per second (30e-6 is 30 ppm)."},
     {"rankscope_node_wall_clock_skew_seconds",
      Type::gauge,
      "seconds",
@@ -244,6 +250,7 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   node_last_contact_ = &gauges(r, MetricId::node_last_contact);
   node_clock_offset_ = &gauges(r, MetricId::node_clock_offset);
   node_clock_uncertainty_ = &gauges(r, MetricId::node_clock_uncertainty);
+  node_clock_drift_ = &gauges(r, MetricId::node_clock_drift);
   node_wall_clock_skew_ = &gauges(r, MetricId::node_wall_clock_skew);
   agent_drops_ = &counters(r, MetricId::agent_drops);
   comm_last_sequence_ = &gauges(r, MetricId::comm_last_sequence);
@@ -306,10 +313,11 @@ void Metrics::count_opened(FindingKind kind) {
 }
 
 void Metrics::set_node_clock(const std::string& node, double offset_seconds, double uncertainty_seconds,
-                             double wall_skew_seconds) {
+                             double drift_ratio, double wall_skew_seconds) {
   NodeSeries& series = nodes_[node];
   set_node_gauge(series.clock_offset, *node_clock_offset_, node, offset_seconds);
   set_node_gauge(series.clock_uncertainty, *node_clock_uncertainty_, node, uncertainty_seconds);
+  set_node_gauge(series.clock_drift, *node_clock_drift_, node, drift_ratio);
   set_node_gauge(series.wall_clock_skew, *node_wall_clock_skew_, node, wall_skew_seconds);
 }
 

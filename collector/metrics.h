@@ -71,7 +71,7 @@ class Metrics {
 
   // Seconds: offset (cluster time = node time + offset) and its uncertainty;
   // wall skew is the node's own wall clock minus the cluster clock.
-  void set_node_clock(const std::string& node, double offset_seconds, double uncertainty_seconds,
+  void set_node_clock(const std::string& node, double offset_seconds, double uncertainty_seconds, double drift_ratio,
                       double wall_skew_seconds);
   void set_node_up(const std::string& node, bool up);
   void set_node_last_contact(const std::string& node, double unix_seconds);
@@ -102,6 +102,7 @@ class Metrics {
     prometheus::Gauge* last_contact = nullptr;
     prometheus::Gauge* clock_offset = nullptr;
     prometheus::Gauge* clock_uncertainty = nullptr;
+    prometheus::Gauge* clock_drift = nullptr;
     prometheus::Gauge* wall_clock_skew = nullptr;
     std::map<std::string, CounterTotal> drops;  // by reason
   };
@@ -132,6 +133,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* node_last_contact_;
   prometheus::Family<prometheus::Gauge>* node_clock_offset_;
   prometheus::Family<prometheus::Gauge>* node_clock_uncertainty_;
+  prometheus::Family<prometheus::Gauge>* node_clock_drift_;
   prometheus::Family<prometheus::Gauge>* node_wall_clock_skew_;
   prometheus::Family<prometheus::Counter>* agent_drops_;
   prometheus::Family<prometheus::Gauge>* comm_last_sequence_;

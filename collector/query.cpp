@@ -45,6 +45,9 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
     n.setClockSamples(node.clock.samples());
     n.setTracedProcesses(node.traced_processes);
     n.setWallClockSkewNs(node.wall_offset_ns - node.clock.offset_ns());
+    n.setClockRefinementNs(node.clock.refinement_ns());
+    n.setClockViolations(node.clock_violations);
+    n.setClockDriftPpb(static_cast<int64_t>(node.clock.drift_ppb()));
   }
 }
 

@@ -90,6 +90,9 @@ struct NodeStatus {
   clockSamples @10 :UInt32;
   tracedProcesses @11 :UInt32;
   wallClockSkewNs @12 :Int64; # the node's own wall clock minus the collector's (its NTP health)
+  clockRefinementNs @13 :Int64;  # correction from the collectives, included in clockOffsetNs
+  clockViolations @14 :UInt64;   # ranks seen leaving a collective before the last one arrived
+  clockDriftPpb @15 :Int64;      # drift of its clock against the collector's, ns per s x 1000
 }
 
 struct JobsReply {

@@ -206,7 +206,14 @@ std::string Detector::describe_rank(const CommState& comm, int32_t rank, uint64_
   if (it == comm.members.end())
     return "rank " + std::to_string(rank) + ": never joined this communicator (no agent reported it)";
   const MemberState& m = it->second;
-  std::string text = "rank " + std::to_string(rank) + " on node " + m.node + " (pid " + std::to_string(m.pid) + ")";
+  std::string who = "pid " + std::to_string(m.pid);
+  if (const ProcessInfo* process = ingest_.process(m.node, m.pid)) {
+    std::string gpu = process->gpu();
+    if (!gpu.empty()) who += ", GPU " + gpu;
+    if (!process->user.empty()) who += ", user " + process->user;
+    if (!process->account.empty()) who += ", account " + process->account;
+  }
+  std::string text = "rank " + std::to_string(rank) + " on node " + m.node + " (" + who + ")";
   if (m.last_seq >= 0) {
     text += ": last collective #" + std::to_string(m.last_seq) + " issued at " + format_time_ns(m.last_issue_ns);
   } else {

@@ -35,7 +35,7 @@ class DetectTest : public ::testing::Test {
     options.hang_timeout_ns = 5 * kSecond;
     options.node_lost_timeout_ns = 10 * kSecond;
     detector = std::make_unique<Detector>(ingest, book, clock, options);
-    ingest.set_observer(detector.get());
+    ingest.add_observer(detector.get());
   }
 
   std::string node_of(int32_t rank) const { return "node-" + std::to_string(rank / 2); }
@@ -85,6 +85,10 @@ class DetectTest : public ::testing::Test {
     for (unsigned i = 0; i < ranks.size(); ++i) {
       procs[i].setPid(100 + ranks[i]);
       procs[i].setJob("job-1");
+      procs[i].setLocalRank(ranks[i] % 2);
+      procs[i].setVisibleDevices("4,5");
+      procs[i].setUser("alice");
+      procs[i].setAccount("physics");
       comms[i].setPid(100 + ranks[i]);
       comms[i].setCommHash(kComm);
       comms[i].setRank(ranks[i]);
@@ -205,7 +209,8 @@ TEST_F(DetectTest, HangNamesTheRankThatNeverEnteredAndResolvesWhenItDoes) {
   EXPECT_EQ(hangs[0]->nodes, std::vector<std::string>{"node-1"});
   EXPECT_EQ(hangs[0]->job, "job-1");
   EXPECT_NE(hangs[0]->summary.find("never entered AllReduce #10"), std::string::npos) << hangs[0]->summary;
-  EXPECT_NE(hangs[0]->detail.find("pid 103"), std::string::npos) << hangs[0]->detail;
+  EXPECT_NE(hangs[0]->detail.find("pid 103, GPU 5, user alice, account physics"), std::string::npos)
+      << hangs[0]->detail;
 
   calls({{3, 10, clock.now}});
   evaluate_at(clock.now + kMs);
@@ -377,6 +382,38 @@ TEST_F(DetectTest, SilentNodeWithLiveRanksIsLost) {
   health(2, 'S', 0, 0);
   evaluate_at(clock.now + kMs);
   EXPECT_TRUE(open(FindingKind::node_lost).empty());
+}
+
+TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
+  start(4);
+  uint64_t t = clock.now;
+  instance(0, t);
+  instance(1, t + kMs, nullptr, {3});
+  evaluate_at(t + options.hang_timeout_ns + kSecond);
+  ASSERT_EQ(open(FindingKind::hang).size(), 1u);
+  const Finding before = *open(FindingKind::hang)[0];
+  book.persist(ingest.pending_writes());
+  ASSERT_TRUE(ingest.commit());
+
+  // A new collector on the same database: the same open finding, same id,
+  // and it still resolves on its own.
+  FindingBook restarted;
+  ASSERT_TRUE(restarted.restore(*store));
+  auto open_after = restarted.open();
+  ASSERT_EQ(open_after.size(), 1u);
+  EXPECT_EQ(open_after[0]->id, before.id);
+  EXPECT_EQ(open_after[0]->ranks, before.ranks);
+  EXPECT_EQ(open_after[0]->detail, before.detail);
+  EXPECT_EQ(open_after[0]->opened_ns, before.opened_ns);
+  Ingest ingest_after(*store, clock);
+  ASSERT_TRUE(ingest_after.restore());
+  Detector detector_after(ingest_after, restarted, clock, options);
+  ingest_after.add_observer(&detector_after);
+  Finding next;
+  next.kind = FindingKind::hang;
+  next.comm = kComm;
+  next.seq = 99;
+  EXPECT_GT(restarted.raise(next, clock.now).id, before.id) << "ids keep increasing after a restart";
 }
 
 }  // namespace

@@ -59,13 +59,16 @@ void print_status(query::StatusReply::Reader s, bool json) {
       auto d = n.getDrops();
       std::printf("%s{\"node\":%s,\"connected\":%s,\"last_contact_ns\":%llu,\"agent_version\":%s,\"instance\":\"%s\","
                   "\"batches\":%llu,\"records\":%llu,\"traced_processes\":%u,\"clock_offset_ns\":%lld,"
-                  "\"clock_uncertainty_ns\":%llu,\"clock_samples\":%u,\"wall_clock_skew_ns\":%lld,\"drops\":{\"ringbuf_full\":%llu,"
+                  "\"clock_uncertainty_ns\":%llu,\"clock_samples\":%u,\"wall_clock_skew_ns\":%lld,\"clock_refinement_ns\":%lld,"
+                  "\"clock_drift_ppb\":%lld,\"clock_violations\":%llu,\"drops\":{\"ringbuf_full\":%llu,"
                   "\"map_full\":%llu,\"unknown_comm\":%llu,\"nested\":%llu,\"send_queue_full\":%llu}}",
                   first ? "" : ",", json_quote(n.getNode()).c_str(), n.getConnected() ? "true" : "false",
                   (unsigned long long)n.getLastContactNs(), json_quote(n.getAgentVersion()).c_str(),
                   hex64(n.getInstanceId()).c_str(), (unsigned long long)n.getBatches(),
                   (unsigned long long)n.getRecords(), n.getTracedProcesses(), (long long)n.getClockOffsetNs(),
                   (unsigned long long)n.getClockUncertaintyNs(), n.getClockSamples(), (long long)n.getWallClockSkewNs(),
+                  (long long)n.getClockRefinementNs(), (long long)n.getClockDriftPpb(),
+                  (unsigned long long)n.getClockViolations(),
                   (unsigned long long)d.getRingbufFull(), (unsigned long long)d.getMapFull(),
                   (unsigned long long)d.getUnknownComm(), (unsigned long long)d.getNested(),
                   (unsigned long long)d.getSendQueueFull());

@@ -1,0 +1,101 @@
+#include "collector/clock_refine.h"
+
+#include <algorithm>
+
+namespace rankscope::collector {
+
+namespace {
+int64_t median(std::vector<int64_t> values) {
+  size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + mid, values.end());
+  return values[mid];
+}
+}  // namespace
+
+void ClockRefiner::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
+  if (lane != 0 || comm.nranks < 2 || rank < 0) return;
+  auto& issues = comms_[comm.hash].ranks[rank].issues;
+  if (!issues.empty() && issues.back().first >= record.seq) return;
+  issues.emplace_back(record.seq, record.issue_ns);
+  while (issues.size() > kIssueHistory) issues.pop_front();
+}
+
+void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
+  for (const auto& [hash, comm] : ingest_.comms()) {
+    if (comm.ended || comm.nranks < 2) continue;
+    for (const auto& [rank, member] : comm.members) {
+      if (member.pid != pid || member.node != node) continue;
+      auto track = comms_.find(hash);
+      if (track == comms_.end()) continue;
+      auto& issues = track->second.ranks[rank].issues;
+      // The wait follows the last collective this rank issued before it began.
+      auto after = std::find_if(issues.rbegin(), issues.rend(), [&](const auto& i) { return i.second < start_ns; });
+      if (after == issues.rend()) continue;
+      uint64_t seq = after->first;
+      Group& group = track->second.groups[seq];
+      group.ends.emplace(rank, end_ns);  // the first wait after it
+      if (group.ends.size() == static_cast<size_t>(comm.nranks)) {
+        complete(comm, track->second, seq, group);
+        track->second.groups.erase(seq);
+      }
+      while (track->second.groups.size() > kOpenGroups) track->second.groups.erase(track->second.groups.begin());
+    }
+  }
+}
+
+void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t seq, const Group& group) {
+  // The collective's last arrival: nobody can have left before it.
+  uint64_t last_arrival = 0;
+  for (const auto& [rank, stats] : track.ranks)
+    for (const auto& [s, issue] : stats.issues)
+      if (s == seq) last_arrival = std::max(last_arrival, issue);
+  // Residuals are taken on the probes' clocks alone (the refinement now
+  // applied removed), so that they do not move as the refinement does.
+  std::vector<int64_t> raw_ends;
+  std::map<std::string, std::vector<int64_t>> by_node;
+  for (const auto& [rank, end] : group.ends) {
+    auto member = comm.members.find(rank);
+    if (member == comm.members.end()) return;
+    const std::string& node = member->second.node;
+    if (last_arrival && end < last_arrival) {
+      if (NodeState* state = ingest_.node(node)) state->clock_violations += 1;
+    }
+    int64_t raw = static_cast<int64_t>(end) - states_[node].applied_ns;
+    raw_ends.push_back(raw);
+    by_node[node].push_back(raw);
+  }
+  if (by_node.size() < 2) return;  // one node: nothing to align
+  int64_t middle = median(raw_ends);
+  for (auto& [node, ends] : by_node) {
+    auto& ring = residuals_[node];
+    ring.push_back(median(ends) - middle);
+    while (ring.size() > kResiduals) ring.pop_front();
+  }
+}
+
+void ClockRefiner::update() {
+  std::map<std::string, int64_t> target;
+  for (const auto& [node, ring] : residuals_) {
+    if (ring.size() < kMinResiduals) continue;
+    target[node] = -median(std::vector<int64_t>(ring.begin(), ring.end()));
+  }
+  if (target.size() < 2) return;
+  // Anchor: the nodes' mean stays where the probes put it.
+  int64_t mean = 0;
+  for (const auto& [node, t] : target) mean += t;
+  mean /= static_cast<int64_t>(target.size());
+  for (const auto& [node, t] : target) {
+    NodeState* state = ingest_.node(node);
+    if (!state) continue;
+    // Within what the probes allow: they bound the offset, the collectives
+    // choose inside the bound.
+    int64_t bound = static_cast<int64_t>(std::min<uint64_t>(state->clock.uncertainty_ns(), 1'000'000'000ull));
+    int64_t applied = std::clamp(t - mean, -bound, bound);
+    state->clock.set_refinement(applied);
+    RefinementState& refinement = states_[node];
+    refinement.applied_ns = applied;
+    refinement.samples = residuals_[node].size();
+  }
+}
+
+}  // namespace rankscope::collector
