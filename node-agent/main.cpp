@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "node-agent/agent.h"
+#include "node-agent/check.h"
 
 namespace po = boost::program_options;
 
@@ -30,7 +31,8 @@ int main(int argc, char** argv) {
   std::string config;
   po::options_description desc(
       "rankscope-agent: traces NCCL calls of the GPU jobs on this node with eBPF and sends them to the "
-      "rankscope collector.\n\nUsage: rankscope-agent [options]\n\nOptions");
+      "rankscope collector.\n\nUsage: rankscope-agent [options]\n       rankscope-agent check [options]   "
+      "(can this node be traced? what would be?)\n\nOptions");
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
@@ -48,6 +50,12 @@ int main(int argc, char** argv) {
     ("test-clock-offset-ns", po::value(&options.test_clock_offset_ns)->default_value(0), "tests only: pretend this node's clock is off by this much")
     ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug");
   // clang-format on
+  // `check` is a command, not an option.
+  bool check = argc > 1 && std::string(argv[1]) == "check";
+  if (check) {
+    --argc;
+    ++argv;
+  }
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -75,6 +83,7 @@ int main(int argc, char** argv) {
   options.max_unacked_bytes = vm["max-unacked-mb"].as<uint64_t>() << 20;
   if (options.node.empty()) options.node = host_name();
 
+  if (check) return rankscope::agent::run_check(options, std::cout);
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigaction(SIGINT, &action, nullptr);

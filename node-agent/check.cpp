@@ -1,0 +1,170 @@
+#include "node-agent/check.h"
+
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <ostream>
+#include <sstream>
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "node-agent/attach.h"
+#include "node-agent/discover.h"
+#include "node-agent/transport.h"
+#include "proto/codec.h"
+
+namespace rankscope::agent {
+
+namespace {
+
+struct Report {
+  std::ostream& out;
+  int problems = 0;
+
+  void line(const char* what, bool ok, const std::string& detail, const std::string& fix = "") {
+    out << (ok ? "  ok    " : "  FAIL  ") << what;
+    for (size_t i = std::string(what).size(); i < 14; ++i) out << ' ';
+    out << detail << "\n";
+    if (!ok) {
+      ++problems;
+      if (!fix.empty()) out << "                      -> " << fix << "\n";
+    }
+  }
+};
+
+bool mounted(const std::string& fstype, const std::string& where) {
+  std::ifstream mounts("/proc/mounts");
+  std::string device, point, type;
+  while (mounts >> device >> point >> type) {
+    if (type == fstype && point == where) return true;
+    mounts.ignore(4096, '\n');
+  }
+  return false;
+}
+
+// The effective capabilities, from /proc/self/status (CapEff, a hex mask).
+uint64_t effective_capabilities() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("CapEff:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+  return 0;
+}
+
+// Says hello to the collector and waits for its answer.
+std::pair<bool, std::string> reach_collector(const Options& options) {
+  zmq::context_t context(1);
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::rcvtimeo, 3000);
+  socket.connect(options.collector);
+  capnp::MallocMessageBuilder message;
+  auto hello = message.initRoot<wire::AgentMessage>().initHello();
+  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+  hello.setNode(options.node);
+  hello.setInstanceId(1);
+  std::string bytes = proto::to_packed(message);
+  socket.send(zmq::buffer(bytes), zmq::send_flags::none);
+  zmq::message_t reply;
+  if (!socket.recv(reply, zmq::recv_flags::none)) return {false, "no answer within 3 s"};
+  bool accepted = false;
+  std::string reason;
+  auto read = proto::read_packed<wire::CollectorMessage>(
+      std::string_view(static_cast<const char*>(reply.data()), reply.size()), proto::ReadLimits{}, [&](auto m) {
+        if (m.which() != wire::CollectorMessage::HELLO_REPLY) return;
+        accepted = m.getHelloReply().getAccepted();
+        reason = m.getHelloReply().getReason();
+      });
+  if (!read) return {false, read.error().message};
+  return {accepted, accepted ? "answers and accepts node " + options.node : "refuses: " + reason};
+}
+
+}  // namespace
+
+int run_check(const Options& options, std::ostream& out) {
+  Report report{out};
+  out << "rankscope-agent check, node " << options.node << "\n";
+
+  utsname uts{};
+  uname(&uts);
+  int major = 0, minor = 0;
+  std::sscanf(uts.release, "%d.%d", &major, &minor);
+  bool kernel_ok = major > 5 || (major == 5 && minor >= 8);
+  report.line("kernel", kernel_ok, uts.release, "rankscope needs Linux 5.8 or newer (BPF ring buffer)");
+
+  struct stat st {};
+  bool btf = stat("/sys/kernel/btf/vmlinux", &st) == 0;
+  report.line("BTF", btf, btf ? "/sys/kernel/btf/vmlinux" : "/sys/kernel/btf/vmlinux is missing",
+              "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y (distribution kernels since about 2020 are)");
+
+  // CAP_BPF is 39, CAP_PERFMON 38, CAP_SYS_ADMIN 21 (linux/capability.h).
+  uint64_t caps = effective_capabilities();
+  bool admin = caps & (1ull << 21);
+  bool bpf_caps = (caps & (1ull << 39)) && (caps & (1ull << 38));
+  report.line("privileges", admin || bpf_caps,
+              geteuid() == 0 ? "root" : (bpf_caps ? "CAP_BPF and CAP_PERFMON" : "neither root nor CAP_BPF + CAP_PERFMON"),
+              "run the agent as root, or grant CAP_BPF, CAP_PERFMON, CAP_SYS_RESOURCE and CAP_SYS_PTRACE "
+              "(deploy/systemd/rankscope-agent.service does)");
+
+  bool tracefs = mounted("tracefs", "/sys/kernel/tracing") || mounted("debugfs", "/sys/kernel/debug");
+  report.line("tracefs", true,
+              tracefs ? "mounted" : "not mounted (not needed for uprobes; tracepoint probes will want it: "
+                                    "mount -t tracefs nodev /sys/kernel/tracing)");
+
+  auto scope = resolve_scope(options);
+  report.line("scope", scope.ok(), scope ? scope->describe() : scope.error().message);
+  if (!scope) scope = Scope{};
+
+  auto probes = NcclProbes::open(*scope, [](const void*, size_t) {});
+  report.line("BPF programs", probes.ok(), probes ? "loaded and verified" : probes.error().message);
+  if (probes) {
+    std::vector<LibraryFile> libraries;
+    for (const auto& path : options.nccl_libs) {
+      auto library = Discovery::from_path(path);
+      if (!library) report.line("library", false, path + ": no such file", "fix the --nccl-lib path");
+      else libraries.push_back(*library);
+    }
+    for (const auto& path : Discovery::standard_locations())
+      if (auto library = Discovery::from_path(path)) libraries.push_back(*library);
+    // Each file once (lib64 is often a link to lib), as the agent does.
+    Discovery discovery(options.proc_root);
+    std::vector<LibraryFile> unique;
+    for (const auto& library : libraries) {
+      if (discovery.known(library)) continue;
+      discovery.remember(library);
+      unique.push_back(library);
+    }
+    libraries = std::move(unique);
+    for (const auto& library : discovery.scan(*scope)) libraries.push_back(library);
+    int nccl = 0;
+    for (const auto& library : libraries) {
+      auto attached = (*probes)->attach(library);
+      std::string kind = library.kind == LibraryKind::cudart ? "CUDA runtime" : "NCCL";
+      if (attached) {
+        nccl += library.kind == LibraryKind::nccl ? 1 : 0;
+        std::string detail = library.path + ": " + kind + ", " + std::to_string(attached->functions.size()) + " functions probed";
+        if (!attached->missing.empty()) detail += " (" + std::to_string(attached->missing.size()) + " absent)";
+        report.line("library", true, detail);
+      } else {
+        report.line("library", false, library.path + ": " + attached.error().message);
+      }
+    }
+    if (nccl == 0)
+      report.line("library", true,
+                  "no libnccl found yet: processes that map one are found while the agent runs; give the path of "
+                  "your jobs' copy with --nccl-lib to catch their start (a wheel: .../site-packages/nvidia/nccl/lib/libnccl.so.2)");
+  }
+
+  auto [reachable, detail] = reach_collector(options);
+  report.line("collector", reachable, options.collector + ": " + detail,
+              "start rankscope-collector there, or give its address with --collector");
+
+  out << (report.problems == 0 ? "ready: this node can be traced\n"
+                               : "not ready: " + std::to_string(report.problems) + " problem(s) above\n");
+  return report.problems == 0 ? 0 : 1;
+}
+
+}  // namespace rankscope::agent
