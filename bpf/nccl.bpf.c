@@ -132,6 +132,14 @@ struct {
   __type(value, __u64);
 } p2p_seqs SEC(".maps");
 
+/* Processes that called NCCL: their exit is reported (and only theirs). */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 16384);
+  __type(key, __u32);
+  __type(value, __u8);
+} nccl_processes SEC(".maps");
+
 /* An all-zero template, so that large values are never built on the stack. */
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -207,6 +215,11 @@ static __always_inline struct pending_call *pending__open(__u64 pid_tgid, __u8 o
   p->entry_ns = bpf_ktime_get_ns();
   p->op = op;
   p->peer = -1;
+  __u32 tgid = pid_tgid >> 32;
+  if (!bpf_map_lookup_elem(&nccl_processes, &tgid)) {
+    __u8 one = 1;
+    bpf_map_update_elem(&nccl_processes, &tgid, &one, BPF_ANY);
+  }
   return p;
 }
 
@@ -646,5 +659,29 @@ int BPF_KRETPROBE(cuda_wait_return, long ret)
     bpf_ringbuf_submit(e, 0);
   }
   bpf_map_delete_elem(&waits, &pid_tgid);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- process exit
+ * sched_process_exit fires for every exiting thread; the thread-group
+ * leader's exit_code is the process's (kernel/exit.c: do_group_exit passes the
+ * group exit code to every thread). Only processes that used NCCL count. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(process_exit, struct task_struct *task)
+{
+  __u32 pid = BPF_CORE_READ(task, pid);
+  __u32 tgid = BPF_CORE_READ(task, tgid);
+  if (pid != tgid || !bpf_map_lookup_elem(&nccl_processes, &tgid))
+    return 0;
+  bpf_map_delete_elem(&nccl_processes, &tgid);
+  struct rs_exit_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) {
+    drops__count(RS_DROP_RINGBUF_FULL);
+    return 0;
+  }
+  header__fill(&e->hdr, ((__u64)tgid << 32) | pid, RS_EV_EXIT);
+  e->exit_code = BPF_CORE_READ(task, exit_code);
+  e->reserved = 0;
+  bpf_ringbuf_submit(e, 0);
   return 0;
 }

@@ -20,6 +20,7 @@ enum rs_event_kind {
   RS_EV_COMM_INIT = 2, /* a communicator created (CommInitRank and friends) */
   RS_EV_COMM_END = 3,  /* a communicator destroyed or aborted */
   RS_EV_WAIT = 4,      /* a host thread waited on the GPU (libcudart synchronize calls) */
+  RS_EV_EXIT = 5,      /* a process that used NCCL exited */
 };
 
 /* CUDA runtime calls in which a host thread waits for the GPU. */
@@ -138,6 +139,14 @@ struct rs_wait_event {
   __u8 reserved[3];
 };
 
+/* A process that called NCCL exited (its thread-group leader did);
+ * ts_ns is the exit. */
+struct rs_exit_event {
+  struct rs_event_header hdr;
+  __s32 exit_code; /* task_struct.exit_code: (status << 8) after exit(), the signal number when killed */
+  __u32 reserved;
+};
+
 /* Value of the per-thread `waits` map: a wait in progress. */
 struct rs_open_wait {
   __u64 entry_ns;
@@ -148,6 +157,7 @@ struct rs_open_wait {
 };
 
 #ifdef __cplusplus
+static_assert(sizeof(struct rs_exit_event) == 56, "rs_exit_event layout");
 static_assert(sizeof(struct rs_wait_event) == 72, "rs_wait_event layout");
 static_assert(sizeof(struct rs_open_wait) == 32, "rs_open_wait layout");
 static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");
@@ -155,6 +165,7 @@ static_assert(sizeof(struct rs_call_event) == 112, "rs_call_event layout");
 static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");
 static_assert(sizeof(struct rs_comm_end_event) == 72, "rs_comm_end_event layout");
 #else
+_Static_assert(sizeof(struct rs_exit_event) == 56, "rs_exit_event layout");
 _Static_assert(sizeof(struct rs_wait_event) == 72, "rs_wait_event layout");
 _Static_assert(sizeof(struct rs_open_wait) == 32, "rs_open_wait layout");
 _Static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");

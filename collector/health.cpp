@@ -2,6 +2,8 @@
 
 #include "common/format.h"
 
+#include <cstring>
+
 namespace rankscope::collector {
 
 void ProcessHealth::add(const HealthSample& sample) {
@@ -29,7 +31,15 @@ CpuShares ProcessHealth::shares(uint64_t window_ns) const {
 
 std::string ProcessHealth::describe() const {
   if (samples_.empty()) return "state unknown (no report from its agent yet)";
-  if (!alive()) return "exited";
+  if (!alive()) {
+    const HealthSample& last = samples_.back();
+    if (last.exit_signal > 0) {
+      const char* name = sigabbrev_np(last.exit_signal);
+      return "exited: killed by signal " + std::to_string(last.exit_signal) + (name ? std::string(" (SIG") + name + ")" : "");
+    }
+    if (last.exit_status >= 0) return "exited with status " + std::to_string(last.exit_status);
+    return "exited";
+  }
   std::string text = describe_state();
   for (const auto& wait : open_waits_) text += ", blocked in " + wait.call + " since " + format_time_ns(wait.since_ns);
   return text;

@@ -14,6 +14,8 @@ struct HealthSample {
   char state = '?';
   uint64_t cpu_ns = 0;
   uint64_t runqueue_ns = 0;
+  int32_t exit_status = -1;  // once it exited normally
+  int32_t exit_signal = 0;   // once a signal killed it
 };
 
 struct CpuShares {

@@ -329,6 +329,8 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     sample.state = static_cast<char>(p.getState());
     sample.cpu_ns = p.getCpuNs();
     sample.runqueue_ns = p.getRunqueueNs();
+    sample.exit_status = p.getExitStatus();
+    sample.exit_signal = p.getExitSignal();
     node.health[p.getPid()].add(sample);
   }
   // A wait missing from this heartbeat has ended.

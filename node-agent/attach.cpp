@@ -135,6 +135,13 @@ Result<std::unique_ptr<NcclProbes>> NcclProbes::open(const Scope& scope, Handler
   for (uint32_t pid : scope.pids) {
     if (auto r = probes->allow_pid(pid); !r) return r.error();
   }
+  // Process exits (exit code, killing signal) of the processes that used NCCL.
+  // Without tp_btf support the agent still runs; it then only sees that a process is gone.
+  if (bpf_link* exit_link = bpf_program__attach(probes->skel_->progs.process_exit))
+    probes->links_.push_back(exit_link);
+  else
+    RS_LOG(warn, "no sched_process_exit tracepoint (%s): exit codes and signals of ranks will not be known",
+           strerror(errno));
   probes->ring_ = ring_buffer__new(bpf_map__fd(probes->skel_->maps.events), &NcclProbes::on_record, probes.get(),
                                    nullptr);
   if (!probes->ring_) return make_error(Errc::system, bpf_failure("creating the ring buffer reader", errno));

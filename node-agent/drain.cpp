@@ -23,6 +23,7 @@ std::optional<Event> decode_event(const void* data, size_t size) {
     case RS_EV_COMM_INIT: return copy_as<rs_comm_init_event>(data, size);
     case RS_EV_COMM_END: return copy_as<rs_comm_end_event>(data, size);
     case RS_EV_WAIT: return copy_as<rs_wait_event>(data, size);
+    case RS_EV_EXIT: return copy_as<rs_exit_event>(data, size);
     default: return std::nullopt;
   }
 }

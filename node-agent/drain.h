@@ -8,7 +8,7 @@
 
 namespace rankscope::agent {
 
-using Event = std::variant<rs_call_event, rs_comm_init_event, rs_comm_end_event, rs_wait_event>;
+using Event = std::variant<rs_call_event, rs_comm_init_event, rs_comm_end_event, rs_wait_event, rs_exit_event>;
 
 // Checks the kind and the exact size for it, then copies the bytes out.
 // nullopt for anything malformed (the caller counts it).

@@ -52,6 +52,7 @@ void Summariser::on_event(const Event& event) {
         if constexpr (std::is_same_v<T, rs_call_event>) on_call(e);
         else if constexpr (std::is_same_v<T, rs_comm_init_event>) on_comm_init(e);
         else if constexpr (std::is_same_v<T, rs_wait_event>) on_wait(e);
+        else if constexpr (std::is_same_v<T, rs_exit_event>) on_exit(e);
         else on_comm_end(e);
       },
       event);
@@ -150,6 +151,10 @@ void Summariser::on_comm_end(const rs_comm_end_event& e) {
 void Summariser::on_wait(const rs_wait_event& e) {
   process(e.hdr.pid);
   waits_.push_back(e);
+}
+
+void Summariser::on_exit(const rs_exit_event& e) {
+  if (processes_.count(e.hdr.pid)) exit_codes_[e.hdr.pid] = e.exit_code;
 }
 
 void Summariser::add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
@@ -255,6 +260,10 @@ void Summariser::forget_exited() {
   for (auto it = processes_.begin(); it != processes_.end();) {
     auto start = read_start_time(proc_root_, it->first);
     bool gone = !start || (it->second.identity.start_time != 0 && *start != it->second.identity.start_time);
+    if (!gone) {  // a zombie has exited too: only its parent has not reaped it yet
+      auto sample = read_sample(proc_root_, it->first);
+      gone = !sample || sample->state == 'Z' || sample->state == 'X';
+    }
     // Keep an exited process until its records went out.
     if (gone && it->second.sent) {
       uint32_t pid = it->first;
@@ -290,6 +299,15 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns) {
     out.setPid(pid);
     out.setSampleNs(now_ns);
     out.setAlive(false);
+    // The kernel's exit_code: the signal in the low 7 bits, else status << 8 (wait(2)).
+    auto code = exit_codes_.find(pid);
+    if (code != exit_codes_.end()) {
+      if (code->second & 0x7f)
+        out.setExitSignal(code->second & 0x7f);
+      else
+        out.setExitStatus((code->second >> 8) & 0xff);
+      exit_codes_.erase(code);
+    }
   }
   exited_.clear();
 }

@@ -74,6 +74,7 @@ class Summariser {
   void on_comm_init(const rs_comm_init_event& e);
   void on_comm_end(const rs_comm_end_event& e);
   void on_wait(const rs_wait_event& e);
+  void on_exit(const rs_exit_event& e);
   uint64_t shift(uint64_t ns) const { return ns + static_cast<uint64_t>(clock_offset_ns_); }
 
   std::string proc_root_;
@@ -81,6 +82,7 @@ class Summariser {
   int64_t clock_offset_ns_;
   std::map<uint32_t, ProcessEntry> processes_;
   std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
+  std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting
   std::map<CommKey, CommEntry> comms_;
   std::map<BlockKey, proto::ColumnBlock> blocks_;
   struct PendingComm {

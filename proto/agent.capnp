@@ -173,6 +173,8 @@ struct ProcessHealth {
   cpuNs @3 :UInt64;         # /proc/PID/schedstat: time its main thread ran on a CPU
   runqueueNs @4 :UInt64;    # /proc/PID/schedstat: time its main thread waited for a CPU
   sampleNs @5 :UInt64;      # agent clock when read
+  exitStatus @6 :Int32 = -1;# when it exited normally: its exit status; -1 otherwise or unknown
+  exitSignal @7 :Int32;     # when a signal killed it: the signal number
 }
 
 # NTP-style probe: t1 (agent send, agent clock); the collector answers with

@@ -300,6 +300,7 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     if (f->kind == FindingKind::mismatch) progressed = min_last > f->seq;
     if (progressed) {
       state.all_inside.erase(key);
+      state.told.erase(key);
       book_.resolve(key, now_ns);
     }
   }
@@ -361,6 +362,18 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     f.detail = f.summary + ".\nRanks:";
     state.all_inside.insert(f.key());
   }
+  // The story is told once, when the hang is found; it is rewritten only if
+  // the culprits change, or what their processes are doing does (a rank
+  // found missing that then dies: its signal belongs in the story).
+  std::string states;
+  for (int32_t r : f.ranks) {
+    auto m = comm.members.find(r);
+    const ProcessHealth* health = m == comm.members.end() ? nullptr : health_of(m->second);
+    states += std::to_string(r) + ":" + (health ? health->describe() : "?") + ";";
+  }
+  const Finding* open = book_.open_finding(f.key());
+  if (open && open->ranks == f.ranks && state.told[f.key()] == states) return;
+  state.told[f.key()] = states;
   for (int32_t r : f.ranks) {
     f.detail += "\n  " + describe_rank(comm, r, now_ns);
     auto m = comm.members.find(r);

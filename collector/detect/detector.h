@@ -77,6 +77,7 @@ class Detector final : public RecordObserver {
     std::deque<uint64_t> completed_ns;       // completion (last arrival) times, for the period
     std::vector<RankStats> ranks;
     std::set<std::string> all_inside;        // keys of open hangs where every rank is inside
+    std::map<std::string, std::string> told;  // open hang key -> the culprits' process states it told
   };
 
   void check_mismatch(const CommState& comm, uint64_t seq, Instance& instance);

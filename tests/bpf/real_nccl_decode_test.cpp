@@ -110,10 +110,14 @@ TEST(RealNccl, AgentDecodesEveryArgumentOfTheRealLibrary) {
   rankscope::agent::Scope scope;
   scope.pids = {static_cast<uint32_t>(child)};
   std::vector<rankscope::agent::Event> events;
+  std::vector<rs_exit_event> exits;
   auto probes = rankscope::agent::NcclProbes::open(scope, [&](const void* data, size_t size) {
     auto event = rankscope::agent::decode_event(data, size);
     ASSERT_TRUE(event.has_value()) << "undecodable record of " << size << " bytes";
-    events.push_back(*event);
+    if (auto* exit = std::get_if<rs_exit_event>(&*event))
+      exits.push_back(*exit);
+    else
+      events.push_back(*event);
   });
   ASSERT_TRUE(probes) << probes.error().message;
   auto library = rankscope::agent::Discovery::from_path(kRealNccl);
@@ -181,6 +185,16 @@ TEST(RealNccl, AgentDecodesEveryArgumentOfTheRealLibrary) {
   }
   // Lane 0 numbers the collectives in call order.
   for (size_t i = 0; i < 9; ++i) EXPECT_EQ(std::get<rs_call_event>(events[2 + i]).seq, i);
+
+  // A process that used NCCL is seen exiting, with its status (_exit(0)).
+  ASSERT_TRUE(rankscope::testing::wait_for(
+      [&] {
+        (*probes)->poll(20);
+        return !exits.empty();
+      },
+      std::chrono::seconds(10)));
+  EXPECT_EQ(exits[0].hdr.pid, static_cast<uint32_t>(child));
+  EXPECT_EQ(exits[0].exit_code, 0);
   free(fake_comm);
 }
 

@@ -186,6 +186,26 @@ TEST_F(DetectE2E, StoppedRankIsNamedInAHangWithinTimeoutPlusTwoSeconds) {
   EXPECT_TRUE(wait_for([&] { return !firing(); }, std::chrono::seconds(10))) << "the alert resolves in Alertmanager";
 }
 
+TEST_F(DetectE2E, KilledRankIsNamedWithItsSignal) {
+  deploy();
+  JobOptions job;
+  job.args = {"--steps", "100000", "--compute-iters", "2000000", "--bucket-elems", "1024"};
+  auto ranks = launch_job(dir, cluster, job);
+  ASSERT_TRUE(wait_progress(20)) << dump(*deployment, dir);
+  const int victim = 1;
+  ranks[victim].signal(SIGKILL);
+  // The others wait for it forever (as with NCCL); the finding says why.
+  std::vector<SeenFinding> hangs;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        hangs = of_kind(deployment->findings(true), "hang");
+        return !hangs.empty() && hangs[0].detail.find("killed by signal 9 (SIGKILL)") != std::string::npos;
+      },
+      std::chrono::seconds(30)))
+      << dump(*deployment, dir);
+  EXPECT_EQ(hangs[0].ranks, std::vector<int32_t>{victim}) << hangs[0].detail;
+}
+
 TEST_F(DetectE2E, RankCallingADifferentCollectiveIsAMismatch) {
   deploy();
   JobOptions job;
