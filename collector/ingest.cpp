@@ -228,7 +228,6 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   for (auto s : batch.getClockSamples()) node.clock.add({s.getT1(), s.getT2(), s.getT3(), s.getT4()});
   copy_drops(batch.getDrops(), node.drops);
 
-  counters_.waits += batch.getWaits().size();
   for (auto p : batch.getProcesses()) {
     ProcessInfo& info = processes_[{node.name, p.getPid()}];
     info.job = p.getJob();
@@ -293,10 +292,20 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   }
   for (uint64_t hash : touched) persist_comm(comms_[hash]);
   // After the collectives: a wait follows the collectives issued before it.
-  for (auto w : batch.getWaits()) {
-    if (w.getEndNs() < w.getStartNs() || w.getResult() != 0) continue;
-    for (RecordObserver* observer : observers_)
-      observer->on_wait(node.name, w.getPid(), node.clock.to_cluster(w.getStartNs()), node.clock.to_cluster(w.getEndNs()));
+  for (auto columns : batch.getWaits()) {
+    auto block = proto::decode_waits(columns, batch);
+    if (!block) {
+      ++counters_.bad_messages;
+      RS_LOG(warn, "node %s batch %llu: %s; waits skipped", node.name.c_str(),
+             static_cast<unsigned long long>(batch.getSeq()), block.error().message.c_str());
+      continue;
+    }
+    counters_.waits += block->waits.size();
+    for (const auto& w : block->waits) {
+      if (w.result != 0) continue;
+      for (RecordObserver* observer : observers_)
+        observer->on_wait(node.name, block->pid, node.clock.to_cluster(w.start_ns), node.clock.to_cluster(w.end_ns));
+    }
   }
 
 

@@ -27,8 +27,9 @@ uint64_t random_instance_id() {
   return id == 0 ? 1 : id;
 }
 
-void attach_library(NcclProbes& probes, Discovery& discovery, const LibraryFile& library) {
+void attach_library(NcclProbes& probes, Discovery& discovery, const LibraryFile& library, const Options& options) {
   discovery.remember(library);
+  if (library.kind == LibraryKind::cudart && !options.cuda_waits) return;
   auto attached = probes.attach(library);
   if (!attached) {
     RS_LOG(warn, "not tracing %s: %s", library.path.c_str(), attached.error().message.c_str());
@@ -69,11 +70,11 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       RS_LOG(error, "--nccl-lib %s: no such file", path.c_str());
       return 2;
     }
-    attach_library(bpf, discovery, *library);
+    attach_library(bpf, discovery, *library, options);
   }
   for (const auto& path : Discovery::standard_locations()) {
     if (auto library = Discovery::from_path(path); library && !discovery.known(*library))
-      attach_library(bpf, discovery, *library);
+      attach_library(bpf, discovery, *library, options);
   }
 
   zmq::context_t context(1);
@@ -106,7 +107,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     bpf.consume();
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {
-      for (const auto& library : discovery.scan(*scope)) attach_library(bpf, discovery, library);
+      for (const auto& library : discovery.scan(*scope)) attach_library(bpf, discovery, library, options);
       summariser.forget_exited();
       last_scan = t;
     }

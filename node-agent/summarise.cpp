@@ -235,17 +235,17 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
   }
   clock_samples_.clear();
 
-  auto waits = batch.initWaits(static_cast<unsigned>(waits_.size()));
-  for (unsigned k = 0; k < waits_.size(); ++k) {
-    const rs_wait_event& w = waits_[k];
-    waits[k].setPid(w.hdr.pid);
-    waits[k].setTid(w.hdr.tid);
-    waits[k].setKind(static_cast<wire::WaitKind>(w.kind <= 3 ? w.kind : 0));
-    waits[k].setObject(w.object);
-    waits[k].setStartNs(shift(w.entry_ns));
-    waits[k].setEndNs(shift(w.hdr.ts_ns));
-    waits[k].setResult(w.result);
+  std::map<std::pair<uint32_t, uint32_t>, proto::WaitBlock> wait_blocks;
+  for (const rs_wait_event& w : waits_) {
+    auto& block = wait_blocks[{w.hdr.pid, w.hdr.tid}];
+    block.pid = w.hdr.pid;
+    block.tid = w.hdr.tid;
+    block.waits.push_back(proto::WaitRecord{static_cast<uint8_t>(w.kind <= 3 ? w.kind : 0), w.object,
+                                            shift(w.entry_ns), shift(w.hdr.ts_ns), w.result});
   }
+  std::vector<proto::WaitBlock> wait_list;
+  for (auto& [key, block] : wait_blocks) wait_list.push_back(std::move(block));
+  proto::encode_waits(wait_list, batch);
   waits_.clear();
 
   auto d = batch.initDrops();

@@ -44,7 +44,22 @@ struct Batch {
   createdNs @8 :UInt64;     # agent clock when the batch was closed
   baseNs @9 :UInt64;        # time base of the collective blocks (agent clock)
   commTable @10 :List(UInt64);    # communicator hashes the blocks refer to by index
-  waits @11 :List(Wait);    # host waits on the GPU that ended in this interval
+  waits @11 :List(WaitColumns);  # host waits on the GPU that ended in this interval, per thread
+}
+
+# The ended waits of one thread, column by column like the collectives.
+struct WaitColumns {
+  pid @0 :UInt32;
+  tid @1 :UInt32;
+  count @2 :UInt32;
+  baseOffsetNs @3 :Int64;   # start of the first wait minus Batch.baseNs
+  gapNs @4 :List(UInt64);   # start[i] - end[i-1] (0 for the first)
+  durationNs @5 :List(UInt64);
+  kind @6 :List(UInt8);     # WaitKind, xor previous (previous of the first: firstKind)
+  object @7 :List(UInt64);  # stream or event, xor previous (previous of the first: firstObject)
+  result @8 :List(Int32);   # cudaError_t
+  firstKind @9 :UInt8;
+  firstObject @10 :UInt64;
 }
 
 enum WaitKind {

@@ -172,6 +172,84 @@ Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Bat
   return block;
 }
 
+void encode_waits(const std::vector<WaitBlock>& blocks, wire::Batch::Builder batch) {
+  if (batch.getBaseNs() == 0) {
+    uint64_t base = UINT64_MAX;
+    for (const auto& block : blocks)
+      if (!block.waits.empty()) base = std::min(base, block.waits.front().start_ns);
+    if (base != UINT64_MAX) batch.setBaseNs(base);
+  }
+  uint64_t base_ns = batch.getBaseNs();
+  auto list = batch.initWaits(static_cast<unsigned>(blocks.size()));
+  for (unsigned b = 0; b < blocks.size(); ++b) {
+    const auto& waits = blocks[b].waits;
+    auto out = list[b];
+    out.setPid(blocks[b].pid);
+    out.setTid(blocks[b].tid);
+    out.setCount(static_cast<uint32_t>(waits.size()));
+    if (waits.empty()) continue;
+    size_t n = waits.size();
+    out.setBaseOffsetNs(static_cast<int64_t>(waits[0].start_ns - base_ns));
+    out.setFirstKind(waits[0].kind);
+    out.setFirstObject(waits[0].object);
+    std::vector<uint64_t> gap(n), duration(n), object(n);
+    std::vector<uint8_t> kind(n);
+    std::vector<int32_t> result(n);
+    WaitRecord prev = waits[0];
+    prev.end_ns = waits[0].start_ns;
+    for (size_t i = 0; i < n; ++i) {
+      const WaitRecord& w = waits[i];
+      gap[i] = w.start_ns >= prev.end_ns ? w.start_ns - prev.end_ns : 0;
+      duration[i] = w.end_ns >= w.start_ns ? w.end_ns - w.start_ns : 0;
+      kind[i] = w.kind ^ prev.kind;
+      object[i] = w.object ^ prev.object;
+      result[i] = w.result;
+      prev = w;
+    }
+    put_column(gap, [&](unsigned k) { return out.initGapNs(k); });
+    put_column(duration, [&](unsigned k) { return out.initDurationNs(k); });
+    put_column(kind, [&](unsigned k) { return out.initKind(k); });
+    put_column(object, [&](unsigned k) { return out.initObject(k); });
+    put_column(result, [&](unsigned k) { return out.initResult(k); });
+  }
+}
+
+Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, wire::Batch::Reader batch) {
+  constexpr uint32_t kMaxWaits = 1u << 20;
+  uint32_t n = in.getCount();
+  if (n > kMaxWaits) return make_error(Errc::protocol, "wait block claims " + std::to_string(n) + " waits");
+  auto gap = get_column<uint64_t>(in.getGapNs(), n, "gapNs");
+  auto duration = get_column<uint64_t>(in.getDurationNs(), n, "durationNs");
+  auto kind = get_column<uint8_t>(in.getKind(), n, "kind");
+  auto object = get_column<uint64_t>(in.getObject(), n, "object");
+  auto result = get_column<int32_t>(in.getResult(), n, "result");
+  for (const Error* e : {gap.ok() ? nullptr : &gap.error(), duration.ok() ? nullptr : &duration.error(),
+                         kind.ok() ? nullptr : &kind.error(), object.ok() ? nullptr : &object.error(),
+                         result.ok() ? nullptr : &result.error()}) {
+    if (e) return *e;
+  }
+  WaitBlock block;
+  block.pid = in.getPid();
+  block.tid = in.getTid();
+  block.waits.resize(n);
+  WaitRecord prev;
+  prev.kind = in.getFirstKind();
+  prev.object = in.getFirstObject();
+  prev.end_ns = batch.getBaseNs() + static_cast<uint64_t>(in.getBaseOffsetNs());
+  for (uint32_t i = 0; i < n; ++i) {
+    WaitRecord& w = block.waits[i];
+    w.start_ns = prev.end_ns + gap.value()[i];
+    w.end_ns = w.start_ns + duration.value()[i];
+    if (w.start_ns < prev.end_ns || w.end_ns < w.start_ns)
+      return make_error(Errc::protocol, "wait times overflow in wait " + std::to_string(i));
+    w.kind = kind.value()[i] ^ prev.kind;
+    w.object = object.value()[i] ^ prev.object;
+    w.result = result.value()[i];
+    prev = w;
+  }
+  return block;
+}
+
 std::string to_packed(capnp::MessageBuilder& message) {
   kj::VectorOutputStream output;
   capnp::writePackedMessage(output, message);

@@ -36,6 +36,26 @@ void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Bat
 // numbers and times do not overflow; throws nothing.
 Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Batch::Reader batch);
 
+// The ended host waits of one thread.
+struct WaitRecord {
+  uint8_t kind = 0;        // WaitKind
+  uint64_t object = 0;     // stream or event
+  uint64_t start_ns = 0;
+  uint64_t end_ns = 0;
+  int32_t result = 0;
+  bool operator==(const WaitRecord&) const = default;
+};
+struct WaitBlock {
+  uint32_t pid = 0;
+  uint32_t tid = 0;
+  std::vector<WaitRecord> waits;  // in start order
+};
+
+// Writes the wait blocks into the batch, relative to its time base (set by
+// encode_collectives; taken from the first wait when there was none).
+void encode_waits(const std::vector<WaitBlock>& blocks, wire::Batch::Builder batch);
+Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, wire::Batch::Reader batch);
+
 // Limits applied to every message read from a socket.
 struct ReadLimits {
   size_t max_bytes = 64u << 20;              // a larger frame is refused unread

@@ -38,7 +38,8 @@ rs_start() {
   rs_pids+=($!)
   for ((node = 0; node < nodes; node++)); do
     "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$agent_port" --node "gpu-$node" \
-      --netns "/run/netns/$prefix-$node" --nccl-lib "$build/fakenccl/libnccl.so.2" >"$work/agent-$node.log" 2>&1 &
+      --netns "/run/netns/$prefix-$node" --nccl-lib "$build/fakenccl/libnccl.so.2" ${RS_AGENT_ARGS:-} \
+      >"$work/agent-$node.log" 2>&1 &
     rs_pids+=($!)
   done
   for _ in $(seq 200); do

@@ -72,7 +72,7 @@ class ClockRefineTest : public ::testing::Test {
         b.setInstanceId(1);
         b.setSeq(++seq_of[name]);
         std::vector<proto::ColumnBlock> blocks(2);
-        auto waits = b.initWaits(2);
+        std::vector<proto::WaitBlock> waits(2);
         for (int i = 0; i < 2; ++i) {
           int rank = 2 * node + i;
           proto::CallRecord r;
@@ -86,14 +86,14 @@ class ClockRefineTest : public ::testing::Test {
           blocks[i].comm_hash = kComm;
           blocks[i].rank = rank;
           blocks[i].records.push_back(r);
-          waits[i].setPid(100 + rank);
-          waits[i].setKind(wire::WaitKind::STREAM_SYNCHRONIZE);
-          waits[i].setStartNs(r.return_ns + 1000);
           uint64_t end = t + 10 * kMs + static_cast<uint64_t>(error);
           if (early_end && rank == 0) end = t + kMs;  // before rank 3 arrived at t + 3 ms
-          waits[i].setEndNs(end);
+          waits[i].pid = 100 + rank;
+          waits[i].tid = 100 + rank;
+          waits[i].waits.push_back(proto::WaitRecord{1, 0x10, r.return_ns + 1000, std::max(end, r.return_ns + 1000), 0});
         }
         proto::encode_collectives({&blocks[0], &blocks[1]}, b);
+        proto::encode_waits(waits, b);
       });
     }
   }

@@ -142,6 +142,39 @@ TEST(Codec, GarbageBytesGiveAnErrorNotACrash) {
   EXPECT_NE(too_big.error().message.find("over the limit"), std::string::npos);
 }
 
+TEST(Codec, WaitsRoundTripAndStayCompact) {
+  // One synchronize per 100 ms step on one stream, for 20 steps.
+  WaitBlock block;
+  block.pid = 77;
+  block.tid = 78;
+  uint64_t t = 5'000'000'000ull;
+  for (int i = 0; i < 20; ++i) {
+    t += 80'000'000 + (i * 7919) % 1'000'000;
+    block.waits.push_back(WaitRecord{1, 0x55d1c0ffee00ull, t, t + 20'000'000 + (i * 131) % 100'000, i == 5 ? 700 : 0});
+    t += 20'000'000;
+  }
+  block.waits[9].kind = 2;
+  block.waits[9].object = 0;
+  capnp::MallocMessageBuilder message;
+  auto batch = message.initRoot<wire::AgentMessage>().initBatch();
+  encode_waits({block}, batch);
+  std::string bytes = to_packed(message);
+  WaitBlock back;
+  ASSERT_TRUE(read_packed<wire::AgentMessage>(bytes, ReadLimits{}, [&](auto m) {
+    auto decoded = decode_waits(m.getBatch().getWaits()[0], m.getBatch());
+    ASSERT_TRUE(decoded) << decoded.error().message;
+    back = *decoded;
+  }));
+  EXPECT_EQ(back.pid, 77u);
+  EXPECT_EQ(back.tid, 78u);
+  ASSERT_EQ(back.waits.size(), block.waits.size());
+  for (size_t i = 0; i < block.waits.size(); ++i) EXPECT_EQ(back.waits[i], block.waits[i]) << i;
+  capnp::MallocMessageBuilder empty;
+  encode_waits({WaitBlock{77, 78, {}}}, empty.initRoot<wire::AgentMessage>().initBatch());
+  double per_wait = static_cast<double>(bytes.size() - to_packed(empty).size()) / 20.0;
+  EXPECT_LT(per_wait, 16.0) << bytes.size() << " bytes for 20 waits";
+}
+
 TEST(Records, NamesAndSizesFollowNcclH) {
   EXPECT_EQ(op_name(RS_OP_ALLREDUCE), "AllReduce");
   EXPECT_EQ(op_from_name("ReduceScatter"), RS_OP_REDUCESCATTER);
