@@ -94,9 +94,14 @@ Process::Process(Process&& other) noexcept
 
 Process::~Process() {
   if (pid_ > 0 && !reaped_) {
+    // The whole process group: a program that forked workers (stress-ng)
+    // must not leave them running into the next test.
+    kill(-pid_, SIGKILL);
     kill(pid_, SIGKILL);
     kill(pid_, SIGCONT);
     waitpid(pid_, &status_, 0);
+  } else if (pid_ > 0) {
+    kill(-pid_, SIGKILL);
   }
 }
 

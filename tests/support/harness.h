@@ -45,7 +45,7 @@ struct SpawnOptions {
 class Process {
  public:
   explicit Process(const SpawnOptions& options);
-  ~Process();  // SIGKILLs the process if it still runs
+  ~Process();  // SIGKILLs the process and its process group (what it forked)
   Process(Process&&) noexcept;
   Process(const Process&) = delete;
 
