@@ -132,13 +132,22 @@ struct {
   __type(value, __u64);
 } p2p_seqs SEC(".maps");
 
-/* Processes that called NCCL: their exit is reported (and only theirs). */
+/* Processes that called NCCL or a CUDA wait: their exit is reported (and
+ * only theirs), and their entries in the tables below are removed then. */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, 16384);
   __type(key, __u32);
   __type(value, __u8);
 } nccl_processes SEC(".maps");
+
+static __always_inline void processes__note(__u32 tgid)
+{
+  if (!bpf_map_lookup_elem(&nccl_processes, &tgid)) {
+    __u8 one = 1;
+    bpf_map_update_elem(&nccl_processes, &tgid, &one, BPF_ANY);
+  }
+}
 
 /* An all-zero template, so that large values are never built on the stack. */
 struct {
@@ -215,11 +224,7 @@ static __always_inline struct pending_call *pending__open(__u64 pid_tgid, __u8 o
   p->entry_ns = bpf_ktime_get_ns();
   p->op = op;
   p->peer = -1;
-  __u32 tgid = pid_tgid >> 32;
-  if (!bpf_map_lookup_elem(&nccl_processes, &tgid)) {
-    __u8 one = 1;
-    bpf_map_update_elem(&nccl_processes, &tgid, &one, BPF_ANY);
-  }
+  processes__note(pid_tgid >> 32);
   return p;
 }
 
@@ -611,6 +616,7 @@ static __always_inline int wait__enter(__u8 kind, __u64 object)
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   if (!scope__in(pid_tgid >> 32))
     return 0;
+  processes__note(pid_tgid >> 32);
   struct rs_open_wait open = {
       .entry_ns = bpf_ktime_get_ns(), .object = object, .cgroup_id = bpf_get_current_cgroup_id(), .kind = kind};
   if (bpf_map_update_elem(&waits, &pid_tgid, &open, BPF_ANY))
@@ -666,6 +672,23 @@ int BPF_KRETPROBE(cuda_wait_return, long ret)
  * sched_process_exit fires for every exiting thread; the thread-group
  * leader's exit_code is the process's (kernel/exit.c: do_group_exit passes the
  * group exit code to every thread). Only processes that used NCCL count. */
+/* bpf_for_each_map_elem callbacks: drop the exiting process's entries, so
+ * that the tables hold live processes only (a rank killed inside a call, or
+ * one that never destroyed its communicators, would otherwise stay). */
+static long exit__drop_comm(struct bpf_map *map, struct comm_key *key, void *value, __u32 *tgid)
+{
+  if (key->pid == *tgid)
+    bpf_map_delete_elem(map, key);
+  return 0;
+}
+
+static long exit__drop_thread(struct bpf_map *map, __u64 *pid_tgid, void *value, __u32 *tgid)
+{
+  if ((__u32)(*pid_tgid >> 32) == *tgid)
+    bpf_map_delete_elem(map, pid_tgid);
+  return 0;
+}
+
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(process_exit, struct task_struct *task)
 {
@@ -674,6 +697,10 @@ int BPF_PROG(process_exit, struct task_struct *task)
   if (pid != tgid || !bpf_map_lookup_elem(&nccl_processes, &tgid))
     return 0;
   bpf_map_delete_elem(&nccl_processes, &tgid);
+  bpf_for_each_map_elem(&comms, exit__drop_comm, &tgid, 0);
+  bpf_for_each_map_elem(&pending, exit__drop_thread, &tgid, 0);
+  bpf_for_each_map_elem(&waits, exit__drop_thread, &tgid, 0);
+  bpf_for_each_map_elem(&groups, exit__drop_thread, &tgid, 0);
   struct rs_exit_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
   if (!e) {
     drops__count(RS_DROP_RINGBUF_FULL);

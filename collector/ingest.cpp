@@ -10,6 +10,7 @@ namespace rankscope::collector {
 
 namespace {
 constexpr size_t kAckedMemory = 4096;  // batch numbers remembered per node to spot re-sends
+constexpr size_t kHealthEntriesPerNode = 4096;  // processes whose health is kept per node
 
 void copy_drops(wire::DropCounters::Reader in, Drops& out) {
   out.ringbuf_full = in.getRingbufFull();
@@ -341,6 +342,11 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     sample.exit_status = p.getExitStatus();
     sample.exit_signal = p.getExitSignal();
     node.health[p.getPid()].add(sample);
+  }
+  // Dead processes are kept to explain findings, but not without bound.
+  if (node.health.size() > kHealthEntriesPerNode) {
+    for (auto it = node.health.begin(); it != node.health.end();)
+      it = it->second.alive() ? std::next(it) : node.health.erase(it);
   }
   // A wait missing from this heartbeat has ended.
   std::map<uint32_t, std::vector<OpenWait>> waits;

@@ -190,6 +190,36 @@ Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
   return attached;
 }
 
+NcclProbes::TableEntries NcclProbes::table_entries(uint32_t pid) const {
+  TableEntries out;
+  // comms: key {u32 pid, u32 reserved, u64 comm} (bpf/nccl.bpf.c struct comm_key).
+  struct {
+    uint32_t pid, reserved;
+    uint64_t comm;
+  } comm_key{}, comm_next{};
+  int fd = bpf_map__fd(skel_->maps.comms);
+  void* previous = nullptr;
+  while (bpf_map_get_next_key(fd, previous, &comm_next) == 0) {
+    out.comms += comm_next.pid == pid ? 1 : 0;
+    comm_key = comm_next;
+    previous = &comm_key;
+  }
+  auto count_threads = [&](bpf_map* map) {
+    size_t n = 0;
+    uint64_t key = 0, next = 0;
+    void* prev = nullptr;
+    while (bpf_map_get_next_key(bpf_map__fd(map), prev, &next) == 0) {
+      n += (next >> 32) == pid ? 1 : 0;
+      key = next;
+      prev = &key;
+    }
+    return n;
+  };
+  out.pending = count_threads(skel_->maps.pending);
+  out.waits = count_threads(skel_->maps.waits);
+  return out;
+}
+
 std::vector<std::pair<uint64_t, rs_open_wait>> NcclProbes::open_waits() const {
   std::vector<std::pair<uint64_t, rs_open_wait>> out;
   int fd = bpf_map__fd(skel_->maps.waits);

@@ -57,6 +57,12 @@ class NcclProbes {  // NCCL and CUDA runtime probes (bpf/nccl.bpf.c)
   // A descriptor that becomes readable when records are waiting (for poll(2)).
   int wait_fd() const;
   BpfDrops drops() const;
+  // Entries a process holds in the BPF tables (communicators, calls and
+  // waits in progress): zero once it exited.
+  struct TableEntries {
+    size_t comms = 0, pending = 0, waits = 0;
+  };
+  TableEntries table_entries(uint32_t pid) const;
   // Waits on the GPU in progress right now: (pid_tgid, wait).
   std::vector<std::pair<uint64_t, rs_open_wait>> open_waits() const;
   const std::vector<AttachedLibrary>& libraries() const { return libraries_; }

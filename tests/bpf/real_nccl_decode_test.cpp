@@ -82,6 +82,7 @@ ncclUniqueId known_id(int salt) {
 #undef SYM
   for (int r : results)
     if (write(out_fd, &r, sizeof(r)) != sizeof(r)) _exit(12);
+  if (read(go_fd, &c, 1) != 1) _exit(13);  // exit when told
   _exit(0);
 }
 
@@ -186,6 +187,11 @@ TEST(RealNccl, AgentDecodesEveryArgumentOfTheRealLibrary) {
   // Lane 0 numbers the collectives in call order.
   for (size_t i = 0; i < 9; ++i) EXPECT_EQ(std::get<rs_call_event>(events[2 + i]).seq, i);
 
+  // While it lives, its communicator (unknown to NCCL, numbered anyway) is
+  // in the BPF tables; once it exits, nothing of it is left there.
+  EXPECT_EQ((*probes)->table_entries(child).comms, 1u);
+  ASSERT_EQ(write(go[1], "x", 1), 1);
+
   // A process that used NCCL is seen exiting, with its status (_exit(0)).
   ASSERT_TRUE(rankscope::testing::wait_for(
       [&] {
@@ -195,6 +201,8 @@ TEST(RealNccl, AgentDecodesEveryArgumentOfTheRealLibrary) {
       std::chrono::seconds(10)));
   EXPECT_EQ(exits[0].hdr.pid, static_cast<uint32_t>(child));
   EXPECT_EQ(exits[0].exit_code, 0);
+  auto left = (*probes)->table_entries(child);
+  EXPECT_EQ(left.comms + left.pending + left.waits, 0u);
   free(fake_comm);
 }
 
