@@ -238,6 +238,9 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     info.user = p.getUser();
     info.account = p.getAccount();
     info.visible_devices = p.getVisibleDevices();
+    info.slurm_step = p.getSlurmStep();
+    info.pod_uid = p.getPodUid();
+    info.container_id = p.getContainerId();
   }
   std::set<uint64_t> touched;
   for (auto c : batch.getComms()) {

@@ -71,6 +71,9 @@ struct ProcessInfo {
   std::string user;
   std::string account;
   std::string visible_devices;  // CUDA_VISIBLE_DEVICES
+  std::string slurm_step;
+  std::string pod_uid;
+  std::string container_id;
   // The GPU it most likely drives: its one visible device, or the one its
   // local rank selects among several (cudaSetDevice(local_rank) is the
   // convention of torchrun and Slurm launchers); "" when unknown.

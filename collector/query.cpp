@@ -51,7 +51,7 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
   }
 }
 
-void fill_comm(const CommState& comm, query::CommInfo::Builder out) {
+void fill_comm(const Ingest& ingest, const CommState& comm, query::CommInfo::Builder out) {
   out.setCommHash(comm.hash);
   out.setNranks(comm.nranks);
   out.setOrigin(comm.origin);
@@ -65,6 +65,14 @@ void fill_comm(const CommState& comm, query::CommInfo::Builder out) {
     r.setRecords(m.records);
     r.setLastSeq(m.last_seq);
     r.setLastIssueNs(m.last_issue_ns);
+    if (const ProcessInfo* process = ingest.process(m.node, m.pid)) {
+      r.setGpu(process->gpu());
+      r.setUser(process->user);
+      r.setAccount(process->account);
+      r.setSlurmStep(process->slurm_step);
+      r.setPodUid(process->pod_uid);
+      r.setContainerId(process->container_id);
+    }
   }
 }
 
@@ -81,7 +89,7 @@ void answer_jobs(const QueryContext& ctx, query::JobsReply::Builder out) {
     for (unsigned k = 0; k < comms.size(); ++k) {
       first = std::min(first, comms[k]->first_ns);
       last = std::max(last, comms[k]->last_ns);
-      fill_comm(*comms[k], out_comms[k]);
+      fill_comm(ctx.ingest, *comms[k], out_comms[k]);
     }
     job.setFirstNs(first == UINT64_MAX ? 0 : first);
     job.setLastNs(last);

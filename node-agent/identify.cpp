@@ -88,6 +88,71 @@ std::optional<uint64_t> read_start_time(const std::string& proc_root, uint32_t p
   return value;
 }
 
+namespace {
+// The value after `prefix` up to the next '/', '.', or the end.
+std::string component_after(const std::string& path, const std::string& prefix) {
+  size_t at = path.find(prefix);
+  if (at == std::string::npos) return {};
+  size_t start = at + prefix.size();
+  size_t end = path.find_first_of("/.", start);
+  return path.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
+bool is_hex(const std::string& text) {
+  return !text.empty() && text.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+}  // namespace
+
+CgroupIdentity parse_cgroup_path(const std::string& path) {
+  CgroupIdentity id;
+  // Slurm (src/plugins/cgroup/v1 and v2): /slurm/uid_1000/job_42/step_0/task_1,
+  // /system.slice/slurmstepd.scope/job_42/step_batch/user/task_0.
+  id.slurm_job = component_after(path, "/job_");
+  if (!id.slurm_job.empty()) {
+    id.slurm_step = component_after(path, "/step_");
+    std::string uid = component_after(path, "/uid_");
+    if (!uid.empty() && uid.find_first_not_of("0123456789") == std::string::npos) id.slurm_uid = std::stoll(uid);
+  }
+  // Kubernetes: /kubepods/burstable/pod<uid>/<container> (cgroupfs driver) or
+  // /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/
+  // cri-containerd-<id>.scope (systemd driver; crio-<id>.scope, docker-<id>.scope).
+  if (path.find("kubepods") != std::string::npos) {
+    // "pod" right after '/' or '-' and followed by the uid ("kubepods" itself is not it).
+    for (size_t at = path.find("pod"); at != std::string::npos; at = path.find("pod", at + 1)) {
+      if (at == 0 || (path[at - 1] != '/' && path[at - 1] != '-') || at + 3 >= path.size() ||
+          !isxdigit(static_cast<unsigned char>(path[at + 3])))
+        continue;
+      std::string pod = component_after(path.substr(at - 1), std::string(1, path[at - 1]) + "pod");
+      for (auto& c : pod)
+        if (c == '_') c = '-';
+      id.pod_uid = pod;
+      break;
+    }
+  }
+  struct Runtime {
+    const char* prefix;
+    const char* name;
+  };
+  for (const Runtime& runtime : {Runtime{"cri-containerd-", "containerd"}, Runtime{"crio-", "crio"},
+                                 Runtime{"docker-", "docker"}}) {
+    std::string container = component_after(path, runtime.prefix);
+    if (is_hex(container)) {
+      id.container_id = container;
+      id.container_runtime = runtime.name;
+      return id;
+    }
+  }
+  // cgroupfs layouts: the container id is the last component (64 hex digits).
+  size_t slash = path.rfind('/');
+  std::string last = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (last.size() == 64 && is_hex(last) &&
+      (path.find("/docker/") != std::string::npos || path.find("kubepods") != std::string::npos)) {
+    id.container_id = last;
+    id.container_runtime = path.find("/docker/") != std::string::npos ? "docker" : "";
+  }
+  return id;
+}
+
 std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t pid) {
   std::string dir = proc_root + "/" + std::to_string(pid);
   auto stat = read_file(dir + "/stat");
@@ -126,6 +191,27 @@ std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint3
     }
   }
   if (auto environ = read_file(dir + "/environ")) apply_environment(parse_environ(*environ), identity);
+  if (auto cgroups = read_file(dir + "/cgroup")) {
+    // cgroup v2's single line "0::/path" if it says more than "/", else the
+    // first v1 hierarchy's path that does (proc(5): "id:controllers:path").
+    std::istringstream lines(*cgroups);
+    std::string line, v1;
+    while (std::getline(lines, line)) {
+      size_t second = line.find(':', line.find(':') + 1);
+      if (second == std::string::npos) continue;
+      std::string path = line.substr(second + 1);
+      if (line.rfind("0::", 0) == 0 && path != "/") identity.cgroup_path = path;
+      else if (v1.empty() && line.rfind("0::", 0) != 0 && path != "/") v1 = path;
+    }
+    if (identity.cgroup_path.empty()) identity.cgroup_path = v1;
+    CgroupIdentity from_cgroup = parse_cgroup_path(identity.cgroup_path);
+    if (identity.job.empty()) identity.job = from_cgroup.slurm_job;
+    identity.slurm_step = from_cgroup.slurm_step;
+    identity.slurm_uid = from_cgroup.slurm_uid;
+    identity.pod_uid = from_cgroup.pod_uid;
+    identity.container_id = from_cgroup.container_id;
+    identity.container_runtime = from_cgroup.container_runtime;
+  }
   if (identity.user.empty()) {
     passwd entry{};
     passwd* found = nullptr;

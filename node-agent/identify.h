@@ -20,7 +20,26 @@ struct ProcessIdentity {
   int32_t local_rank = -1;
   int32_t world_size = -1;
   std::string visible_devices;
+  // From the cgroup path (cgroup v2, else the first v1 hierarchy):
+  std::string cgroup_path;
+  uint64_t cgroup_id = 0;      // from the events (bpf_get_current_cgroup_id)
+  std::string slurm_step;      // "0", "batch", "extern"...
+  int64_t slurm_uid = -1;
+  std::string pod_uid;         // Kubernetes
+  std::string container_id;    // Kubernetes or Docker
+  std::string container_runtime;  // containerd, crio, docker
 };
+
+// What a cgroup path says about who runs there: Slurm's
+// ".../job_<id>/step_<n>/..." (v1 and v2, with "uid_<n>"), Kubernetes'
+// "kubepods...pod<uid>..." with a containerd, CRI-O or Docker container, a
+// plain Docker container. Fields it cannot find stay empty.
+struct CgroupIdentity {
+  std::string slurm_job, slurm_step;
+  int64_t slurm_uid = -1;
+  std::string pod_uid, container_id, container_runtime;
+};
+CgroupIdentity parse_cgroup_path(const std::string& path);
 
 // Parses the NUL-separated contents of /proc/PID/environ.
 std::map<std::string, std::string> parse_environ(const std::string& raw);

@@ -60,6 +60,7 @@ void Summariser::on_event(const Event& event) {
 
 void Summariser::on_comm_init(const rs_comm_init_event& e) {
   ProcessEntry& proc = process(e.hdr.pid);
+  if (!proc.identity.cgroup_id) proc.identity.cgroup_id = e.hdr.cgroup_id;
   if (e.result != 0 || e.comm == 0) {
     RS_LOG(info, "process %u: %s returned %s; no communicator", e.hdr.pid, proto::op_name(e.op).c_str(),
            proto::result_name(e.result).c_str());
@@ -96,6 +97,7 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
 
 void Summariser::on_call(const rs_call_event& e) {
   ProcessEntry& proc = process(e.hdr.pid);
+  if (!proc.identity.cgroup_id) proc.identity.cgroup_id = e.hdr.cgroup_id;
   auto it = comms_.find({e.hdr.pid, e.comm});
   if (it == comms_.end()) {
     // Created before we attached: name it locally so its records are kept,
@@ -189,6 +191,11 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
     p.setUser(id.user);
     p.setAccount(id.account);
     p.setVisibleDevices(id.visible_devices);
+    p.setCgroupPath(id.cgroup_path);
+    p.setSlurmStep(id.slurm_step);
+    p.setPodUid(id.pod_uid);
+    p.setContainerId(id.container_id);
+    p.setCgroupId(id.cgroup_id);
     entry.sent = true;
   }
 

@@ -120,6 +120,12 @@ struct RankInfo {
   records @3 :UInt64;
   lastSeq @4 :Int64;        # -1: none yet
   lastIssueNs @5 :UInt64;   # cluster time
+  gpu @6 :Text;             # from CUDA_VISIBLE_DEVICES and the local rank; "" unknown
+  user @7 :Text;
+  account @8 :Text;
+  slurmStep @9 :Text;
+  podUid @10 :Text;
+  containerId @11 :Text;
 }
 
 struct TimelineReply {

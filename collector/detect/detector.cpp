@@ -212,6 +212,9 @@ std::string Detector::describe_rank(const CommState& comm, int32_t rank, uint64_
     if (!gpu.empty()) who += ", GPU " + gpu;
     if (!process->user.empty()) who += ", user " + process->user;
     if (!process->account.empty()) who += ", account " + process->account;
+    if (!process->slurm_step.empty()) who += ", step " + process->slurm_step;
+    if (!process->pod_uid.empty()) who += ", pod " + process->pod_uid;
+    if (!process->container_id.empty()) who += ", container " + process->container_id.substr(0, 12);
   }
   std::string text = "rank " + std::to_string(rank) + " on node " + m.node + " (" + who + ")";
   if (m.last_seq >= 0) {

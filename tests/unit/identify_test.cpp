@@ -66,3 +66,68 @@ TEST(Identify, VanishedProcessIsNotAnError) {
 
 }  // namespace
 }  // namespace rankscope::agent
+
+namespace rankscope::agent {
+namespace {
+
+TEST(CgroupIdentity, SlurmCgroupV1) {
+  auto id = parse_cgroup_path("/slurm/uid_1000/job_4711/step_0/task_2");
+  EXPECT_EQ(id.slurm_job, "4711");
+  EXPECT_EQ(id.slurm_step, "0");
+  EXPECT_EQ(id.slurm_uid, 1000);
+  EXPECT_EQ(id.pod_uid, "");
+}
+
+TEST(CgroupIdentity, SlurmCgroupV2BatchStep) {
+  auto id = parse_cgroup_path("/system.slice/slurmstepd.scope/job_88121/step_batch/user/task_0");
+  EXPECT_EQ(id.slurm_job, "88121");
+  EXPECT_EQ(id.slurm_step, "batch");
+  EXPECT_EQ(id.slurm_uid, -1);
+}
+
+TEST(CgroupIdentity, KubernetesSystemdDriverWithContainerd) {
+  auto id = parse_cgroup_path(
+      "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod6f1c2a9e_3b4d_4c1e_9a7b_0d2e5f8a1b3c.slice/"
+      "cri-containerd-0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9.scope");
+  EXPECT_EQ(id.pod_uid, "6f1c2a9e-3b4d-4c1e-9a7b-0d2e5f8a1b3c");
+  EXPECT_EQ(id.container_id, "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9");
+  EXPECT_EQ(id.container_runtime, "containerd");
+  EXPECT_EQ(id.slurm_job, "");
+}
+
+TEST(CgroupIdentity, KubernetesCgroupfsDriverAndCrio) {
+  std::string container(64, 'c');
+  auto v1 = parse_cgroup_path("/kubepods/besteffort/pod11112222-3333-4444-5555-666677778888/" + container);
+  EXPECT_EQ(v1.pod_uid, "11112222-3333-4444-5555-666677778888");
+  EXPECT_EQ(v1.container_id, container);
+  auto crio = parse_cgroup_path("/kubepods.slice/kubepods-pod0000aaaa_1111_2222_3333_444455556666.slice/crio-" +
+                                container + ".scope");
+  EXPECT_EQ(crio.pod_uid, "0000aaaa-1111-2222-3333-444455556666");
+  EXPECT_EQ(crio.container_runtime, "crio");
+}
+
+TEST(CgroupIdentity, PlainDockerAndNothing) {
+  std::string container(64, 'd');
+  auto docker = parse_cgroup_path("/system.slice/docker-" + container + ".scope");
+  EXPECT_EQ(docker.container_id, container);
+  EXPECT_EQ(docker.container_runtime, "docker");
+  auto user = parse_cgroup_path("/user.slice/user-1000.slice/session-3.scope");
+  EXPECT_EQ(user.slurm_job, "");
+  EXPECT_EQ(user.pod_uid, "");
+  EXPECT_EQ(user.container_id, "");
+}
+
+TEST(Identify, CgroupFillsTheJobWhenTheEnvironmentDoesNot) {
+  testing::TempDir root;
+  write(root.file("9/stat"), "9 (train) S 1 9 9 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 9 0 555 1 2 3\n");
+  write(root.file("9/cgroup"), "12:cpu,cpuacct:/slurm/uid_0/job_77/step_3\n0::/\n");
+  write(root.file("9/environ"), environ_of({"RANK=1"}));
+  auto id = read_identity(root.path(), 9);
+  ASSERT_TRUE(id);
+  EXPECT_EQ(id->cgroup_path, "/slurm/uid_0/job_77/step_3");
+  EXPECT_EQ(id->job, "77");
+  EXPECT_EQ(id->slurm_step, "3");
+}
+
+}  // namespace
+}  // namespace rankscope::agent

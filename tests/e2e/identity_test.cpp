@@ -1,0 +1,111 @@
+// Identity from cgroups, for real: two ranks of one job run in cgroups made
+// by the test, one shaped like Slurm's (job_<id>/step_<n>) and one like a
+// Kubernetes pod's container (kubepods...pod<uid>...cri-containerd-<id>),
+// and the collector knows each rank's job, step, pod and container.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "tests/support/cluster.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::testing {
+namespace {
+
+constexpr const char* kCgroup2 = "/sys/fs/cgroup/unified";
+
+// A cgroup v2 directory tree, removed leaf first by the destructor.
+class CgroupTree {
+ public:
+  explicit CgroupTree(const std::string& root) : root_(root) {}
+  ~CgroupTree() {
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) rmdir(it->c_str());
+  }
+  // Makes every missing directory of `relative` below the root; returns the full path.
+  std::string make(const std::string& relative) {
+    std::string path = root_;
+    size_t start = 0;
+    while (start < relative.size()) {
+      size_t end = relative.find('/', start);
+      if (end == std::string::npos) end = relative.size();
+      path += "/" + relative.substr(start, end - start);
+      if (mkdir(path.c_str(), 0755) == 0) made_.push_back(path);
+      start = end + 1;
+    }
+    return path;
+  }
+
+ private:
+  std::string root_;
+  std::vector<std::string> made_;
+};
+
+TEST(Identity, SlurmAndKubernetesCgroupsNameStepPodAndContainer) {
+  if (geteuid() != 0) GTEST_SKIP() << "cgroups, eBPF and network namespaces need root: run the suite as root";
+  struct stat st {};
+  ASSERT_EQ(stat((std::string(kCgroup2) + "/cgroup.procs").c_str(), &st), 0)
+      << "no cgroup v2 hierarchy at " << kCgroup2;
+  TempDir dir;
+  NetnsCluster cluster(1);
+  ASSERT_TRUE(cluster.ok());
+  TestDeployment deployment(dir, cluster, 1);
+  ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20)));
+
+  std::string top = unique_name("rankscope-test-");
+  CgroupTree tree(kCgroup2);
+  std::string slurm = tree.make(top + "/slurm/uid_0/job_4242/step_7");
+  std::string container(64, 'a');
+  std::string pod = tree.make(top + "/kubepods.slice/kubepods-besteffort.slice/"
+                                    "kubepods-besteffort-pod0123abcd_4567_89ab_cdef_0123456789ab.slice/cri-containerd-" +
+                              container + ".scope");
+  std::vector<Process> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    SpawnOptions spawn;
+    // Into the cgroup first, then into the node's namespace (`ip netns exec`
+    // mounts a sysfs of its own, without the cgroup tree), then the program:
+    // one process throughout, its first NCCL call already in the cgroup.
+    std::string cgroup = rank == 0 ? slurm : pod;
+    spawn.argv = {"/bin/sh", "-c",
+                  "echo $$ > '" + cgroup + "/cgroup.procs' && exec ip netns exec " + cluster.name(0) + " '" +
+                      bin_path("fakenccl-train") + "' --id-file '" + dir.file("nccl.id") +
+                      "' --steps 400 --compute-iters 200000 --bucket-elems 1024 --quiet"};
+    spawn.env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(rank)},
+                 {"CUDA_VISIBLE_DEVICES", "3,5"}};
+    spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
+    ranks.emplace_back(spawn);
+  }
+  std::string jobs;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        capnp::MallocMessageBuilder request;
+        auto req = request.initRoot<proto::query::Request>();
+        req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+        req.setJobs();
+        bool both = false;
+        auto result = deployment.client().ask(request, [&](proto::query::Reply::Reader reply) {
+          for (auto job : reply.getJobs().getJobs())
+            for (auto comm : job.getComms()) {
+              if (comm.getRanks().size() != 2) continue;
+              auto r0 = comm.getRanks()[0];
+              auto r1 = comm.getRanks()[1];
+              jobs = "job " + std::string(job.getJob().cStr()) + "; rank 0 step " + r0.getSlurmStep().cStr() +
+                     " gpu " + r0.getGpu().cStr() + "; rank 1 pod " + r1.getPodUid().cStr() + " container " +
+                     r1.getContainerId().cStr() + " gpu " + r1.getGpu().cStr();
+              both = true;
+            }
+        });
+        return result && both;
+      },
+      std::chrono::seconds(30)))
+      << slurp(dir.file("rank0.log")) << slurp(dir.file("agent-0.log"));
+  EXPECT_NE(jobs.find("rank 0 step 7 gpu 3"), std::string::npos) << jobs;
+  EXPECT_NE(jobs.find("rank 1 pod 0123abcd-4567-89ab-cdef-0123456789ab container " + container + " gpu 5"),
+            std::string::npos)
+      << jobs;
+  for (auto& rank : ranks) EXPECT_EQ(rank.wait(std::chrono::seconds(120)), 0);
+}
+
+}  // namespace
+}  // namespace rankscope::testing
