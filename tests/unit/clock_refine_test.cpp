@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "collector/clock_refine.h"
+#include "tests/support/feed.h"
 #include "tests/support/harness.h"
 
 namespace rankscope::collector {
@@ -21,11 +22,7 @@ class FixedClock final : public Clock {
 class ClockRefineTest : public ::testing::Test {
  protected:
   void send(const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
-    capnp::MallocMessageBuilder message;
-    fill(message.initRoot<wire::AgentMessage>());
-    Outbox out;
-    ingest.on_agent_message("conn-" + node, proto::to_packed(message), out);
-    ASSERT_TRUE(ingest.commit());
+    testing::feed(ingest, node, fill);
   }
 
   // Two nodes of two ranks; the probes say offset 0 with an uncertainty of

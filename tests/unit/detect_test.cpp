@@ -5,6 +5,7 @@
 #include <random>
 
 #include "collector/detect/detector.h"
+#include "tests/support/feed.h"
 #include "tests/support/harness.h"
 
 namespace rankscope::collector {
@@ -41,11 +42,7 @@ class DetectTest : public ::testing::Test {
   std::string node_of(int32_t rank) const { return "node-" + std::to_string(rank / 2); }
 
   void send(const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
-    capnp::MallocMessageBuilder message;
-    fill(message.initRoot<wire::AgentMessage>());
-    Outbox out;
-    ingest.on_agent_message("conn-" + node, proto::to_packed(message), out);
-    ASSERT_TRUE(ingest.commit());
+    testing::feed(ingest, node, fill);
   }
 
   // Hello from every node, the communicator on every rank, and (if

@@ -1,0 +1,22 @@
+#pragma once
+// Feeds one agent message through the collector's real ingest path (Cap'n
+// Proto bytes in, RocksDB commit out), as if `node`'s agent had sent it.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "collector/ingest.h"
+
+namespace rankscope::testing {
+
+inline void feed(collector::Ingest& ingest, const std::string& node,
+                 const std::function<void(proto::wire::AgentMessage::Builder)>& fill) {
+  capnp::MallocMessageBuilder message;
+  fill(message.initRoot<proto::wire::AgentMessage>());
+  collector::Outbox out;
+  ingest.on_agent_message("conn-" + node, proto::to_packed(message), out);
+  EXPECT_TRUE(ingest.commit());
+}
+
+}  // namespace rankscope::testing
