@@ -60,7 +60,7 @@ void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t se
     if (last_arrival && end < last_arrival) {
       if (NodeState* state = ingest_.node(node)) state->clock_violations += 1;
     }
-    int64_t raw = static_cast<int64_t>(end) - states_[node].applied_ns;
+    int64_t raw = static_cast<int64_t>(end) - applied(node);
     raw_ends.push_back(raw);
     by_node[node].push_back(raw);
   }
@@ -90,12 +90,14 @@ void ClockRefiner::update() {
     // Within what the probes allow: they bound the offset, the collectives
     // choose inside the bound.
     int64_t bound = static_cast<int64_t>(std::min<uint64_t>(state->clock.uncertainty_ns(), 1'000'000'000ull));
-    int64_t applied = std::clamp(t - mean, -bound, bound);
-    state->clock.set_refinement(applied);
-    RefinementState& refinement = states_[node];
-    refinement.applied_ns = applied;
-    refinement.samples = residuals_[node].size();
+    int64_t correction = std::clamp(t - mean, -bound, bound);
+    state->clock.set_refinement(correction);
   }
+}
+
+int64_t ClockRefiner::applied(const std::string& node) const {
+  const NodeState* state = ingest_.node(node);
+  return state ? state->clock.refinement_ns() : 0;
 }
 
 }  // namespace rankscope::collector

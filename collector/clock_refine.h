@@ -22,20 +22,15 @@
 
 namespace rankscope::collector {
 
-struct RefinementState {
-  int64_t applied_ns = 0;        // added to the probe offset
-  size_t samples = 0;            // residuals behind it
-};
-
 class ClockRefiner final : public RecordObserver {
  public:
   explicit ClockRefiner(Ingest& ingest) : ingest_(ingest) {}
 
   void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) override;
   void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
-  // Recomputes each node's refinement and applies it to its clock.
+  // Recomputes each node's refinement and applies it to its clock
+  // (NodeClock::set_refinement; read back with refinement_ns()).
   void update();
-  const std::map<std::string, RefinementState>& states() const { return states_; }
 
  private:
   static constexpr size_t kIssueHistory = 64;   // recent (seq, issue) per rank
@@ -55,11 +50,11 @@ class ClockRefiner final : public RecordObserver {
   };
 
   void complete(const CommState& comm, CommTrack& track, uint64_t seq, const Group& group);
+  int64_t applied(const std::string& node) const;
 
   Ingest& ingest_;
   std::map<uint64_t, CommTrack> comms_;
   std::map<std::string, std::deque<int64_t>> residuals_;  // per node, on the probes' clocks
-  std::map<std::string, RefinementState> states_;
 };
 
 }  // namespace rankscope::collector

@@ -122,6 +122,10 @@ class Ingest {
     auto it = nodes_.find(name);
     return it == nodes_.end() ? nullptr : &it->second;
   }
+  const NodeState* node(const std::string& name) const {
+    auto it = nodes_.find(name);
+    return it == nodes_.end() ? nullptr : &it->second;
+  }
 
   const std::map<std::string, NodeState>& nodes() const { return nodes_; }
   const std::map<uint64_t, CommState>& comms() const { return comms_; }

@@ -142,7 +142,6 @@ void Transport::handle(const std::string& bytes) {
         if (it != queue_.end()) {
           queued_bytes_ -= it->bytes.size();
           queue_.erase(it);
-          ++acked_total_;
         }
         break;
       }

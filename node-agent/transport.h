@@ -34,7 +34,6 @@ class Transport {
 
   bool accepted() const { return accepted_; }
   size_t unacked() const { return queue_.size(); }
-  uint64_t acked_total() const { return acked_total_; }
   uint64_t discarded_batches() const { return discarded_; }
   zmq::socket_t& socket() { return socket_; }
 
@@ -59,7 +58,6 @@ class Transport {
   size_t queued_bytes_ = 0;
   bool accepted_ = false;
   uint64_t last_hello_ns_ = 0;
-  uint64_t acked_total_ = 0;
   uint64_t discarded_ = 0;
   uint64_t last_refusal_log_ns_ = 0;
 };
