@@ -138,15 +138,45 @@ struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, 16384);
   __type(key, __u32);
-  __type(value, __u8);
+  __type(value, struct rs_host_stats);
 } nccl_processes SEC(".maps");
 
-static __always_inline void processes__note(__u32 tgid)
+/* The threads that called NCCL or waited on the GPU: their scheduling is
+ * followed by the sched_switch probe below. */
+struct thread_sched {
+  __u64 off_ns;       /* when it was switched out; 0 while it runs */
+  __u64 ready_ns;     /* when it became runnable again (preempted or woken); 0 if not yet */
+  __u64 last_maj_flt; /* task_struct.maj_flt at its last switch-out */
+  __u32 tgid;
+  __u8 iowait;        /* asleep on block I/O at switch-out */
+  __u8 reserved[3];
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u32); /* tid */
+  __type(value, struct thread_sched);
+} threads SEC(".maps");
+
+static __always_inline void processes__note(__u64 pid_tgid, bool calling_thread)
 {
-  if (!bpf_map_lookup_elem(&nccl_processes, &tgid)) {
-    __u8 one = 1;
-    bpf_map_update_elem(&nccl_processes, &tgid, &one, BPF_ANY);
+  __u32 tgid = pid_tgid >> 32;
+  __u32 tid = (__u32)pid_tgid;
+  struct rs_host_stats *stats = bpf_map_lookup_elem(&nccl_processes, &tgid);
+  if (!stats) {
+    struct rs_host_stats fresh = {};
+    bpf_map_update_elem(&nccl_processes, &tgid, &fresh, BPF_NOEXIST);
+    stats = bpf_map_lookup_elem(&nccl_processes, &tgid);
+    if (!stats)
+      return;
   }
+  if (!calling_thread || bpf_map_lookup_elem(&threads, &tid))
+    return;
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  struct thread_sched fresh = {.tgid = tgid, .last_maj_flt = BPF_CORE_READ(task, maj_flt)};
+  if (bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST) == 0)
+    __sync_fetch_and_add(&stats->threads, 1);
 }
 
 /* An all-zero template, so that large values are never built on the stack. */
@@ -224,7 +254,8 @@ static __always_inline struct pending_call *pending__open(__u64 pid_tgid, __u8 o
   p->entry_ns = bpf_ktime_get_ns();
   p->op = op;
   p->peer = -1;
-  processes__note(pid_tgid >> 32);
+  /* A watchdog thread polling for errors is not on the collectives' path. */
+  processes__note(pid_tgid, op != RS_OP_COMM_GET_ASYNC_ERROR);
   return p;
 }
 
@@ -438,6 +469,32 @@ int BPF_KPROBE(nccl_comm_split_enter)
   return 0;
 }
 
+/* ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist): one
+ * process creates all ndev ranks of a communicator. */
+SEC("uprobe")
+int BPF_KPROBE(nccl_comm_init_all_enter)
+{
+  struct pending_call *p = init__enter(RS_OP_COMM_INIT_ALL);
+  if (!p)
+    return 0;
+  p->comm_out = PT_REGS_PARM1(ctx);
+  p->nranks = (__s32)PT_REGS_PARM2(ctx);
+  return 0;
+}
+
+/* ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError): polled by
+ * frameworks' watchdogs; only an error found (or returned) is an event. */
+SEC("uprobe")
+int BPF_KPROBE(nccl_comm_get_async_error_enter)
+{
+  struct pending_call *p = init__enter(RS_OP_COMM_GET_ASYNC_ERROR);
+  if (!p)
+    return 0;
+  p->comm = PT_REGS_PARM1(ctx);
+  p->comm_out = PT_REGS_PARM2(ctx);
+  return 0;
+}
+
 /* ncclCommDestroy(ncclComm_t comm) / ncclCommAbort(ncclComm_t comm) */
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_destroy_enter)
@@ -566,6 +623,67 @@ static __always_inline void emit__comm_end(struct pending_call *p, __u64 pid_tgi
   bpf_ringbuf_submit(e, 0);
 }
 
+/* ncclCommInitAll made comms[0..ndev): one record per rank, all with the
+ * entry time of the one call (the agent names the communicator by it). */
+#define RS_INIT_ALL_MAX 64
+static __always_inline void emit__comm_init_all(struct pending_call *p, __u64 pid_tgid, __s32 result)
+{
+  __s32 n = p->nranks;
+  if (n > RS_INIT_ALL_MAX)
+    n = RS_INIT_ALL_MAX;
+  for (__s32 i = 0; i < RS_INIT_ALL_MAX; i++) {
+    if (i >= n)
+      break;
+    __u64 comm = 0;
+    if (p->comm_out)
+      bpf_probe_read_user(&comm, sizeof(comm), (void *)(p->comm_out + 8 * (__u64)i));
+    if (result == 0 && comm) {
+      struct comm_key key = {.pid = pid_tgid >> 32, .comm = comm};
+      struct comm_state fresh = {.next_seq = 0, .epoch = bpf_ktime_get_ns()};
+      if (bpf_map_update_elem(&comms, &key, &fresh, BPF_ANY))
+        drops__count(RS_DROP_MAP_FULL);
+    }
+    struct rs_comm_init_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+    if (!e) {
+      drops__count(RS_DROP_RINGBUF_FULL);
+      continue;
+    }
+    header__fill(&e->hdr, pid_tgid, RS_EV_COMM_INIT);
+    e->entry_ns = p->entry_ns;
+    e->comm = comm;
+    e->parent_comm = 0;
+    e->nranks = p->nranks;
+    e->rank = i;
+    e->result = result;
+    e->color = 0;
+    e->key = 0;
+    e->op = RS_OP_COMM_INIT_ALL;
+    e->reserved[0] = e->reserved[1] = e->reserved[2] = 0;
+    __builtin_memset(e->unique_id, 0, sizeof(e->unique_id));
+    bpf_ringbuf_submit(e, 0);
+  }
+}
+
+static __always_inline void emit__async_error(struct pending_call *p, __u64 pid_tgid, __s32 result)
+{
+  __s32 async_error = 0;
+  if (p->comm_out)
+    bpf_probe_read_user(&async_error, sizeof(async_error), (void *)p->comm_out);
+  /* ncclInProgress (7) is a non-blocking communicator still initialising. */
+  if (result == 0 && (async_error == 0 || async_error == 7))
+    return;
+  struct rs_async_error_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) {
+    drops__count(RS_DROP_RINGBUF_FULL);
+    return;
+  }
+  header__fill(&e->hdr, pid_tgid, RS_EV_ASYNC_ERROR);
+  e->comm = p->comm;
+  e->result = result;
+  e->async_error = async_error;
+  bpf_ringbuf_submit(e, 0);
+}
+
 /* The one return probe, attached to every function that has an entry probe. */
 SEC("uretprobe")
 int BPF_KRETPROBE(nccl_call_return, long ret)
@@ -585,9 +703,15 @@ int BPF_KRETPROBE(nccl_call_return, long ret)
   case RS_OP_COMM_SPLIT:
     emit__comm_init(p, pid_tgid, result);
     break;
+  case RS_OP_COMM_INIT_ALL:
+    emit__comm_init_all(p, pid_tgid, result);
+    break;
   case RS_OP_COMM_DESTROY:
   case RS_OP_COMM_ABORT:
     emit__comm_end(p, pid_tgid, result);
+    break;
+  case RS_OP_COMM_GET_ASYNC_ERROR:
+    emit__async_error(p, pid_tgid, result);
     break;
   default:
     emit__call(p, pid_tgid, result);
@@ -616,7 +740,7 @@ static __always_inline int wait__enter(__u8 kind, __u64 object)
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   if (!scope__in(pid_tgid >> 32))
     return 0;
-  processes__note(pid_tgid >> 32);
+  processes__note(pid_tgid, true);
   struct rs_open_wait open = {
       .entry_ns = bpf_ktime_get_ns(), .object = object, .cgroup_id = bpf_get_current_cgroup_id(), .kind = kind};
   if (bpf_map_update_elem(&waits, &pid_tgid, &open, BPF_ANY))
@@ -668,6 +792,216 @@ int BPF_KRETPROBE(cuda_wait_return, long ret)
   return 0;
 }
 
+/* cudaSetDevice(int device): the GPU a thread works on from now on. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 16384);
+  __type(key, __u64); /* pid_tgid */
+  __type(value, __s32);
+} set_device_args SEC(".maps");
+
+SEC("uprobe")
+int BPF_KPROBE(cuda_set_device_enter)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  if (!scope__in(pid_tgid >> 32))
+    return 0;
+  __s32 device = (__s32)PT_REGS_PARM1(ctx);
+  bpf_map_update_elem(&set_device_args, &pid_tgid, &device, BPF_ANY);
+  return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(cuda_set_device_return, long ret)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __s32 *device = bpf_map_lookup_elem(&set_device_args, &pid_tgid);
+  if (!device)
+    return 0;
+  struct rs_set_device_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) {
+    drops__count(RS_DROP_RINGBUF_FULL);
+  } else {
+    header__fill(&e->hdr, pid_tgid, RS_EV_SET_DEVICE);
+    e->device = *device;
+    e->result = (__s32)ret;
+    bpf_ringbuf_submit(e, 0);
+  }
+  bpf_map_delete_elem(&set_device_args, &pid_tgid);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- libc setenv
+ * setenv(name, value, overwrite) in any process in scope: only
+ * CUDA_VISIBLE_DEVICES is reported (a launcher or the framework narrowing
+ * the GPUs after the process started; /proc/PID/environ keeps the old value). */
+static const char visible_devices_name[] = "CUDA_VISIBLE_DEVICES";
+
+SEC("uprobe")
+int BPF_KPROBE(libc_setenv_enter)
+{
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  if (!scope__in(pid_tgid >> 32))
+    return 0;
+  char name[sizeof(visible_devices_name)] = {};
+  if (bpf_probe_read_user_str(name, sizeof(name), (void *)PT_REGS_PARM1(ctx)) != sizeof(name))
+    return 0;
+  for (int i = 0; i < sizeof(name); i++)
+    if (name[i] != visible_devices_name[i])
+      return 0;
+  struct rs_setenv_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) {
+    drops__count(RS_DROP_RINGBUF_FULL);
+    return 0;
+  }
+  header__fill(&e->hdr, pid_tgid, RS_EV_SETENV);
+  __builtin_memset(e->value, 0, sizeof(e->value));
+  bpf_probe_read_user_str(e->value, sizeof(e->value), (void *)PT_REGS_PARM2(ctx));
+  e->overwrite = (__s32)PT_REGS_PARM3(ctx);
+  e->reserved = 0;
+  bpf_ringbuf_submit(e, 0);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- host context
+ * sched_switch: CPU time per cgroup (who used this host), and for the threads
+ * that call NCCL or wait on the GPU: time on and off a CPU, time runnable but
+ * waiting for one (run-queue latency, from preemption or wakeup to running),
+ * time asleep on block I/O, voluntary and involuntary switches, major faults.
+ * Cost: a few map lookups per context switch on the host. */
+
+/* Scope for the host-wide rows: netns and cgroup filters, not the pid list. */
+static __always_inline bool scope__host_in(struct task_struct *task)
+{
+  if (filter_netns_ino && BPF_CORE_READ(task, nsproxy, net_ns, ns.inum) != filter_netns_ino)
+    return false;
+  if (filter_cgroup_id && bpf_get_current_ancestor_cgroup_id(filter_cgroup_level) != filter_cgroup_id)
+    return false;
+  return true;
+}
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, __u64);
+} cpu_switch_ns SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 8192);
+  __type(key, __u64); /* cgroup v2 id */
+  __type(value, struct rs_cgroup_stats);
+} cgroup_stats SEC(".maps");
+
+static __always_inline struct rs_cgroup_stats *cgroup__stats(__u64 id)
+{
+  struct rs_cgroup_stats *row = bpf_map_lookup_elem(&cgroup_stats, &id);
+  if (row)
+    return row;
+  struct rs_cgroup_stats fresh = {};
+  bpf_map_update_elem(&cgroup_stats, &id, &fresh, BPF_NOEXIST);
+  return bpf_map_lookup_elem(&cgroup_stats, &id);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+{
+  __u64 now = bpf_ktime_get_ns();
+  __u32 zero = 0;
+  __u64 *last = bpf_map_lookup_elem(&cpu_switch_ns, &zero);
+  if (!last)
+    return 0;
+  __u64 ran = *last ? now - *last : 0;
+  *last = now;
+
+  __u32 prev_tid = prev->pid;
+  bool involuntary = preempt || prev_state == 0; /* TASK_RUNNING: still runnable */
+  if (prev_tid != 0 && scope__host_in(prev)) {
+    /* current is still prev here: its cgroup is the current one. */
+    struct rs_cgroup_stats *row = cgroup__stats(bpf_get_current_cgroup_id());
+    if (row) {
+      __sync_fetch_and_add(&row->cpu_ns, ran);
+      if (involuntary)
+        __sync_fetch_and_add(&row->involuntary_switches, 1);
+    }
+  }
+  if (prev_tid != 0) {
+    __u32 prev_tgid = prev->tgid;
+    struct rs_host_stats *stats = bpf_map_lookup_elem(&nccl_processes, &prev_tgid);
+    if (stats) {
+      __sync_fetch_and_add(&stats->cpu_ns, ran);
+      struct thread_sched *t = bpf_map_lookup_elem(&threads, &prev_tid);
+      if (t) {
+        __sync_fetch_and_add(&stats->on_cpu_ns, ran);
+        if (involuntary)
+          __sync_fetch_and_add(&stats->involuntary_switches, 1);
+        else
+          __sync_fetch_and_add(&stats->voluntary_switches, 1);
+        __u64 faults = prev->maj_flt;
+        if (faults > t->last_maj_flt)
+          __sync_fetch_and_add(&stats->major_faults, faults - t->last_maj_flt);
+        t->last_maj_flt = faults;
+        t->off_ns = now;
+        t->ready_ns = involuntary ? now : 0;
+        t->iowait = involuntary ? 0 : (__u8)BPF_CORE_READ_BITFIELD(prev, in_iowait);
+      }
+    }
+  }
+
+  __u32 next_tid = next->pid;
+  struct thread_sched *t = bpf_map_lookup_elem(&threads, &next_tid);
+  if (t && t->off_ns) {
+    struct rs_host_stats *stats = bpf_map_lookup_elem(&nccl_processes, &t->tgid);
+    if (stats) {
+      __u64 off = now - t->off_ns;
+      __sync_fetch_and_add(&stats->off_cpu_ns, off);
+      if (t->iowait)
+        __sync_fetch_and_add(&stats->iowait_ns, off);
+      if (t->ready_ns && now > t->ready_ns)
+        __sync_fetch_and_add(&stats->runqueue_ns, now - t->ready_ns);
+    }
+    t->off_ns = 0;
+    t->ready_ns = 0;
+    t->iowait = 0;
+  }
+  return 0;
+}
+
+/* A sleeping calling thread woken up: from now it waits for a CPU. */
+static __always_inline int wakeup__note(struct task_struct *task)
+{
+  __u32 tid = task->pid;
+  struct thread_sched *t = bpf_map_lookup_elem(&threads, &tid);
+  if (t && t->off_ns && !t->ready_ns)
+    t->ready_ns = bpf_ktime_get_ns();
+  return 0;
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(sched_wakeup, struct task_struct *task)
+{
+  return wakeup__note(task);
+}
+
+/* A TCP segment sent again: counted against the cgroup of the socket's owner
+ * (this runs in softirq context more often than not: the current task is
+ * not the sender). */
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(tcp_retransmit, const struct sock *sk, const struct sk_buff *skb)
+{
+  if (filter_netns_ino && BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum) != filter_netns_ino)
+    return 0;
+  struct cgroup *cgrp = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+  if (!cgrp)
+    return 0;
+  __u64 id = BPF_CORE_READ(cgrp, kn, id);
+  struct rs_cgroup_stats *row = cgroup__stats(id);
+  if (row)
+    __sync_fetch_and_add(&row->tcp_retransmits, 1);
+  return 0;
+}
+
 /* ---------------------------------------------------------------- process exit
  * sched_process_exit fires for every exiting thread; the thread-group
  * leader's exit_code is the process's (kernel/exit.c: do_group_exit passes the
@@ -676,6 +1010,13 @@ int BPF_KRETPROBE(cuda_wait_return, long ret)
  * that the tables hold live processes only (a rank killed inside a call, or
  * one that never destroyed its communicators, would otherwise stay). */
 static long exit__drop_comm(struct bpf_map *map, struct comm_key *key, void *value, __u32 *tgid)
+{
+  if (key->pid == *tgid)
+    bpf_map_delete_elem(map, key);
+  return 0;
+}
+
+static long exit__drop_p2p(struct bpf_map *map, struct p2p_key *key, void *value, __u32 *tgid)
 {
   if (key->pid == *tgid)
     bpf_map_delete_elem(map, key);
@@ -694,13 +1035,20 @@ int BPF_PROG(process_exit, struct task_struct *task)
 {
   __u32 pid = BPF_CORE_READ(task, pid);
   __u32 tgid = BPF_CORE_READ(task, tgid);
-  if (pid != tgid || !bpf_map_lookup_elem(&nccl_processes, &tgid))
+  bpf_map_delete_elem(&threads, &pid);
+  if (pid != tgid)
     return 0;
+  struct rs_host_stats *host = bpf_map_lookup_elem(&nccl_processes, &tgid);
+  if (!host)
+    return 0;
+  struct rs_host_stats final_host = *host;
   bpf_map_delete_elem(&nccl_processes, &tgid);
   bpf_for_each_map_elem(&comms, exit__drop_comm, &tgid, 0);
+  bpf_for_each_map_elem(&p2p_seqs, exit__drop_p2p, &tgid, 0);
   bpf_for_each_map_elem(&pending, exit__drop_thread, &tgid, 0);
   bpf_for_each_map_elem(&waits, exit__drop_thread, &tgid, 0);
   bpf_for_each_map_elem(&groups, exit__drop_thread, &tgid, 0);
+  bpf_for_each_map_elem(&set_device_args, exit__drop_thread, &tgid, 0);
   struct rs_exit_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
   if (!e) {
     drops__count(RS_DROP_RINGBUF_FULL);
@@ -709,6 +1057,7 @@ int BPF_PROG(process_exit, struct task_struct *task)
   header__fill(&e->hdr, ((__u64)tgid << 32) | pid, RS_EV_EXIT);
   e->exit_code = BPF_CORE_READ(task, exit_code);
   e->reserved = 0;
+  e->host = final_host;
   bpf_ringbuf_submit(e, 0);
   return 0;
 }

@@ -21,6 +21,9 @@ enum rs_event_kind {
   RS_EV_COMM_END = 3,  /* a communicator destroyed or aborted */
   RS_EV_WAIT = 4,      /* a host thread waited on the GPU (libcudart synchronize calls) */
   RS_EV_EXIT = 5,      /* a process that used NCCL exited */
+  RS_EV_SETENV = 6,    /* setenv("CUDA_VISIBLE_DEVICES", ...) in a process in scope */
+  RS_EV_SET_DEVICE = 7,   /* cudaSetDevice(device) */
+  RS_EV_ASYNC_ERROR = 8,  /* ncclCommGetAsyncError found an error (or failed) */
 };
 
 /* CUDA runtime calls in which a host thread waits for the GPU. */
@@ -50,6 +53,7 @@ enum rs_nccl_op {
   RS_OP_COMM_SPLIT = 35,
   RS_OP_COMM_DESTROY = 36,
   RS_OP_COMM_ABORT = 37,
+  RS_OP_COMM_GET_ASYNC_ERROR = 38,
   RS_OP_GROUP_START = 40,
   RS_OP_GROUP_END = 41,
 };
@@ -139,12 +143,65 @@ struct rs_wait_event {
   __u8 reserved[3];
 };
 
+/* CUDA_VISIBLE_DEVICES set by the process itself (libc setenv); the later
+ * value wins over /proc/PID/environ. */
+#define RS_ENV_VALUE_BYTES 96
+struct rs_setenv_event {
+  struct rs_event_header hdr;
+  char value[RS_ENV_VALUE_BYTES]; /* NUL-terminated, truncated if longer */
+  __s32 overwrite;                /* setenv's third argument: 0 keeps an existing value */
+  __u32 reserved;
+};
+
+/* cudaSetDevice(device), written at return. */
+struct rs_set_device_event {
+  struct rs_event_header hdr;
+  __s32 device;
+  __s32 result; /* cudaError_t */
+};
+
+/* ncclCommGetAsyncError(comm, &error) that returned an error or found one:
+ * a communicator broken by a peer's death or the network. */
+struct rs_async_error_event {
+  struct rs_event_header hdr;
+  __u64 comm;
+  __s32 result;      /* ncclResult_t returned by the call */
+  __s32 async_error; /* the ncclResult_t it wrote */
+};
+
+/* Host context of one process that uses NCCL or waits on the GPU,
+ * cumulative since its first call was seen (value of `nccl_processes`).
+ * The thread counters cover the threads that made those calls: the ones whose
+ * delays delay the collectives. cpu_ns covers all its threads. */
+struct rs_host_stats {
+  __u64 cpu_ns;               /* all threads, on a CPU */
+  __u64 on_cpu_ns;            /* calling threads, on a CPU */
+  __u64 off_cpu_ns;           /* calling threads, switched out (sleeping, waiting, preempted) */
+  __u64 runqueue_ns;          /* calling threads, runnable but waiting for a CPU */
+  __u64 iowait_ns;            /* calling threads, asleep on block I/O (in_iowait) */
+  __u64 voluntary_switches;   /* calling threads: blocked or slept */
+  __u64 involuntary_switches; /* calling threads: preempted while runnable */
+  __u64 major_faults;         /* calling threads: page faults that read from disk */
+  __u32 threads;              /* calling threads seen */
+  __u32 reserved;
+};
+
 /* A process that called NCCL exited (its thread-group leader did);
  * ts_ns is the exit. */
 struct rs_exit_event {
   struct rs_event_header hdr;
   __s32 exit_code; /* task_struct.exit_code: (status << 8) after exit(), the signal number when killed */
   __u32 reserved;
+  struct rs_host_stats host; /* its final host counters (the table entry goes with it) */
+};
+
+/* CPU and network of one cgroup (v2 id) as seen by sched_switch and
+ * tcp_retransmit_skb: who else used this host (value of `cgroup_stats`). */
+struct rs_cgroup_stats {
+  __u64 cpu_ns;
+  __u64 involuntary_switches;
+  __u64 tcp_retransmits;
+  __u64 reserved;
 };
 
 /* Value of the per-thread `waits` map: a wait in progress. */
@@ -157,7 +214,12 @@ struct rs_open_wait {
 };
 
 #ifdef __cplusplus
-static_assert(sizeof(struct rs_exit_event) == 56, "rs_exit_event layout");
+static_assert(sizeof(struct rs_setenv_event) == 48 + RS_ENV_VALUE_BYTES + 8, "rs_setenv_event layout");
+static_assert(sizeof(struct rs_set_device_event) == 56, "rs_set_device_event layout");
+static_assert(sizeof(struct rs_async_error_event) == 64, "rs_async_error_event layout");
+static_assert(sizeof(struct rs_host_stats) == 72, "rs_host_stats layout");
+static_assert(sizeof(struct rs_cgroup_stats) == 32, "rs_cgroup_stats layout");
+static_assert(sizeof(struct rs_exit_event) == 56 + 72, "rs_exit_event layout");
 static_assert(sizeof(struct rs_wait_event) == 72, "rs_wait_event layout");
 static_assert(sizeof(struct rs_open_wait) == 32, "rs_open_wait layout");
 static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");
@@ -165,7 +227,12 @@ static_assert(sizeof(struct rs_call_event) == 112, "rs_call_event layout");
 static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");
 static_assert(sizeof(struct rs_comm_end_event) == 72, "rs_comm_end_event layout");
 #else
-_Static_assert(sizeof(struct rs_exit_event) == 56, "rs_exit_event layout");
+_Static_assert(sizeof(struct rs_setenv_event) == 48 + RS_ENV_VALUE_BYTES + 8, "rs_setenv_event layout");
+_Static_assert(sizeof(struct rs_set_device_event) == 56, "rs_set_device_event layout");
+_Static_assert(sizeof(struct rs_async_error_event) == 64, "rs_async_error_event layout");
+_Static_assert(sizeof(struct rs_host_stats) == 72, "rs_host_stats layout");
+_Static_assert(sizeof(struct rs_cgroup_stats) == 32, "rs_cgroup_stats layout");
+_Static_assert(sizeof(struct rs_exit_event) == 56 + 72, "rs_exit_event layout");
 _Static_assert(sizeof(struct rs_wait_event) == 72, "rs_wait_event layout");
 _Static_assert(sizeof(struct rs_open_wait) == 32, "rs_open_wait layout");
 _Static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");

@@ -10,6 +10,7 @@
 #include "node-agent/attach.h"
 #include "node-agent/discover.h"
 #include "node-agent/drain.h"
+#include "node-agent/host.h"
 #include "node-agent/summarise.h"
 #include "node-agent/transport.h"
 #include "proto/codec.h"
@@ -30,13 +31,14 @@ uint64_t random_instance_id() {
 void attach_library(NcclProbes& probes, Discovery& discovery, const LibraryFile& library, const Options& options) {
   discovery.remember(library);
   if (library.kind == LibraryKind::cudart && !options.cuda_waits) return;
+  if (library.kind == LibraryKind::libc && !options.setenv_probe) return;
   auto attached = probes.attach(library);
   if (!attached) {
     RS_LOG(warn, "not tracing %s: %s", library.path.c_str(), attached.error().message.c_str());
     return;
   }
-  RS_LOG(info, "probing %zu %s functions in %s%s", attached->functions.size(),
-         library.kind == LibraryKind::cudart ? "CUDA runtime" : "NCCL", library.path.c_str(),
+  RS_LOG(info, "probing %zu %s functions in %s%s", attached->functions.size(), library_kind_name(library.kind),
+         library.path.c_str(),
          attached->missing.empty() ? "" : (" (" + std::to_string(attached->missing.size()) + " absent)").c_str());
 }
 }  // namespace
@@ -56,7 +58,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       summariser.on_event(*event);
     else
       summariser.on_malformed();
-  });
+  }, options.host_context);
   if (!probes) {
     RS_LOG(error, "%s", probes.error().message.c_str());
     return 3;
@@ -85,6 +87,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   RS_LOG(info, "node %s: tracing %s, sending to %s", options.node.c_str(), scope->describe().c_str(),
          options.collector.c_str());
 
+  CgroupReport cgroups(cgroup2_mount());
   uint64_t batch_seq = 0;
   auto flush = [&] {
     BpfDrops drops = bpf.drops();
@@ -130,7 +133,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
         d.setMapFull(drops.map_full);
         d.setUnknownComm(summariser.unknown_comm_records());
         d.setNested(drops.nested);
-        summariser.health(hb, t);
+        summariser.health(hb, t, [&](uint32_t pid) { return bpf.host_stats(pid); });
+        if (options.host_context) cgroups.fill(bpf.cgroup_stats(), hb);
         summariser.open_waits(bpf.open_waits(), hb);
       });
       last_heartbeat = t;

@@ -22,38 +22,59 @@ namespace {
 struct ProbeSpec {
   const char* symbol;
   bpf_program* (*program)(nccl*);
-  bool needs_return;
+  bpf_program* (*return_program)(nccl*);  // nullptr: no return probe
 };
+
+bpf_program* nccl_return(nccl* s) { return s->progs.nccl_call_return; }
+bpf_program* wait_return(nccl* s) { return s->progs.cuda_wait_return; }
 
 // Every NCCL API entry point we probe (signatures: nccl.h, NCCL 2.28).
-const ProbeSpec kProbes[] = {
-    {"ncclAllReduce", [](nccl* s) { return s->progs.nccl_allreduce_enter; }, true},
-    {"ncclReduceScatter", [](nccl* s) { return s->progs.nccl_reducescatter_enter; }, true},
-    {"ncclReduce", [](nccl* s) { return s->progs.nccl_reduce_enter; }, true},
-    {"ncclBroadcast", [](nccl* s) { return s->progs.nccl_broadcast_enter; }, true},
-    {"ncclBcast", [](nccl* s) { return s->progs.nccl_bcast_enter; }, true},
-    {"ncclAllGather", [](nccl* s) { return s->progs.nccl_allgather_enter; }, true},
-    {"ncclAlltoAll", [](nccl* s) { return s->progs.nccl_alltoall_enter; }, true},
-    {"ncclGather", [](nccl* s) { return s->progs.nccl_gather_enter; }, true},
-    {"ncclScatter", [](nccl* s) { return s->progs.nccl_scatter_enter; }, true},
-    {"ncclSend", [](nccl* s) { return s->progs.nccl_send_enter; }, true},
-    {"ncclRecv", [](nccl* s) { return s->progs.nccl_recv_enter; }, true},
-    {"ncclCommInitRank", [](nccl* s) { return s->progs.nccl_comm_init_rank_enter; }, true},
-    {"ncclCommInitRankConfig", [](nccl* s) { return s->progs.nccl_comm_init_rank_config_enter; }, true},
-    {"ncclCommSplit", [](nccl* s) { return s->progs.nccl_comm_split_enter; }, true},
-    {"ncclCommDestroy", [](nccl* s) { return s->progs.nccl_comm_destroy_enter; }, true},
-    {"ncclCommAbort", [](nccl* s) { return s->progs.nccl_comm_abort_enter; }, true},
-    {"ncclGroupStart", [](nccl* s) { return s->progs.nccl_group_start_enter; }, false},
-    {"ncclGroupEnd", [](nccl* s) { return s->progs.nccl_group_end_enter; }, false},
+const ProbeSpec kNcclProbes[] = {
+    {"ncclAllReduce", [](nccl* s) { return s->progs.nccl_allreduce_enter; }, nccl_return},
+    {"ncclReduceScatter", [](nccl* s) { return s->progs.nccl_reducescatter_enter; }, nccl_return},
+    {"ncclReduce", [](nccl* s) { return s->progs.nccl_reduce_enter; }, nccl_return},
+    {"ncclBroadcast", [](nccl* s) { return s->progs.nccl_broadcast_enter; }, nccl_return},
+    {"ncclBcast", [](nccl* s) { return s->progs.nccl_bcast_enter; }, nccl_return},
+    {"ncclAllGather", [](nccl* s) { return s->progs.nccl_allgather_enter; }, nccl_return},
+    {"ncclAlltoAll", [](nccl* s) { return s->progs.nccl_alltoall_enter; }, nccl_return},
+    {"ncclGather", [](nccl* s) { return s->progs.nccl_gather_enter; }, nccl_return},
+    {"ncclScatter", [](nccl* s) { return s->progs.nccl_scatter_enter; }, nccl_return},
+    {"ncclSend", [](nccl* s) { return s->progs.nccl_send_enter; }, nccl_return},
+    {"ncclRecv", [](nccl* s) { return s->progs.nccl_recv_enter; }, nccl_return},
+    {"ncclCommInitRank", [](nccl* s) { return s->progs.nccl_comm_init_rank_enter; }, nccl_return},
+    {"ncclCommInitRankConfig", [](nccl* s) { return s->progs.nccl_comm_init_rank_config_enter; }, nccl_return},
+    {"ncclCommInitAll", [](nccl* s) { return s->progs.nccl_comm_init_all_enter; }, nccl_return},
+    {"ncclCommSplit", [](nccl* s) { return s->progs.nccl_comm_split_enter; }, nccl_return},
+    {"ncclCommDestroy", [](nccl* s) { return s->progs.nccl_comm_destroy_enter; }, nccl_return},
+    {"ncclCommAbort", [](nccl* s) { return s->progs.nccl_comm_abort_enter; }, nccl_return},
+    {"ncclCommGetAsyncError", [](nccl* s) { return s->progs.nccl_comm_get_async_error_enter; }, nccl_return},
+    {"ncclGroupStart", [](nccl* s) { return s->progs.nccl_group_start_enter; }, nullptr},
+    {"ncclGroupEnd", [](nccl* s) { return s->progs.nccl_group_end_enter; }, nullptr},
 };
 
-// Where a host thread waits for the GPU (cuda_runtime_api.h). The return
-// probe of these is cuda_wait_return.
+// Where a host thread waits for the GPU (cuda_runtime_api.h), and the device
+// it works on.
 const ProbeSpec kCudaProbes[] = {
-    {"cudaStreamSynchronize", [](nccl* s) { return s->progs.cuda_stream_sync_enter; }, true},
-    {"cudaDeviceSynchronize", [](nccl* s) { return s->progs.cuda_device_sync_enter; }, true},
-    {"cudaEventSynchronize", [](nccl* s) { return s->progs.cuda_event_sync_enter; }, true},
+    {"cudaStreamSynchronize", [](nccl* s) { return s->progs.cuda_stream_sync_enter; }, wait_return},
+    {"cudaDeviceSynchronize", [](nccl* s) { return s->progs.cuda_device_sync_enter; }, wait_return},
+    {"cudaEventSynchronize", [](nccl* s) { return s->progs.cuda_event_sync_enter; }, wait_return},
+    {"cudaSetDevice", [](nccl* s) { return s->progs.cuda_set_device_enter; },
+     [](nccl* s) { return s->progs.cuda_set_device_return; }},
 };
+
+// CUDA_VISIBLE_DEVICES changed at run time.
+const ProbeSpec kLibcProbes[] = {
+    {"setenv", [](nccl* s) { return s->progs.libc_setenv_enter; }, nullptr},
+};
+
+std::vector<ProbeSpec> probes_for(LibraryKind kind) {
+  switch (kind) {
+    case LibraryKind::nccl: return {std::begin(kNcclProbes), std::end(kNcclProbes)};
+    case LibraryKind::cudart: return {std::begin(kCudaProbes), std::end(kCudaProbes)};
+    case LibraryKind::libc: return {std::begin(kLibcProbes), std::end(kLibcProbes)};
+  }
+  return {};
+}
 
 int libbpf_to_log(enum libbpf_print_level level, const char* format, va_list args) {
   log::Level ours = level == LIBBPF_WARN ? log::Level::warn : log::Level::debug;
@@ -120,7 +141,7 @@ Result<std::vector<std::pair<std::string, uint64_t>>> find_function_offsets(cons
   return out;
 }
 
-Result<std::unique_ptr<NcclProbes>> NcclProbes::open(const Scope& scope, Handler handler) {
+Result<std::unique_ptr<NcclProbes>> NcclProbes::open(const Scope& scope, Handler handler, bool host_context) {
   route_libbpf_logs();
   std::unique_ptr<NcclProbes> probes(new NcclProbes());
   probes->handler_ = std::move(handler);
@@ -130,6 +151,11 @@ Result<std::unique_ptr<NcclProbes>> NcclProbes::open(const Scope& scope, Handler
   probes->skel_->rodata->filter_cgroup_id = scope.cgroup_id;
   probes->skel_->rodata->filter_cgroup_level = scope.cgroup_level;
   probes->skel_->rodata->filter_by_pid = scope.pids.empty() ? 0 : 1;
+  if (!host_context) {
+    bpf_program__set_autoload(probes->skel_->progs.sched_switch, false);
+    bpf_program__set_autoload(probes->skel_->progs.sched_wakeup, false);
+    bpf_program__set_autoload(probes->skel_->progs.tcp_retransmit, false);
+  }
   if (int err = nccl__load(probes->skel_))
     return make_error(Errc::system, bpf_failure("loading the NCCL BPF programs", -err));
   for (uint32_t pid : scope.pids) {
@@ -142,6 +168,24 @@ Result<std::unique_ptr<NcclProbes>> NcclProbes::open(const Scope& scope, Handler
   else
     RS_LOG(warn, "no sched_process_exit tracepoint (%s): exit codes and signals of ranks will not be known",
            strerror(errno));
+  if (host_context) {
+    // Host context: CPU per cgroup, off-CPU and run-queue time of the calling
+    // threads, TCP retransmits. Each is optional: without one the agent still traces NCCL.
+    struct {
+      bpf_program* program;
+      const char* what;
+    } host[] = {{probes->skel_->progs.sched_switch, "sched_switch (off-CPU time, run-queue latency, CPU per cgroup)"},
+                {probes->skel_->progs.sched_wakeup, "sched_wakeup (run-queue latency after a sleep)"},
+                {probes->skel_->progs.tcp_retransmit, "tcp_retransmit_skb (TCP retransmits per cgroup)"}};
+    for (const auto& h : host) {
+      if (bpf_link* link = bpf_program__attach(h.program)) {
+        probes->links_.push_back(link);
+        probes->host_probes_.emplace_back(h.what);
+      } else {
+        RS_LOG(warn, "no %s: %s", h.what, strerror(errno));
+      }
+    }
+  }
   probes->ring_ = ring_buffer__new(bpf_map__fd(probes->skel_->maps.events), &NcclProbes::on_record, probes.get(),
                                    nullptr);
   if (!probes->ring_) return make_error(Errc::system, bpf_failure("creating the ring buffer reader", errno));
@@ -155,10 +199,7 @@ NcclProbes::~NcclProbes() {
 }
 
 Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
-  bool cuda = library.kind == LibraryKind::cudart;
-  std::vector<ProbeSpec> specs = cuda ? std::vector<ProbeSpec>(std::begin(kCudaProbes), std::end(kCudaProbes))
-                                      : std::vector<ProbeSpec>(std::begin(kProbes), std::end(kProbes));
-  bpf_program* return_program = cuda ? skel_->progs.cuda_wait_return : skel_->progs.nccl_call_return;
+  std::vector<ProbeSpec> specs = probes_for(library.kind);
   std::vector<std::string> names;
   for (const auto& spec : specs) names.emplace_back(spec.symbol);
   auto offsets = find_function_offsets(library.path, names);
@@ -176,8 +217,8 @@ Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
     bpf_link* entry = bpf_program__attach_uprobe(spec.program(skel_), false, -1, library.path.c_str(), it->second);
     if (!entry) return make_error(Errc::system, bpf_failure(("uprobe on " + std::string(spec.symbol)).c_str(), errno));
     links_.push_back(entry);
-    if (spec.needs_return) {
-      bpf_link* ret = bpf_program__attach_uprobe(return_program, true, -1, library.path.c_str(), it->second);
+    if (spec.return_program) {
+      bpf_link* ret = bpf_program__attach_uprobe(spec.return_program(skel_), true, -1, library.path.c_str(), it->second);
       if (!ret)
         return make_error(Errc::system, bpf_failure(("uretprobe on " + std::string(spec.symbol)).c_str(), errno));
       links_.push_back(ret);
@@ -215,8 +256,73 @@ NcclProbes::TableEntries NcclProbes::table_entries(uint32_t pid) const {
     }
     return n;
   };
+  uint32_t tid = 0, next_tid = 0;
+  void* prev_tid = nullptr;
+  int threads_fd = bpf_map__fd(skel_->maps.threads);
+  while (bpf_map_get_next_key(threads_fd, prev_tid, &next_tid) == 0) {
+    struct {
+      uint64_t off_ns, ready_ns, last_maj_flt;
+      uint32_t tgid;
+      uint8_t iowait, reserved[3];
+    } t{};  // struct thread_sched in bpf/nccl.bpf.c
+    if (bpf_map_lookup_elem(threads_fd, &next_tid, &t) == 0 && t.tgid == pid) ++out.threads;
+    tid = next_tid;
+    prev_tid = &tid;
+  }
+  uint32_t process_key = pid;
+  rs_host_stats stats{};
+  out.processes = bpf_map__lookup_elem(skel_->maps.nccl_processes, &process_key, sizeof(process_key), &stats,
+                                       sizeof(stats), 0) == 0;
   out.pending = count_threads(skel_->maps.pending);
   out.waits = count_threads(skel_->maps.waits);
+  return out;
+}
+
+namespace {
+size_t count_keys(bpf_map* map) {
+  std::vector<uint8_t> key(bpf_map__key_size(map)), next(bpf_map__key_size(map));
+  size_t n = 0;
+  void* previous = nullptr;
+  while (bpf_map_get_next_key(bpf_map__fd(map), previous, next.data()) == 0) {
+    ++n;
+    key = next;
+    previous = key.data();
+  }
+  return n;
+}
+}  // namespace
+
+NcclProbes::TableSizes NcclProbes::table_sizes() const {
+  TableSizes out;
+  out.processes = count_keys(skel_->maps.nccl_processes);
+  out.threads = count_keys(skel_->maps.threads);
+  out.comms = count_keys(skel_->maps.comms);
+  out.p2p = count_keys(skel_->maps.p2p_seqs);
+  out.pending = count_keys(skel_->maps.pending);
+  out.waits = count_keys(skel_->maps.waits);
+  out.groups = count_keys(skel_->maps.groups);
+  return out;
+}
+
+std::optional<rs_host_stats> NcclProbes::host_stats(uint32_t pid) const {
+  rs_host_stats stats{};
+  if (bpf_map__lookup_elem(skel_->maps.nccl_processes, &pid, sizeof(pid), &stats, sizeof(stats), 0) != 0)
+    return std::nullopt;
+  return stats;
+}
+
+std::vector<std::pair<uint64_t, rs_cgroup_stats>> NcclProbes::cgroup_stats() const {
+  std::vector<std::pair<uint64_t, rs_cgroup_stats>> out;
+  int fd = bpf_map__fd(skel_->maps.cgroup_stats);
+  __u64 key = 0, next = 0;
+  __u64* previous = nullptr;
+  while (bpf_map_get_next_key(fd, previous, &next) == 0) {
+    rs_cgroup_stats row{};
+    if (bpf_map_lookup_elem(fd, &next, &row) == 0) out.emplace_back(next, row);
+    key = next;
+    previous = &key;
+    if (out.size() > 100000) break;  // the map holds at most 8192
+  }
   return out;
 }
 

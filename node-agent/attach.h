@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,12 +35,14 @@ struct AttachedLibrary {
 
 
 
-class NcclProbes {  // NCCL and CUDA runtime probes (bpf/nccl.bpf.c)
+class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/nccl.bpf.c)
  public:
   // Called once per ring-buffer record; decode with decode_event().
   using Handler = std::function<void(const void* data, size_t size)>;
 
-  static Result<std::unique_ptr<NcclProbes>> open(const Scope& scope, Handler handler);
+  // host_context: also attach the scheduler and TCP probes (off-CPU time,
+  // run-queue latency, CPU per cgroup, retransmits).
+  static Result<std::unique_ptr<NcclProbes>> open(const Scope& scope, Handler handler, bool host_context = true);
   ~NcclProbes();
   NcclProbes(const NcclProbes&) = delete;
   NcclProbes& operator=(const NcclProbes&) = delete;
@@ -60,12 +63,25 @@ class NcclProbes {  // NCCL and CUDA runtime probes (bpf/nccl.bpf.c)
   // Entries a process holds in the BPF tables (communicators, calls and
   // waits in progress): zero once it exited.
   struct TableEntries {
-    size_t comms = 0, pending = 0, waits = 0;
+    size_t comms = 0, pending = 0, waits = 0, threads = 0;
+    bool processes = false;  // its host-counter row
   };
   TableEntries table_entries(uint32_t pid) const;
+  // Entries in every per-process table, all processes together.
+  struct TableSizes {
+    size_t processes = 0, threads = 0, comms = 0, p2p = 0, pending = 0, waits = 0, groups = 0;
+  };
+  TableSizes table_sizes() const;
   // Waits on the GPU in progress right now: (pid_tgid, wait).
   std::vector<std::pair<uint64_t, rs_open_wait>> open_waits() const;
+  // Host counters of a process that called NCCL or waited on the GPU
+  // (cumulative; nullopt once it exited or if it never did).
+  std::optional<rs_host_stats> host_stats(uint32_t pid) const;
+  // CPU and TCP retransmits per cgroup v2 id (cumulative).
+  std::vector<std::pair<uint64_t, rs_cgroup_stats>> cgroup_stats() const;
   const std::vector<AttachedLibrary>& libraries() const { return libraries_; }
+  // The host-context tracepoints attached, in words.
+  const std::vector<std::string>& host_probes() const { return host_probes_; }
 
  private:
   NcclProbes() = default;
@@ -76,6 +92,7 @@ class NcclProbes {  // NCCL and CUDA runtime probes (bpf/nccl.bpf.c)
   Handler handler_;
   std::vector<bpf_link*> links_;
   std::vector<AttachedLibrary> libraries_;
+  std::vector<std::string> host_probes_;
 };
 
 // Function name -> file offset of the symbol's code, for the functions asked

@@ -118,8 +118,17 @@ int run_check(const Options& options, std::ostream& out) {
   report.line("scope", scope.ok(), scope ? scope->describe() : scope.error().message);
   if (!scope) scope = Scope{};
 
-  auto probes = NcclProbes::open(*scope, [](const void*, size_t) {});
+  auto probes = NcclProbes::open(*scope, [](const void*, size_t) {}, options.host_context);
   report.line("BPF programs", probes.ok(), probes ? "loaded and verified" : probes.error().message);
+  if (probes && options.host_context) {
+    const auto& host = (*probes)->host_probes();
+    std::string attached;
+    for (const auto& what : host) attached += (attached.empty() ? "" : "; ") + what;
+    report.line("host context", host.size() == 3,
+                host.empty() ? "no scheduler or TCP tracepoint attached" : attached,
+                "needs tp_btf support (Linux 5.5+ with BTF); without it off-CPU time and run-queue latency come "
+                "from /proc only and TCP retransmits are not counted");
+  }
   if (probes) {
     std::vector<LibraryFile> libraries;
     for (const auto& path : options.nccl_libs) {
@@ -142,10 +151,11 @@ int run_check(const Options& options, std::ostream& out) {
     int nccl = 0;
     for (const auto& library : libraries) {
       auto attached = (*probes)->attach(library);
-      std::string kind = library.kind == LibraryKind::cudart ? "CUDA runtime" : "NCCL";
+      std::string kind = library_kind_name(library.kind);
       if (attached) {
         nccl += library.kind == LibraryKind::nccl ? 1 : 0;
-        std::string detail = library.path + ": " + kind + ", " + std::to_string(attached->functions.size()) + " functions probed";
+        std::string detail = library.path + ": " + kind + ", " + std::to_string(attached->functions.size()) +
+                             (attached->functions.size() == 1 ? " function probed" : " functions probed");
         if (!attached->missing.empty()) detail += " (" + std::to_string(attached->missing.size()) + " absent)";
         report.line("library", true, detail);
       } else {

@@ -16,6 +16,23 @@ namespace rankscope::agent {
 namespace {
 constexpr unsigned kFullRescanEvery = 60;
 
+std::string base_name(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+
+std::string cgroup_v2_path(const std::string& proc_root, uint32_t pid) {
+  auto content = read_file(proc_root + "/" + std::to_string(pid) + "/cgroup");
+  if (!content) return {};
+  std::istringstream lines(*content);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  return {};
+}
+}  // namespace
+
 std::optional<std::string> cgroup2_mount() {
   std::ifstream mountinfo("/proc/self/mountinfo");
   std::string line;
@@ -36,26 +53,22 @@ std::optional<std::string> cgroup2_mount() {
   return std::nullopt;
 }
 
-std::string base_name(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
+const char* library_kind_name(LibraryKind kind) {
+  switch (kind) {
+    case LibraryKind::nccl: return "NCCL";
+    case LibraryKind::cudart: return "CUDA runtime";
+    case LibraryKind::libc: return "C library";
+  }
+  return "?";
 }
 
-bool is_probed_library(const std::string& path) {
+std::optional<LibraryKind> library_kind_of(const std::string& path) {
   std::string base = base_name(path);
-  return base.rfind("libnccl.so", 0) == 0 || base.rfind("libcudart.so", 0) == 0;
+  if (base.rfind("libnccl.so", 0) == 0) return LibraryKind::nccl;
+  if (base.rfind("libcudart.so", 0) == 0) return LibraryKind::cudart;
+  if (base.rfind("libc.so", 0) == 0) return LibraryKind::libc;
+  return std::nullopt;
 }
-
-std::string cgroup_v2_path(const std::string& proc_root, uint32_t pid) {
-  auto content = read_file(proc_root + "/" + std::to_string(pid) + "/cgroup");
-  if (!content) return {};
-  std::istringstream lines(*content);
-  std::string line;
-  while (std::getline(lines, line))
-    if (line.rfind("0::", 0) == 0) return line.substr(3);
-  return {};
-}
-}  // namespace
 
 std::string Scope::describe() const {
   std::string out;
@@ -112,8 +125,7 @@ bool Discovery::in_scope(const Scope& scope, uint32_t pid) const {
 std::optional<LibraryFile> Discovery::from_path(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  LibraryKind kind = base_name(path).rfind("libcudart.so", 0) == 0 ? LibraryKind::cudart : LibraryKind::nccl;
-  return LibraryFile{path, st.st_dev, st.st_ino, kind};
+  return LibraryFile{path, st.st_dev, st.st_ino, library_kind_of(path).value_or(LibraryKind::nccl)};
 }
 
 std::vector<std::string> Discovery::standard_locations() {
@@ -122,7 +134,7 @@ std::vector<std::string> Discovery::standard_locations() {
           "/usr/local/nccl/lib/libnccl.so.2", "/opt/nccl/lib/libnccl.so.2",
           "/usr/local/cuda/lib/libcudart.so.13", "/usr/local/cuda/lib64/libcudart.so.13",
           "/usr/local/cuda/lib64/libcudart.so.12", "/usr/lib/x86_64-linux-gnu/libcudart.so.12",
-          "/usr/lib/x86_64-linux-gnu/libcudart.so.13"};
+          "/usr/lib/x86_64-linux-gnu/libcudart.so.13", "/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6"};
 }
 
 std::vector<LibraryFile> Discovery::scan(const Scope& scope) {
@@ -151,10 +163,11 @@ std::vector<LibraryFile> Discovery::scan(const Scope& scope) {
       size_t slash = line.find('/');
       if (slash == std::string::npos) continue;
       std::string path = line.substr(slash);
-      if (!is_probed_library(path) || path.find(" (deleted)") != std::string::npos) continue;
+      auto kind = library_kind_of(path);
+      if (!kind || path.find(" (deleted)") != std::string::npos) continue;
       // Open through the process's root so libraries in containers resolve.
       auto library = from_path(dir + "/root" + path);
-      if (library) library->kind = base_name(path).rfind("libcudart.so", 0) == 0 ? LibraryKind::cudart : LibraryKind::nccl;
+      if (library) library->kind = *kind;
       if (!library || known_.count(*library)) continue;
       known_.insert(*library);
       found.push_back(*library);

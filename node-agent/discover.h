@@ -24,11 +24,19 @@ struct Scope {
   std::string describe() const;
 };
 
+// Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or
+// /sys/fs/cgroup/unified on hybrid hosts); nullopt if it is not.
+std::optional<std::string> cgroup2_mount();
+
 // Turns the scope options into kernel identifiers (namespace inode, cgroup id).
 Result<Scope> resolve_scope(const Options& options);
 
-// The libraries the agent probes.
-enum class LibraryKind { nccl, cudart };
+// The libraries the agent probes: NCCL's API, the CUDA runtime's waits and
+// cudaSetDevice, libc's setenv (CUDA_VISIBLE_DEVICES changed at run time).
+enum class LibraryKind { nccl, cudart, libc };
+const char* library_kind_name(LibraryKind kind);
+// The kind of a library from its file name; nullopt if rankscope does not probe it.
+std::optional<LibraryKind> library_kind_of(const std::string& path);
 
 struct LibraryFile {
   std::string path;  // a path this agent can open (through /proc/PID/root for other mount namespaces)
@@ -44,16 +52,17 @@ class Discovery {
 
   // Is the process inside the scope? False if it is gone.
   bool in_scope(const Scope& scope, uint32_t pid) const;
-  // libnccl and libcudart files mapped by processes in scope that were not reported before.
+  // libnccl, libcudart and libc files mapped by processes in scope that were not reported before.
   // Reads the maps of processes not seen before; all of them every `full_every` calls.
   std::vector<LibraryFile> scan(const Scope& scope);
   // A library file given by path (standard locations, --nccl-lib); nullopt if missing.
-  // Its kind comes from its file name (libcudart.so* or else NCCL).
+  // Its kind comes from its file name (libcudart.so*, libc.so*, or else NCCL).
   static std::optional<LibraryFile> from_path(const std::string& path);
   // Marks a library as known so that scan() does not report it again.
   void remember(const LibraryFile& library) { known_.insert(library); }
   bool known(const LibraryFile& library) const { return known_.count(library) > 0; }
-  // The NCCL and CUDA runtime libraries in the places distributions and NVIDIA install them.
+  // The NCCL and CUDA runtime libraries in the places distributions and NVIDIA
+  // install them, and the host's C library.
   static std::vector<std::string> standard_locations();
 
  private:

@@ -24,6 +24,9 @@ std::optional<Event> decode_event(const void* data, size_t size) {
     case RS_EV_COMM_END: return copy_as<rs_comm_end_event>(data, size);
     case RS_EV_WAIT: return copy_as<rs_wait_event>(data, size);
     case RS_EV_EXIT: return copy_as<rs_exit_event>(data, size);
+    case RS_EV_SETENV: return copy_as<rs_setenv_event>(data, size);
+    case RS_EV_SET_DEVICE: return copy_as<rs_set_device_event>(data, size);
+    case RS_EV_ASYNC_ERROR: return copy_as<rs_async_error_event>(data, size);
     default: return std::nullopt;
   }
 }

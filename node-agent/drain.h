@@ -8,7 +8,8 @@
 
 namespace rankscope::agent {
 
-using Event = std::variant<rs_call_event, rs_comm_init_event, rs_comm_end_event, rs_wait_event, rs_exit_event>;
+using Event = std::variant<rs_call_event, rs_comm_init_event, rs_comm_end_event, rs_wait_event, rs_exit_event,
+                           rs_setenv_event, rs_set_device_event, rs_async_error_event>;
 
 // Checks the kind and the exact size for it, then copies the bytes out.
 // nullopt for anything malformed (the caller counts it).

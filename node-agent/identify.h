@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace rankscope::agent {
 
@@ -19,7 +20,8 @@ struct ProcessIdentity {
   int32_t rank = -1;
   int32_t local_rank = -1;
   int32_t world_size = -1;
-  std::string visible_devices;
+  std::string visible_devices;      // CUDA_VISIBLE_DEVICES; a later setenv in the process wins
+  std::vector<int32_t> cuda_devices;  // ordinals chosen with cudaSetDevice, in order first used
   // From the cgroup path (cgroup v2, else the first v1 hierarchy):
   std::string cgroup_path;
   uint64_t cgroup_id = 0;      // from the events (bpf_get_current_cgroup_id)

@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
     ("pid", po::value(&options.pids)->multitoken(), "trace only these processes")
     ("nccl-lib", po::value(&options.nccl_libs)->multitoken(), "also probe this libnccl.so (probed before any process starts)")
     ("cuda-waits", po::value(&options.cuda_waits)->default_value(options.cuda_waits), "time the host's waits on the GPU (libcudart's stream, device and event synchronize)")
+    ("host-context", po::value(&options.host_context)->default_value(options.host_context), "follow the scheduler for traced threads and CPU per cgroup (sched_switch, sched_wakeup) and TCP retransmits")
+    ("setenv-probe", po::value(&options.setenv_probe)->default_value(options.setenv_probe), "see CUDA_VISIBLE_DEVICES set at run time (uprobe on libc setenv)")
     ("batch-interval-ms", po::value(&options.batch_interval_ms)->default_value(options.batch_interval_ms), "longest time a record waits before it is sent")
     ("scan-interval-ms", po::value(&options.scan_interval_ms)->default_value(options.scan_interval_ms), "how often /proc is scanned for new NCCL processes and libraries")
     ("ack-timeout-ms", po::value(&options.ack_timeout_ms)->default_value(options.ack_timeout_ms), "re-send a batch the collector did not acknowledge within this time")

@@ -14,6 +14,8 @@ struct Options {
   std::vector<uint32_t> pids;                       // only these processes
   std::vector<std::string> nccl_libs;               // libnccl copies to attach at start, besides the standard places
   bool cuda_waits = true;                           // also time libcudart's synchronize calls
+  bool host_context = true;                         // sched_switch/wakeup and TCP retransmit probes
+  bool setenv_probe = true;                         // libc setenv: CUDA_VISIBLE_DEVICES changed at run time
   std::string proc_root = "/proc";
   uint32_t batch_interval_ms = 100;                 // a record waits at most this long before it is sent
   uint32_t scan_interval_ms = 500;                  // how often /proc is scanned for new NCCL processes

@@ -1,5 +1,6 @@
 #include "node-agent/summarise.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/format.h"
@@ -42,6 +43,7 @@ Summariser::ProcessEntry& Summariser::process(uint32_t pid) {
   } else {
     entry.identity.pid = pid;  // it exited already: keep what the events say
   }
+  apply_overrides(pid, entry.identity);
   return processes_.emplace(pid, std::move(entry)).first->second;
 }
 
@@ -53,6 +55,9 @@ void Summariser::on_event(const Event& event) {
         else if constexpr (std::is_same_v<T, rs_comm_init_event>) on_comm_init(e);
         else if constexpr (std::is_same_v<T, rs_wait_event>) on_wait(e);
         else if constexpr (std::is_same_v<T, rs_exit_event>) on_exit(e);
+        else if constexpr (std::is_same_v<T, rs_setenv_event>) on_setenv(e);
+        else if constexpr (std::is_same_v<T, rs_set_device_event>) on_set_device(e);
+        else if constexpr (std::is_same_v<T, rs_async_error_event>) on_async_error(e);
         else on_comm_end(e);
       },
       event);
@@ -78,19 +83,27 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
     if (parent != comms_.end()) {
       parent_hash = parent->second.hash;
       comm.hash = mix_hash({parent_hash, parent->second.splits++, static_cast<uint64_t>(static_cast<int64_t>(e.color))});
+      // A member of a child is named by its rank in the parent: unique among
+      // the members, the same on every node, and the rank users know (NCCL's
+      // own child rank follows from the keys; the collector can derive it).
+      comm.rank = parent->second.rank;
     } else {
       comm.hash = mix_hash({0xdeadull, e.hdr.pid, e.comm});
       comm.origin = wire::CommOrigin::UNKNOWN;
+      comm.rank = proc.identity.rank;
     }
-    comm.rank = -1;  // decided by the split's keys; the collector works it out
-    comm.nranks = -1;
+    comm.nranks = -1;  // the members of the same color: known once they all reported
+  } else if (e.op == RS_OP_COMM_INIT_ALL) {
+    // One call made every rank, in this process: the call (its entry time)
+    // names the communicator; ranks are the positions in the array.
+    comm.hash = mix_hash({0x696e6974616c6cull, e.hdr.pid, proc.identity.start_time, e.entry_ns});
   } else {
     comm.hash = proto::comm_hash_of_unique_id(e.unique_id, sizeof(e.unique_id));
   }
   comms_[{e.hdr.pid, e.comm}] = comm;
   if (proc.identity.job.empty()) proc.identity.job = "nccl-" + hex64(comm.hash).substr(0, 12);
   new_comms_.push_back(PendingComm{e.hdr.pid, comm.hash, e.comm, parent_hash, shift(e.entry_ns), shift(e.hdr.ts_ns),
-                                   comm.rank, comm.nranks, e.result, comm.origin});
+                                   comm.rank, comm.nranks, e.result, comm.origin, e.color, e.key});
   RS_LOG(debug, "process %u: communicator %s rank %d/%d", e.hdr.pid, hex64(comm.hash).c_str(), comm.rank,
          comm.nranks);
 }
@@ -108,11 +121,11 @@ void Summariser::on_call(const rs_call_event& e) {
     comm.nranks = proc.identity.world_size;
     it = comms_.emplace(CommKey{e.hdr.pid, e.comm}, comm).first;
     new_comms_.push_back(PendingComm{e.hdr.pid, comm.hash, e.comm, 0, 0, 0, comm.rank, comm.nranks, 0,
-                                     wire::CommOrigin::UNKNOWN});
+                                     wire::CommOrigin::UNKNOWN, 0, 0});
     if (proc.identity.job.empty()) proc.identity.job = "nccl-unknown";
   }
   if (e.flags & RS_CALL_UNKNOWN_COMM) ++unknown_comm_;
-  auto& block = blocks_[{e.hdr.pid, it->second.hash, e.lane}];
+  auto& block = blocks_[{e.hdr.pid, it->second.hash, it->second.rank, e.lane}];
   if (block.records.empty()) {
     block.pid = e.hdr.pid;
     block.comm_hash = it->second.hash;
@@ -156,7 +169,78 @@ void Summariser::on_wait(const rs_wait_event& e) {
 }
 
 void Summariser::on_exit(const rs_exit_event& e) {
-  if (processes_.count(e.hdr.pid)) exit_codes_[e.hdr.pid] = e.exit_code;
+  if (processes_.count(e.hdr.pid)) {
+    exit_codes_[e.hdr.pid] = e.exit_code;
+    final_host_[e.hdr.pid] = e.host;
+  }
+}
+
+void Summariser::on_setenv(const rs_setenv_event& e) {
+  std::string value(e.value, strnlen(e.value, sizeof(e.value)));
+  auto it = processes_.find(e.hdr.pid);
+  if (it != processes_.end()) {
+    if (e.overwrite == 0 && !it->second.identity.visible_devices.empty()) return;
+    if (it->second.identity.visible_devices != value) {
+      it->second.identity.visible_devices = value;
+      it->second.sent = false;  // send the changed identity again
+    }
+    return;
+  }
+  auto start = read_start_time(proc_root_, e.hdr.pid);
+  if (!start) return;
+  auto [entry, fresh] = overrides_.try_emplace(e.hdr.pid);
+  if (fresh) override_order_.push_back(e.hdr.pid);
+  if (entry->second.start_time != *start) entry->second = Override{*start, {}, {}};
+  if (e.overwrite != 0 || !entry->second.visible_devices) entry->second.visible_devices = value;
+  while (override_order_.size() > kMaxOverrides) {
+    overrides_.erase(override_order_.front());
+    override_order_.pop_front();
+  }
+}
+
+void Summariser::on_set_device(const rs_set_device_event& e) {
+  if (e.result != 0 || e.device < 0) return;
+  auto add = [&](std::vector<int32_t>& devices) {
+    if (std::find(devices.begin(), devices.end(), e.device) != devices.end()) return false;
+    devices.push_back(e.device);
+    return true;
+  };
+  auto it = processes_.find(e.hdr.pid);
+  if (it != processes_.end()) {
+    if (add(it->second.identity.cuda_devices)) it->second.sent = false;
+    return;
+  }
+  auto start = read_start_time(proc_root_, e.hdr.pid);
+  if (!start) return;
+  auto [entry, fresh] = overrides_.try_emplace(e.hdr.pid);
+  if (fresh) override_order_.push_back(e.hdr.pid);
+  if (entry->second.start_time != *start) entry->second = Override{*start, {}, {}};
+  add(entry->second.cuda_devices);
+  while (override_order_.size() > kMaxOverrides) {
+    overrides_.erase(override_order_.front());
+    override_order_.pop_front();
+  }
+}
+
+void Summariser::apply_overrides(uint32_t pid, ProcessIdentity& identity) {
+  auto it = overrides_.find(pid);
+  if (it == overrides_.end()) return;
+  if (it->second.start_time == identity.start_time) {
+    if (it->second.visible_devices) identity.visible_devices = *it->second.visible_devices;
+    identity.cuda_devices = it->second.cuda_devices;
+  }
+  overrides_.erase(it);
+  override_order_.erase(std::find(override_order_.begin(), override_order_.end(), pid));
+}
+
+void Summariser::on_async_error(const rs_async_error_event& e) {
+  auto it = comms_.find({e.hdr.pid, e.comm});
+  uint64_t hash = it != comms_.end() ? it->second.hash : 0;
+  RS_LOG(warn, "process %u: communicator %s is broken: ncclCommGetAsyncError %s, error %s", e.hdr.pid,
+         hash ? hex64(hash).c_str() : "(creation not seen)", proto::result_name(e.result).c_str(),
+         proto::result_name(e.async_error).c_str());
+  if (!hash) return;
+  async_errors_.push_back(PendingAsyncError{e.hdr.pid, hash, shift(e.hdr.ts_ns), e.result, e.async_error});
 }
 
 void Summariser::add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
@@ -164,7 +248,8 @@ void Summariser::add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_
 }
 
 bool Summariser::empty() const {
-  if (!blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty() || !waits_.empty())
+  if (!blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty() || !waits_.empty() ||
+      !async_errors_.empty())
     return false;
   for (const auto& [pid, entry] : processes_)
     if (!entry.sent) return false;
@@ -196,6 +281,10 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
     p.setPodUid(id.pod_uid);
     p.setContainerId(id.container_id);
     p.setCgroupId(id.cgroup_id);
+    if (!id.cuda_devices.empty()) {
+      auto devices = p.initCudaDevices(static_cast<unsigned>(id.cuda_devices.size()));
+      for (unsigned d = 0; d < id.cuda_devices.size(); ++d) devices.set(d, id.cuda_devices[d]);
+    }
     entry.sent = true;
   }
 
@@ -213,6 +302,10 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
     out.setReturnNs(c.return_ns);
     out.setResult(c.result);
     out.setParentHash(c.parent_hash);
+    if (c.origin == wire::CommOrigin::SPLIT) {
+      out.setSplitColor(c.color);
+      out.setSplitKey(c.key);
+    }
   }
   new_comms_.clear();
 
@@ -255,6 +348,17 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
   proto::encode_waits(wait_list, batch);
   waits_.clear();
 
+  auto errors = batch.initAsyncErrors(static_cast<unsigned>(async_errors_.size()));
+  for (unsigned k = 0; k < async_errors_.size(); ++k) {
+    const auto& a = async_errors_[k];
+    errors[k].setPid(a.pid);
+    errors[k].setCommHash(a.hash);
+    errors[k].setNs(a.ns);
+    errors[k].setResult(a.result);
+    errors[k].setAsyncError(a.async_error);
+  }
+  async_errors_.clear();
+
   auto d = batch.initDrops();
   d.setRingbufFull(drops.ringbuf_full);
   d.setMapFull(drops.map_full);
@@ -287,7 +391,21 @@ void Summariser::forget_exited() {
 
 namespace rankscope::agent {
 
-void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns) {
+namespace {
+void set_host(wire::HostCounters::Builder out, const rs_host_stats& h) {
+  out.setCpuNs(h.cpu_ns);
+  out.setOnCpuNs(h.on_cpu_ns);
+  out.setOffCpuNs(h.off_cpu_ns);
+  out.setRunqueueNs(h.runqueue_ns);
+  out.setIowaitNs(h.iowait_ns);
+  out.setVoluntarySwitches(h.voluntary_switches);
+  out.setInvoluntarySwitches(h.involuntary_switches);
+  out.setMajorFaults(h.major_faults);
+  out.setThreads(h.threads);
+}
+}  // namespace
+
+void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, const HostLookup& host) {
   auto list = heartbeat.initProcesses(static_cast<unsigned>(processes_.size() + exited_.size()));
   unsigned i = 0;
   for (const auto& [pid, entry] : processes_) {
@@ -300,6 +418,8 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns) {
     out.setState(static_cast<uint8_t>(sample->state));
     out.setCpuNs(sample->cpu_ns);
     out.setRunqueueNs(sample->runqueue_ns);
+    if (host)
+      if (auto counters = host(pid)) set_host(out.initHost(), *counters);
   }
   for (uint32_t pid : exited_) {
     auto out = list[i++];
@@ -314,6 +434,10 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns) {
       else
         out.setExitStatus((code->second >> 8) & 0xff);
       exit_codes_.erase(code);
+    }
+    if (auto final_host = final_host_.find(pid); final_host != final_host_.end()) {
+      set_host(out.initHost(), final_host->second);
+      final_host_.erase(final_host);
     }
   }
   exited_.clear();

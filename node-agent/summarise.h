@@ -3,6 +3,9 @@
 // column block per (process, communicator, lane), process identities when
 // first seen, communicator ends, and the agent's clock samples.
 #include <array>
+#include <deque>
+#include <functional>
+#include <optional>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -52,8 +55,10 @@ class Summariser {
   // Frees entries of processes that exited (pid gone or reused); each is
   // reported once more by health() as not alive.
   void forget_exited();
-  // The scheduling state of every traced process, for the heartbeat.
-  void health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns);
+  // The scheduling state of every traced process, for the heartbeat, with
+  // its BPF host counters where `host` knows them.
+  using HostLookup = std::function<std::optional<rs_host_stats>(uint32_t pid)>;
+  void health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, const HostLookup& host = {});
   // Waits on the GPU still in progress, for the heartbeat.
   void open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& waits, wire::Heartbeat::Builder heartbeat);
 
@@ -67,7 +72,8 @@ class Summariser {
     bool sent = false;
   };
   using CommKey = std::pair<uint32_t, uint64_t>;                 // pid, ncclComm_t
-  using BlockKey = std::tuple<uint32_t, uint64_t, uint32_t>;     // pid, comm hash, lane
+  // pid, comm hash, rank (one process holds every rank after ncclCommInitAll), lane
+  using BlockKey = std::tuple<uint32_t, uint64_t, int32_t, uint32_t>;
 
   ProcessEntry& process(uint32_t pid);
   void on_call(const rs_call_event& e);
@@ -75,6 +81,12 @@ class Summariser {
   void on_comm_end(const rs_comm_end_event& e);
   void on_wait(const rs_wait_event& e);
   void on_exit(const rs_exit_event& e);
+  void on_setenv(const rs_setenv_event& e);
+  void on_set_device(const rs_set_device_event& e);
+  void on_async_error(const rs_async_error_event& e);
+  // What a process did to its own identity before or after it was first
+  // traced (setenv of CUDA_VISIBLE_DEVICES, cudaSetDevice), applied to it.
+  void apply_overrides(uint32_t pid, ProcessIdentity& identity);
   uint64_t shift(uint64_t ns) const { return ns + static_cast<uint64_t>(clock_offset_ns_); }
 
   std::string proc_root_;
@@ -83,6 +95,23 @@ class Summariser {
   std::map<uint32_t, ProcessEntry> processes_;
   std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
   std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting
+  std::map<uint32_t, rs_host_stats> final_host_;  // host counters at exit
+  // setenv/cudaSetDevice seen for processes not (yet) traced: by pid, with the
+  // process start time (a reused pid is another process); bounded.
+  struct Override {
+    uint64_t start_time = 0;
+    std::optional<std::string> visible_devices;
+    std::vector<int32_t> cuda_devices;
+  };
+  std::map<uint32_t, Override> overrides_;
+  std::deque<uint32_t> override_order_;
+  static constexpr size_t kMaxOverrides = 4096;
+  struct PendingAsyncError {
+    uint32_t pid;
+    uint64_t hash, ns;
+    int32_t result, async_error;
+  };
+  std::vector<PendingAsyncError> async_errors_;
   std::map<CommKey, CommEntry> comms_;
   std::map<BlockKey, proto::ColumnBlock> blocks_;
   struct PendingComm {
@@ -90,6 +119,7 @@ class Summariser {
     uint64_t hash, handle, parent_hash, entry_ns, return_ns;
     int32_t rank, nranks, result;
     wire::CommOrigin origin;
+    int32_t color, key;  // CommSplit
   };
   struct PendingEnd {
     uint32_t pid;

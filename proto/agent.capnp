@@ -45,6 +45,18 @@ struct Batch {
   baseNs @9 :UInt64;        # time base of the collective blocks (agent clock)
   commTable @10 :List(UInt64);    # communicator hashes the blocks refer to by index
   waits @11 :List(WaitColumns);  # host waits on the GPU that ended in this interval, per thread
+  asyncErrors @12 :List(AsyncError);  # communicators found broken (ncclCommGetAsyncError)
+}
+
+# ncclCommGetAsyncError returned an error or reported one: the communicator
+# is broken (a peer died, the network failed). Polling that finds nothing is
+# not sent.
+struct AsyncError {
+  pid @0 :UInt32;
+  commHash @1 :UInt64;
+  ns @2 :UInt64;            # agent clock at the call's return
+  result @3 :Int32;         # ncclResult_t returned by the call
+  asyncError @4 :Int32;     # ncclResult_t it reported for the communicator
 }
 
 # The ended waits of one thread, column by column like the collectives.
@@ -98,6 +110,7 @@ struct Process {
   slurmStep @13 :Text;      # from the cgroup path: step_<n>
   podUid @14 :Text;         # Kubernetes pod, from the cgroup path
   containerId @15 :Text;    # containerd, CRI-O or Docker container, from the cgroup path
+  cudaDevices @16 :List(Int32);  # device ordinals selected with cudaSetDevice (within visibleDevices), in order first used
 }
 
 enum CommOrigin {
@@ -120,6 +133,8 @@ struct Comm {
   returnNs @7 :UInt64;
   result @8 :Int32;         # ncclResult_t of the creating call
   parentHash @9 :UInt64;    # for a split child
+  splitColor @10 :Int32;    # for a split child: ncclCommSplit's color and key (NCCL orders the child's
+  splitKey @11 :Int32;      # ranks by key, then parent rank; rank above is the member's parent rank)
 }
 
 enum CommEndKind {
@@ -182,9 +197,35 @@ struct Heartbeat {
   unackedBatches @4 :UInt32;
   processes @5 :List(ProcessHealth);
   openWaits @6 :List(Wait); # waits on the GPU in progress now (a hang is a wait that never ends)
+  cgroups @7 :List(CgroupUsage);  # who used this host's CPUs (cgroups busy since the last heartbeat, busiest first)
 }
 
-# How a traced process is doing right now, from /proc (every heartbeat).
+# One cgroup's use of the host, cumulative since the agent started (BPF
+# sched_switch and tcp_retransmit_skb).
+struct CgroupUsage {
+  cgroupId @0 :UInt64;      # cgroup v2 id (the directory's inode)
+  path @1 :Text;            # below the cgroup v2 mount; "" if it could not be found (removed)
+  cpuNs @2 :UInt64;
+  involuntarySwitches @3 :UInt64;
+  tcpRetransmits @4 :UInt64;
+}
+
+# What the scheduler did to the threads of a process that call NCCL or wait
+# on the GPU, cumulative since the agent first saw it (BPF sched_switch).
+struct HostCounters {
+  cpuNs @0 :UInt64;               # all threads of the process, on a CPU
+  onCpuNs @1 :UInt64;             # calling threads, on a CPU
+  offCpuNs @2 :UInt64;            # calling threads, switched out
+  runqueueNs @3 :UInt64;          # calling threads, runnable and waiting for a CPU
+  iowaitNs @4 :UInt64;            # calling threads, asleep on block I/O
+  voluntarySwitches @5 :UInt64;
+  involuntarySwitches @6 :UInt64; # preempted while runnable
+  majorFaults @7 :UInt64;
+  threads @8 :UInt32;             # calling threads seen
+}
+
+# How a traced process is doing right now, from /proc and the BPF host
+# counters (every heartbeat).
 struct ProcessHealth {
   pid @0 :UInt32;
   alive @1 :Bool;
@@ -194,6 +235,7 @@ struct ProcessHealth {
   sampleNs @5 :UInt64;      # agent clock when read
   exitStatus @6 :Int32 = -1;# when it exited normally: its exit status; -1 otherwise or unknown
   exitSignal @7 :Int32;     # when a signal killed it: the signal number
+  host @8 :HostCounters;    # unset when the agent runs without host-context probes
 }
 
 # NTP-style probe: t1 (agent send, agent clock); the collector answers with

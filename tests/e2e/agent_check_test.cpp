@@ -27,8 +27,10 @@ TEST(AgentCheck, ReadyNodeListsItsProbedLibraries) {
   EXPECT_EQ(agent.wait(std::chrono::seconds(60)), 0) << slurp(dir.file("check.out"));
   std::string out = slurp(dir.file("check.out"));
   EXPECT_NE(out.find("ok    BPF programs  loaded and verified"), std::string::npos) << out;
-  EXPECT_NE(out.find(fake + ": NCCL, 18 functions probed"), std::string::npos) << out;
-  EXPECT_NE(out.find("libcudart.so.13: CUDA runtime, 3 functions probed"), std::string::npos) << out;
+  EXPECT_NE(out.find(fake + ": NCCL, 20 functions probed"), std::string::npos) << out;
+  EXPECT_NE(out.find("libcudart.so.13: CUDA runtime, 4 functions probed"), std::string::npos) << out;
+  EXPECT_NE(out.find("libc.so.6: C library, 1 function probed"), std::string::npos) << out;
+  EXPECT_NE(out.find("ok    host context  sched_switch"), std::string::npos) << out;
   EXPECT_NE(out.find("accepts node gpu-7"), std::string::npos) << out;
   EXPECT_NE(out.find("ready: this node can be traced"), std::string::npos) << out;
 }

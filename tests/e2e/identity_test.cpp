@@ -6,47 +6,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <filesystem>
-
 #include "tests/support/cluster.h"
 #include "tests/support/harness.h"
 
 namespace rankscope::testing {
 namespace {
 
-constexpr const char* kCgroup2 = "/sys/fs/cgroup/unified";
-
-// A cgroup v2 directory tree, removed leaf first by the destructor.
-class CgroupTree {
- public:
-  explicit CgroupTree(const std::string& root) : root_(root) {}
-  ~CgroupTree() {
-    for (auto it = made_.rbegin(); it != made_.rend(); ++it) rmdir(it->c_str());
-  }
-  // Makes every missing directory of `relative` below the root; returns the full path.
-  std::string make(const std::string& relative) {
-    std::string path = root_;
-    size_t start = 0;
-    while (start < relative.size()) {
-      size_t end = relative.find('/', start);
-      if (end == std::string::npos) end = relative.size();
-      path += "/" + relative.substr(start, end - start);
-      if (mkdir(path.c_str(), 0755) == 0) made_.push_back(path);
-      start = end + 1;
-    }
-    return path;
-  }
-
- private:
-  std::string root_;
-  std::vector<std::string> made_;
-};
-
 TEST(Identity, SlurmAndKubernetesCgroupsNameStepPodAndContainer) {
   if (geteuid() != 0) GTEST_SKIP() << "cgroups, eBPF and network namespaces need root: run the suite as root";
   struct stat st {};
-  ASSERT_EQ(stat((std::string(kCgroup2) + "/cgroup.procs").c_str(), &st), 0)
-      << "no cgroup v2 hierarchy at " << kCgroup2;
+  ASSERT_EQ(stat((cgroup2_root() + "/cgroup.procs").c_str(), &st), 0) << "no cgroup v2 hierarchy at " << cgroup2_root();
   TempDir dir;
   NetnsCluster cluster(1);
   ASSERT_TRUE(cluster.ok());
@@ -54,7 +23,7 @@ TEST(Identity, SlurmAndKubernetesCgroupsNameStepPodAndContainer) {
   ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20)));
 
   std::string top = unique_name("rankscope-test-");
-  CgroupTree tree(kCgroup2);
+  CgroupTree tree;
   std::string slurm = tree.make(top + "/slurm/uid_0/job_4242/step_7");
   std::string container(64, 'a');
   std::string pod = tree.make(top + "/kubepods.slice/kubepods-besteffort.slice/"

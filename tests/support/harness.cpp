@@ -5,10 +5,12 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -161,6 +163,48 @@ std::string slurp(const std::string& path) {
   std::ostringstream out;
   out << in.rdbuf();
   return out.str();
+}
+
+std::string cgroup2_root() {
+  struct stat st {};
+  if (stat("/sys/fs/cgroup/unified/cgroup.procs", &st) == 0) return "/sys/fs/cgroup/unified";
+  return "/sys/fs/cgroup";
+}
+
+CgroupTree::~CgroupTree() {
+  for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
+    // A process left inside (a failed test) would keep the directory busy.
+    std::string procs = slurp(*it + "/cgroup.procs");
+    size_t start = 0;
+    while (start < procs.size()) {
+      size_t end = procs.find('\n', start);
+      if (end == std::string::npos) end = procs.size();
+      std::string pid = procs.substr(start, end - start);
+      if (!pid.empty()) {
+        kill(std::stoi(pid), SIGKILL);
+        FILE* root = std::fopen((root_ + "/cgroup.procs").c_str(), "w");
+        if (root) {
+          std::fputs(pid.c_str(), root);
+          std::fclose(root);
+        }
+      }
+      start = end + 1;
+    }
+    rmdir(it->c_str());
+  }
+}
+
+std::string CgroupTree::make(const std::string& relative) {
+  std::string path = root_;
+  size_t start = 0;
+  while (start < relative.size()) {
+    size_t end = relative.find('/', start);
+    if (end == std::string::npos) end = relative.size();
+    path += "/" + relative.substr(start, end - start);
+    if (mkdir(path.c_str(), 0755) == 0) made_.push_back(path);
+    start = end + 1;
+  }
+  return path;
 }
 
 }  // namespace rankscope::testing

@@ -78,6 +78,24 @@ class NetnsCluster {
   bool ok_ = false;
 };
 
+// The cgroup v2 hierarchy of this machine (hybrid: /sys/fs/cgroup/unified).
+std::string cgroup2_root();
+
+// A cgroup v2 directory tree made by a test, removed leaf first by the
+// destructor (after moving out any process still inside).
+class CgroupTree {
+ public:
+  explicit CgroupTree(std::string root = cgroup2_root()) : root_(std::move(root)) {}
+  ~CgroupTree();
+  CgroupTree(const CgroupTree&) = delete;
+  // Makes every missing directory of `relative` below the root; returns the full path.
+  std::string make(const std::string& relative);
+
+ private:
+  std::string root_;
+  std::vector<std::string> made_;
+};
+
 // Runs a shell command; returns its exit status.
 int run_command(const std::string& command);
 // Absolute path of a program built into build/bin.
