@@ -2,6 +2,7 @@
 
 #include "common/format.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace rankscope::collector {
@@ -23,10 +24,50 @@ CpuShares ProcessHealth::shares(uint64_t window_ns) const {
   }
   if (!first || first == &last || last.sample_ns <= first->sample_ns) return out;
   double span = static_cast<double>(last.sample_ns - first->sample_ns);
-  out.running = static_cast<double>(last.cpu_ns - first->cpu_ns) / span;
-  out.waiting = static_cast<double>(last.runqueue_ns - first->runqueue_ns) / span;
+  auto delta = [](uint64_t a, uint64_t b) { return a > b ? static_cast<double>(a - b) : 0.0; };
+  out.running = delta(last.cpu_ns, first->cpu_ns) / span;
+  out.waiting = delta(last.runqueue_ns, first->runqueue_ns) / span;
   out.known = true;
+  if (last.host_known && first->host_known) {
+    // The counters sum over the calling threads: shares are per thread.
+    double per_thread = span * std::max<uint32_t>(1, last.threads);
+    out.host = true;
+    out.running = delta(last.on_cpu_ns, first->on_cpu_ns) / per_thread;
+    out.waiting = delta(last.host_runqueue_ns, first->host_runqueue_ns) / per_thread;
+    out.off_cpu = delta(last.off_cpu_ns, first->off_cpu_ns) / per_thread;
+    out.iowait = delta(last.iowait_ns, first->iowait_ns) / per_thread;
+    out.involuntary_switches = static_cast<uint64_t>(delta(last.involuntary_switches, first->involuntary_switches));
+    out.major_faults = static_cast<uint64_t>(delta(last.major_faults, first->major_faults));
+    out.process_cpus = delta(last.process_cpu_ns, first->process_cpu_ns) / span;
+  }
   return out;
+}
+
+namespace {
+std::string percent(double share) {
+  int p = static_cast<int>(share * 100 + 0.5);
+  return std::to_string(std::clamp(p, 0, 100)) + "%";
+}
+}  // namespace
+
+std::string ProcessHealth::describe_cpu(uint64_t window_ns) const {
+  CpuShares s = shares(window_ns);
+  if (!s.known) return {};
+  const HealthSample& last = samples_.back();
+  const HealthSample* first = &last;
+  for (auto it = samples_.rbegin(); it != samples_.rend() && it->alive; ++it) {
+    first = &*it;
+    if (last.sample_ns - it->sample_ns >= window_ns) break;
+  }
+  std::string span = format_duration_ns(last.sample_ns - first->sample_ns);
+  if (!s.host)
+    return "its main thread ran " + percent(s.running) + " and waited for a CPU " + percent(s.waiting) + " of the last " +
+           span;
+  std::string text = "off-CPU " + percent(s.off_cpu) + " of the last " + span + " (waiting for a CPU " +
+                     percent(s.waiting) + ", on block I/O " + percent(s.iowait) + "), preempted " +
+                     std::to_string(s.involuntary_switches) + " times";
+  if (s.major_faults) text += ", " + std::to_string(s.major_faults) + " major page faults";
+  return text;
 }
 
 std::string ProcessHealth::describe() const {

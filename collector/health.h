@@ -16,12 +16,25 @@ struct HealthSample {
   uint64_t runqueue_ns = 0;
   int32_t exit_status = -1;  // once it exited normally
   int32_t exit_signal = 0;   // once a signal killed it
+  // BPF host counters of its calling threads (cumulative); host_known false
+  // when its agent runs without them.
+  bool host_known = false;
+  uint64_t process_cpu_ns = 0;   // all threads
+  uint64_t on_cpu_ns = 0, off_cpu_ns = 0, host_runqueue_ns = 0, iowait_ns = 0;
+  uint64_t involuntary_switches = 0, major_faults = 0;
+  uint32_t threads = 1;
 };
 
 struct CpuShares {
   double running = 0;   // share of wall time on a CPU
   double waiting = 0;   // share of wall time runnable but waiting for a CPU
   bool known = false;
+  // From the BPF host counters (per calling thread):
+  bool host = false;
+  double off_cpu = 0;   // share of wall time switched out (sleeping, blocked, or waiting for a CPU)
+  double iowait = 0;    // share of wall time asleep on block I/O
+  uint64_t involuntary_switches = 0, major_faults = 0;  // in the window
+  double process_cpus = 0;  // CPUs the whole process used on average
 };
 
 // A host thread of the process blocked on the GPU (cudaStreamSynchronize...).
@@ -43,6 +56,9 @@ class ProcessHealth {
   CpuShares shares(uint64_t window_ns) const;
   // "alive, stopped (state T)", "exited", "alive, running"...
   std::string describe() const;
+  // "off-CPU 94% of the last 60 s (waiting for a CPU 40%, ...)"; "" if unknown.
+  std::string describe_cpu(uint64_t window_ns) const;
+  const HealthSample* last() const { return samples_.empty() ? nullptr : &samples_.back(); }
 
  private:
   std::string describe_state() const;

@@ -2,6 +2,8 @@
 
 #include <capnp/message.h>
 
+#include <algorithm>
+
 #include "common/format.h"
 #include "common/log.h"
 #include "proto/store.capnp.h"
@@ -11,6 +13,7 @@ namespace rankscope::collector {
 namespace {
 constexpr size_t kAckedMemory = 4096;  // batch numbers remembered per node to spot re-sends
 constexpr size_t kHealthEntriesPerNode = 4096;  // processes whose health is kept per node
+constexpr size_t kCgroupsPerNode = 512;         // cgroups whose CPU use is kept per node
 
 void copy_drops(wire::DropCounters::Reader in, Drops& out) {
   out.ringbuf_full = in.getRingbufFull();
@@ -48,6 +51,12 @@ std::string ProcessInfo::gpu() const {
     start = comma + 1;
   }
   if (devices.size() == 1) return devices[0];
+  // cudaSetDevice told which one (the first it chose).
+  if (!cuda_devices.empty()) {
+    int32_t d = cuda_devices.front();
+    if (devices.empty()) return std::to_string(d);
+    if (d >= 0 && static_cast<size_t>(d) < devices.size()) return devices[d];
+  }
   if (local_rank >= 0 && static_cast<size_t>(local_rank) < devices.size()) return devices[local_rank];
   if (devices.empty() && local_rank >= 0) return std::to_string(local_rank);
   return {};
@@ -241,6 +250,10 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     info.slurm_step = p.getSlurmStep();
     info.pod_uid = p.getPodUid();
     info.container_id = p.getContainerId();
+    info.cgroup_id = p.getCgroupId();
+    info.cgroup_path = p.getCgroupPath();
+    info.cuda_devices.clear();
+    for (int32_t d : p.getCudaDevices()) info.cuda_devices.push_back(d);
   }
   std::set<uint64_t> touched;
   for (auto c : batch.getComms()) {
@@ -253,6 +266,16 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     member.node = node.name;
     member.pid = c.getPid();
     touched.insert(comm.hash);
+  }
+  for (auto a : batch.getAsyncErrors()) {
+    auto it = comms_.find(a.getCommHash());
+    if (it == comms_.end()) continue;
+    for (auto& [rank, member] : it->second.members) {
+      if (member.node != node.name || member.pid != a.getPid()) continue;
+      member.error = CommError{node.clock.to_cluster(a.getNs()), a.getResult(), a.getAsyncError()};
+      RS_LOG(warn, "node %s rank %d of %s: communicator broken (%s)", node.name.c_str(), rank,
+             hex64(it->first).c_str(), proto::result_name(a.getAsyncError() ? a.getAsyncError() : a.getResult()).c_str());
+    }
   }
   for (auto e : batch.getCommEnds()) {
     auto it = comms_.find(e.getCommHash());
@@ -326,8 +349,26 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   out.after_commit.emplace_back(routing_id, std::move(ack_bytes));
 }
 
+CgroupUsage::Rate CgroupUsage::rate(uint64_t now_ns, uint64_t window_ns) const {
+  Rate out;
+  if (samples_.size() < 2) return out;
+  const CgroupSample& last = samples_.back();
+  if (now_ns > last.ns + window_ns) return out;  // quiet since: not reported any more
+  const CgroupSample* first = nullptr;
+  for (auto it = samples_.rbegin(); it != samples_.rend(); ++it) {
+    first = &*it;
+    if (last.ns - it->ns >= window_ns) break;
+  }
+  if (!first || last.ns <= first->ns) return out;
+  out.cpus = static_cast<double>(last.cpu_ns - std::min(last.cpu_ns, first->cpu_ns)) / static_cast<double>(last.ns - first->ns);
+  out.tcp_retransmits = last.tcp_retransmits - std::min(last.tcp_retransmits, first->tcp_retransmits);
+  out.known = true;
+  return out;
+}
+
 void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   node.traced_processes = heartbeat.getTracedProcesses();
+  node.last_monotonic_ns = heartbeat.getMonotonicNs();
   Drops drops;
   copy_drops(heartbeat.getDrops(), drops);
   // A heartbeat carries what the agent knows now; keep the larger counters.
@@ -344,12 +385,37 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     sample.runqueue_ns = p.getRunqueueNs();
     sample.exit_status = p.getExitStatus();
     sample.exit_signal = p.getExitSignal();
+    if (p.hasHost()) {
+      auto h = p.getHost();
+      sample.host_known = true;
+      sample.process_cpu_ns = h.getCpuNs();
+      sample.on_cpu_ns = h.getOnCpuNs();
+      sample.off_cpu_ns = h.getOffCpuNs();
+      sample.host_runqueue_ns = h.getRunqueueNs();
+      sample.iowait_ns = h.getIowaitNs();
+      sample.involuntary_switches = h.getInvoluntarySwitches();
+      sample.major_faults = h.getMajorFaults();
+      sample.threads = h.getThreads();
+    }
     node.health[p.getPid()].add(sample);
   }
   // Dead processes are kept to explain findings, but not without bound.
   if (node.health.size() > kHealthEntriesPerNode) {
     for (auto it = node.health.begin(); it != node.health.end();)
       it = it->second.alive() ? std::next(it) : node.health.erase(it);
+  }
+  // Who used the host's CPUs: cumulative per cgroup; a rate needs two reports.
+  for (auto c : heartbeat.getCgroups()) {
+    CgroupUsage& usage = node.cgroups[c.getCgroupId()];
+    if (c.hasPath() && c.getPath().size() > 0) usage.path = c.getPath();
+    usage.add(CgroupSample{heartbeat.getMonotonicNs(), c.getCpuNs(), c.getInvoluntarySwitches(), c.getTcpRetransmits()});
+  }
+  if (node.cgroups.size() > kCgroupsPerNode) {
+    // Forget the ones quiet longest.
+    std::vector<std::pair<uint64_t, uint64_t>> by_age;
+    for (const auto& [id, usage] : node.cgroups) by_age.emplace_back(usage.last_ns(), id);
+    std::sort(by_age.begin(), by_age.end());
+    for (size_t i = 0; i < node.cgroups.size() - kCgroupsPerNode; ++i) node.cgroups.erase(by_age[i].second);
   }
   // A wait missing from this heartbeat has ended.
   std::map<uint32_t, std::vector<OpenWait>> waits;

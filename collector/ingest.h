@@ -3,7 +3,9 @@
 // written to the timeline store. Keeps the live picture of the cluster
 // (nodes, communicators, their members) that queries and detectors read.
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -25,6 +27,31 @@ struct Drops {
   uint64_t ringbuf_full = 0, map_full = 0, unknown_comm = 0, nested = 0, send_queue_full = 0;
 };
 
+// One cgroup's use of a node (from the heartbeats' CgroupUsage).
+struct CgroupSample {
+  uint64_t ns = 0;  // node clock
+  uint64_t cpu_ns = 0, involuntary_switches = 0, tcp_retransmits = 0;
+};
+class CgroupUsage {
+ public:
+  std::string path;
+  void add(const CgroupSample& sample) {
+    samples_.push_back(sample);
+    if (samples_.size() > 64) samples_.pop_front();
+  }
+  uint64_t last_ns() const { return samples_.empty() ? 0 : samples_.back().ns; }
+  // CPUs used on average and retransmits, over about the last window_ns (node clock, up to now_ns).
+  struct Rate {
+    double cpus = 0;
+    uint64_t tcp_retransmits = 0;
+    bool known = false;
+  };
+  Rate rate(uint64_t now_ns, uint64_t window_ns) const;
+
+ private:
+  std::deque<CgroupSample> samples_;
+};
+
 struct NodeState {
   std::string name;
   NodeClock clock;
@@ -40,6 +67,14 @@ struct NodeState {
   Drops drops;
   std::set<uint64_t> acked;      // batch numbers of `instance` already stored
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
+  std::map<uint64_t, CgroupUsage> cgroups;   // by cgroup id, from heartbeats
+  uint64_t last_monotonic_ns = 0;            // node clock of the last heartbeat
+};
+
+// ncclCommGetAsyncError found the member's communicator broken.
+struct CommError {
+  uint64_t ns = 0;  // cluster clock
+  int32_t result = 0, async_error = 0;
 };
 
 struct MemberState {
@@ -49,6 +84,7 @@ struct MemberState {
   uint64_t records = 0;
   int64_t last_seq = -1;          // lane 0
   uint64_t last_issue_ns = 0;     // cluster clock
+  std::optional<CommError> error;
 };
 
 struct CommState {
@@ -74,6 +110,9 @@ struct ProcessInfo {
   std::string slurm_step;
   std::string pod_uid;
   std::string container_id;
+  std::vector<int32_t> cuda_devices;  // chosen with cudaSetDevice, in order
+  uint64_t cgroup_id = 0;
+  std::string cgroup_path;
   // The GPU it most likely drives: its one visible device, or the one its
   // local rank selects among several (cudaSetDevice(local_rank) is the
   // convention of torchrun and Slurm launchers); "" when unknown.

@@ -222,6 +222,9 @@ std::string Detector::describe_rank(const CommState& comm, int32_t rank, uint64_
   } else {
     text += ": no collective issued yet";
   }
+  if (m.error)
+    text += "; NCCL reported its communicator broken at " + format_time_ns(m.error->ns) + " (" +
+            proto::result_name(m.error->async_error ? m.error->async_error : m.error->result) + ")";
   const ProcessHealth* health = health_of(m);
   text += "; process " + (health ? health->describe() : std::string("state unknown"));
   std::string context = host_context(comm, rank);
@@ -236,7 +239,7 @@ std::string Detector::host_context(const CommState& comm, int32_t rank) const {
   if (!health) return {};
   CpuShares mine = health->shares(options_.context_window_ns);
   if (!mine.known) return {};
-  std::vector<int64_t> peers_running, peers_waiting;
+  std::vector<int64_t> peers_running, peers_waiting, peers_off;
   for (const auto& [r, m] : comm.members) {
     if (r == rank) continue;
     const ProcessHealth* peer = health_of(m);
@@ -245,13 +248,48 @@ std::string Detector::host_context(const CommState& comm, int32_t rank) const {
     if (!s.known) continue;
     peers_running.push_back(static_cast<int64_t>(s.running * 1000));
     peers_waiting.push_back(static_cast<int64_t>(s.waiting * 1000));
+    peers_off.push_back(static_cast<int64_t>(s.off_cpu * 1000));
   }
-  uint64_t seconds = options_.context_window_ns / 1'000'000'000ull;
-  std::string text = "in the last " + std::to_string(seconds) + " s its main thread ran " + percent(mine.running) +
-                     " and waited for a CPU " + percent(mine.waiting) + " of the time";
-  if (!peers_running.empty())
-    text += " (peers, median: ran " + percent(median(peers_running) / 1000.0) + ", waited " +
-            percent(median(peers_waiting) / 1000.0) + ")";
+  std::string text = health->describe_cpu(options_.context_window_ns);
+  if (!peers_running.empty()) {
+    if (mine.host)
+      text += " (peers, median: off-CPU " + percent(median(peers_off) / 1000.0) + ", waiting for a CPU " +
+              percent(median(peers_waiting) / 1000.0) + ")";
+    else
+      text += " (peers, median: ran " + percent(median(peers_running) / 1000.0) + ", waited " +
+              percent(median(peers_waiting) / 1000.0) + ")";
+  }
+  std::string neighbours = busy_neighbours(it->second);
+  if (!neighbours.empty()) text += "; " + neighbours;
+  return text;
+}
+
+std::string Detector::busy_neighbours(const MemberState& member) const {
+  auto node = ingest_.nodes().find(member.node);
+  if (node == ingest_.nodes().end()) return {};
+  const ProcessInfo* process = ingest_.process(member.node, member.pid);
+  uint64_t own = process ? process->cgroup_id : 0;
+  // Other ranks' cgroups on the node are the job itself, not neighbours.
+  std::set<uint64_t> job_cgroups{own};
+  for (const auto& [pid, health] : node->second.health)
+    if (const ProcessInfo* other = ingest_.process(member.node, pid))
+      if (process && other->job == process->job) job_cgroups.insert(other->cgroup_id);
+  std::vector<std::pair<double, std::string>> busy;
+  for (const auto& [id, usage] : node->second.cgroups) {
+    if (job_cgroups.count(id)) continue;
+    auto rate = usage.rate(node->second.last_monotonic_ns, options_.context_window_ns);
+    if (!rate.known || rate.cpus < 0.25) continue;
+    std::string name = usage.path.empty() ? "cgroup " + std::to_string(id) : usage.path;
+    busy.emplace_back(rate.cpus, name);
+  }
+  if (busy.empty()) return {};
+  std::sort(busy.begin(), busy.end(), std::greater<>());
+  std::string text = "busiest other cgroups on " + member.node + ": ";
+  for (size_t i = 0; i < busy.size() && i < 3; ++i) {
+    char cpus[32];
+    snprintf(cpus, sizeof(cpus), "%.1f", busy[i].first);
+    text += (i ? ", " : "") + busy[i].second + " " + cpus + " CPUs";
+  }
   return text;
 }
 

@@ -90,6 +90,8 @@ class Detector final : public RecordObserver {
   const ProcessHealth* health_of(const MemberState& member) const;
   std::string describe_rank(const CommState& comm, int32_t rank, uint64_t now_ns) const;
   std::string host_context(const CommState& comm, int32_t rank) const;
+  // Other cgroups that used the member's node's CPUs lately ("" if none).
+  std::string busy_neighbours(const MemberState& member) const;
   uint64_t clock_uncertainty(const std::string& node) const;
 
   const Ingest& ingest_;
