@@ -3,11 +3,13 @@
 #include <boost/program_options.hpp>
 
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string_view>
 
 #include "common/log.h"
+#include "common/options_text.h"
 
 namespace rankscope::agent {
 
@@ -61,6 +63,8 @@ Result<CommandLine> parse(int argc, const char* const* argv, OpenConfig open_con
   }
   uint64_t max_unacked_mb = 0;
   po::options_description desc = describe(line.options, max_unacked_mb);
+  for (int i = 1; i < argc; ++i)
+    if (auto r = check_no_placeholders(argv[i], "argument " + std::to_string(i)); !r) return r.error();
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -68,7 +72,10 @@ Result<CommandLine> parse(int argc, const char* const* argv, OpenConfig open_con
     auto file = open_config(config);
     if (!file) return file.error();
     if (*file) {
-      po::store(po::parse_config_file(**file, desc), vm);
+      std::string text(std::istreambuf_iterator<char>(**file), {});
+      if (auto r = check_no_placeholders(text, "config file " + config); !r) return r.error();
+      std::istringstream stream(text);
+      po::store(po::parse_config_file(stream, desc), vm);
     }
     po::notify(vm);
   } catch (const std::exception& e) {

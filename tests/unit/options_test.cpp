@@ -43,6 +43,27 @@ TEST(Options, MissingConfigFileIsAnError) {
   EXPECT_NE(line.error().message.find("cannot read config file /nonexistent/rankscope.conf"), std::string::npos);
 }
 
+// Found by fuzz_config: Boost.Program_options 1.74 loops forever formatting
+// the error for an unknown option whose name holds its own placeholder.
+TEST(Options, PlaceholderInAnUnknownOptionIsRefusedNotLooped) {
+  const std::string found =
+      "# every \x01\x01 = 64\ntest-clock-offset-noption '%canonical_option%'s =\xff\xff\xff -2500001test-clofkc-ofset-ns00\n"
+      "log-hang-timeout-s";
+  auto collector_line = collector_config(found);
+  ASSERT_FALSE(collector_line);
+  EXPECT_NE(collector_line.error().message.find("%canonical_option%"), std::string::npos) << collector_line.error().message;
+  EXPECT_FALSE(agent_config(found));
+  EXPECT_FALSE(collector_config("liveness-ms = %value%\n"));  // the same through a bad value
+  const char* argv[] = {"rankscope-agent", "--batch-interval-ms", "%value%"};
+  EXPECT_FALSE(agent::parse_command_line(3, argv));
+}
+
+TEST(Options, PercentSignsThatAreNoPlaceholderAreValues) {
+  auto line = collector_config("db = /data/100%/db\n");
+  ASSERT_TRUE(line) << line.error().message;
+  EXPECT_EQ(line->options.db, "/data/100%/db");
+}
+
 TEST(Options, CollectorTimeoutsOutOfRangeAreRefused) {
   // nan and 1e300 passed the old `< 1` check; run() then cast them to integer nanoseconds (undefined).
   for (const char* bad : {"hang-timeout-s = nan\n", "hang-timeout-s = 1e300\n", "hang-timeout-s = 0.5\n",
