@@ -79,6 +79,7 @@ class MetricsExport {
       metrics_.set_node_drops(name, "map_full", node.drops.map_full);
       metrics_.set_node_drops(name, "unknown_comm", node.drops.unknown_comm);
       metrics_.set_node_drops(name, "send_queue_full", node.drops.send_queue_full);
+      metrics_.set_node_bad_messages(name, node.bad_messages);
     }
     for (const auto& [hash, comm] : ingest.comms()) {
       std::string hex = hex64(hash);
@@ -126,8 +127,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
   }
   DetectOptions detect_options;
-  detect_options.hang_timeout_ns = static_cast<uint64_t>(options.hang_timeout_s * 1e9);
-  detect_options.node_lost_timeout_ns = static_cast<uint64_t>(options.node_lost_timeout_s * 1e9);
+  detect_options.hang_timeout_ns = options.hang_timeout_ns();
+  detect_options.node_lost_timeout_ns = options.node_lost_timeout_ns();
   Detector detector(ingest, findings, clock, detect_options);
   ingest.add_observer(&detector);
   ClockRefiner refiner(ingest);
@@ -173,7 +174,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   RS_LOG(info, "listening for agents on %s, queries on %s; database %s", options.listen.c_str(),
          options.query.c_str(), options.db.c_str());
 
-  QueryContext query_context{ingest, **store, findings, clock, static_cast<uint64_t>(options.liveness_ms) * 1'000'000ull};
+  QueryContext query_context{ingest, **store, findings, clock, options.liveness_ns()};
   uint64_t last_evaluation = 0;
   while (!stop.load()) {
     zmq::pollitem_t items[] = {{agents.handle(), 0, ZMQ_POLLIN, 0}, {queries.handle(), 0, ZMQ_POLLIN, 0}};

@@ -152,19 +152,20 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
         out.now.emplace_back(routing_id, proto::to_packed(builder));
         break;
       }
-      default:
-        ++counters_.bad_messages;
-        RS_LOG(warn, "node %s sent a message kind this collector does not know; ignored", node.name.c_str());
+      default: bad_message(&node, "a message kind this collector does not know; ignored");
     }
   });
   if (!result) {
-    ++counters_.bad_messages;
     auto known = node_of_connection_.find(routing_id);
-    RS_LOG(warn, "bad message from %s: %s",
-           known == node_of_connection_.end() ? "an unidentified agent" : ("node " + known->second).c_str(),
-           result.error().message.c_str());
+    bad_message(known == node_of_connection_.end() ? nullptr : &nodes_[known->second], result.error().message);
     out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, result.error().message));
   }
+}
+
+void Ingest::bad_message(NodeState* node, const std::string& what) {
+  ++counters_.bad_messages;
+  if (node) ++node->bad_messages;
+  bad_log_.report(node ? "node " + node->name : "an unidentified agent", what, clock_.realtime_ns());
 }
 
 void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out) {
@@ -179,9 +180,10 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     reply.setReason("agent protocol version " + std::to_string(version) + " is not supported; this collector reads " +
                     "version " + std::to_string(wire::PROTOCOL_VERSION) + ": upgrade the collector first");
     RS_LOG(warn, "refused node %s: protocol version %u", name.c_str(), version);
-  } else if (name.empty() || name.size() > 255) {
+  } else if (auto valid = check_node_name(name); !valid) {
     reply.setAccepted(false);
-    reply.setReason("node name must be 1 to 255 bytes");
+    reply.setReason(valid.error().message);
+    bad_message(nullptr, "hello refused: " + valid.error().message);
   } else {
     reply.setAccepted(true);
     NodeState& node = nodes_[name];
@@ -227,6 +229,12 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   ack.setSeq(batch.getSeq());
   std::string ack_bytes = proto::to_packed(ack_builder);
 
+  if (auto valid = check_batch(batch); !valid) {
+    // Refused whole and not acknowledged: no agent sends this.
+    bad_message(&node, "batch " + std::to_string(batch.getSeq()) + " refused: " + valid.error().message);
+    out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, valid.error().message));
+    return;
+  }
   if (batch.getInstanceId() == node.instance && node.acked.count(batch.getSeq())) {
     // Re-sent (our ack was lost or late): already durable, say so again.
     ++counters_.duplicate_batches;
@@ -239,6 +247,10 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   copy_drops(batch.getDrops(), node.drops);
 
   for (auto p : batch.getProcesses()) {
+    if (auto valid = check_process(p); !valid) {
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; process skipped");
+      continue;
+    }
     ProcessInfo& info = processes_[{node.name, p.getPid()}];
     info.job = p.getJob();
     info.rank = p.getRank();
@@ -257,6 +269,10 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   }
   std::set<uint64_t> touched;
   for (auto c : batch.getComms()) {
+    if (auto valid = check_comm(c); !valid) {
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; skipped");
+      continue;
+    }
     CommState& comm = comm_for(c.getCommHash(), node.name, c.getPid());
     if (c.getNranks() > 0) comm.nranks = c.getNranks();
     if (comm.origin == wire::CommOrigin::UNKNOWN) comm.origin = c.getOrigin();
@@ -287,10 +303,9 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   size_t records = 0;
   for (auto columns : batch.getCollectives()) {
     auto block = proto::decode_columns(columns, batch);
-    if (!block) {
-      ++counters_.bad_messages;
-      RS_LOG(warn, "node %s batch %llu: %s; block skipped", node.name.c_str(),
-             static_cast<unsigned long long>(batch.getSeq()), block.error().message.c_str());
+    auto valid = block ? check_block(*block) : Result<void>(block.error());
+    if (!valid) {
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; block skipped");
       continue;
     }
     CommState& comm = comm_for(block->comm_hash, node.name, block->pid);
@@ -322,9 +337,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   for (auto columns : batch.getWaits()) {
     auto block = proto::decode_waits(columns, batch);
     if (!block) {
-      ++counters_.bad_messages;
-      RS_LOG(warn, "node %s batch %llu: %s; waits skipped", node.name.c_str(),
-             static_cast<unsigned long long>(batch.getSeq()), block.error().message.c_str());
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + block.error().message + "; waits skipped");
       continue;
     }
     counters_.waits += block->waits.size();
@@ -367,6 +380,10 @@ CgroupUsage::Rate CgroupUsage::rate(uint64_t now_ns, uint64_t window_ns) const {
 }
 
 void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
+  if (auto valid = check_heartbeat(heartbeat); !valid) {
+    bad_message(&node, "heartbeat refused: " + valid.error().message);
+    return;
+  }
   node.traced_processes = heartbeat.getTracedProcesses();
   node.last_monotonic_ns = heartbeat.getMonotonicNs();
   Drops drops;

@@ -15,6 +15,7 @@
 #include "collector/clock.h"
 #include "collector/health.h"
 #include "collector/store/timeline_store.h"
+#include "collector/validate.h"
 #include "common/clock.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
@@ -64,6 +65,7 @@ struct NodeState {
   uint64_t batches = 0;
   uint64_t records = 0;
   uint32_t traced_processes = 0;
+  uint64_t bad_messages = 0;     // messages, or parts of them, refused (collector/validate.h)
   Drops drops;
   std::set<uint64_t> acked;      // batch numbers of `instance` already stored
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
@@ -188,6 +190,8 @@ class Ingest {
   void persist_comm(const CommState& comm);
   void persist_node(const NodeState& node);
   std::string error_reply(wire::ErrorCode code, const std::string& message) const;
+  // Counts (in total and for `node`, null: not identified yet) and logs, rate-limited, one bad message.
+  void bad_message(NodeState* node, const std::string& what);
 
   TimelineStore& store_;
   const Clock& clock_;
@@ -198,6 +202,7 @@ class Ingest {
   std::map<ProcessKey, ProcessInfo> processes_;
   std::vector<std::pair<std::string, uint64_t>> uncommitted_;  // (node, batch) marked acked, not yet durable
   IngestCounters counters_;
+  BadMessageLog bad_log_;
   uint64_t started_ns_;
   std::vector<RecordObserver*> observers_;
 };

@@ -32,6 +32,7 @@ enum class MetricId {
   node_clock_drift,
   node_wall_clock_skew,
   agent_drops,
+  node_bad_messages,
   comm_last_sequence,
   collective_issue_lateness,
   ingest_batches,
@@ -96,6 +97,11 @@ const MetricInfo kCatalogue[] = {
      {"node", "reason"},
      "Records the node's agent lost or could not match, by reason (ringbuf_full, map_full, unknown_comm, "
      "send_queue_full)."},
+    {"rankscope_node_bad_messages_total",
+     Type::counter,
+     "",
+     {"node"},
+     "Messages from the node's agent refused, whole or in part, as unreadable, past a limit or out of range."},
     {"rankscope_comm_last_sequence",
      Type::gauge,
      "",
@@ -253,6 +259,7 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   node_clock_drift_ = &gauges(r, MetricId::node_clock_drift);
   node_wall_clock_skew_ = &gauges(r, MetricId::node_wall_clock_skew);
   agent_drops_ = &counters(r, MetricId::agent_drops);
+  node_bad_messages_ = &counters(r, MetricId::node_bad_messages);
   comm_last_sequence_ = &gauges(r, MetricId::comm_last_sequence);
   const MetricInfo& lateness = info(MetricId::collective_issue_lateness);
   issue_lateness_ =
@@ -333,6 +340,12 @@ void Metrics::set_node_drops(const std::string& node, const std::string& reason,
   CounterTotal& drops = nodes_[node].drops[reason];
   if (!drops.counter) drops.counter = add_series(*agent_drops_, {{"node", node}, {"reason", reason}});
   if (drops.counter) advance(drops, total);
+}
+
+void Metrics::set_node_bad_messages(const std::string& node, uint64_t total) {
+  CounterTotal& bad = nodes_[node].bad_messages;
+  if (!bad.counter) bad.counter = add_series(*node_bad_messages_, {{"node", node}});
+  if (bad.counter) advance(bad, total);
 }
 
 void Metrics::set_comm_progress(const std::string& job, const std::string& comm_hex, int32_t rank, int64_t last_seq) {

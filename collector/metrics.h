@@ -52,7 +52,7 @@ std::span<const MetricInfo> metric_catalogue();
 class Metrics {
  public:
   // A cluster of 1,000 nodes and 8,000 ranks in one communicator each needs
-  // about 5 x 1,000 node series, 4 x 1,000 drop series and 8,000 rank series;
+  // about 6 x 1,000 node series, 4 x 1,000 drop series and 8,000 rank series;
   // 20,000 leaves room for a few more communicators per rank and keeps one
   // scrape to a few megabytes.
   static constexpr size_t kDefaultMaxSeries = 20000;
@@ -79,6 +79,8 @@ class Metrics {
   // unknown_comm, send_queue_full); a smaller total than before means the
   // agent restarted and counts from zero again.
   void set_node_drops(const std::string& node, const std::string& reason, uint64_t total);
+  // `total`: the collector's running count of the node's refused messages.
+  void set_node_bad_messages(const std::string& node, uint64_t total);
 
   void set_comm_progress(const std::string& job, const std::string& comm_hex, int32_t rank, int64_t last_seq);
   // Removes the communicator's series (it was destroyed).
@@ -105,6 +107,7 @@ class Metrics {
     prometheus::Gauge* clock_drift = nullptr;
     prometheus::Gauge* wall_clock_skew = nullptr;
     std::map<std::string, CounterTotal> drops;  // by reason
+    CounterTotal bad_messages;
   };
   struct RankSeries {
     std::string job;
@@ -136,6 +139,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* node_clock_drift_;
   prometheus::Family<prometheus::Gauge>* node_wall_clock_skew_;
   prometheus::Family<prometheus::Counter>* agent_drops_;
+  prometheus::Family<prometheus::Counter>* node_bad_messages_;
   prometheus::Family<prometheus::Gauge>* comm_last_sequence_;
   prometheus::Histogram* issue_lateness_;
   CounterTotal ingest_batches_, ingest_records_, ingest_duplicate_batches_, ingest_bad_messages_, ingest_bytes_;

@@ -1,6 +1,10 @@
 #pragma once
+// The collector's options: flags, and the same names in a config file.
 #include <cstdint>
+#include <istream>
 #include <string>
+
+#include "common/result.h"
 
 namespace rankscope::collector {
 
@@ -14,6 +18,30 @@ struct Options {
   std::string metrics;                            // HOST:PORT for Prometheus; empty: off
   std::string alertmanager;                       // http://HOST:PORT of an Alertmanager; empty: off
   std::string log_level = "info";
+
+  // The timeouts in nanoseconds; valid once validate() accepted the options.
+  uint64_t hang_timeout_ns() const { return static_cast<uint64_t>(hang_timeout_s * 1e9); }
+  uint64_t node_lost_timeout_ns() const { return static_cast<uint64_t>(node_lost_timeout_s * 1e9); }
+  uint64_t liveness_ns() const { return static_cast<uint64_t>(liveness_ms) * 1'000'000ull; }
 };
+
+// What a command line asked for.
+struct CommandLine {
+  Options options;
+  bool help = false;  // --help: print usage() and stop
+};
+
+// The text --help prints.
+std::string usage();
+
+// Parses the flags and the config file that --config names (a flag wins over
+// the same key in the file), then checks every value. Never throws: an error
+// carries a message for the user, without the program's name.
+Result<CommandLine> parse_command_line(int argc, const char* const* argv);
+// The same with the config file's contents already at hand (`config` may be
+// null: no file); the name --config gives is not opened.
+Result<CommandLine> parse_command_line(int argc, const char* const* argv, std::istream* config);
+// Checks the ranges and forms of the values (done by parse_command_line).
+Result<void> validate(const Options& options);
 
 }  // namespace rankscope::collector

@@ -26,14 +26,16 @@ const char* level_name(Level level) {
 Level level() { return g_level.load(std::memory_order_relaxed); }
 void set_level(Level level) { g_level.store(level, std::memory_order_relaxed); }
 
+std::optional<Level> parse_level(std::string_view name) {
+  for (Level l : {Level::error, Level::warn, Level::info, Level::debug})
+    if (name == level_name(l)) return l;
+  return std::nullopt;
+}
+
 bool set_level(std::string_view name) {
-  for (Level l : {Level::error, Level::warn, Level::info, Level::debug}) {
-    if (name == level_name(l)) {
-      set_level(l);
-      return true;
-    }
-  }
-  return false;
+  auto parsed = parse_level(name);
+  if (parsed) set_level(*parsed);
+  return parsed.has_value();
 }
 
 void set_program(std::string_view name) { g_program = std::string(name); }

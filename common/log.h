@@ -8,6 +8,7 @@
 //   debug: detail for developers; off by default, may be frequent.
 // The level is checked before any formatting is done (RS_LOG).
 #include <cstdarg>
+#include <optional>
 #include <string_view>
 
 namespace rankscope::log {
@@ -16,7 +17,9 @@ enum class Level { error = 0, warn = 1, info = 2, debug = 3 };
 
 Level level();
 void set_level(Level level);
-// Parses "error|warn|info|debug"; returns false on anything else.
+// Parses "error|warn|info|debug"; nothing for anything else.
+std::optional<Level> parse_level(std::string_view name);
+// Sets the level named "error|warn|info|debug"; returns false on anything else.
 bool set_level(std::string_view name);
 // Prefix printed before each line, e.g. the program name.
 void set_program(std::string_view name);

@@ -1,7 +1,10 @@
 #pragma once
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
+
+#include "common/result.h"
 
 namespace rankscope::agent {
 
@@ -26,5 +29,25 @@ struct Options {
   int64_t test_clock_offset_ns = 0;                 // tests only: shift this node's clock (events and probes)
   std::string log_level = "info";
 };
+
+// What a command line asked for.
+struct CommandLine {
+  Options options;   // node is "" unless given: the caller puts in the host name
+  bool help = false;  // --help: print usage() and stop
+  bool check = false; // `rankscope-agent check`: report what can be traced, trace nothing
+};
+
+// The text --help prints.
+std::string usage();
+
+// Parses the command (`check`), the flags and the config file that --config
+// names (a flag wins over the same key in the file), then checks every value.
+// Never throws: an error carries a message for the user, without the program's name.
+Result<CommandLine> parse_command_line(int argc, const char* const* argv);
+// The same with the config file's contents already at hand (`config` may be
+// null: no file); the name --config gives is not opened.
+Result<CommandLine> parse_command_line(int argc, const char* const* argv, std::istream* config);
+// Checks the ranges and forms of the values (done by parse_command_line).
+Result<void> validate(const Options& options);
 
 }  // namespace rankscope::agent

@@ -9,6 +9,7 @@ set -euo pipefail
 
 build_pkgs=(
   cmake make g++ pkg-config clang llvm
+  libclang-rt-14-dev                    # libFuzzer and the sanitizers' runtimes (tests/fuzz)
   libbpf-dev bpftool libelf-dev zlib1g-dev
   libzmq3-dev cppzmq-dev
   capnproto libcapnp-dev

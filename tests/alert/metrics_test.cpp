@@ -68,6 +68,7 @@ void set_every_metric(Metrics& metrics) {
   metrics.set_node_last_contact("gpu-0", 1795301101.25);
   metrics.set_node_clock("gpu-0", -12.5e-6, 40e-6, 25e-6, 0.003);
   metrics.set_node_drops("gpu-0", "ringbuf_full", 17);
+  metrics.set_node_bad_messages("gpu-0", 3);
   metrics.set_comm_progress("slurm-4242", "00c0ffee00c0ffee", 3, 1207);
   metrics.observe_lateness(0.0042);
   metrics.set_ingest_totals(12, 3400, 1, 2, 52000);

@@ -1,0 +1,134 @@
+#include "node-agent/options.h"
+
+#include <boost/program_options.hpp>
+
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string_view>
+
+#include "common/log.h"
+#include "common/options_text.h"
+
+namespace rankscope::agent {
+
+namespace po = boost::program_options;
+
+namespace {
+constexpr uint64_t kMaxUnackedMb = 1u << 20;  // 1 TiB: more is a typo (and would overflow bytes)
+constexpr size_t kMaxNodeName = 255;          // what the collector accepts
+
+po::options_description describe(Options& options, uint64_t& max_unacked_mb) {
+  po::options_description desc(
+      "rankscope-agent: traces NCCL calls of the GPU jobs on this node with eBPF and sends them to the "
+      "rankscope collector.\n\nUsage: rankscope-agent [options]\n       rankscope-agent check [options]   "
+      "(can this node be traced? what would be?)\n\nOptions");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("config", po::value<std::string>(), "read options from this file (key = value, same names as the flags)")
+    ("collector", po::value(&options.collector)->default_value(options.collector), "collector's agent endpoint (ZeroMQ)")
+    ("node", po::value(&options.node), "name of this node, 1 to 255 bytes (default: the host name)")
+    ("netns", po::value(&options.netns), "trace only processes in this network namespace (/run/netns/NAME or /proc/PID/ns/net)")
+    ("cgroup", po::value(&options.cgroup), "trace only processes in this cgroup v2 directory or below it")
+    ("pid", po::value(&options.pids)->multitoken(), "trace only these processes")
+    ("nccl-lib", po::value(&options.nccl_libs)->multitoken(), "also probe this libnccl.so (probed before any process starts)")
+    ("cuda-waits", po::value(&options.cuda_waits)->default_value(options.cuda_waits), "time the host's waits on the GPU (libcudart's stream, device and event synchronize)")
+    ("host-context", po::value(&options.host_context)->default_value(options.host_context), "follow the scheduler for traced threads and CPU per cgroup (sched_switch, sched_wakeup) and TCP retransmits")
+    ("setenv-probe", po::value(&options.setenv_probe)->default_value(options.setenv_probe), "see CUDA_VISIBLE_DEVICES set at run time (uprobe on libc setenv)")
+    ("batch-interval-ms", po::value(&options.batch_interval_ms)->default_value(options.batch_interval_ms), "longest time a record waits before it is sent (1 ms to 60 s)")
+    ("scan-interval-ms", po::value(&options.scan_interval_ms)->default_value(options.scan_interval_ms), "how often /proc is scanned for new NCCL processes and libraries (10 ms to 1 h)")
+    ("ack-timeout-ms", po::value(&options.ack_timeout_ms)->default_value(options.ack_timeout_ms), "re-send a batch the collector did not acknowledge within this time (100 ms to 1 h)")
+    ("max-unacked-mb", po::value(&max_unacked_mb)->default_value(options.max_unacked_bytes >> 20), "memory for batches not yet acknowledged; the oldest are dropped (and counted) past it (1 to 1048576)")
+    ("test-clock-offset-ns", po::value(&options.test_clock_offset_ns)->default_value(0), "tests only: pretend this node's clock is off by this much")
+    ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug");
+  // clang-format on
+  return desc;
+}
+
+Result<void> check_range(const char* name, uint64_t value, uint64_t low, uint64_t high) {
+  if (value >= low && value <= high) return {};
+  return make_error(Errc::invalid_argument, std::string(name) + " must be between " + std::to_string(low) + " and " +
+                                                std::to_string(high) + ", not " + std::to_string(value));
+}
+
+// `open_config` gives the stream to read for the file --config names (null: none).
+template <typename OpenConfig>
+Result<CommandLine> parse(int argc, const char* const* argv, OpenConfig open_config) {
+  CommandLine line;
+  // `check` is a command, not an option.
+  if (argc > 1 && std::string_view(argv[1]) == "check") {
+    line.check = true;
+    --argc;
+    ++argv;
+  }
+  uint64_t max_unacked_mb = 0;
+  po::options_description desc = describe(line.options, max_unacked_mb);
+  for (int i = 1; i < argc; ++i)
+    if (auto r = check_no_placeholders(argv[i], "argument " + std::to_string(i)); !r) return r.error();
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    std::string config = vm.count("config") ? vm["config"].as<std::string>() : "";
+    auto file = open_config(config);
+    if (!file) return file.error();
+    if (*file) {
+      std::string text(std::istreambuf_iterator<char>(**file), {});
+      if (auto r = check_no_placeholders(text, "config file " + config); !r) return r.error();
+      std::istringstream stream(text);
+      po::store(po::parse_config_file(stream, desc), vm);
+    }
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    return make_error(Errc::invalid_argument, e.what());
+  }
+  line.help = vm.count("help") > 0;
+  if (line.help) return line;
+  if (auto r = check_range("--max-unacked-mb", max_unacked_mb, 1, kMaxUnackedMb); !r) return r.error();
+  line.options.max_unacked_bytes = max_unacked_mb << 20;
+  if (auto valid = validate(line.options); !valid) return valid.error();
+  return line;
+}
+}  // namespace
+
+std::string usage() {
+  Options options;
+  uint64_t max_unacked_mb = 0;
+  std::ostringstream out;
+  out << describe(options, max_unacked_mb);
+  return out.str();
+}
+
+Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
+  std::unique_ptr<std::ifstream> file;
+  return parse(argc, argv, [&](const std::string& name) -> Result<std::istream*> {
+    if (name.empty()) return static_cast<std::istream*>(nullptr);
+    file = std::make_unique<std::ifstream>(name);
+    if (!*file) return make_error(Errc::io, "cannot read config file " + name);
+    return static_cast<std::istream*>(file.get());
+  });
+}
+
+Result<CommandLine> parse_command_line(int argc, const char* const* argv, std::istream* config) {
+  return parse(argc, argv, [&](const std::string&) -> Result<std::istream*> { return config; });
+}
+
+Result<void> validate(const Options& o) {
+  if (!log::parse_level(o.log_level)) return make_error(Errc::invalid_argument, "--log-level must be error, warn, info or debug");
+  if (o.collector.empty()) return make_error(Errc::invalid_argument, "--collector must not be empty");
+  if (o.node.size() > kMaxNodeName) return make_error(Errc::invalid_argument, "--node must be 1 to 255 bytes");
+  // The collector's rule (collector/validate.h): it refuses other names.
+  for (char c : o.node)
+    if (c <= ' ' || c > '~') return make_error(Errc::invalid_argument, "--node must be printable ASCII without spaces");
+  for (uint32_t pid : o.pids)
+    if (pid == 0) return make_error(Errc::invalid_argument, "--pid takes process ids (1 and up), not 0");
+  for (auto r : {check_range("--batch-interval-ms", o.batch_interval_ms, 1, 60'000),
+                 check_range("--scan-interval-ms", o.scan_interval_ms, 10, 3'600'000),
+                 check_range("--ack-timeout-ms", o.ack_timeout_ms, 100, 3'600'000),
+                 check_range("--max-unacked-mb", o.max_unacked_bytes >> 20, 1, kMaxUnackedMb)})
+    if (!r) return r;
+  return {};
+}
+
+}  // namespace rankscope::agent

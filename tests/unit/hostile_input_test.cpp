@@ -1,0 +1,202 @@
+// What a hostile or broken peer can send the collector's ingest, on a real
+// RocksDB: messages past the bounds of collector/validate.h are refused and
+// counted for their peer; entries out of range are skipped and counted; the
+// rest of the message still counts. Each case reproduces an input the fuzz
+// target (tests/fuzz/agent_message_fuzz.cpp) found or would find.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "collector/clock_refine.h"
+#include "collector/detect/detector.h"
+#include "collector/ingest.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::collector {
+namespace {
+
+class FixedClock final : public Clock {
+ public:
+  uint64_t monotonic_ns() const override { return now; }
+  uint64_t realtime_ns() const override { return now; }
+  uint64_t now = 1'800'000'000'000'000'000ull;
+};
+
+std::string hello(const std::string& node) {
+  capnp::MallocMessageBuilder message;
+  auto h = message.initRoot<wire::AgentMessage>().initHello();
+  h.setProtocolVersion(wire::PROTOCOL_VERSION);
+  h.setNode(node);
+  h.setInstanceId(99);
+  h.setMonotonicNs(1'000);
+  h.setRealtimeNs(1'000 + 5'000'000);
+  return proto::to_packed(message);
+}
+
+// A valid batch of `records` collectives of rank 1 (of 2); `edit` changes it before it is packed.
+std::string batch(uint64_t seq, size_t records, const std::function<void(wire::Batch::Builder)>& edit = {}) {
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  b.setInstanceId(99);
+  b.setSeq(seq);
+  auto comms = b.initComms(1);
+  comms[0].setPid(10);
+  comms[0].setCommHash(0xc0ffee);
+  comms[0].setRank(1);
+  comms[0].setNranks(2);
+  proto::ColumnBlock block;
+  block.pid = 10;
+  block.comm_hash = 0xc0ffee;
+  block.rank = 1;
+  for (size_t i = 0; i < records; ++i) {
+    proto::CallRecord r;
+    r.seq = i;
+    r.issue_ns = 2'000 + i * 100;
+    r.return_ns = r.issue_ns + 10;
+    r.count = 256;
+    r.op = RS_OP_ALLREDUCE;
+    block.records.push_back(r);
+  }
+  proto::encode_collectives({&block}, b);
+  if (edit) edit(b);
+  return proto::to_packed(message);
+}
+
+bool is_error(const std::string& bytes) {
+  bool error = false;
+  EXPECT_TRUE(proto::read_packed<wire::CollectorMessage>(bytes, proto::ReadLimits{}, [&](auto m) {
+    error = m.which() == wire::CollectorMessage::ERROR;
+  }));
+  return error;
+}
+
+class HostileInputTest : public ::testing::Test {
+ protected:
+  HostileInputTest() {
+    ingest.add_observer(&detector);
+    ingest.add_observer(&refiner);
+    Outbox out;
+    ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  }
+  uint64_t node_bad() const { return ingest.node("gpu-1")->bad_messages; }
+
+  testing::TempDir dir;
+  std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
+  FixedClock clock;
+  Ingest ingest{*store, clock};
+  FindingBook findings;
+  Detector detector{ingest, findings, clock, DetectOptions{}};
+  ClockRefiner refiner{ingest};
+};
+
+// Found by fuzz_agent_message (a timeout): a few hundred packed bytes named
+// millions of empty clock samples, each refitting the node's clock; the
+// collector loop stalled on one message.
+TEST_F(HostileInputTest, FloodOfClockSamplesIsRefusedWhole) {
+  std::string bytes = batch(1, 3, [](auto b) { b.initClockSamples(1'000'000); });
+  EXPECT_LT(bytes.size(), 100'000u);  // small on the wire: packing makes the empty samples nearly free
+  Outbox out;
+  ingest.on_agent_message("conn-1", bytes, out);
+  ASSERT_EQ(out.now.size(), 1u);
+  EXPECT_TRUE(is_error(out.now[0].second));
+  EXPECT_TRUE(out.after_commit.empty());  // not acknowledged: nothing of it is stored
+  EXPECT_EQ(ingest.counters().records_stored, 0u);
+  EXPECT_EQ(node_bad(), 1u);
+  EXPECT_EQ(ingest.counters().bad_messages, 1u);
+
+  Outbox fine;  // the connection goes on
+  ingest.on_agent_message("conn-1", batch(2, 3), fine);
+  EXPECT_EQ(fine.after_commit.size(), 1u);
+  EXPECT_EQ(ingest.counters().records_stored, 3u);
+}
+
+// The same amplification through record counts: empty columns mean "all
+// zero", so a block of a few bytes may claim a million records, and a batch
+// many such blocks.
+TEST_F(HostileInputTest, RecordsPastTheBatchLimitAreRefused) {
+  std::string bytes = batch(1, 0, [](auto b) {
+    auto blocks = b.initCollectives(3);
+    for (auto block : blocks) block.setCount(kMaxRecordsPerBatch / 2);
+    b.initCommTable(1).set(0, 0xc0ffee);
+  });
+  Outbox out;
+  ingest.on_agent_message("conn-1", bytes, out);
+  ASSERT_EQ(out.now.size(), 1u);
+  EXPECT_TRUE(is_error(out.now[0].second));
+  EXPECT_EQ(ingest.counters().records_stored, 0u);
+  EXPECT_EQ(node_bad(), 1u);
+}
+
+// A communicator of 2^31-1 ranks made the detector allocate per-rank state
+// for all of them on the first record (out of memory).
+TEST_F(HostileInputTest, CommunicatorSizesOutOfRangeAreSkipped) {
+  uint64_t seq = 0;
+  for (auto [rank, nranks] : {std::pair{0, 0x7fffffff}, {0, 0}, {-3, 4}, {4, 4}, {0, kMaxRanks + 1}}) {
+    Outbox out;
+    ingest.on_agent_message("conn-1", batch(++seq, 2, [&](auto b) {
+      b.getComms()[0].setRank(rank);
+      b.getComms()[0].setNranks(nranks);
+      b.getComms()[0].setCommHash(0xbad);
+    }), out);
+    EXPECT_EQ(out.after_commit.size(), 1u) << rank << " of " << nranks;  // the rest of the batch is taken
+  }
+  EXPECT_EQ(ingest.comms().count(0xbad), 0u);
+  EXPECT_EQ(node_bad(), 5u);
+  EXPECT_EQ(ingest.comms().at(0xc0ffee).nranks, -1);  // only the blocks named it; its size is still unknown
+}
+
+TEST_F(HostileInputTest, RanksOutOfRangeInBlocksAndProcessesAreSkipped) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", batch(1, 4, [](auto b) {
+    b.getCollectives()[0].setRank(-7);
+    auto procs = b.initProcesses(2);
+    procs[0].setPid(10);
+    procs[0].setRank(kMaxRanks);
+    procs[1].setPid(11);
+    procs[1].setRank(3);
+    procs[1].setWorldSize(8);
+  }), out);
+  EXPECT_EQ(out.after_commit.size(), 1u);
+  EXPECT_EQ(ingest.counters().records_stored, 0u);
+  EXPECT_EQ(ingest.process("gpu-1", 10), nullptr);
+  ASSERT_NE(ingest.process("gpu-1", 11), nullptr);
+  EXPECT_EQ(ingest.process("gpu-1", 11)->rank, 3);
+  EXPECT_EQ(node_bad(), 2u);
+}
+
+TEST_F(HostileInputTest, HeartbeatFloodIsRefused) {
+  capnp::MallocMessageBuilder message;
+  auto h = message.initRoot<wire::AgentMessage>().initHeartbeat();
+  h.initProcesses(kMaxListEntries + 1);
+  Outbox out;
+  ingest.on_agent_message("conn-1", proto::to_packed(message), out);
+  EXPECT_TRUE(ingest.node("gpu-1")->health.empty());
+  EXPECT_EQ(node_bad(), 1u);
+}
+
+TEST_F(HostileInputTest, NodeNamesMustBePrintable) {
+  for (std::string name : {std::string("gpu 1"), std::string("gpu\n1"), std::string("gpu\x7f"), std::string(256, 'x')}) {
+    Outbox out;
+    ingest.on_agent_message("conn-x", hello(name), out);
+    bool accepted = true;
+    ASSERT_EQ(out.now.size(), 1u);
+    ASSERT_TRUE(proto::read_packed<wire::CollectorMessage>(out.now[0].second, proto::ReadLimits{}, [&](auto m) {
+      accepted = m.getHelloReply().getAccepted();
+    }));
+    EXPECT_FALSE(accepted);
+    EXPECT_EQ(ingest.node(name), nullptr);
+  }
+  EXPECT_EQ(ingest.counters().bad_messages, 4u);  // counted, but for no node: none was identified
+}
+
+TEST(BadMessageLog, CountsWhatItDoesNotLog) {
+  BadMessageLog log;
+  EXPECT_TRUE(log.report("node a", "one", 1'000));
+  EXPECT_FALSE(log.report("node a", "two", 2'000));   // within the interval: counted, not logged
+  EXPECT_TRUE(log.report("node b", "one", 2'000));    // per peer
+  EXPECT_FALSE(log.report("node a", "three", 1'000 + BadMessageLog::kIntervalNs - 1));
+  EXPECT_TRUE(log.report("node a", "four", 1'000 + BadMessageLog::kIntervalNs));  // says 2 more were not logged
+}
+
+}  // namespace
+}  // namespace rankscope::collector
