@@ -72,6 +72,9 @@ void fill_comm(const Ingest& ingest, const CommState& comm, query::CommInfo::Bui
       r.setSlurmStep(process->slurm_step);
       r.setPodUid(process->pod_uid);
       r.setContainerId(process->container_id);
+      r.setLauncherRank(process->rank);
+      r.setLocalRank(process->local_rank);
+      r.setWorldSize(process->world_size);
     }
   }
 }

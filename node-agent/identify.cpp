@@ -64,6 +64,8 @@ void apply_environment(const std::map<std::string, std::string>& env, ProcessIde
   set_int(env, {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}, identity.local_rank);
   set_int(env, {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, identity.world_size);
   if (auto* job = first_of(env, {"SLURM_JOB_ID", "RANKSCOPE_JOB_ID", "TORCHELASTIC_RUN_ID"})) identity.job = *job;
+  // srun sets both names for a task; a batch script has neither (its cgroup says step_batch).
+  if (auto* step = first_of(env, {"SLURM_STEP_ID", "SLURM_STEPID"})) identity.slurm_step = *step;
   if (auto* account = first_of(env, {"SLURM_JOB_ACCOUNT"})) identity.account = *account;
   if (auto* user = first_of(env, {"SLURM_JOB_USER"})) identity.user = *user;
   if (auto* devices = first_of(env, {"CUDA_VISIBLE_DEVICES"})) identity.visible_devices = *devices;
@@ -206,7 +208,7 @@ std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint3
     if (identity.cgroup_path.empty()) identity.cgroup_path = v1;
     CgroupIdentity from_cgroup = parse_cgroup_path(identity.cgroup_path);
     if (identity.job.empty()) identity.job = from_cgroup.slurm_job;
-    identity.slurm_step = from_cgroup.slurm_step;
+    if (identity.slurm_step.empty()) identity.slurm_step = from_cgroup.slurm_step;
     identity.slurm_uid = from_cgroup.slurm_uid;
     identity.pod_uid = from_cgroup.pod_uid;
     identity.container_id = from_cgroup.container_id;

@@ -22,10 +22,11 @@ struct ProcessIdentity {
   int32_t world_size = -1;
   std::string visible_devices;      // CUDA_VISIBLE_DEVICES; a later setenv in the process wins
   std::vector<int32_t> cuda_devices;  // ordinals chosen with cudaSetDevice, in order first used
-  // From the cgroup path (cgroup v2, else the first v1 hierarchy):
+  // From the cgroup path (cgroup v2, else the first v1 hierarchy); the job and
+  // step only where the environment does not name them:
   std::string cgroup_path;
   uint64_t cgroup_id = 0;      // from the events (bpf_get_current_cgroup_id)
-  std::string slurm_step;      // "0", "batch", "extern"...
+  std::string slurm_step;      // SLURM_STEP_ID, else the cgroup's step_<n>: "0", "batch", "extern"...
   int64_t slurm_uid = -1;
   std::string pod_uid;         // Kubernetes
   std::string container_id;    // Kubernetes or Docker

@@ -107,7 +107,7 @@ struct Process {
   account @10 :Text;        # SLURM_JOB_ACCOUNT
   visibleDevices @11 :Text; # CUDA_VISIBLE_DEVICES as the process sees it
   cgroupPath @12 :Text;     # cgroup v2 path (else the first v1 hierarchy's)
-  slurmStep @13 :Text;      # from the cgroup path: step_<n>
+  slurmStep @13 :Text;      # SLURM_STEP_ID, else the cgroup path's step_<n>
   podUid @14 :Text;         # Kubernetes pod, from the cgroup path
   containerId @15 :Text;    # containerd, CRI-O or Docker container, from the cgroup path
   cudaDevices @16 :List(Int32);  # device ordinals selected with cudaSetDevice (within visibleDevices), in order first used

@@ -126,6 +126,11 @@ struct RankInfo {
   slurmStep @9 :Text;
   podUid @10 :Text;
   containerId @11 :Text;
+  # As the launcher told the process (RANK/SLURM_PROCID/OMPI_COMM_WORLD_RANK,
+  # LOCAL_RANK/SLURM_LOCALID, WORLD_SIZE/SLURM_NTASKS); -1: not set.
+  launcherRank @12 :Int32 = -1;
+  localRank @13 :Int32 = -1;
+  worldSize @14 :Int32 = -1;
 }
 
 struct TimelineReply {

@@ -4,7 +4,8 @@
 # runs at most once per invocation, only when something is missing.
 #
 #   scripts/install-deps.sh build     # compilers and libraries for the build
-#   scripts/install-deps.sh test      # + what the tests start: iproute2, stress-ng, faketime, promtool, Alertmanager
+#   scripts/install-deps.sh test      # + what the tests start: iproute2, stress-ng, faketime, promtool, Alertmanager,
+#                                     #   a single-node Slurm (slurmctld, slurmd, srun) and munge
 set -euo pipefail
 
 build_pkgs=(
@@ -18,7 +19,9 @@ build_pkgs=(
   prometheus-cpp-dev
   libgtest-dev libgmock-dev
 )
-test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager)
+# slurm-wlm pulls slurmctld, slurmd and slurm-client (srun, sinfo, squeue); the
+# tests start their own munged/slurmctld/slurmd, never the system services.
+test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager slurm-wlm munge)
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in

@@ -7,26 +7,35 @@ namespace rankscope::testing {
 TestDeployment::TestDeployment(const TempDir& dir, const NetnsCluster& cluster, int nodes,
                                const DeploymentOptions& options)
     : dir_(dir), agent_port_(free_port()), query_port_(free_port()), client_(query_endpoint(), 3000) {
+  start(&cluster, nodes, options);
+}
+
+TestDeployment::TestDeployment(const TempDir& dir, int nodes, const DeploymentOptions& options)
+    : dir_(dir), agent_port_(free_port()), query_port_(free_port()), client_(query_endpoint(), 3000) {
+  start(nullptr, nodes, options);
+}
+
+void TestDeployment::start(const NetnsCluster* cluster, int nodes, const DeploymentOptions& options) {
   SpawnOptions collector;
   collector.argv = {bin_path("rankscope-collector"),
                     "--listen",  "tcp://127.0.0.1:" + std::to_string(agent_port_),
                     "--query",   query_endpoint(),
-                    "--db",      dir.file("db")};
+                    "--db",      dir_.file("db")};
   collector.argv.insert(collector.argv.end(), options.collector_args.begin(), options.collector_args.end());
-  collector.stdout_path = dir.file("collector.log");
+  collector.stdout_path = dir_.file("collector.log");
   collector_ = std::make_unique<Process>(collector);
   for (int node = 0; node < nodes; ++node) {
     SpawnOptions agent;
     agent.argv = {bin_path("rankscope-agent"),
                   "--collector", "tcp://127.0.0.1:" + std::to_string(agent_port_),
                   "--node",      node_name(node),
-                  "--netns",     cluster.path(node),
                   "--nccl-lib",  std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2"};
+    if (cluster) agent.argv.insert(agent.argv.end(), {"--netns", cluster->path(node)});
     if (options.agent_args) {
       auto extra = options.agent_args(node);
       agent.argv.insert(agent.argv.end(), extra.begin(), extra.end());
     }
-    agent.stdout_path = dir.file("agent-" + std::to_string(node) + ".log");
+    agent.stdout_path = dir_.file("agent-" + std::to_string(node) + ".log");
     agents_.emplace_back(agent);
   }
 }

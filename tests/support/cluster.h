@@ -41,6 +41,9 @@ class TestDeployment {
  public:
   // Starts the collector and one agent per node of `cluster`.
   TestDeployment(const TempDir& dir, const NetnsCluster& cluster, int nodes, const DeploymentOptions& options = {});
+  // Agents in the host's network namespace, each scoped only by what
+  // options.agent_args gives it (`--cgroup DIR`, `--pid N`...).
+  TestDeployment(const TempDir& dir, int nodes, const DeploymentOptions& options);
   std::vector<SeenFinding> findings(bool open_only);
   std::vector<SeenNode> nodes();
   // Lowest last sequence number over the ranks of every communicator (-1: none yet).
@@ -54,6 +57,8 @@ class TestDeployment {
   const std::string& log_dir() const { return dir_.path(); }
 
  private:
+  void start(const NetnsCluster* cluster, int nodes, const DeploymentOptions& options);
+
   const TempDir& dir_;
   int agent_port_;
   int query_port_;

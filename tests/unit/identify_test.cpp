@@ -26,12 +26,14 @@ TEST(Identify, SlurmEnvironmentGivesJobRankAndAccount) {
   write(root.file("31/stat"), "31 (python3 (x)) S 1 31 31 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 9 0 987654 1 2 3\n");
   write(root.file("31/status"), "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\n");
   write(root.file("31/environ"),
-        environ_of({"SLURM_JOB_ID=4711", "SLURM_PROCID=5", "SLURM_LOCALID=1", "SLURM_NTASKS=8",
-                    "SLURM_JOB_ACCOUNT=physics", "SLURM_JOB_USER=alice", "CUDA_VISIBLE_DEVICES=2,3"}));
+        environ_of({"SLURM_JOB_ID=4711", "SLURM_STEP_ID=2", "SLURM_STEPID=2", "SLURM_PROCID=5", "SLURM_LOCALID=1",
+                    "SLURM_NTASKS=8", "SLURM_JOB_ACCOUNT=physics", "SLURM_JOB_USER=alice",
+                    "CUDA_VISIBLE_DEVICES=2,3"}));
   auto id = read_identity(root.path(), 31);
   ASSERT_TRUE(id);
   EXPECT_EQ(id->start_time, 987654u);
   EXPECT_EQ(id->job, "4711");
+  EXPECT_EQ(id->slurm_step, "2");
   EXPECT_EQ(id->rank, 5);
   EXPECT_EQ(id->local_rank, 1);
   EXPECT_EQ(id->world_size, 8);
@@ -127,6 +129,25 @@ TEST(Identify, CgroupFillsTheJobWhenTheEnvironmentDoesNot) {
   EXPECT_EQ(id->cgroup_path, "/slurm/uid_0/job_77/step_3");
   EXPECT_EQ(id->job, "77");
   EXPECT_EQ(id->slurm_step, "3");
+}
+
+TEST(Identify, SlurmStepFromTheEnvironmentWinsOverTheCgroups) {
+  ProcessIdentity old_name;
+  apply_environment(parse_environ(environ_of({"SLURM_JOB_ID=12", "SLURM_STEPID=4"})), old_name);
+  EXPECT_EQ(old_name.slurm_step, "4");
+
+  // A task of step 1 whose cgroup was left at the job's step_0 (a launcher
+  // that does not move tasks): the job and step come from the environment,
+  // as srun set them, and agree with each other.
+  testing::TempDir root;
+  write(root.file("8/stat"), "8 (train) S 1 8 8 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 9 0 444 1 2 3\n");
+  write(root.file("8/cgroup"), "0::/slurm/uid_0/job_12/step_0\n");
+  write(root.file("8/environ"), environ_of({"SLURM_JOB_ID=12", "SLURM_STEP_ID=1", "SLURM_PROCID=1"}));
+  auto id = read_identity(root.path(), 8);
+  ASSERT_TRUE(id);
+  EXPECT_EQ(id->job, "12");
+  EXPECT_EQ(id->slurm_step, "1");
+  EXPECT_EQ(id->slurm_uid, 0);
 }
 
 }  // namespace

@@ -1,0 +1,202 @@
+// A real Slurm job: Debian's slurmctld, slurmd and munged, started by the
+// test (tests/support/slurm.h), run `fakenccl-train` as a two-task step
+// launched by `srun` inside a `salloc` allocation, as an unprivileged user
+// with an account of the test's choosing. The agent, scoped to the cgroup
+// slurmd and its steps run in, and the collector then name each rank with
+// the job id, step id, user and account Slurm gave it, and the rank, local
+// rank and world size srun set (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS),
+// as `rankscope jobs --json` prints them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "tests/support/alertmanager.h"
+#include "tests/support/cluster.h"
+#include "tests/support/harness.h"
+#include "tests/support/slurm.h"
+
+namespace rankscope::testing {
+namespace {
+
+// Standard output of a command (run by /bin/sh), "" if it fails to start.
+std::string capture(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {};
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) text.append(buf, n);
+  pclose(pipe);
+  return text;
+}
+
+// The value of "key" in a flat JSON object as the CLI prints it: a string's
+// contents (unescaped quotes only), or a number's digits.
+std::string field(const std::string& object, const std::string& key) {
+  std::string tag = "\"" + key + "\":";
+  size_t at = object.find(tag);
+  if (at == std::string::npos) return "<missing " + key + ">";
+  at += tag.size();
+  if (object[at] == '"') {
+    std::string value;
+    for (size_t i = at + 1; i < object.size() && object[i] != '"'; ++i) value += object[i] == '\\' ? object[++i] : object[i];
+    return value;
+  }
+  return object.substr(at, object.find_first_of(",}", at) - at);
+}
+
+// The objects of a JSON text that hold no other object (the ranks of
+// `rankscope jobs --json`).
+std::vector<std::string> leaf_objects(const std::string& json) {
+  std::vector<std::string> leaves;
+  std::vector<std::pair<size_t, bool>> open;  // start, holds an object
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    char c = json[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{') {
+      if (!open.empty()) open.back().second = true;
+      open.push_back({i, false});
+    } else if (c == '}' && !open.empty()) {
+      if (!open.back().second) leaves.push_back(json.substr(open.back().first, i - open.back().first + 1));
+      open.pop_back();
+    }
+  }
+  return leaves;
+}
+
+std::string trim(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
+  if (geteuid() != 0) GTEST_SKIP() << "slurmd, cgroups and eBPF need root: run the suite as root";
+  std::string missing = RealSlurm::missing_programs();
+  if (!missing.empty())
+    GTEST_SKIP() << "Slurm is not installed (" << missing << "): scripts/install-deps.sh test installs slurm-wlm and munge";
+
+  RealSlurm slurm;
+  ASSERT_TRUE(slurm.ok()) << slurm.error();
+  TempDir dir;
+  DeploymentOptions options;
+  options.agent_args = [&](int) { return std::vector<std::string>{"--cgroup", slurm.node_cgroup()}; };
+  TestDeployment deployment(dir, 1, options);
+  ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20))) << slurp(dir.file("agent-0.log"));
+
+  // The job: an allocation of two tasks for `account`, as user nobody; a
+  // first step that only runs `true` (step 0), then the training job as
+  // step 1, until the test cancels it (or --time, 2 minutes, ends it).
+  const std::string account = unique_name("acct-");
+  const std::string job_name = unique_name("train-");
+  const std::string work = slurm.shared_dir();
+  std::string train = bin_path("fakenccl-train") + " --id-file " + work + "/nccl.id" +
+                      " --steps 1000000 --compute-iters 1000000 --bucket-elems 1024 --quiet";
+  std::string steps = "srun -n1 --chdir=" + work + " true && exec srun -N1 -n2 --chdir=" + work + " " + train;
+  SpawnOptions salloc;
+  salloc.argv = {"/bin/sh", "-c",
+                 "cd " + work + " && exec env -u RANK -u WORLD_SIZE -u LOCAL_RANK setpriv --reuid=nobody "
+                     "--regid=nogroup --clear-groups salloc -N1 -n2 --time=2 --account=" + account + " -J " +
+                     job_name + " /bin/sh -c '" + steps + "'"};
+  salloc.env = slurm.client_env();
+  // fakenccl's rendezvous and mesh on loopback (exact name), whatever else this host has.
+  salloc.env["NCCL_SOCKET_IFNAME"] = "=lo";
+  salloc.stdout_path = dir.file("salloc.log");
+  Process job(salloc);
+
+  // Slurm's own view: the job (id, account, user, two CPUs on one node) and its steps.
+  std::string job_line, step_lines;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        slurm.run("squeue -h -n " + job_name + " -o '%i|%a|%u|%D|%C|%T'", &job_line, 10);
+        slurm.run("squeue -h -s -n " + job_name + " -o '%i|%j'", &step_lines, 10);
+        return step_lines.find(".1|") != std::string::npos || !job.running();
+      },
+      std::chrono::seconds(30)));
+  ASSERT_TRUE(job.running()) << slurp(dir.file("salloc.log")) << slurm.logs();
+  job_line = trim(job_line);
+  std::string job_id = job_line.substr(0, job_line.find('|'));
+  ASSERT_FALSE(job_id.empty()) << "squeue lists no job " << job_name << ": " << step_lines;
+  EXPECT_EQ(job_line, job_id + "|" + account + "|nobody|1|2|RUNNING");
+  EXPECT_GE(std::stoull(job_id), slurm.first_job_id());
+  EXPECT_NE(step_lines.find(job_id + ".1|"), std::string::npos) << step_lines;
+  EXPECT_NE(slurp(dir.file("salloc.log")).find("Granted job allocation " + job_id), std::string::npos)
+      << slurp(dir.file("salloc.log"));
+
+  // What rankscope says, through the CLI: the Slurm job with one two-rank
+  // communicator, each rank named as Slurm launched it.
+  std::string cli = bin_path("rankscope") + " jobs --json --collector " + deployment.query_endpoint();
+  std::string json;
+  std::vector<std::string> ranks;
+  bool seen = wait_for(
+      [&] {
+        json = capture(cli);
+        ranks.clear();
+        for (const auto& object : leaf_objects(json))
+          if (object.find("\"launcher_rank\"") != std::string::npos) ranks.push_back(object);
+        return json.find("\"job\":\"" + job_id + "\"") != std::string::npos && ranks.size() == 2 &&
+               !field(ranks[0], "user").empty() && !field(ranks[1], "user").empty();  // identities in
+      },
+      std::chrono::seconds(30));
+  ASSERT_TRUE(seen) << json << "\n" << slurp(dir.file("agent-0.log")) << slurp(dir.file("salloc.log"));
+  EXPECT_EQ(array_objects(json.substr(json.find('['))).size(), 1u) << "one job only: " << json;
+  EXPECT_NE(json.find("\"nranks\":2"), std::string::npos) << json;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string& r = ranks[rank];
+    SCOPED_TRACE(r);
+    EXPECT_EQ(field(r, "rank"), std::to_string(rank));  // the communicator's (fakenccl took SLURM_PROCID)
+    EXPECT_EQ(field(r, "launcher_rank"), std::to_string(rank));  // the agent's, from SLURM_PROCID
+    EXPECT_EQ(field(r, "local_rank"), std::to_string(rank));     // SLURM_LOCALID
+    EXPECT_EQ(field(r, "world_size"), "2");                      // SLURM_NTASKS
+    EXPECT_EQ(field(r, "slurm_step"), "1");                      // SLURM_STEP_ID, squeue's <job>.1
+    EXPECT_EQ(field(r, "user"), "nobody");                       // SLURM_JOB_USER
+    EXPECT_EQ(field(r, "account"), account);                     // SLURM_JOB_ACCOUNT
+    EXPECT_EQ(field(r, "node"), deployment.node_name(0));
+    // The pid is a task of that step: srun's environment is in it.
+    std::string environ = slurp("/proc/" + field(r, "pid") + "/environ");
+    EXPECT_NE(environ.find(std::string("SLURM_JOB_ID=") + job_id + '\0'), std::string::npos);
+    EXPECT_NE(environ.find(std::string("SLURM_PROCID=") + std::to_string(rank) + '\0'), std::string::npos);
+  }
+
+  // Cancelled, the job ends: salloc returns and Slurm lists nothing.
+  std::string cancel;
+  EXPECT_EQ(slurm.run("scancel " + job_id, &cancel, 10), 0) << cancel;
+  EXPECT_NE(job.wait(std::chrono::seconds(30)), -1) << "salloc still running after scancel";
+  std::string left;
+  EXPECT_TRUE(wait_for(
+      [&] { return slurm.run("squeue -h -o %i", &left, 10) == 0 && left.empty(); }, std::chrono::seconds(30)))
+      << left;
+}
+
+// Two instances side by side, as parallel test runs make them: each is its
+// own cluster (its jobs run there and see its name), and neither disturbs
+// the other.
+TEST(SlurmE2E, TwoClustersRunSideBySide) {
+  if (geteuid() != 0) GTEST_SKIP() << "slurmd and cgroups need root: run the suite as root";
+  std::string missing = RealSlurm::missing_programs();
+  if (!missing.empty())
+    GTEST_SKIP() << "Slurm is not installed (" << missing << "): scripts/install-deps.sh test installs slurm-wlm and munge";
+  RealSlurm first;
+  RealSlurm second;
+  ASSERT_TRUE(first.ok()) << first.error();
+  ASSERT_TRUE(second.ok()) << second.error();
+  EXPECT_NE(first.cluster(), second.cluster());
+  for (RealSlurm* slurm : {&first, &second}) {
+    std::string out;
+    EXPECT_EQ(slurm->run("srun -n1 --chdir=" + slurm->shared_dir() + " printenv SLURM_CLUSTER_NAME SLURM_JOB_ID",
+                         &out, 60),
+              0)
+        << out << slurm->logs();
+    EXPECT_EQ(out, slurm->cluster() + "\n" + std::to_string(slurm->first_job_id()) + "\n");
+  }
+}
+
+}  // namespace
+}  // namespace rankscope::testing
