@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <random>
 #include <zmq.hpp>
 
@@ -102,7 +103,13 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     // Wake for records and for replies alike: a clock reply stamped late
     // would look like a long round trip.
     zmq::pollitem_t items[] = {{transport.socket().handle(), 0, ZMQ_POLLIN, 0}, {nullptr, bpf.wait_fd(), ZMQ_POLLIN, 0}};
-    zmq::poll(items, 2, std::chrono::milliseconds(10));
+    // SIGTERM/SIGINT interrupt the poll (EINTR, which cppzmq throws): the
+    // loop then sees `stop` and shuts down cleanly instead of aborting.
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(10));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
     transport.service();
     bpf.consume();
     uint64_t t = now();
