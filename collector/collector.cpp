@@ -1,5 +1,6 @@
 #include "collector/collector.h"
 
+#include <cerrno>
 #include <set>
 #include <zmq.hpp>
 
@@ -178,7 +179,13 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   uint64_t last_evaluation = 0;
   while (!stop.load()) {
     zmq::pollitem_t items[] = {{agents.handle(), 0, ZMQ_POLLIN, 0}, {queries.handle(), 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, 2, std::chrono::milliseconds(100));
+    // SIGTERM/SIGINT interrupt the poll (EINTR, which cppzmq throws): the
+    // loop then sees `stop` and shuts down cleanly instead of aborting.
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
 
     Outbox outbox;
     for (int i = 0; i < kMaxMessagesPerCommit; ++i) {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <random>
 #include <zmq.hpp>
 
@@ -21,6 +22,12 @@ namespace wire = ::rankscope::proto::wire;
 
 namespace {
 constexpr uint64_t kMs = 1'000'000ull;
+// The loop's tick: records are drained from the ring buffer on it, not on
+// each record's wakeup (at thousands of calls per second a wakeup per record
+// costs the agent a tenth of a core and the traced call a kernel wakeup;
+// docs/benchmarks.md). Records wait at most this long, well within a batch
+// interval.
+constexpr int kTickMs = 25;
 
 uint64_t random_instance_id() {
   std::random_device device;
@@ -102,10 +109,16 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   };
   uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
   while (!stop.load()) {
-    // Wake for records and for replies alike: a clock reply stamped late
-    // would look like a long round trip.
-    zmq::pollitem_t items[] = {{transport.socket().handle(), 0, ZMQ_POLLIN, 0}, {nullptr, bpf.wait_fd(), ZMQ_POLLIN, 0}};
-    zmq::poll(items, 2, std::chrono::milliseconds(10));
+    // Wake for the collector's replies at once (a clock reply stamped late
+    // would look like a long round trip), for records only on the tick.
+    zmq::pollitem_t items[] = {{transport.socket().handle(), 0, ZMQ_POLLIN, 0}};
+    // SIGTERM/SIGINT interrupt the poll (EINTR, which cppzmq throws): the
+    // loop then sees `stop` and shuts down cleanly instead of aborting.
+    try {
+      zmq::poll(items, 1, std::chrono::milliseconds(kTickMs));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
     transport.service();
     bpf.consume();
     uint64_t t = now();

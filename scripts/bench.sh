@@ -5,6 +5,8 @@
 # batches that real traced jobs produced, against the same records as JSON
 # lines. Two workloads: a dense one (many calls per 100 ms batch) and a
 # paced one (a few calls per batch, where each block's header counts most).
+# Then the hang detection latency, and scripts/bench-overhead.sh (the agent's
+# cost per NCCL call against a bare uprobe pair, and its CPU).
 set -euo pipefail
 source "$(dirname "$0")/lib-deployment.sh"
 rs_setup "${1:-build}"
@@ -105,3 +107,10 @@ echo "| runs | found | latencies (s) | worst (s) | goal (s) |"
 echo "| --- | --- | --- | --- | --- |"
 worst=$(printf '%s\n' "${latencies[@]}" | sort -n | tail -1)
 echo "| $runs | ${#latencies[@]} | ${latencies[*]} | ${worst:-none} | 4.00 |"
+
+# The agent's cost per NCCL call and its CPU: alone on the machine, after
+# this deployment is gone (its agents probe the same libnccl file).
+rs_cleanup
+trap - EXIT INT TERM
+echo
+"$here/scripts/bench-overhead.sh" "$build"

@@ -1,0 +1,621 @@
+// rankscope-bench-overhead: the cost the node agent adds to one NCCL call,
+// next to the floor of any uprobe tracer on this kernel, in one run.
+//
+//   floor  = (no-op call with a bare uprobe + uretprobe) - (no-op call)
+//   added  = (ncclAllReduce traced by rankscope-agent) - (ncclAllReduce alone)
+//
+// Each repetition measures the four loops back to back, so drift of the
+// machine (other load, frequency) hits both sides of each difference alike;
+// the report gives the median and the range over the repetitions. Then a
+// paced run issues collectives at a fixed rate with the agent attached and
+// reads the agent's CPU time from /proc, next to the same agent idle.
+//
+// The NCCL calls are real calls into libnccl.so.2 (by default the fakenccl
+// stand-in: a one-rank communicator, a one-element in-place AllReduce, which
+// only queues work on a stream and returns). The agent is the real daemon,
+// started with --pid <this process>, sending to a real collector.
+#include <bpf/libbpf.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <sys/prctl.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/measure.h"
+#include "bench_noop.skel.h"
+#include "common/log.h"
+#include "proto/query.capnp.h"
+#include "tools/cli/client.h"
+
+extern "C" uint64_t rankscope_bench_noop(uint64_t value);
+extern "C" uint64_t rankscope_bench_noop_stepped(uint64_t value);
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace rankscope::bench {
+namespace {
+
+struct Options {
+  int reps = 7;
+  uint64_t noop_calls = 20000;   // per timed no-op loop
+  uint64_t nccl_calls = 20000;   // per timed NCCL loop
+  uint64_t chunk = 1000;         // NCCL calls between two (untimed) stream synchronizes
+  uint64_t warmup = 1000;        // untimed calls before each timed loop
+  double paced_rate = 10000;     // collective calls per second in the paced run
+  double paced_seconds = 10;
+  double idle_seconds = 5;       // the same agent with no calls, for comparison
+  uint64_t paced_sync_every = 100;
+  std::string bin_dir = RANKSCOPE_BIN_DIR;
+  std::string nccl_lib = std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2";
+  std::vector<std::string> agent_args;  // extra flags for rankscope-agent
+  std::string json;
+  bool keep = false;
+};
+
+// ---------------------------------------------------------------- the floor
+
+using NoopFunction = uint64_t (*)(uint64_t);
+
+// The bare uprobe + uretprobe pair of bench/noop.bpf.c on a function of
+// bench/noop.c.
+class NoopProbes {
+ public:
+  static Result<std::unique_ptr<NoopProbes>> open() {
+    std::unique_ptr<NoopProbes> probes(new NoopProbes());
+    probes->skel_ = bench_noop__open_and_load();
+    if (!probes->skel_)
+      return make_error(Errc::system, std::string("loading bench/noop.bpf.c: ") + std::strerror(errno) +
+                                          " (eBPF needs root)");
+    Dl_info info{};
+    if (!dladdr(reinterpret_cast<void*>(&rankscope_bench_noop), &info) || !info.dli_fname)
+      return make_error(Errc::not_found, "cannot find the library that holds rankscope_bench_noop");
+    probes->library_ = fs::canonical(info.dli_fname).string();
+    return probes;
+  }
+  ~NoopProbes() {
+    detach();
+    if (skel_) bench_noop__destroy(skel_);
+  }
+
+  // As the agent does: by file and symbol, for every process (pid -1).
+  Result<void> attach(const char* function) {
+    LIBBPF_OPTS(bpf_uprobe_opts, entry, .retprobe = false, .func_name = function);
+    LIBBPF_OPTS(bpf_uprobe_opts, ret, .retprobe = true, .func_name = function);
+    entry_ = bpf_program__attach_uprobe_opts(skel_->progs.noop_enter, -1, library_.c_str(), 0, &entry);
+    if (!entry_) return make_error(Errc::system, "uprobe on " + std::string(function) + ": " + std::strerror(errno));
+    return_ = bpf_program__attach_uprobe_opts(skel_->progs.noop_return, -1, library_.c_str(), 0, &ret);
+    if (!return_) return make_error(Errc::system, "uretprobe on " + std::string(function) + ": " + std::strerror(errno));
+    return {};
+  }
+  void detach() {
+    if (entry_) bpf_link__destroy(entry_);
+    if (return_) bpf_link__destroy(return_);
+    entry_ = return_ = nullptr;
+  }
+
+ private:
+  NoopProbes() = default;
+  bench_noop* skel_ = nullptr;
+  bpf_link* entry_ = nullptr;
+  bpf_link* return_ = nullptr;
+  std::string library_;
+};
+
+// ns per call of `calls` calls of a no-op function.
+double time_noop(NoopFunction function, uint64_t calls) {
+  uint64_t sink = 0;
+  uint64_t start = monotonic_ns();
+  for (uint64_t i = 0; i < calls; ++i) sink = function(sink);
+  uint64_t elapsed = monotonic_ns() - start;
+  if (sink != calls) std::abort();  // the calls were made
+  return static_cast<double>(elapsed) / static_cast<double>(calls);
+}
+
+// ---------------------------------------------------------------- NCCL calls
+
+// A one-rank communicator, its stream and a one-element buffer: made and
+// destroyed per loop, so that an agent attached in between sees the
+// communicator created, as it would in a job it traces from the start.
+class NcclLoop {
+ public:
+  static Result<std::unique_ptr<NcclLoop>> open() {
+    std::unique_ptr<NcclLoop> loop(new NcclLoop());
+    ncclUniqueId id;
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) return nccl_error("ncclGetUniqueId", r);
+    if (ncclResult_t r = ncclCommInitRank(&loop->comm_, 1, id, 0); r != ncclSuccess)
+      return nccl_error("ncclCommInitRank", r);
+    if (cudaStreamCreate(&loop->stream_) != cudaSuccess) return make_error(Errc::system, "cudaStreamCreate failed");
+    if (cudaMalloc(reinterpret_cast<void**>(&loop->buffer_), sizeof(float)) != cudaSuccess)
+      return make_error(Errc::system, "cudaMalloc failed");
+    return loop;
+  }
+  ~NcclLoop() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (comm_) ncclCommDestroy(comm_);
+    if (buffer_) cudaFree(buffer_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  ncclResult_t call() { return ncclAllReduce(buffer_, buffer_, 1, ncclFloat, ncclSum, comm_, stream_); }
+  bool sync() { return cudaStreamSynchronize(stream_) == cudaSuccess; }
+  bool call_and_sync() { return call() == ncclSuccess && sync(); }
+
+  // ns per call over `calls` calls, timed in chunks; the stream is drained
+  // between chunks, outside the timed part.
+  Result<double> time(uint64_t calls, uint64_t chunk) {
+    uint64_t timed = 0;
+    for (uint64_t done = 0; done < calls;) {
+      uint64_t n = std::min(chunk, calls - done);
+      uint64_t failed = 0;
+      uint64_t start = monotonic_ns();
+      for (uint64_t i = 0; i < n; ++i) failed += call() != ncclSuccess;
+      timed += monotonic_ns() - start;
+      if (failed) return make_error(Errc::system, std::to_string(failed) + " ncclAllReduce call(s) failed");
+      if (!sync()) return make_error(Errc::system, "cudaStreamSynchronize failed");
+      done += n;
+    }
+    return static_cast<double>(timed) / static_cast<double>(calls);
+  }
+
+ private:
+  NcclLoop() = default;
+  static Error nccl_error(const char* what, ncclResult_t r) {
+    return make_error(Errc::system, std::string(what) + ": " + ncclGetErrorString(r));
+  }
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  float* buffer_ = nullptr;
+};
+
+// ---------------------------------------------------------------- daemons
+
+struct Deployment {
+  Deployment(const Options& o, std::string folder) : options(o), dir(std::move(folder)) {}
+  Options options;
+  std::string dir;
+  int agent_port = 0, query_port = 0;
+  std::optional<Child> collector;
+  int agents_started = 0;
+
+  std::string agent_endpoint() const { return "tcp://127.0.0.1:" + std::to_string(agent_port); }
+  std::string query_endpoint() const { return "tcp://127.0.0.1:" + std::to_string(query_port); }
+
+  Result<void> start_collector() {
+    auto agent = free_port();
+    auto query = free_port();
+    if (!agent) return agent.error();
+    if (!query) return query.error();
+    agent_port = *agent;
+    query_port = *query;
+    auto child = Child::start({options.bin_dir + "/rankscope-collector", "--listen", agent_endpoint(), "--query",
+                               query_endpoint(), "--db", dir + "/db"},
+                              dir + "/collector.log");
+    if (!child) return child.error();
+    collector.emplace(std::move(*child));
+    return {};
+  }
+
+  // The agent, tracing this process only; returns once its probe is on
+  // ncclAllReduce in this process.
+  Result<Child> start_agent() {
+    std::vector<std::string> argv = {options.bin_dir + "/rankscope-agent", "--collector", agent_endpoint(), "--node",
+                                     "bench", "--pid", std::to_string(getpid()), "--nccl-lib", options.nccl_lib};
+    argv.insert(argv.end(), options.agent_args.begin(), options.agent_args.end());
+    std::string log = dir + "/agent-" + std::to_string(++agents_started) + ".log";
+    auto child = Child::start(argv, log);
+    if (!child) return child.error();
+    void* target = dlsym(RTLD_DEFAULT, "ncclAllReduce");
+    uint64_t deadline = monotonic_ns() + 20'000'000'000ull;
+    while (!has_breakpoint(target)) {
+      if (!child->running() || monotonic_ns() > deadline)
+        return make_error(Errc::system, "rankscope-agent did not attach to ncclAllReduce; its log (" + log +
+                                            "):\n" + slurp(log));
+      usleep(5000);
+    }
+    return child;
+  }
+
+  // Until the agent is quiet (under 5% of a core over 100 ms, or 10 s
+  // passed): its start (loading, attaching, scanning /proc) and its first
+  // look at a new process would otherwise overlap a timed loop.
+  static void settle(Child& agent) {
+    uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
+    auto before = cpu_time_of(agent.pid());
+    while (before && monotonic_ns() < deadline) {
+      usleep(100000);
+      auto after = cpu_time_of(agent.pid());
+      if (!after || after->runtime_ns - before->runtime_ns < 5'000'000ull) return;
+      before = after;
+    }
+  }
+
+  // Stops an agent and waits until its probes are gone from this process.
+  Result<void> stop_agent(Child& agent) {
+    int status = agent.stop(60000);
+    if (status != 0) return make_error(Errc::system, "rankscope-agent exited with status " + std::to_string(status));
+    void* target = dlsym(RTLD_DEFAULT, "ncclAllReduce");
+    uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
+    while (has_breakpoint(target)) {
+      if (monotonic_ns() > deadline) return make_error(Errc::system, "the agent's probes stayed after it stopped");
+      usleep(2000);
+    }
+    return {};
+  }
+
+  // Records the collector has stored, once it holds at least `expected` (or
+  // the deadline passed).
+  uint64_t records_stored(uint64_t expected) {
+    cli::QueryClient client(query_endpoint(), 2000);
+    uint64_t stored = 0;
+    uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
+    do {
+      capnp::MallocMessageBuilder request;
+      auto req = request.initRoot<proto::query::Request>();
+      req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+      req.setStatus();
+      auto result = client.ask(request, [&](proto::query::Reply::Reader reply) {
+        stored = reply.getStatus().getRecordsStored();
+      });
+      if (!result) RS_LOG(warn, "status query: %s", result.error().message.c_str());
+      if (stored >= expected) break;
+      usleep(100000);
+    } while (monotonic_ns() < deadline);
+    return stored;
+  }
+
+  static std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+};
+
+// ---------------------------------------------------------------- the run
+
+struct Results {
+  std::vector<double> noop_bare, noop_probed, nccl_bare, nccl_agent;
+  std::vector<double> floor, added;
+  std::vector<double> stepped_bare, stepped_probed, stepped_floor;  // a first instruction that is single-stepped
+  uint64_t traced_calls = 0;  // NCCL collective calls made while an agent ran
+  // paced run
+  uint64_t paced_calls = 0;
+  double paced_seconds = 0, paced_rate = 0;
+  double agent_idle_stat = 0, agent_idle_runtime = 0;    // % of one core
+  double agent_paced_stat = 0, agent_paced_runtime = 0;  // % of one core
+  double collector_paced_runtime = 0;
+  uint64_t records_stored = 0;
+  std::string nccl_entry, noop_entry;  // first code bytes, before any probe
+};
+
+// The first bytes of a function's code, in hex.
+std::string first_bytes(const void* code, size_t n) {
+  std::string out;
+  char hex[4];
+  for (size_t i = 0; i < n; ++i) {
+    std::snprintf(hex, sizeof(hex), "%02x", static_cast<const volatile uint8_t*>(code)[i]);
+    out += (i ? " " : "") + std::string(hex);
+  }
+  return out;
+}
+
+// The four loops, `reps` times. The agent of the last repetition is kept
+// running and returned (the paced run uses it): each agent takes seconds to
+// stop, as the kernel retires its uprobes one at a time.
+Result<Child> measure_calls(const Options& options, Deployment& deployment, Results& out) {
+  auto probes = NoopProbes::open();
+  if (!probes) return probes.error();
+  // A no-op function alone and with the bare pair on it.
+  auto probed_noop = [&](const char* name, NoopFunction function, std::vector<double>& bare,
+                         std::vector<double>& probed, std::vector<double>& difference) -> Result<void> {
+    if (has_breakpoint(reinterpret_cast<void*>(function)))
+      return make_error(Errc::system, std::string("something else has a uprobe on ") + name);
+    time_noop(function, options.warmup);
+    double alone = time_noop(function, options.noop_calls);
+    if (auto r = (*probes)->attach(name); !r) return r;
+    if (!has_breakpoint(reinterpret_cast<void*>(function)))
+      return make_error(Errc::system, std::string("the bare uprobe is not on ") + name);
+    time_noop(function, options.warmup);
+    double with_pair = time_noop(function, options.noop_calls);
+    (*probes)->detach();
+    bare.push_back(alone);
+    probed.push_back(with_pair);
+    difference.push_back(with_pair - alone);
+    return {};
+  };
+  for (int rep = 0; rep < options.reps; ++rep) {
+    if (auto r = probed_noop("rankscope_bench_noop", &rankscope_bench_noop, out.noop_bare, out.noop_probed, out.floor);
+        !r)
+      return r.error();
+    if (auto r = probed_noop("rankscope_bench_noop_stepped", &rankscope_bench_noop_stepped, out.stepped_bare,
+                             out.stepped_probed, out.stepped_floor);
+        !r)
+      return r.error();
+
+    // ncclAllReduce alone, then traced by the agent.
+    double alone = 0, traced = 0;
+    if (has_breakpoint(dlsym(RTLD_DEFAULT, "ncclAllReduce")))
+      return make_error(Errc::system, "something else has a uprobe on ncclAllReduce in " + options.nccl_lib +
+                                          " (another rankscope-agent?): the loop without the agent would be traced");
+    {
+      auto loop = NcclLoop::open();
+      if (!loop) return loop.error();
+      if (auto w = (*loop)->time(options.warmup, options.chunk); !w) return w.error();
+      auto t = (*loop)->time(options.nccl_calls, options.chunk);
+      if (!t) return t.error();
+      alone = *t;
+    }
+    auto agent = deployment.start_agent();
+    if (!agent) return agent.error();
+    Deployment::settle(*agent);
+    {
+      auto loop = NcclLoop::open();
+      if (!loop) return loop.error();
+      if (auto w = (*loop)->time(options.warmup, options.chunk); !w) return w.error();
+      Deployment::settle(*agent);
+      auto t = (*loop)->time(options.nccl_calls, options.chunk);
+      if (!t) return t.error();
+      traced = *t;
+    }
+    out.traced_calls += options.warmup + options.nccl_calls;
+    out.nccl_bare.push_back(alone);
+    out.nccl_agent.push_back(traced);
+    out.added.push_back(traced - alone);
+    std::fprintf(stderr, "rep %d/%d: no-op %.1f ns, probed %.1f ns; ncclAllReduce %.1f ns, traced %.1f ns\n", rep + 1,
+                 options.reps, out.noop_bare.back(), out.noop_probed.back(), alone, traced);
+    if (rep + 1 == options.reps) return std::move(*agent);
+    if (auto r = deployment.stop_agent(*agent); !r) return r.error();
+  }
+  return make_error(Errc::invalid_argument, "no repetitions");
+}
+
+double percent_of_core(uint64_t cpu_ns, uint64_t wall_ns) {
+  return wall_ns ? 100.0 * static_cast<double>(cpu_ns) / static_cast<double>(wall_ns) : 0;
+}
+
+Result<void> measure_paced(const Options& options, Deployment& deployment, Child& agent, Results& out) {
+  auto loop = NcclLoop::open();
+  if (!loop) return loop.error();
+  if (!(*loop)->call_and_sync()) return make_error(Errc::system, "ncclAllReduce failed");
+  Deployment::settle(agent);
+  uint64_t ns_per_tick = 1'000'000'000ull / ticks_per_second();
+
+  // The same agent with nothing to trace (its timers, scans, heartbeats).
+  auto idle_start = cpu_time_of(agent.pid());
+  uint64_t idle_t0 = monotonic_ns();
+  usleep(static_cast<useconds_t>(options.idle_seconds * 1e6));
+  auto idle_end = cpu_time_of(agent.pid());
+  uint64_t idle_wall = monotonic_ns() - idle_t0;
+  if (!idle_start || !idle_end) return make_error(Errc::system, "the agent exited while idle");
+  out.agent_idle_stat = percent_of_core((idle_end->stat_ticks - idle_start->stat_ticks) * ns_per_tick, idle_wall);
+  out.agent_idle_runtime = percent_of_core(idle_end->runtime_ns - idle_start->runtime_ns, idle_wall);
+
+  // Calls on a fixed schedule (absolute deadlines: a late call does not
+  // shift the ones after it), the stream drained every few calls as a
+  // training step would.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  uint64_t total = static_cast<uint64_t>(options.paced_rate * options.paced_seconds);
+  out.traced_calls += 1;  // the call above
+  double period_ns = 1e9 / options.paced_rate;
+  auto agent_start = cpu_time_of(agent.pid());
+  auto collector_start = cpu_time_of(deployment.collector->pid());
+  uint64_t t0 = monotonic_ns();
+  uint64_t failed = 0;
+  for (uint64_t i = 0; i < total; ++i) {
+    uint64_t deadline = t0 + static_cast<uint64_t>(static_cast<double>(i) * period_ns);
+    if (monotonic_ns() < deadline) {
+      timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull), static_cast<long>(deadline % 1'000'000'000ull)};
+      clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+    }
+    failed += (*loop)->call() != ncclSuccess;
+    if ((i + 1) % options.paced_sync_every == 0 && !(*loop)->sync()) ++failed;
+  }
+  (*loop)->sync();
+  uint64_t wall = monotonic_ns() - t0;
+  auto agent_end = cpu_time_of(agent.pid());
+  auto collector_end = cpu_time_of(deployment.collector->pid());
+  if (failed) return make_error(Errc::system, std::to_string(failed) + " call(s) failed in the paced run");
+  if (!agent_start || !agent_end) return make_error(Errc::system, "the agent exited during the paced run");
+  out.paced_calls = total;
+  out.traced_calls += total;
+  out.paced_seconds = static_cast<double>(wall) / 1e9;
+  out.paced_rate = static_cast<double>(total) / out.paced_seconds;
+  out.agent_paced_stat = percent_of_core((agent_end->stat_ticks - agent_start->stat_ticks) * ns_per_tick, wall);
+  out.agent_paced_runtime = percent_of_core(agent_end->runtime_ns - agent_start->runtime_ns, wall);
+  if (collector_start && collector_end)
+    out.collector_paced_runtime = percent_of_core(collector_end->runtime_ns - collector_start->runtime_ns, wall);
+  loop->reset();
+  return deployment.stop_agent(agent);
+}
+
+void print_markdown(const Options& options, const Results& r) {
+  auto row = [](const char* what, const Spread& s) {
+    std::printf("| %s | %.2f | %.2f - %.2f |\n", what, s.median / 1000, s.min / 1000, s.max / 1000);
+  };
+  Spread floor = spread_of(r.floor), added = spread_of(r.added);
+  std::printf("| per call (µs) | median | range |\n| --- | --- | --- |\n");
+  row("no-op function", spread_of(r.noop_bare));
+  row("no-op function + bare uprobe/uretprobe", spread_of(r.noop_probed));
+  row("**floor** (difference)", floor);
+  row("ncclAllReduce", spread_of(r.nccl_bare));
+  row("ncclAllReduce traced by rankscope-agent", spread_of(r.nccl_agent));
+  row("**added by the agent** (difference)", added);
+  row("no-op function whose first instruction is single-stepped, + the pair, difference", spread_of(r.stepped_floor));
+  std::vector<double> ratios;
+  for (size_t i = 0; i < r.floor.size() && i < r.added.size(); ++i)
+    if (r.floor[i] > 0) ratios.push_back(r.added[i] / r.floor[i]);
+  Spread ratio = spread_of(ratios);
+  std::printf("\nAdded / floor: **%.2fx** (medians; per repetition %.2f - %.2f; goal 1.2x). %d repetitions of %llu "
+              "no-op and %llu NCCL calls each. First code bytes: ncclAllReduce `%s`, rankscope_bench_noop `%s` "
+              "(both a push, which the kernel emulates).\n",
+              floor.median > 0 ? added.median / floor.median : 0.0, ratio.min, ratio.max, options.reps,
+              static_cast<unsigned long long>(options.noop_calls), static_cast<unsigned long long>(options.nccl_calls),
+              r.nccl_entry.c_str(), r.noop_entry.c_str());
+  std::printf("\n| paced run | calls | seconds | calls/s | agent CPU, /proc stat | agent CPU, schedstat | collector CPU |\n"
+              "| --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf("| agent idle | 0 | %.1f | 0 | %.2f%% | %.3f%% | |\n", options.idle_seconds, r.agent_idle_stat,
+              r.agent_idle_runtime);
+  std::printf("| %.0f calls/s | %llu | %.1f | %.0f | **%.2f%%** | %.3f%% | %.2f%% |\n", options.paced_rate,
+              static_cast<unsigned long long>(r.paced_calls), r.paced_seconds, r.paced_rate, r.agent_paced_stat,
+              r.agent_paced_runtime, r.collector_paced_runtime);
+  std::printf("\nAgent CPU is %% of one core (goal: under 1%% at 10,000 calls/s). Records stored by the collector: "
+              "%llu of %llu traced calls.\n",
+              static_cast<unsigned long long>(r.records_stored), static_cast<unsigned long long>(r.traced_calls));
+}
+
+Result<void> write_json(const std::string& path, const Options& options, const Results& r) {
+  std::ofstream out(path);
+  if (!out) return make_error(Errc::io, "cannot write " + path);
+  std::map<std::string, double> values;
+  auto put = [&](const std::string& name, const std::vector<double>& xs) {
+    Spread s = spread_of(xs);
+    values[name + "_ns_median"] = s.median;
+    values[name + "_ns_min"] = s.min;
+    values[name + "_ns_max"] = s.max;
+  };
+  put("noop_bare", r.noop_bare);
+  put("noop_probed", r.noop_probed);
+  put("floor", r.floor);
+  put("nccl_bare", r.nccl_bare);
+  put("nccl_agent", r.nccl_agent);
+  put("added", r.added);
+  put("stepped_floor", r.stepped_floor);
+  double floor = spread_of(r.floor).median;
+  values["added_over_floor"] = floor > 0 ? spread_of(r.added).median / floor : 0;
+  values["reps"] = options.reps;
+  values["paced_calls"] = static_cast<double>(r.paced_calls);
+  values["paced_seconds"] = r.paced_seconds;
+  values["paced_rate"] = r.paced_rate;
+  values["agent_idle_cpu_percent_stat"] = r.agent_idle_stat;
+  values["agent_idle_cpu_percent_schedstat"] = r.agent_idle_runtime;
+  values["agent_paced_cpu_percent_stat"] = r.agent_paced_stat;
+  values["agent_paced_cpu_percent_schedstat"] = r.agent_paced_runtime;
+  values["collector_paced_cpu_percent_schedstat"] = r.collector_paced_runtime;
+  values["traced_calls"] = static_cast<double>(r.traced_calls);
+  values["records_stored"] = static_cast<double>(r.records_stored);
+  out << "{";
+  bool first = true;
+  for (const auto& [name, value] : values) {
+    char number[64];
+    std::snprintf(number, sizeof(number), "%.6g", value);
+    out << (first ? "" : ",") << "\"" << name << "\":" << number;
+    first = false;
+  }
+  out << "}\n";
+  return out ? Result<void>{} : make_error(Errc::io, "cannot write " + path);
+}
+
+int run(const Options& options) {
+  char tmpl[] = "/tmp/rankscope-bench-XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    RS_LOG(error, "cannot create a temporary folder: %s", std::strerror(errno));
+    return 1;
+  }
+  Deployment deployment{options, tmpl};
+  // NCCL's bootstrap picks the first non-loopback interface unless told; a
+  // one-rank communicator only talks to itself.
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  Results results;
+  results.nccl_entry = first_bytes(dlsym(RTLD_DEFAULT, "ncclAllReduce"), 4);
+  results.noop_entry = first_bytes(reinterpret_cast<void*>(&rankscope_bench_noop), 4);
+  auto fail = [&](const Error& error) {
+    RS_LOG(error, "%s", error.message.c_str());
+    RS_LOG(error, "logs kept in %s", deployment.dir.c_str());
+    return 1;
+  };
+  if (auto r = deployment.start_collector(); !r) return fail(r.error());
+  auto agent = measure_calls(options, deployment, results);
+  if (!agent) return fail(agent.error());
+  if (auto r = measure_paced(options, deployment, *agent, results); !r) return fail(r.error());
+  results.records_stored = deployment.records_stored(results.traced_calls);
+  if (int status = deployment.collector->stop(30000); status != 0)
+    return fail(make_error(Errc::system, "rankscope-collector exited with status " + std::to_string(status)));
+  print_markdown(options, results);
+  if (!options.json.empty()) {
+    if (auto r = write_json(options.json, options, results); !r) return fail(r.error());
+  }
+  if (results.records_stored != results.traced_calls) {
+    RS_LOG(error, "the collector stored %llu records for %llu traced calls",
+           static_cast<unsigned long long>(results.records_stored),
+           static_cast<unsigned long long>(results.traced_calls));
+    return fail(make_error(Errc::protocol, "records lost between the agent and the collector"));
+  }
+  if (!options.keep) fs::remove_all(deployment.dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace rankscope::bench
+
+int main(int argc, char** argv) {
+  rankscope::log::set_program("rankscope-bench-overhead");
+  rankscope::bench::Options options;
+  bool smoke = false;
+  po::options_description desc(
+      "rankscope-bench-overhead: what rankscope-agent adds to one NCCL call, against a bare uprobe + uretprobe "
+      "pair on a no-op function (the floor on this kernel), and the agent's CPU at a fixed call rate. Needs "
+      "root.\n\nUsage: rankscope-bench-overhead [options]\n\nOptions");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "show this help")
+    ("reps", po::value(&options.reps)->default_value(options.reps), "repetitions of the four loops")
+    ("noop-calls", po::value(&options.noop_calls)->default_value(options.noop_calls), "calls per timed no-op loop")
+    ("nccl-calls", po::value(&options.nccl_calls)->default_value(options.nccl_calls), "calls per timed NCCL loop")
+    ("chunk", po::value(&options.chunk)->default_value(options.chunk), "NCCL calls between two untimed stream synchronizes")
+    ("warmup", po::value(&options.warmup)->default_value(options.warmup), "untimed calls before each timed loop")
+    ("paced-rate", po::value(&options.paced_rate)->default_value(options.paced_rate), "collective calls per second in the paced run")
+    ("paced-seconds", po::value(&options.paced_seconds)->default_value(options.paced_seconds), "length of the paced run")
+    ("idle-seconds", po::value(&options.idle_seconds)->default_value(options.idle_seconds), "length of the idle-agent window")
+    ("bin-dir", po::value(&options.bin_dir)->default_value(options.bin_dir), "where rankscope-agent and rankscope-collector are")
+    ("nccl-lib", po::value(&options.nccl_lib)->default_value(options.nccl_lib), "the libnccl.so.2 this program runs against (for the agent's --nccl-lib)")
+    ("agent-arg", po::value(&options.agent_args)->multitoken(), "extra flag for rankscope-agent (repeatable), e.g. --agent-arg=--cuda-waits=false")
+    ("json", po::value(&options.json), "also write the figures to this file as one JSON object")
+    ("keep", po::bool_switch(&options.keep), "keep the temporary folder (logs, database)")
+    ("smoke", po::bool_switch(&smoke), "a tiny run that only checks that everything works (figures meaningless)");
+  // clang-format on
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "rankscope-bench-overhead: " << e.what() << "\n(see rankscope-bench-overhead --help)\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  if (smoke) {
+    options.reps = 2;
+    options.noop_calls = options.nccl_calls = 200;
+    options.chunk = 100;
+    options.warmup = 50;
+    options.paced_rate = 1000;
+    options.paced_seconds = 1;
+    options.idle_seconds = 0.5;
+  }
+  if (options.reps < 1 || options.noop_calls == 0 || options.nccl_calls == 0 || options.chunk == 0 ||
+      options.paced_rate <= 0 || options.paced_seconds <= 0 || options.paced_sync_every == 0) {
+    std::cerr << "rankscope-bench-overhead: --reps, the call counts, --chunk, --paced-rate and --paced-seconds must "
+                 "be positive\n";
+    return 2;
+  }
+  if (geteuid() != 0) {
+    std::cerr << "rankscope-bench-overhead: eBPF probes need root; run it as root (sudo)\n";
+    return 1;
+  }
+  return rankscope::bench::run(options);
+}

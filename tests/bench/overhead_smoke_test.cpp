@@ -1,0 +1,64 @@
+// The overhead benchmark (bench/overhead.cpp) in its tiny mode, so that it
+// never rots: it must run end to end with real probes, a real agent and a real
+// collector, and print figures that parse. The figures themselves are not
+// judged here (no timed assertions); scripts/bench-overhead.sh measures.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <map>
+#include <regex>
+#include <string>
+
+#include "tests/support/harness.h"
+
+namespace rankscope::testing {
+namespace {
+
+std::map<std::string, double> parse_flat_json(const std::string& text) {
+  std::map<std::string, double> values;
+  std::regex pair("\"([a-z_]+)\":(-?[0-9.eE+-]+|nan|inf|-nan|-inf)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), pair); it != std::sregex_iterator(); ++it)
+    values[(*it)[1]] = std::stod((*it)[2]);
+  return values;
+}
+
+TEST(BenchOverhead, SmokeRunPrintsEveryFigure) {
+  if (geteuid() != 0) GTEST_SKIP() << "eBPF probes need root: run the suite as root (sudo make test)";
+  TempDir dir;
+  SpawnOptions bench;
+  bench.argv = {bin_path("rankscope-bench-overhead"), "--smoke", "--json", dir.file("figures.json")};
+  bench.stdout_path = dir.file("out.md");
+  bench.stderr_path = dir.file("err.log");
+  Process run(bench);
+  ASSERT_EQ(run.wait(std::chrono::seconds(120)), 0) << slurp(dir.file("out.md")) << slurp(dir.file("err.log"));
+
+  auto figures = parse_flat_json(slurp(dir.file("figures.json")));
+  for (const char* name :
+       {"noop_bare_ns_median", "noop_probed_ns_median", "floor_ns_median", "floor_ns_min", "floor_ns_max",
+        "nccl_bare_ns_median", "nccl_agent_ns_median", "added_ns_median", "added_ns_min", "added_ns_max",
+        "added_over_floor", "paced_calls", "paced_seconds", "paced_rate", "agent_idle_cpu_percent_stat",
+        "agent_paced_cpu_percent_stat", "agent_paced_cpu_percent_schedstat", "traced_calls", "records_stored"}) {
+    ASSERT_TRUE(figures.count(name)) << "missing " << name << " in " << slurp(dir.file("figures.json"));
+    EXPECT_TRUE(std::isfinite(figures[name])) << name;
+  }
+  // Counts, not timings: the smoke mode makes 2 repetitions of (50 warm-up +
+  // 200 timed) traced calls, one call that starts the paced run, and a 1 s
+  // paced run at 1,000 calls/s.
+  EXPECT_EQ(figures["reps"], 2);
+  EXPECT_EQ(figures["paced_calls"], 1000);
+  EXPECT_EQ(figures["traced_calls"], 2 * (50 + 200) + 1 + 1000);
+  // Every traced call reached the collector as a record.
+  EXPECT_EQ(figures["records_stored"], figures["traced_calls"]);
+  for (const char* name : {"noop_bare_ns_median", "noop_probed_ns_median", "nccl_bare_ns_median",
+                           "nccl_agent_ns_median", "paced_seconds", "agent_paced_cpu_percent_schedstat"})
+    EXPECT_GT(figures[name], 0) << name;
+
+  std::string markdown = slurp(dir.file("out.md"));
+  EXPECT_NE(markdown.find("| **floor** (difference) |"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("| **added by the agent** (difference) |"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("Added / floor: **"), std::string::npos) << markdown;
+}
+
+}  // namespace
+}  // namespace rankscope::testing
