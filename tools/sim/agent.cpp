@@ -143,8 +143,9 @@ void SimAgent::add_events(std::vector<SimEvent>& events) {
 }
 
 void SimAgent::flush(int64_t rel_ns) {
+  size_t records = pending_records_;
   std::string bytes = build_batch(rel_ns);
-  queue_.push_back(Pending{batch_seq_, std::move(bytes)});
+  queue_.push_back(Pending{batch_seq_, std::move(bytes), -1, records});
   Pending& p = queue_.back();
   counters_.wire_bytes += p.bytes.size();
   std::uniform_real_distribution<double> unit(0, 1);
@@ -364,6 +365,7 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
         if (ack.getInstanceId() != node_.instance) break;
         auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.seq == ack.getSeq(); });
         if (it != queue_.end()) {
+          counters_.records_acked += it->records;
           queue_.erase(it);
           ++counters_.acked;
         }

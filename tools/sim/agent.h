@@ -27,7 +27,7 @@ namespace rankscope::sim {
 
 struct AgentCounters {
   uint64_t batches = 0, records = 0, records_lost = 0, sends_lost = 0, reordered = 0, resent = 0;
-  uint64_t acked = 0, probes = 0, heartbeats = 0, hellos = 0;
+  uint64_t acked = 0, records_acked = 0, probes = 0, heartbeats = 0, hellos = 0;
   uint64_t wire_bytes = 0;  // first sends of batches
 };
 
@@ -62,6 +62,7 @@ class SimAgent {
     uint64_t seq;
     std::string bytes;
     int64_t last_sent = -1;  // true rel ns; -1 never
+    size_t records = 0;
   };
   struct BlockKey {
     uint32_t pid;

@@ -1,6 +1,8 @@
 // rankscope-sim: a simulated GPU fleet that speaks the real agent protocol
 // to a real collector, with ground truth, and the tools that score what the
 // collector found against it.
+#include <sys/resource.h>
+
 #include <boost/program_options.hpp>
 #include <iostream>
 #include <set>
@@ -34,6 +36,13 @@ int fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   rankscope::log::set_program("rankscope-sim");
+  // A connection per simulated node: a thousand nodes need more descriptors
+  // than the usual soft limit of 1024.
+  rlimit descriptors{};
+  if (getrlimit(RLIMIT_NOFILE, &descriptors) == 0 && descriptors.rlim_cur < descriptors.rlim_max) {
+    descriptors.rlim_cur = descriptors.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &descriptors);
+  }
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
@@ -57,7 +66,7 @@ int main(int argc, char** argv) {
     ("nominal-step-s", po::value(&run.nominal_step_s)->default_value(run.nominal_step_s), "run: the real step time one simulated step stands for (for job-days)")
     ("seed", po::value(&fleet.seed)->default_value(fleet.seed), "random seed: the same seed gives the same records")
     ("prefix", po::value(&fleet.prefix)->default_value(fleet.prefix), "node and job names start with this")
-    ("scenario", po::value(&fleet.scenario)->default_value(fleet.scenario), "healthy | slowdown | node-slowdown | hang | mismatch | agent-death | mixed")
+    ("scenario", po::value(&fleet.scenario)->default_value(fleet.scenario), "healthy | slowdown | node-slowdown | hang | hang-stop | hang-kill | mismatch | agent-death | mixed")
     ("jobs", po::value(&fleet.jobs)->default_value(fleet.jobs), "jobs running side by side")
     ("nodes-per-job", po::value(&fleet.nodes_per_job)->default_value(fleet.nodes_per_job), "nodes of each job (a multiple of --pp)")
     ("gpus", po::value(&fleet.gpus)->default_value(fleet.gpus), "ranks per node (the tensor-parallel group)")
@@ -110,8 +119,8 @@ int main(int argc, char** argv) {
     if (fleet.jobs < 1 || fleet.nodes_per_job < 1 || fleet.gpus < 1 || fleet.pp < 1)
       return fail("--jobs, --nodes-per-job, --gpus and --pp must be at least 1");
     if (fleet.nodes_per_job % fleet.pp != 0) return fail("--nodes-per-job must be a multiple of --pp");
-    static const std::set<std::string> scenarios = {"healthy", "slowdown", "node-slowdown", "hang",
-                                                    "mismatch", "agent-death", "mixed"};
+    static const std::set<std::string> scenarios = {"healthy",   "slowdown", "node-slowdown", "hang",  "hang-stop",
+                                                    "hang-kill", "mismatch", "agent-death",   "mixed"};
     if (!scenarios.count(fleet.scenario)) return fail("unknown --scenario " + fleet.scenario);
     if (fleet.step_ms <= 0 || run.duration_s <= 0) return fail("--step-ms and --duration-s must be positive");
     return run_fleet(fleet, run);

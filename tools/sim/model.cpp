@@ -150,8 +150,9 @@ void Fleet::draw_faults() {
   for (int j = 0; j < config_.jobs; ++j) {
     std::string kind = config_.scenario;
     if (kind == "mixed") {
-      static const char* cycle[] = {"healthy", "slowdown", "hang", "mismatch", "agent-death"};
-      kind = cycle[j % 5];
+      static const char* cycle[] = {"healthy",   "slowdown",  "node-slowdown", "hang-stop",
+                                    "hang-kill", "mismatch",  "agent-death"};
+      kind = cycle[j % 7];
     }
     if (kind == "healthy") continue;
     const JobDef& job = jobs_[j];
@@ -174,8 +175,9 @@ void Fleet::draw_faults() {
                                       : std::exp(std::log(config_.min_factor) +
                                                  unit(rng_) * (std::log(config_.max_factor) - std::log(config_.min_factor)));
         if (config_.fault_duration_s > 0) f.end_ns = f.onset_ns + static_cast<int64_t>(config_.fault_duration_s * 1e9);
-      } else if (kind == "hang") {
-        f.kind = unit(rng_) < 0.5 ? FaultKind::hang_stop : FaultKind::hang_kill;
+      } else if (kind == "hang" || kind == "hang-stop" || kind == "hang-kill") {
+        bool stop = kind == "hang" ? unit(rng_) < 0.5 : kind == "hang-stop";
+        f.kind = stop ? FaultKind::hang_stop : FaultKind::hang_kill;
       } else if (kind == "mismatch") {
         f.kind = FaultKind::mismatch;
       } else if (kind == "agent-death") {

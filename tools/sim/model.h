@@ -49,8 +49,10 @@ struct FleetConfig {
   double batch_loss = 0;           // share of batch sends lost on the network (re-sent after the ack timeout)
   double batch_reorder = 0;        // share of batches held back and sent after the next one
   double record_loss = 0;          // share of records lost before the wire (ring buffer full: a sequence gap)
-  // Faults: "healthy", "slowdown", "hang", "mismatch", "agent-death" or "mixed"
-  // (job i gets healthy, slowdown, hang, mismatch, agent-death by i mod 5).
+  // Faults: "healthy", "slowdown" (ranks), "node-slowdown", "hang" (a rank
+  // stopped or killed: "hang-stop", "hang-kill"), "mismatch", "agent-death",
+  // or "mixed": job i gets healthy, slowdown, node-slowdown, hang-stop,
+  // hang-kill, mismatch, agent-death by i mod 7.
   std::string scenario = "healthy";
   double fault_after_s = 8;        // onsets are drawn in [fault_after_s, fault_after_s + fault_window_s]
   double fault_window_s = 4;

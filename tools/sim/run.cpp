@@ -36,6 +36,7 @@ void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& 
     const AgentCounters& k = a->counters();
     total.batches += k.batches;
     total.records += k.records;
+    total.records_acked += k.records_acked;
     total.records_lost += k.records_lost;
     total.sends_lost += k.sends_lost;
     total.reordered += k.reordered;
@@ -60,6 +61,7 @@ void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& 
              .add("probe_jitter_ms", c.probe_jitter_ms)
              .add("batches", total.batches)
              .add("records_sent", total.records)
+             .add("records_acked", total.records_acked)
              .add("records_lost", total.records_lost)
              .add("sends_lost", total.sends_lost)
              .add("reordered", total.reordered)
@@ -152,6 +154,8 @@ void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& 
 int run_fleet(const FleetConfig& config, const RunOptions& options) {
   Fleet fleet(config);
   zmq::context_t context(1);
+  // One socket per simulated node (ZeroMQ's default cap is 1023).
+  context.set(zmq::ctxopt::max_sockets, static_cast<int>(fleet.nodes().size()) + 64);
   uint64_t t0 = SystemClock::read(CLOCK_REALTIME);
   auto rel_now = [&] { return static_cast<int64_t>(SystemClock::read(CLOCK_REALTIME) - t0); };
   std::vector<std::unique_ptr<SimAgent>> agents;

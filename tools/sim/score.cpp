@@ -141,7 +141,7 @@ int score_run(const ScoreOptions& options) {
     }
   }
   std::sort(seen.begin(), seen.end(), [](const SeenFinding& a, const SeenFinding& b) { return a.opened < b.opened; });
-  uint64_t records_stored = 0, duplicates = 0, bad = 0, batch_bytes = 0;
+  uint64_t records_stored = 0, duplicates = 0, bad = 0, batch_bytes = 0, ringbuf_reported = 0;
   std::map<std::string, std::pair<int64_t, uint64_t>> offsets;  // node -> (offset, uncertainty)
   {
     capnp::MallocMessageBuilder request;
@@ -154,7 +154,10 @@ int score_run(const ScoreOptions& options) {
       duplicates = s.getDuplicateBatches();
       bad = s.getBadMessages();
       batch_bytes = s.getBatchBytes();
-      for (auto n : s.getNodes()) offsets[n.getNode()] = {n.getClockOffsetNs(), n.getClockUncertaintyNs()};
+      for (auto n : s.getNodes()) {
+        offsets[n.getNode()] = {n.getClockOffsetNs(), n.getClockUncertaintyNs()};
+        ringbuf_reported += n.getDrops().getRingbufFull();
+      }
     });
     if (!asked) {
       std::cerr << "rankscope-sim score: status: " << asked.error().message << "\n";
@@ -181,7 +184,15 @@ int score_run(const ScoreOptions& options) {
     const SeenFinding* first_of_kind = nullptr;
     std::vector<double> cost_errors;
     for (const auto& s : seen) {
-      if (s.job == f.job && s.kind == f.expect && s.opened >= f.onset && !first_of_kind) first_of_kind = &s;
+      // The first finding of the kind after the onset; of several opened by
+      // the same evaluation, the most specific (fewest ranks named), then the
+      // latest rank (how an operator reads `rankscope hangs`, `stragglers`).
+      if (s.job == f.job && s.kind == f.expect && s.opened >= f.onset &&
+          (!first_of_kind ||
+           (s.opened == first_of_kind->opened &&
+            (s.ranks.size() < first_of_kind->ranks.size() ||
+             (s.ranks.size() == first_of_kind->ranks.size() && s.lateness_s > first_of_kind->lateness_s)))))
+        first_of_kind = &s;
       if (!matches(s, f)) continue;
       true_positive.insert(s.id);
       if (!first_match) first_match = &s;
@@ -282,8 +293,10 @@ int score_run(const ScoreOptions& options) {
                     .add("type", "delivery")
                     .add("run", run_id)
                     .add("records_sent", run.i64("records_sent"))
+                    .add("records_acked", run.i64("records_acked"))
                     .add("records_stored", records_stored)
                     .add("records_lost", run.i64("records_lost"))
+                    .add("records_lost_reported", ringbuf_reported)
                     .add("sends_lost", run.i64("sends_lost"))
                     .add("reordered", run.i64("reordered"))
                     .add("duplicate_batches", duplicates)
