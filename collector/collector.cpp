@@ -1,5 +1,6 @@
 #include "collector/collector.h"
 
+#include <cerrno>
 #include <set>
 #include <zmq.hpp>
 
@@ -177,7 +178,13 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   uint64_t last_evaluation = 0;
   while (!stop.load()) {
     zmq::pollitem_t items[] = {{agents.handle(), 0, ZMQ_POLLIN, 0}, {queries.handle(), 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, 2, std::chrono::milliseconds(100));
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      // A signal (SIGTERM, SIGINT) interrupts the poll: check `stop` again.
+      if (e.num() == EINTR) continue;
+      throw;
+    }
 
     Outbox outbox;
     for (int i = 0; i < kMaxMessagesPerCommit; ++i) {
