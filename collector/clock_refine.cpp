@@ -14,32 +14,41 @@ int64_t median(std::vector<int64_t> values) {
 
 void ClockRefiner::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
   if (lane != 0 || comm.nranks < 2 || rank < 0) return;
-  auto& issues = comms_[comm.hash].ranks[rank].issues;
+  RankIssues& known = comms_[comm.hash].ranks[rank];
+  auto& issues = known.issues;
+  if (auto member = comm.members.find(rank); member != comm.members.end() && member->second.pid != known.pid) {
+    known.pid = member->second.pid;
+    members_of_[{member->second.node, member->second.pid}].emplace_back(comm.hash, rank);
+  }
   if (!issues.empty() && issues.back().first >= record.seq) return;
   issues.emplace_back(record.seq, record.issue_ns);
   while (issues.size() > kIssueHistory) issues.pop_front();
 }
 
 void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
-  for (const auto& [hash, comm] : ingest_.comms()) {
+  auto process = members_of_.find({node, pid});
+  if (process == members_of_.end()) return;
+  for (const auto& [hash, rank] : process->second) {
+    auto it = ingest_.comms().find(hash);
+    if (it == ingest_.comms().end()) continue;
+    const CommState& comm = it->second;
     if (comm.ended || comm.nranks < 2) continue;
-    for (const auto& [rank, member] : comm.members) {
-      if (member.pid != pid || member.node != node) continue;
-      auto track = comms_.find(hash);
-      if (track == comms_.end()) continue;
-      auto& issues = track->second.ranks[rank].issues;
-      // The wait follows the last collective this rank issued before it began.
-      auto after = std::find_if(issues.rbegin(), issues.rend(), [&](const auto& i) { return i.second < start_ns; });
-      if (after == issues.rend()) continue;
-      uint64_t seq = after->first;
-      Group& group = track->second.groups[seq];
-      group.ends.emplace(rank, end_ns);  // the first wait after it
-      if (group.ends.size() == static_cast<size_t>(comm.nranks)) {
-        complete(comm, track->second, seq, group);
-        track->second.groups.erase(seq);
-      }
-      while (track->second.groups.size() > kOpenGroups) track->second.groups.erase(track->second.groups.begin());
+    auto member = comm.members.find(rank);
+    if (member == comm.members.end() || member->second.pid != pid || member->second.node != node) continue;
+    auto track = comms_.find(hash);
+    if (track == comms_.end()) continue;
+    auto& issues = track->second.ranks[rank].issues;
+    // The wait follows the last collective this rank issued before it began.
+    auto after = std::find_if(issues.rbegin(), issues.rend(), [&](const auto& i) { return i.second < start_ns; });
+    if (after == issues.rend()) continue;
+    uint64_t seq = after->first;
+    Group& group = track->second.groups[seq];
+    group.ends.emplace(rank, end_ns);  // the first wait after it
+    if (group.ends.size() == static_cast<size_t>(comm.nranks)) {
+      complete(comm, track->second, seq, group);
+      track->second.groups.erase(seq);
     }
+    while (track->second.groups.size() > kOpenGroups) track->second.groups.erase(track->second.groups.begin());
   }
 }
 

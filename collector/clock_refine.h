@@ -40,6 +40,7 @@ class ClockRefiner final : public RecordObserver {
 
   struct RankIssues {
     std::deque<std::pair<uint64_t, uint64_t>> issues;  // (seq, issue ns), ascending seq
+    uint32_t pid = 0;                                  // the process last seen as this rank (in members_of_)
   };
   struct Group {
     std::map<int32_t, uint64_t> ends;  // rank -> wait end
@@ -54,6 +55,9 @@ class ClockRefiner final : public RecordObserver {
 
   Ingest& ingest_;
   std::map<uint64_t, CommTrack> comms_;
+  // (node, pid) -> the (comm, rank) it is, learnt from its records: a wait
+  // finds its collectives without scanning every member of every comm.
+  std::map<std::pair<std::string, uint32_t>, std::vector<std::pair<uint64_t, int32_t>>> members_of_;
   std::map<std::string, std::deque<int64_t>> residuals_;  // per node, on the probes' clocks
 };
 

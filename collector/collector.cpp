@@ -179,12 +179,12 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   uint64_t last_evaluation = 0;
   while (!stop.load()) {
     zmq::pollitem_t items[] = {{agents.handle(), 0, ZMQ_POLLIN, 0}, {queries.handle(), 0, ZMQ_POLLIN, 0}};
-    // SIGTERM/SIGINT interrupt the poll (EINTR, which cppzmq throws): the
-    // loop then sees `stop` and shuts down cleanly instead of aborting.
     try {
       zmq::poll(items, 2, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
+      // A signal (SIGTERM, SIGINT) interrupts the poll: check `stop` again.
+      if (e.num() == EINTR) continue;
+      throw;
     }
 
     Outbox outbox;

@@ -201,7 +201,7 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     for (auto it = node_of_connection_.begin(); it != node_of_connection_.end();)
       it = it->second == name ? node_of_connection_.erase(it) : std::next(it);
     node_of_connection_[routing_id] = name;
-    persist_node(node);
+    dirty_nodes_.insert(name);
     RS_LOG(info, "node %s connected (agent %s, instance %s)", name.c_str(), node.agent_version.c_str(),
            hex64(node.instance).c_str());
   }
@@ -332,7 +332,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     records += block->records.size();
     touched.insert(comm.hash);
   }
-  for (uint64_t hash : touched) persist_comm(comms_[hash]);
+  dirty_comms_.insert(touched.begin(), touched.end());
   // After the collectives: a wait follows the collectives issued before it.
   for (auto columns : batch.getWaits()) {
     auto block = proto::decode_waits(columns, batch);
@@ -358,7 +358,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   node.records += records;
   counters_.batches_stored += 1;
   counters_.records_stored += records;
-  persist_node(node);
+  dirty_nodes_.insert(node.name);
   out.after_commit.emplace_back(routing_id, std::move(ack_bytes));
 }
 
@@ -487,7 +487,19 @@ void Ingest::persist_node(const NodeState& node) {
   pending_.put_node(node.name, proto::to_packed(builder));
 }
 
+void Ingest::persist_dirty() {
+  for (uint64_t hash : dirty_comms_) {
+    auto it = comms_.find(hash);
+    if (it != comms_.end()) persist_comm(it->second);
+  }
+  for (const auto& name : dirty_nodes_) {
+    auto it = nodes_.find(name);
+    if (it != nodes_.end()) persist_node(it->second);
+  }
+}
+
 Result<void> Ingest::commit() {
+  persist_dirty();
   if (pending_.empty()) return {};
   auto result = store_.commit(pending_);
   if (!result) {
@@ -499,6 +511,8 @@ Result<void> Ingest::commit() {
     return result;
   }
   uncommitted_.clear();
+  dirty_comms_.clear();  // kept on failure: written again with the next commit
+  dirty_nodes_.clear();
   return {};
 }
 

@@ -189,6 +189,10 @@ class Ingest {
   CommState& comm_for(uint64_t hash, const std::string& node, uint32_t pid);
   void persist_comm(const CommState& comm);
   void persist_node(const NodeState& node);
+  // Writes the communicators and nodes changed since the last commit, once
+  // each: a big communicator touched by every node's batch is serialised once
+  // per group commit, not once per batch.
+  void persist_dirty();
   std::string error_reply(wire::ErrorCode code, const std::string& message) const;
   // Counts (in total and for `node`, null: not identified yet) and logs, rate-limited, one bad message.
   void bad_message(NodeState* node, const std::string& what);
@@ -201,6 +205,8 @@ class Ingest {
   std::map<uint64_t, CommState> comms_;
   std::map<ProcessKey, ProcessInfo> processes_;
   std::vector<std::pair<std::string, uint64_t>> uncommitted_;  // (node, batch) marked acked, not yet durable
+  std::set<uint64_t> dirty_comms_;        // changed since the last commit
+  std::set<std::string> dirty_nodes_;
   IngestCounters counters_;
   BadMessageLog bad_log_;
   uint64_t started_ns_;

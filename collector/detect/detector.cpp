@@ -435,15 +435,21 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
   std::vector<uint64_t> uncertainty(n, 0);
   for (const auto& [rank, m] : comm.members)
     if (rank >= 0 && rank < n) uncertainty[rank] = clock_uncertainty(m.node);
+  // The largest uncertainty among the others is the largest overall, or the
+  // second largest for the rank that holds the largest: O(n), not O(n^2).
+  int32_t top = 0;
+  for (int32_t r = 1; r < n; ++r)
+    if (uncertainty[r] > uncertainty[top]) top = r;
+  uint64_t second = 0;
+  for (int32_t r = 0; r < n; ++r)
+    if (r != top) second = std::max(second, uncertainty[r]);
   for (int32_t r = 0; r < n; ++r) {
     RankStats& stats = state.ranks[r];
     Finding key_probe = straggler_of(comm.hash, r);
     std::string key = key_probe.key();
     const Finding* open = book_.open_finding(key);
     if (stats.lateness_ns.size() < options_.straggler_min_samples) continue;
-    uint64_t others_unc = 0;
-    for (int32_t o = 0; o < n; ++o)
-      if (o != r) others_unc = std::max(others_unc, uncertainty[o]);
+    uint64_t others_unc = r == top ? second : uncertainty[top];
     double threshold = std::max(static_cast<double>(options_.min_lateness_ns), options_.relative_lateness * period) +
                        static_cast<double>(uncertainty[r]) + static_cast<double>(others_unc);
     int64_t lateness = median(std::vector<int64_t>(stats.lateness_ns.begin(), stats.lateness_ns.end()));

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The simulated-fleet benchmarks: accuracy of the detectors against ground
+# truth, and the collector's scale and cost. Prints one Markdown report for
+# docs/benchmarks.md.
+#   scripts/bench-sim.sh BUILD_DIR           the whole suite (under 15 minutes)
+#   scripts/bench-sim.sh BUILD_DIR --smoke   a one-minute run of every part (make test runs it)
+# Every run gets a fresh collector (its own database, ports); rankscope-sim
+# drives it over its agent socket and scores it over its query socket. The
+# collector never sees the truth files.
+set -euo pipefail
+build=${1:?usage: scripts/bench-sim.sh BUILD_DIR [--smoke]}
+mode=${2:-full}
+bin="$build/bin"
+work=$(mktemp -d /tmp/rankscope-bench-sim-XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+port=$((21000 + RANDOM % 20000))
+# A collector of a thousand nodes holds a thousand connections (the systemd
+# unit sets LimitNOFILE for the same reason).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+collector_pid=0
+
+# start_collector NAME [collector options...]: a fresh collector on new ports.
+start_collector() {
+  local name=$1
+  shift
+  port=$((port + 2))
+  agents="tcp://127.0.0.1:$port"
+  query="tcp://127.0.0.1:$((port + 1))"
+  "$bin/rankscope-collector" --listen "$agents" --query "$query" --db "$work/db-$name" --log-level warn "$@" \
+    >"$work/collector-$name.log" 2>&1 &
+  collector_pid=$!
+  pids+=("$collector_pid")
+  for _ in $(seq 100); do
+    "$bin/rankscope" --collector "$query" status >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "bench-sim: the collector did not start; its log:" >&2
+  cat "$work/collector-$name.log" >&2
+  exit 1
+}
+stop_collector() {
+  kill "$collector_pid" 2>/dev/null || true
+  wait "$collector_pid" 2>/dev/null || true
+  rm -rf "$work"/db-*
+}
+
+# accuracy NAME SCORES collector-options -- sim-options: one scored run.
+accuracy() {
+  local name=$1 scores=$2
+  shift 2
+  local copts=()
+  while [ "$1" != "--" ]; do copts+=("$1"); shift; done
+  shift
+  start_collector "$name" "${copts[@]}"
+  "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth-$name.jsonl" --log-level warn "$@"
+  "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-$name.jsonl" --out "$scores" >&2
+  stop_collector
+}
+
+hang_timeout=5
+started=$(date +%s)
+if [ "$mode" = "--smoke" ]; then
+  seeds="1"; mixed_s=16; healthy_jobs=2; healthy_s=6; straggler_nodes=8; straggler_s=25
+  straggler_culprits=2; laststage_s=20; flood_sizes="512"; flood_steps=5; history=600; hang_timeout=3
+else
+  seeds="1 2 3 4"; mixed_s=25; healthy_jobs=12; healthy_s=185; straggler_nodes=1024; straggler_s=75
+  straggler_culprits=64; laststage_s=60; flood_sizes="512 2048 8192"; flood_steps=20; history=3600
+fi
+
+# 1. Hangs, mismatches, dead agents, slowed ranks and nodes: 7 jobs of 4
+#    nodes x 8 ranks side by side (mixed: one healthy job, one per fault
+#    type), 100 ms steps, clocks off by up to 2 s with 30 ppm drift and 1 ms
+#    probe jitter, 1% of batch sends lost, 2% reordered.
+for seed in $seeds; do
+  accuracy "mixed-$seed" "$work/scores-mixed.jsonl" --hang-timeout-s "$hang_timeout" --node-lost-timeout-s 5 -- \
+    --scenario mixed --seed "$seed" --jobs 7 --nodes-per-job 4 --pp 2 --step-ms 100 --duration-s "$mixed_s" \
+    --fault-after-s 6 --fault-window-s 3 --batch-loss 0.01 --batch-reorder 0.02
+done
+# 2. Stragglers at scale: one job of straggler_nodes x 8 ranks (TP 8 in the
+#    node, PP 4, DP across), real-time 1 s steps, 64 ranks slowed by
+#    1.02x-5x (log-uniform) from 15-25 s on.
+#    Pipeline stages are equally fast here (--last-stage-factor 1): the
+#    slower last stage is measured on its own in 2b.
+accuracy "stragglers" "$work/scores-stragglers.jsonl" -- \
+  --scenario slowdown --seed 11 --jobs 1 --nodes-per-job "$straggler_nodes" --pp 4 --step-ms 1000 \
+  --duration-s "$straggler_s" --fault-after-s 15 --fault-window-s 10 --culprits "$straggler_culprits" \
+  --min-factor 1.02 --max-factor 5 --last-stage-factor 1 --prefix big
+# 2b. The benign confounder at real step times: a healthy 64-rank job (PP 4)
+#     whose last pipeline stage computes 20% longer, 1 s steps.
+accuracy "laststage" "$work/scores-laststage.jsonl" -- \
+  --scenario healthy --seed 12 --jobs 1 --nodes-per-job 8 --pp 4 --step-ms 1000 --duration-s "$laststage_s" \
+  --last-stage-factor 1.2 --prefix stage
+# 3. Healthy jobs with their benign confounders (log-normal jitter, GC-like
+#    pauses, a 20% slower last pipeline stage, clock offsets and drift, 1%
+#    lost batches): jobs of 2 nodes x 4 ranks (PP 2), compressed 25 ms
+#    steps, each standing for 1 s of a real job (--nominal-step-s 1).
+accuracy "healthy" "$work/scores-healthy.jsonl" -- \
+  --scenario healthy --seed 5 --jobs "$healthy_jobs" --nodes-per-job 2 --gpus 4 --pp 2 --step-ms 25 \
+  --duration-s "$healthy_s" --nominal-step-s 1 --batch-loss 0.01 --prefix healthy
+
+echo "## Simulated fleet: accuracy ($(date -u +%F), $(nproc) cores, kernel $(uname -r))"
+echo
+echo "Command: \`scripts/bench-sim.sh $build${2:+ $2}\`; seeds: $seeds; hang timeout ${hang_timeout} s, node-lost timeout 5 s."
+echo
+echo "### Hangs, mismatches, lost nodes, slowed ranks and nodes (7 jobs of 4 nodes x 8 ranks, 100 ms steps)"
+echo
+"$bin/rankscope-sim" report "$work/scores-mixed.jsonl"
+echo
+echo "### Stragglers in one job of $((straggler_nodes * 8)) ranks ($straggler_nodes nodes, TP 8, PP 4, 1 s steps, $straggler_culprits ranks slowed 1.02x-5x)"
+echo
+"$bin/rankscope-sim" report "$work/scores-stragglers.jsonl"
+echo
+echo "### The slower last pipeline stage (benign): one healthy 64-rank job, PP 4, last stage 20% slower, 1 s steps, ${laststage_s} s"
+echo
+"$bin/rankscope-sim" report "$work/scores-laststage.jsonl" | grep -E '^(Healthy)|^\| (straggler|hang|mismatch|node_lost) '
+echo
+echo "### Healthy jobs ($healthy_jobs jobs of 8 ranks, 25 ms steps standing for 1 s each)"
+echo
+"$bin/rankscope-sim" report "$work/scores-healthy.jsonl" | grep -E '^(Healthy|Clock|Delivery)|^\| (straggler|hang|mismatch|node_lost) '
+echo
+
+# 4. Scale: pre-built batches of an N-rank job (1 s steps, one batch per node
+#    and second, TP 8 / PP 4 / DP N/32, plus one world AllReduce per step)
+#    sent as fast as the collector acks them, RocksDB and every detector on.
+echo "## Collector scale and cost ($(date -u +%F), $(nproc) cores)"
+echo
+echo "Command: \`scripts/bench-sim.sh $build${2:+ $2}\`. Ingest of $flood_steps steps after a one-node job with"
+echo "$history 1 s steps of history (whose rank 0 is the 1-hour timeline asked); memory is the collector's RSS"
+echo "after the run; JSON lines: the same records as the CLI's \`timeline --json\` objects, one per line."
+echo
+echo "| ranks | records | ingest records/s | wire bytes/record | JSON lines bytes/record | JSON / wire | RSS idle (MiB) | RSS after (MiB) | MiB per 1,000 ranks | findings query (ms) | 1-hour timeline (records, ms) |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+for ranks in $flood_sizes; do
+  start_collector "flood-$ranks" --hang-timeout-s 30
+  out=$("$bin/rankscope-sim" flood --collector "$agents" --query "$query" --ranks "$ranks" --steps "$flood_steps" \
+    --history-steps "$history" --collector-pid "$collector_pid" --log-level warn)
+  comm=$(grep -o '"history_comm":"[0-9a-f]*"' <<<"$out" | cut -d'"' -f4)
+  json_bytes=$("$bin/rankscope" --collector "$query" timeline --comm "$comm" --rank 0 --last 0 --json |
+    sed -e 's/^.*"records":\[//' -e 's/\]}$//' -e 's/},{/}\n{/g' | wc -c)
+  num() { grep -o "\"$1\":[0-9.e+-]*" <<<"$out" | cut -d: -f2; }
+  awk -v r="$ranks" -v rec="$(num records)" -v rate="$(num records_per_s)" -v wb="$(num wire_bytes_per_record)" \
+    -v jb="$json_bytes" -v tr="$(num timeline_records)" -v idle="$(num rss_idle_kb)" -v rss="$(num rss_kb)" \
+    -v fq="$(num findings_ms)" -v tq="$(num timeline_ms)" 'BEGIN {
+      j = tr > 0 ? jb / tr : 0;
+      ratio = 0; if (wb > 0) ratio = j / wb;
+      per = (rss - idle) / 1024 / (r / 1000);
+      printf "| %d | %d | **%.0f** | %.2f | %.1f | %.1fx | %.0f | %.0f | %.1f | %.1f | %d, %.1f |\n",
+        r, rec, rate, wb, j, ratio, idle / 1024, rss / 1024, per, fq, tr, tq }'
+  stop_collector
+done
+echo
+echo "Suite time: $(( $(date +%s) - started )) s."

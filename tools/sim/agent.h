@@ -1,0 +1,110 @@
+#pragma once
+// One simulated node agent: its own ZeroMQ DEALER connection to the
+// collector, speaking the agent protocol the way node-agent/transport.cpp
+// and node-agent/summarise.cpp do: Hello first (again on needHello), clock
+// probes every second, a batch at most 100 ms after its first record, kept
+// until acked and re-sent after the ack timeout, a heartbeat every second
+// with the processes' health and the waits still open. Its clock is the
+// node's simulated one (true time, its own origin and drift), and its
+// probes see simulated network jitter.
+#include <cstdint>
+#include <array>
+#include <deque>
+#include <map>
+#include <optional>
+#include <queue>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+#include <zmq.hpp>
+
+#include "proto/codec.h"
+#include "tools/sim/model.h"
+
+namespace rankscope::sim {
+
+struct AgentCounters {
+  uint64_t batches = 0, records = 0, records_lost = 0, sends_lost = 0, reordered = 0, resent = 0;
+  uint64_t acked = 0, records_acked = 0, probes = 0, heartbeats = 0, hellos = 0;
+  uint64_t wire_bytes = 0;  // first sends of batches
+};
+
+class SimAgent {
+ public:
+  // `t0_real` is the true (collector machine) realtime of the run's start.
+  SimAgent(zmq::context_t& context, const std::string& endpoint, const Fleet& fleet, int node, uint64_t t0_real,
+           uint64_t seed);
+
+  void add_events(std::vector<SimEvent>& events);
+  // Does what is due at true time `rel_ns` (relative to the run's start).
+  void tick(int64_t rel_ns);
+  // Reads every reply waiting.
+  void service(int64_t rel_ns);
+  zmq::socket_t& socket() { return socket_; }
+  bool dead() const { return dead_; }
+  bool accepted() const { return accepted_; }
+  size_t unacked() const { return queue_.size(); }
+  const AgentCounters& counters() const { return counters_; }
+  // Sends what is pending now (the end of a run).
+  void flush_now(int64_t rel_ns);
+
+  // For the flood: every event given so far, cut into batches of `window_ns`
+  // of true time, encoded now (records, bytes) to be sent later in order.
+  std::vector<std::pair<size_t, std::string>> prebuild(int64_t window_ns);
+  void start(int64_t rel_ns);
+  // Queues and sends one prebuilt batch (numbered 1, 2, ... in submit order).
+  void submit(std::string bytes, int64_t rel_ns);
+
+ private:
+  struct Pending {
+    uint64_t seq;
+    std::string bytes;
+    int64_t last_sent = -1;  // true rel ns; -1 never
+    size_t records = 0;
+  };
+  struct BlockKey {
+    uint32_t pid;
+    uint64_t comm;
+    uint32_t lane;
+    bool operator<(const BlockKey& o) const { return std::tie(pid, comm, lane) < std::tie(o.pid, o.comm, o.lane); }
+  };
+
+  uint64_t node_clock(int64_t rel_ns) const { return node_.clock_at(rel_ns); }
+  void send(const std::string& bytes);
+  void send_hello(int64_t rel_ns);
+  void send_probe(int64_t rel_ns);
+  void send_heartbeat(int64_t rel_ns);
+  void flush(int64_t rel_ns);
+  std::string build_batch(int64_t rel_ns);
+  void take_due(int64_t rel_ns);
+  void transmit(Pending& p, int64_t rel_ns, bool first);
+  void handle(const std::string& bytes, int64_t rel_ns);
+
+  const Fleet& fleet_;
+  int index_;
+  const NodeDef& node_;
+  uint64_t t0_real_;
+  std::mt19937_64 rng_;
+  zmq::socket_t socket_;
+  bool accepted_ = false, dead_ = false, announced_ = false;
+  int64_t last_hello_ = -1, last_probe_ = -1, last_heartbeat_ = -1, batch_opened_ = -1;
+  uint64_t batch_seq_ = 0;
+  uint64_t submitted_seq_ = 0;
+  std::priority_queue<SimEvent, std::vector<SimEvent>, std::greater<SimEvent>> future_;
+  std::map<BlockKey, proto::ColumnBlock> blocks_;
+  std::map<uint32_t, proto::WaitBlock> waits_;
+  std::vector<std::array<uint64_t, 4>> samples_;
+  std::map<uint64_t, int64_t> probe_in_flight_;  // t1 -> inbound jitter to add at receipt
+  size_t pending_records_ = 0;
+  uint64_t ringbuf_lost_ = 0;
+  std::deque<Pending> queue_;
+  uint64_t held_seq_ = 0;  // a batch held back, to be sent after the next one (reordering)
+  std::set<uint32_t> reported_dead_;
+  std::map<uint32_t, uint64_t> cpu_ns_;  // per pid, simulated main-thread CPU time
+  int64_t last_cpu_sample_ = 0;
+  AgentCounters counters_;
+};
+
+}  // namespace rankscope::sim

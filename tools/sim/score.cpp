@@ -1,0 +1,434 @@
+#include "tools/sim/score.h"
+
+#include <capnp/message.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "common/format.h"
+#include "tools/cli/client.h"
+#include "tools/sim/jsonl.h"
+
+namespace rankscope::sim {
+
+namespace query = proto::query;
+
+namespace {
+
+struct TruthComm {
+  std::string job, kind;
+  std::vector<int> members;
+  std::vector<std::string> nodes;
+};
+
+struct TruthFault {
+  int id = 0;
+  std::string job, kind, expect;
+  uint64_t onset = 0, end = 0;
+  bool started = false;
+  std::set<int> ranks;
+  std::set<std::string> nodes;
+  double factor = 1;
+};
+
+struct SeenFinding {
+  uint64_t id = 0;
+  std::string kind, job, comm;
+  std::vector<int> ranks;            // global ranks (comm ranks mapped through the truth)
+  std::vector<std::string> nodes;
+  uint64_t opened = 0, resolved = 0;
+  double lateness_s = 0;
+  std::string summary;
+};
+
+bool is_hang_like(const std::string& kind) {
+  return kind == "hang_stop" || kind == "hang_kill" || kind == "mismatch";
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  double pos = p * static_cast<double>(v.size() - 1);
+  size_t lo = static_cast<size_t>(std::floor(pos)), hi = static_cast<size_t>(std::ceil(pos));
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+}  // namespace
+
+int score_run(const ScoreOptions& options) {
+  auto lines = read_json_lines(options.truth);
+  if (!lines) {
+    std::cerr << "rankscope-sim score: " << lines.error().message << "\n";
+    return 2;
+  }
+  JsonObject run;
+  std::map<std::string, TruthComm> comms;
+  std::vector<TruthFault> faults;
+  std::map<std::string, JsonObject> jobs;
+  std::map<std::tuple<int, std::string, int>, int64_t> true_lateness;  // (fault, comm, rank)
+  std::vector<JsonObject> clock_samples;
+  for (auto& line : *lines) {
+    std::string type = line.str("type");
+    if (type == "run") run = line;
+    else if (type == "job") jobs[line.str("job")] = line;
+    else if (type == "comm") {
+      TruthComm c;
+      c.job = line.str("job");
+      c.kind = line.str("kind");
+      for (double m : line.nums("members")) c.members.push_back(static_cast<int>(m));
+      c.nodes = line.strs("nodes");
+      comms[line.str("comm")] = std::move(c);
+    } else if (type == "fault") {
+      TruthFault f;
+      f.id = static_cast<int>(line.i64("id"));
+      f.job = line.str("job");
+      f.kind = line.str("kind");
+      f.expect = line.str("expect");
+      f.onset = static_cast<uint64_t>(line.i64("onset_ns"));
+      f.end = static_cast<uint64_t>(line.i64("end_ns"));
+      f.started = line.flag("started");
+      for (double r : line.nums("ranks")) f.ranks.insert(static_cast<int>(r));
+      for (const auto& n : line.strs("nodes")) f.nodes.insert(n);
+      f.factor = line.num("factor", 1);
+      faults.push_back(std::move(f));
+    } else if (type == "lateness") {
+      true_lateness[{static_cast<int>(line.i64("fault")), line.str("comm"), static_cast<int>(line.i64("rank"))}] =
+          line.i64("median_ns");
+    } else if (type == "clock_sample") {
+      clock_samples.push_back(line);
+    }
+  }
+  uint64_t t0 = static_cast<uint64_t>(run.i64("t0_ns")), run_end = static_cast<uint64_t>(run.i64("end_ns"));
+  std::string run_id = run.str("scenario") + "/" + std::to_string(run.i64("seed"));
+
+  cli::QueryClient client(options.query, 10000);
+  // Findings: every one the collector still holds.
+  std::vector<SeenFinding> seen;
+  {
+    capnp::MallocMessageBuilder request;
+    auto req = request.initRoot<query::Request>();
+    req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+    req.initFindings().setLimit(100000);
+    auto asked = client.ask(request, [&](query::Reply::Reader reply) {
+      for (auto f : reply.getFindings().getFindings()) {
+        SeenFinding s;
+        s.id = f.getId();
+        s.kind = f.getKind();
+        s.job = f.getJob();
+        s.comm = f.getComm() ? hex64(f.getComm()) : "";
+        s.opened = f.getOpenedNs();
+        s.resolved = f.getResolvedNs();
+        s.lateness_s = f.getLatenessS();
+        s.summary = f.getSummary();
+        for (auto n : f.getNodes()) s.nodes.push_back(n);
+        auto comm = comms.find(s.comm);
+        for (int32_t r : f.getRanks()) {
+          if (comm != comms.end() && r >= 0 && static_cast<size_t>(r) < comm->second.members.size())
+            s.ranks.push_back(comm->second.members[r]);
+          else if (s.kind == "node_lost")
+            s.ranks.push_back(-1);  // node_lost names comm ranks of several comms: use its nodes
+        }
+        if (s.opened >= t0 && s.opened <= run_end) seen.push_back(std::move(s));
+      }
+    });
+    if (!asked) {
+      std::cerr << "rankscope-sim score: findings: " << asked.error().message << "\n";
+      return 2;
+    }
+  }
+  std::sort(seen.begin(), seen.end(), [](const SeenFinding& a, const SeenFinding& b) { return a.opened < b.opened; });
+  uint64_t records_stored = 0, duplicates = 0, bad = 0, batch_bytes = 0, ringbuf_reported = 0;
+  std::map<std::string, std::pair<int64_t, uint64_t>> offsets;  // node -> (offset, uncertainty)
+  {
+    capnp::MallocMessageBuilder request;
+    auto req = request.initRoot<query::Request>();
+    req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+    req.setStatus();
+    auto asked = client.ask(request, [&](query::Reply::Reader reply) {
+      auto s = reply.getStatus();
+      records_stored = s.getRecordsStored();
+      duplicates = s.getDuplicateBatches();
+      bad = s.getBadMessages();
+      batch_bytes = s.getBatchBytes();
+      for (auto n : s.getNodes()) {
+        offsets[n.getNode()] = {n.getClockOffsetNs(), n.getClockUncertaintyNs()};
+        ringbuf_reported += n.getDrops().getRingbufFull();
+      }
+    });
+    if (!asked) {
+      std::cerr << "rankscope-sim score: status: " << asked.error().message << "\n";
+      return 2;
+    }
+  }
+
+  std::vector<std::string> out;
+  auto matches = [&](const SeenFinding& s, const TruthFault& f) {
+    if (s.job != f.job || s.kind != f.expect || s.opened < f.onset) return false;
+    if (f.expect == "node_lost") {
+      for (const auto& n : s.nodes)
+        if (f.nodes.count(n)) return true;
+      return false;
+    }
+    for (int r : s.ranks)
+      if (f.ranks.count(r)) return true;
+    return false;
+  };
+  std::set<uint64_t> true_positive;
+  for (const auto& f : faults) {
+    if (!f.started) continue;
+    const SeenFinding* first_match = nullptr;
+    const SeenFinding* first_of_kind = nullptr;
+    std::vector<double> cost_errors;
+    for (const auto& s : seen) {
+      // The first finding of the kind after the onset; of several opened by
+      // the same evaluation, the most specific (fewest ranks named), then the
+      // latest rank (how an operator reads `rankscope hangs`, `stragglers`).
+      if (s.job == f.job && s.kind == f.expect && s.opened >= f.onset &&
+          (!first_of_kind ||
+           (s.opened == first_of_kind->opened &&
+            (s.ranks.size() < first_of_kind->ranks.size() ||
+             (s.ranks.size() == first_of_kind->ranks.size() && s.lateness_s > first_of_kind->lateness_s)))))
+        first_of_kind = &s;
+      if (!matches(s, f)) continue;
+      true_positive.insert(s.id);
+      if (!first_match) first_match = &s;
+      if (s.kind == "straggler" && !s.ranks.empty()) {
+        auto t = true_lateness.find({f.id, s.comm, s.ranks[0]});
+        if (t != true_lateness.end() && t->second > 0)
+          cost_errors.push_back((s.lateness_s * 1e9 - static_cast<double>(t->second)) / static_cast<double>(t->second));
+      }
+    }
+    JsonLine line;
+    line.add("type", "incident").add("run", run_id).add("kind", f.kind).add("expect", f.expect).add("factor", f.factor);
+    line.add("ranks", static_cast<int64_t>(run.i64("ranks"))).add("detected", first_match != nullptr);
+    if (first_match) line.add("latency_s", static_cast<double>(first_match->opened - f.onset) / 1e9);
+    else line.null("latency_s");
+    bool rank_ok = first_of_kind && !first_of_kind->ranks.empty() && f.ranks.count(first_of_kind->ranks[0]);
+    bool node_ok = first_of_kind && !first_of_kind->nodes.empty() && f.nodes.count(first_of_kind->nodes[0]);
+    if (f.expect == "node_lost") rank_ok = node_ok;
+    line.add("rank_ok", rank_ok).add("node_ok", node_ok);
+    if (!cost_errors.empty()) line.add("cost_rel_err", percentile(cost_errors, 0.5));
+    else line.null("cost_rel_err");
+    out.push_back(line.str());
+  }
+  // Every other finding: collateral of a stopped job, or a false alarm.
+  for (const auto& s : seen) {
+    if (true_positive.count(s.id)) continue;
+    bool collateral = false, node_ok = false;
+    for (const auto& f : faults) {
+      if (f.job != s.job || !f.started || s.opened < f.onset) continue;
+      if (is_hang_like(f.kind)) collateral = true;  // the job stopped: every comm of it hangs
+      for (const auto& n : s.nodes) node_ok |= f.nodes.count(n) > 0;
+    }
+    auto job = jobs.find(s.job);
+    bool healthy_job = job != jobs.end() && job->second.i64("faults") == 0;
+    out.push_back(JsonLine()
+                      .add("type", collateral ? "collateral" : "false_alarm")
+                      .add("run", run_id)
+                      .add("finding", s.kind)
+                      .add("healthy_job", healthy_job)
+                      .add("node_ok", node_ok)
+                      .add("summary", s.summary)
+                      .str());
+  }
+  // Exposure: simulated job time of the jobs without faults.
+  double nominal = run.num("nominal_step_s", 1);
+  int64_t healthy_steps = 0, healthy_jobs = 0;
+  for (const auto& [name, job] : jobs)
+    if (job.i64("faults") == 0) healthy_steps += job.i64("steps"), ++healthy_jobs;
+  out.push_back(JsonLine()
+                    .add("type", "exposure")
+                    .add("run", run_id)
+                    .add("healthy_jobs", healthy_jobs)
+                    .add("healthy_steps", healthy_steps)
+                    .add("nominal_step_s", nominal)
+                    .add("job_days", static_cast<double>(healthy_steps) * nominal / 86400.0)
+                    .add("wall_s", run.num("duration_s"))
+                    .str());
+  // Clock: stored (corrected) issue times against the true ones.
+  std::map<std::pair<std::string, int>, std::map<uint64_t, uint64_t>> wanted;  // (comm, rank) -> seq -> true
+  std::map<std::pair<std::string, int>, std::string> node_of;
+  for (const auto& c : clock_samples) {
+    wanted[{c.str("comm"), static_cast<int>(c.i64("comm_rank"))}][static_cast<uint64_t>(c.i64("seq"))] =
+        static_cast<uint64_t>(c.i64("true_ns"));
+    node_of[{c.str("comm"), static_cast<int>(c.i64("comm_rank"))}] = c.str("node");
+  }
+  std::vector<double> clock_errors;
+  for (const auto& [key, seqs] : wanted) {
+    capnp::MallocMessageBuilder request;
+    auto req = request.initRoot<query::Request>();
+    req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+    auto t = req.initTimeline();
+    t.setComm(key.first);
+    t.setRank(key.second);
+    t.setLast(400);
+    std::vector<double> errors;
+    auto asked = client.ask(request, [&](query::Reply::Reader reply) {
+      for (auto r : reply.getTimeline().getRecords()) {
+        if (r.getLane() != 0) continue;
+        auto it = seqs.find(r.getSeq());
+        if (it == seqs.end()) continue;
+        errors.push_back(static_cast<double>(static_cast<int64_t>(r.getIssueNs() - it->second)));
+      }
+    });
+    if (!asked || errors.empty()) continue;
+    double med = percentile(errors, 0.5);
+    clock_errors.push_back(std::fabs(med));
+    const std::string& node = node_of[key];
+    out.push_back(JsonLine()
+                      .add("type", "clock")
+                      .add("run", run_id)
+                      .add("node", node)
+                      .add("error_ns", med)
+                      .add("uncertainty_ns", static_cast<int64_t>(offsets[node].second))
+                      .add("samples", static_cast<int64_t>(errors.size()))
+                      .add("probe_jitter_ms", run.num("probe_jitter_ms"))
+                      .str());
+  }
+  out.push_back(JsonLine()
+                    .add("type", "delivery")
+                    .add("run", run_id)
+                    .add("records_sent", run.i64("records_sent"))
+                    .add("records_acked", run.i64("records_acked"))
+                    .add("records_stored", records_stored)
+                    .add("records_lost", run.i64("records_lost"))
+                    .add("records_lost_reported", ringbuf_reported)
+                    .add("sends_lost", run.i64("sends_lost"))
+                    .add("reordered", run.i64("reordered"))
+                    .add("duplicate_batches", duplicates)
+                    .add("bad_messages", bad)
+                    .add("batch_bytes", batch_bytes)
+                    .str());
+
+  if (!options.out.empty()) {
+    std::ofstream file(options.out, std::ios::app);
+    for (const auto& l : out) file << l << "\n";
+  }
+  if (!options.quiet) {
+    int detected = 0, incidents = 0, fa = 0;
+    for (const auto& l : out) {
+      auto o = parse_json_object(l);
+      if (!o) continue;
+      if (o->str("type") == "incident") ++incidents, detected += o->flag("detected") ? 1 : 0;
+      if (o->str("type") == "false_alarm") ++fa;
+    }
+    std::printf("%s: %d/%d incidents found, %d false alarm(s), %zu finding(s) in all; records %llu sent, %llu stored; "
+                "clock error median %.1f us, max %.1f us over %zu nodes\n",
+                run_id.c_str(), detected, incidents, fa, seen.size(),
+                static_cast<unsigned long long>(run.i64("records_sent")), static_cast<unsigned long long>(records_stored),
+                percentile(clock_errors, 0.5) / 1e3,
+                clock_errors.empty() ? NAN : *std::max_element(clock_errors.begin(), clock_errors.end()) / 1e3,
+                clock_errors.size());
+    if (options.out.empty())
+      for (const auto& l : out) std::printf("%s\n", l.c_str());
+  }
+  return 0;
+}
+
+int report(const std::vector<std::string>& files) {
+  struct Group {
+    int incidents = 0, detected = 0, rank_ok = 0, node_ok = 0;
+    std::vector<double> latency, cost;
+  };
+  std::map<std::string, Group> groups;
+  std::map<std::string, int> tp_findings, fa_findings, fa_node_ok, collateral;
+  int fa_healthy = 0;
+  double job_days = 0, wall_s = 0;
+  std::vector<double> clock_errors;
+  std::set<double> jitters;
+  int64_t sent = 0, stored = 0, lost = 0, sends_lost = 0, reordered = 0, dups = 0;
+  auto bucket = [](const std::string& kind, double factor) {
+    if (kind.rfind("slowdown", 0) != 0) return kind;
+    const char* b = factor < 1.05 ? "1.02-1.05x" : factor < 1.1 ? "1.05-1.1x" : factor < 1.5 ? "1.1-1.5x" : "1.5-5x";
+    return kind + " " + b;
+  };
+  for (const auto& file : files) {
+    auto lines = read_json_lines(file);
+    if (!lines) {
+      std::cerr << "rankscope-sim report: " << lines.error().message << "\n";
+      return 2;
+    }
+    for (const auto& o : *lines) {
+      std::string type = o.str("type");
+      if (type == "incident") {
+        Group& g = groups[bucket(o.str("kind"), o.num("factor", 1))];
+        ++g.incidents;
+        if (o.flag("detected")) {
+          ++g.detected;
+          g.latency.push_back(o.num("latency_s"));
+          ++tp_findings[o.str("expect")];
+        }
+        g.rank_ok += o.flag("rank_ok");
+        g.node_ok += o.flag("node_ok");
+        if (o.has("cost_rel_err") && o.fields().at("cost_rel_err").kind == JsonValue::number)
+          g.cost.push_back(std::fabs(o.num("cost_rel_err")));
+      } else if (type == "false_alarm") {
+        ++fa_findings[o.str("finding")];
+        fa_node_ok[o.str("finding")] += o.flag("node_ok");
+        fa_healthy += o.flag("healthy_job");
+      } else if (type == "collateral") {
+        ++collateral[o.str("finding")];
+      } else if (type == "exposure") {
+        job_days += o.num("job_days");
+        wall_s += o.num("wall_s");
+      } else if (type == "clock") {
+        clock_errors.push_back(std::fabs(o.num("error_ns")));
+        jitters.insert(o.num("probe_jitter_ms"));
+      } else if (type == "delivery") {
+        sent += o.i64("records_sent");
+        stored += o.i64("records_stored");
+        lost += o.i64("records_lost");
+        sends_lost += o.i64("sends_lost");
+        reordered += o.i64("reordered");
+        dups += o.i64("duplicate_batches");
+      }
+    }
+  }
+  auto f2 = [](double v, const char* fmt = "%.2f") {
+    if (std::isnan(v)) return std::string("-");
+    char buf[32];
+    snprintf(buf, sizeof(buf), fmt, v);
+    return std::string(buf);
+  };
+  std::printf("| fault | incidents | recall | latency p50 / p90 / p99 (s) | top-1 rank | top-1 node | cost error (median, abs) |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const auto& [name, g] : groups) {
+    std::printf("| %s | %d | %s | %s / %s / %s | %s | %s | %s |\n", name.c_str(), g.incidents,
+                f2(g.incidents ? static_cast<double>(g.detected) / g.incidents : NAN).c_str(),
+                f2(percentile(g.latency, 0.5)).c_str(), f2(percentile(g.latency, 0.9)).c_str(),
+                f2(percentile(g.latency, 0.99)).c_str(),
+                f2(g.incidents ? static_cast<double>(g.rank_ok) / g.incidents : NAN).c_str(),
+                f2(g.incidents ? static_cast<double>(g.node_ok) / g.incidents : NAN).c_str(),
+                g.cost.empty() ? "-" : (f2(percentile(g.cost, 0.5) * 100, "%.0f") + "%").c_str());
+  }
+  std::printf("\n| finding kind | true positives | false alarms | of which on the culprit's node | precision | collateral (job already stopped) |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- |\n");
+  std::set<std::string> kinds;
+  for (const auto& [k, n] : tp_findings) kinds.insert(k);
+  for (const auto& [k, n] : fa_findings) kinds.insert(k);
+  for (const auto& k : kinds) {
+    int tp = tp_findings[k], fa = fa_findings[k];
+    std::printf("| %s | %d | %d | %d | %s | %d |\n", k.c_str(), tp, fa, fa_node_ok[k],
+                f2(tp + fa ? static_cast<double>(tp) / (tp + fa) : NAN).c_str(), collateral[k]);
+  }
+  std::printf("\nHealthy jobs: %.2f simulated job-days (%.0f s of wall time), %d false alarm(s): %s per job-day.\n",
+              job_days, wall_s, fa_healthy, f2(job_days > 0 ? fa_healthy / job_days : NAN).c_str());
+  std::string jit;
+  for (double j : jitters) jit += (jit.empty() ? "" : ", ") + f2(j, "%.1f");
+  std::printf("Clock: %zu node(s), probe jitter %s ms: error of the corrected issue times p50 %s us, p99 %s us, max %s us.\n",
+              clock_errors.size(), jit.c_str(), f2(percentile(clock_errors, 0.5) / 1e3, "%.1f").c_str(),
+              f2(percentile(clock_errors, 0.99) / 1e3, "%.1f").c_str(),
+              f2(clock_errors.empty() ? NAN : *std::max_element(clock_errors.begin(), clock_errors.end()) / 1e3, "%.1f")
+                  .c_str());
+  std::printf("Delivery: %lld records sent, %lld stored; %lld lost before the wire (sequence gaps), %lld batch sends lost "
+              "(re-sent), %lld reordered, %lld duplicate batches ignored.\n",
+              (long long)sent, (long long)stored, (long long)lost, (long long)sends_lost, (long long)reordered,
+              (long long)dups);
+  return 0;
+}
+
+}  // namespace rankscope::sim
