@@ -129,8 +129,14 @@ TEST(RealNccl, AgentDecodesEveryArgumentOfTheRealLibrary) {
 
   ASSERT_EQ(write(go[1], "g", 1), 1);
   std::vector<int> results(2 + std::size(kCalls));
-  ASSERT_EQ(read(out[0], results.data(), results.size() * sizeof(int)),
-            static_cast<ssize_t>(results.size() * sizeof(int)));
+  // The child writes one result at a time: read until all are in.
+  size_t got = 0;
+  const size_t want = results.size() * sizeof(int);
+  while (got < want) {
+    ssize_t n = read(out[0], reinterpret_cast<char*>(results.data()) + got, want - got);
+    ASSERT_GT(n, 0) << "the child stopped after " << got << " of " << want << " bytes";
+    got += static_cast<size_t>(n);
+  }
   const size_t expected_events = results.size();
   ASSERT_TRUE(rankscope::testing::wait_for(
       [&] {
