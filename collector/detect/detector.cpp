@@ -294,6 +294,12 @@ std::string Detector::busy_neighbours(const MemberState& member) const {
 }
 
 void Detector::evaluate(uint64_t now_ns) {
+  // The open hangs and mismatches by communicator, gathered once: asking the
+  // book per communicator costs (communicators x open findings).
+  std::map<uint64_t, std::vector<const Finding*>> open_by_comm;
+  for (const Finding* f : book_.open())
+    if (f->kind == FindingKind::hang || f->kind == FindingKind::mismatch) open_by_comm[f->comm].push_back(f);
+  static const std::vector<const Finding*> kNone;
   for (const auto& [hash, comm] : ingest_.comms()) {
     if (comm.ended) {
       if (comms_.erase(hash)) resolve_comm(hash, now_ns);
@@ -302,7 +308,8 @@ void Detector::evaluate(uint64_t now_ns) {
     if (comm.nranks <= 0) continue;
     CommDetect& state = comms_[hash];
     if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
-    evaluate_hang(comm, state, now_ns);
+    auto open = open_by_comm.find(hash);
+    evaluate_hang(comm, state, now_ns, open == open_by_comm.end() ? kNone : open->second);
     evaluate_stragglers(comm, state, now_ns);
   }
   evaluate_nodes(now_ns);
@@ -313,7 +320,8 @@ void Detector::resolve_comm(uint64_t comm, uint64_t now_ns) {
     if (f->comm == comm && f->kind != FindingKind::node_lost) book_.resolve(f->key(), now_ns);
 }
 
-void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns) {
+void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                             const std::vector<const Finding*>& open_of_comm) {
   const int32_t n = comm.nranks;
   std::vector<int64_t> last(n, -1);
   bool any_alive = false, any_known = false;
@@ -333,8 +341,7 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   int64_t min_last = *std::min_element(last.begin(), last.end());
   int64_t max_last = *std::max_element(last.begin(), last.end());
 
-  for (const Finding* f : book_.open()) {
-    if (f->comm != comm.hash || (f->kind != FindingKind::hang && f->kind != FindingKind::mismatch)) continue;
+  for (const Finding* f : open_of_comm) {
     std::string key = f->key();
     bool inside = state.all_inside.count(key) > 0;
     bool progressed = inside ? max_last > f->seq : min_last >= f->seq;
@@ -506,6 +513,10 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
 }
 
 void Detector::evaluate_nodes(uint64_t now_ns) {
+  // Which live ranks (and jobs) each node runs, gathered only when some node
+  // is silent, in one pass over the members (not one pass per node).
+  std::map<std::string, std::pair<std::vector<int32_t>, std::set<std::string>>> ran;
+  bool gathered = false;
   for (const auto& [name, node] : ingest_.nodes()) {
     // After a restart, a node's last contact is at least our own start.
     uint64_t heard = std::max(node.last_contact_ns, ingest_.started_ns());
@@ -518,16 +529,23 @@ void Detector::evaluate_nodes(uint64_t now_ns) {
       book_.resolve(key, now_ns);
       continue;
     }
-    std::set<std::string> jobs;
-    for (const auto& [hash, comm] : ingest_.comms()) {
-      if (comm.ended) continue;
-      for (const auto& [rank, m] : comm.members) {
-        if (m.node != name) continue;
-        const ProcessHealth* health = health_of(m);
-        if (health && !health->alive()) continue;
-        if (std::find(f.ranks.begin(), f.ranks.end(), rank) == f.ranks.end()) f.ranks.push_back(rank);
-        jobs.insert(comm.job);
+    if (!gathered) {
+      for (const auto& [hash, comm] : ingest_.comms()) {
+        if (comm.ended) continue;
+        for (const auto& [rank, m] : comm.members) {
+          const ProcessHealth* health = health_of(m);
+          if (health && !health->alive()) continue;
+          auto& [ranks, jobs] = ran[m.node];
+          if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+          jobs.insert(comm.job);
+        }
       }
+      gathered = true;
+    }
+    std::set<std::string> jobs;
+    if (auto it = ran.find(name); it != ran.end()) {
+      f.ranks = it->second.first;
+      jobs = it->second.second;
     }
     if (f.ranks.empty()) continue;  // nothing of value ran there
     std::sort(f.ranks.begin(), f.ranks.end());

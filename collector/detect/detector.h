@@ -82,7 +82,8 @@ class Detector final : public RecordObserver {
 
   void check_mismatch(const CommState& comm, uint64_t seq, Instance& instance);
   void complete(const CommState& comm, CommDetect& state, Instance& instance);
-  void evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns);
+  void evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                     const std::vector<const Finding*>& open_of_comm);
   void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns);
   void evaluate_nodes(uint64_t now_ns);
   void resolve_comm(uint64_t comm, uint64_t now_ns);

@@ -75,10 +75,17 @@ bool wait_accepted(std::vector<std::unique_ptr<SimAgent>>& agents, uint64_t t0) 
   for (auto& a : agents) a->start(static_cast<int64_t>(SystemClock::read(CLOCK_REALTIME) - t0));
   std::vector<zmq::pollitem_t> items;
   for (auto& a : agents) items.push_back({a->socket().handle(), 0, ZMQ_POLLIN, 0});
+  auto last_hello = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() < deadline) {
     bool all = true;
     for (auto& a : agents) all &= a->accepted();
     if (all) return true;
+    // A hello sent before the connection was up is dropped (immediate): say it again.
+    if (std::chrono::steady_clock::now() - last_hello > std::chrono::seconds(1)) {
+      for (auto& a : agents)
+        if (!a->accepted()) a->start(static_cast<int64_t>(SystemClock::read(CLOCK_REALTIME) - t0));
+      last_hello = std::chrono::steady_clock::now();
+    }
     zmq::poll(items.data(), items.size(), std::chrono::milliseconds(10));
     for (size_t n = 0; n < agents.size(); ++n)
       if (items[n].revents & ZMQ_POLLIN)

@@ -187,7 +187,12 @@ int score_run(const ScoreOptions& options) {
       // The first finding of the kind after the onset; of several opened by
       // the same evaluation, the most specific (fewest ranks named), then the
       // latest rank (how an operator reads `rankscope hangs`, `stragglers`).
-      if (s.job == f.job && s.kind == f.expect && s.opened >= f.onset &&
+      // Findings that name another fault's culprit (several culprits in one
+      // job) are that fault's, not this one's first.
+      bool others = false;
+      for (const auto& g : faults)
+        if (g.id != f.id && g.started && matches(s, g) && !matches(s, f)) others = true;
+      if (s.job == f.job && s.kind == f.expect && s.opened >= f.onset && !others &&
           (!first_of_kind ||
            (s.opened == first_of_kind->opened &&
             (s.ranks.size() < first_of_kind->ranks.size() ||
