@@ -311,34 +311,31 @@ std::optional<rs_host_stats> NcclProbes::host_stats(uint32_t pid) const {
   return stats;
 }
 
-std::vector<std::pair<uint64_t, rs_cgroup_stats>> NcclProbes::cgroup_stats() const {
-  std::vector<std::pair<uint64_t, rs_cgroup_stats>> out;
-  int fd = bpf_map__fd(skel_->maps.cgroup_stats);
+namespace {
+// Every (u64 key, value) of a hash map; `limit` guards against a map that
+// keeps changing under the walk.
+template <typename Value>
+std::vector<std::pair<uint64_t, Value>> dump_map(bpf_map* map, size_t limit) {
+  std::vector<std::pair<uint64_t, Value>> out;
+  int fd = bpf_map__fd(map);
   __u64 key = 0, next = 0;
   __u64* previous = nullptr;
-  while (bpf_map_get_next_key(fd, previous, &next) == 0) {
-    rs_cgroup_stats row{};
-    if (bpf_map_lookup_elem(fd, &next, &row) == 0) out.emplace_back(next, row);
+  while (bpf_map_get_next_key(fd, previous, &next) == 0 && out.size() <= limit) {
+    Value value{};
+    if (bpf_map_lookup_elem(fd, &next, &value) == 0) out.emplace_back(next, value);
     key = next;
     previous = &key;
-    if (out.size() > 100000) break;  // the map holds at most 8192
   }
   return out;
 }
+}  // namespace
+
+std::vector<std::pair<uint64_t, rs_cgroup_stats>> NcclProbes::cgroup_stats() const {
+  return dump_map<rs_cgroup_stats>(skel_->maps.cgroup_stats, 100000);  // the map holds at most 8192
+}
 
 std::vector<std::pair<uint64_t, rs_open_wait>> NcclProbes::open_waits() const {
-  std::vector<std::pair<uint64_t, rs_open_wait>> out;
-  int fd = bpf_map__fd(skel_->maps.waits);
-  __u64 key = 0, next = 0;
-  __u64* previous = nullptr;
-  while (bpf_map_get_next_key(fd, previous, &next) == 0) {
-    rs_open_wait wait{};
-    if (bpf_map_lookup_elem(fd, &next, &wait) == 0) out.emplace_back(next, wait);
-    key = next;
-    previous = &key;
-    if (out.size() > 100000) break;  // the map holds at most 65536
-  }
-  return out;
+  return dump_map<rs_open_wait>(skel_->maps.waits, 100000);  // the map holds at most 65536
 }
 
 Result<void> NcclProbes::allow_pid(uint32_t pid) {

@@ -186,16 +186,21 @@ void Summariser::on_setenv(const rs_setenv_event& e) {
     }
     return;
   }
-  auto start = read_start_time(proc_root_, e.hdr.pid);
-  if (!start) return;
-  auto [entry, fresh] = overrides_.try_emplace(e.hdr.pid);
-  if (fresh) override_order_.push_back(e.hdr.pid);
+  Override* entry = override_for(e.hdr.pid);
+  if (entry && (e.overwrite != 0 || !entry->visible_devices)) entry->visible_devices = value;
+}
+
+Summariser::Override* Summariser::override_for(uint32_t pid) {
+  auto start = read_start_time(proc_root_, pid);
+  if (!start) return nullptr;
+  auto [entry, fresh] = overrides_.try_emplace(pid);
+  if (fresh) override_order_.push_back(pid);
   if (entry->second.start_time != *start) entry->second = Override{*start, {}, {}};
-  if (e.overwrite != 0 || !entry->second.visible_devices) entry->second.visible_devices = value;
   while (override_order_.size() > kMaxOverrides) {
     overrides_.erase(override_order_.front());
     override_order_.pop_front();
   }
+  return &entry->second;
 }
 
 void Summariser::on_set_device(const rs_set_device_event& e) {
@@ -210,16 +215,7 @@ void Summariser::on_set_device(const rs_set_device_event& e) {
     if (add(it->second.identity.cuda_devices)) it->second.sent = false;
     return;
   }
-  auto start = read_start_time(proc_root_, e.hdr.pid);
-  if (!start) return;
-  auto [entry, fresh] = overrides_.try_emplace(e.hdr.pid);
-  if (fresh) override_order_.push_back(e.hdr.pid);
-  if (entry->second.start_time != *start) entry->second = Override{*start, {}, {}};
-  add(entry->second.cuda_devices);
-  while (override_order_.size() > kMaxOverrides) {
-    overrides_.erase(override_order_.front());
-    override_order_.pop_front();
-  }
+  if (Override* entry = override_for(e.hdr.pid)) add(entry->cuda_devices);
 }
 
 void Summariser::apply_overrides(uint32_t pid, ProcessIdentity& identity) {

@@ -103,6 +103,8 @@ class Summariser {
     std::optional<std::string> visible_devices;
     std::vector<int32_t> cuda_devices;
   };
+  // The entry of a live process (created, or reset for a reused pid); nullptr if it is gone.
+  Override* override_for(uint32_t pid);
   std::map<uint32_t, Override> overrides_;
   std::deque<uint32_t> override_order_;
   static constexpr size_t kMaxOverrides = 4096;
