@@ -14,6 +14,7 @@
 // stand-in: a one-rank communicator, a one-element in-place AllReduce, which
 // only queues work on a stream and returns). The agent is the real daemon,
 // started with --pid <this process>, sending to a real collector.
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -124,6 +125,47 @@ double time_noop(NoopFunction function, uint64_t calls) {
   uint64_t elapsed = monotonic_ns() - start;
   if (sink != calls) std::abort();  // the calls were made
   return static_cast<double>(elapsed) / static_cast<double>(calls);
+}
+
+// ---------------------------------------------------------------- BPF program time
+
+// The kernel's own account of the time each loaded BPF program ran
+// (kernel.bpf_stats: on only while the descriptor of bpf_enable_stats is
+// open, and it adds two clock reads to every run, so the timed loops run
+// without it).
+struct ProgCounters {
+  std::string name;  // truncated to 15 characters by the kernel
+  uint64_t run_ns = 0, runs = 0;
+};
+
+std::map<uint32_t, ProgCounters> prog_counters() {
+  std::map<uint32_t, ProgCounters> out;
+  uint32_t id = 0;
+  while (bpf_prog_get_next_id(id, &id) == 0) {
+    int fd = bpf_prog_get_fd_by_id(id);
+    if (fd < 0) continue;
+    bpf_prog_info info{};
+    uint32_t length = sizeof(info);
+    if (bpf_obj_get_info_by_fd(fd, &info, &length) == 0) out[id] = {info.name, info.run_time_ns, info.run_cnt};
+    close(fd);
+  }
+  return out;
+}
+
+// ns per run of the program called `name` that ran `calls` times (give or
+// take 1%) between the two snapshots: other tracers on the machine may load
+// programs of the same name, and they did not run in our loop.
+std::optional<double> ns_per_run(const std::map<uint32_t, ProgCounters>& before,
+                                 const std::map<uint32_t, ProgCounters>& after, const std::string& name,
+                                 uint64_t calls) {
+  for (const auto& [id, end] : after) {
+    if (name.compare(0, 15, end.name) != 0) continue;
+    auto start = before.find(id);
+    uint64_t runs = end.runs - (start == before.end() ? 0 : start->second.runs);
+    uint64_t run_ns = end.run_ns - (start == before.end() ? 0 : start->second.run_ns);
+    if (runs >= calls && runs <= calls + calls / 100 + 1) return static_cast<double>(run_ns) / static_cast<double>(runs);
+  }
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------- NCCL calls
@@ -298,6 +340,8 @@ struct Results {
   double agent_paced_stat = 0, agent_paced_runtime = 0;  // % of one core
   double collector_paced_runtime = 0;
   uint64_t records_stored = 0;
+  // ns per call inside the BPF programs (kernel.bpf_stats, a separate pass)
+  std::optional<double> prog_noop_entry, prog_noop_return, prog_agent_entry, prog_agent_return;
   std::string nccl_entry, noop_entry;  // first code bytes, before any probe
 };
 
@@ -310,6 +354,42 @@ std::string first_bytes(const void* code, size_t n) {
     out += (i ? " " : "") + std::string(hex);
   }
   return out;
+}
+
+// Where the time goes inside the two pairs of programs: the bare pair on
+// the no-op function and the agent's pair on ncclAllReduce, with the
+// kernel's run-time statistics on (a pass of its own, not timed).
+Result<void> measure_prog_time(const Options& options, NoopProbes& probes, Child& agent, Results& out) {
+  int stats = bpf_enable_stats(BPF_STATS_RUN_TIME);
+  if (stats < 0) {
+    RS_LOG(warn, "cannot turn on kernel.bpf_stats (%s): the programs' own run time is left out", std::strerror(errno));
+    return {};
+  }
+  if (auto r = probes.attach("rankscope_bench_noop"); !r) {
+    close(stats);
+    return r;
+  }
+  auto before = prog_counters();
+  time_noop(&rankscope_bench_noop, options.noop_calls);
+  auto after = prog_counters();
+  probes.detach();
+  out.prog_noop_entry = ns_per_run(before, after, "noop_enter", options.noop_calls);
+  out.prog_noop_return = ns_per_run(before, after, "noop_return", options.noop_calls);
+  auto loop = NcclLoop::open();
+  if (!loop) {
+    close(stats);
+    return loop.error();
+  }
+  Deployment::settle(agent);
+  before = prog_counters();
+  auto timed = (*loop)->time(options.nccl_calls, options.chunk);
+  after = prog_counters();
+  close(stats);
+  if (!timed) return timed.error();
+  out.traced_calls += options.nccl_calls;
+  out.prog_agent_entry = ns_per_run(before, after, "nccl_allreduce_enter", options.nccl_calls);
+  out.prog_agent_return = ns_per_run(before, after, "nccl_call_return", options.nccl_calls);
+  return {};
 }
 
 // The four loops, `reps` times. The agent of the last repetition is kept
@@ -376,7 +456,10 @@ Result<Child> measure_calls(const Options& options, Deployment& deployment, Resu
     out.added.push_back(traced - alone);
     std::fprintf(stderr, "rep %d/%d: no-op %.1f ns, probed %.1f ns; ncclAllReduce %.1f ns, traced %.1f ns\n", rep + 1,
                  options.reps, out.noop_bare.back(), out.noop_probed.back(), alone, traced);
-    if (rep + 1 == options.reps) return std::move(*agent);
+    if (rep + 1 == options.reps) {
+      if (auto r = measure_prog_time(options, **probes, *agent, out); !r) return r.error();
+      return std::move(*agent);
+    }
     if (auto r = deployment.stop_agent(*agent); !r) return r.error();
   }
   return make_error(Errc::invalid_argument, "no repetitions");
@@ -464,6 +547,16 @@ void print_markdown(const Options& options, const Results& r) {
               floor.median > 0 ? added.median / floor.median : 0.0, ratio.min, ratio.max, options.reps,
               static_cast<unsigned long long>(options.noop_calls), static_cast<unsigned long long>(options.nccl_calls),
               r.nccl_entry.c_str(), r.noop_entry.c_str());
+  auto ns = [](const std::optional<double>& v) { return v ? *v : 0.0; };
+  if (r.prog_agent_entry && r.prog_agent_return && r.prog_noop_entry && r.prog_noop_return)
+    std::printf("\nTime inside the BPF programs per call (kernel.bpf_stats, a separate untimed pass): the bare pair "
+                "%.0f ns (entry %.0f + return %.0f), the agent's pair %.0f ns (`nccl_allreduce_enter` %.0f + "
+                "`nccl_call_return` %.0f).\n",
+                ns(r.prog_noop_entry) + ns(r.prog_noop_return), ns(r.prog_noop_entry), ns(r.prog_noop_return),
+                ns(r.prog_agent_entry) + ns(r.prog_agent_return), ns(r.prog_agent_entry), ns(r.prog_agent_return));
+  else
+    std::printf("\nTime inside the BPF programs per call: not measured (kernel.bpf_stats unavailable, or another "
+                "program of the same name ran during the pass).\n");
   std::printf("\n| paced run | calls | seconds | calls/s | agent CPU, /proc stat | agent CPU, schedstat | collector CPU |\n"
               "| --- | --- | --- | --- | --- | --- | --- |\n");
   std::printf("| agent idle | 0 | %.1f | 0 | %.2f%% | %.3f%% | |\n", options.idle_seconds, r.agent_idle_stat,
@@ -506,6 +599,10 @@ Result<void> write_json(const std::string& path, const Options& options, const R
   values["collector_paced_cpu_percent_schedstat"] = r.collector_paced_runtime;
   values["traced_calls"] = static_cast<double>(r.traced_calls);
   values["records_stored"] = static_cast<double>(r.records_stored);
+  if (r.prog_noop_entry) values["prog_noop_entry_ns"] = *r.prog_noop_entry;
+  if (r.prog_noop_return) values["prog_noop_return_ns"] = *r.prog_noop_return;
+  if (r.prog_agent_entry) values["prog_agent_entry_ns"] = *r.prog_agent_entry;
+  if (r.prog_agent_return) values["prog_agent_return_ns"] = *r.prog_agent_return;
   out << "{";
   bool first = true;
   for (const auto& [name, value] : values) {

@@ -6,7 +6,7 @@
  * NCCL: an entry uprobe per NCCL API function and one shared return
  * probe. The entry probe decodes the arguments (System V x86-64 calling
  * convention: integer arguments in rdi, rsi, rdx, rcx, r8, r9, the rest on
- * the stack above the return address) into a per-thread pending slot; the
+ * the stack above the return address) into a per-thread slot; the
  * return probe adds the result and the return time and emits one record.
  *
  * Sequence numbers are assigned here, per (process, communicator, lane), so a
@@ -78,26 +78,28 @@ struct pending_call {
   __u8 unique_id[RS_UNIQUE_ID_BYTES];
 };
 
-/* One in-flight NCCL API call per thread; also what the agent reads to report
- * calls that never returned. */
-struct {
-  __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 65536);
-  __type(key, __u64); /* pid_tgid */
-  __type(value, struct pending_call);
-} pending SEC(".maps");
-
-struct group_state {
-  __u32 depth;
+/* Per thread, in task-local storage: the NCCL API call in progress (one at a
+ * time; `open` says whether it is) and the GroupStart/GroupEnd nesting. The
+ * slot is made at the thread's first NCCL call, reused by every later call
+ * (no insert and delete per call) and freed by the kernel with the thread.
+ * It also caches what only needs deciding once per thread: that the thread is
+ * in this agent's scope (a slot is only made for one that is) and that its
+ * process and scheduling rows exist. */
+struct thread_calls {
+  struct pending_call call;
+  __u32 group_depth;
   __u32 group_id;
+  __u8 open;
+  __u8 sched_noted; /* its scheduling is followed (threads map) */
+  __u8 reserved[6];
 };
 
 struct {
-  __uint(type, BPF_MAP_TYPE_LRU_HASH);
-  __uint(max_entries, 65536);
-  __type(key, __u64); /* pid_tgid */
-  __type(value, struct group_state);
-} groups SEC(".maps");
+  __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, int);
+  __type(value, struct thread_calls);
+} calls SEC(".maps");
 
 struct comm_key {
   __u32 pid;
@@ -179,14 +181,6 @@ static __always_inline void processes__note(__u64 pid_tgid, bool calling_thread)
     __sync_fetch_and_add(&stats->threads, 1);
 }
 
-/* An all-zero template, so that large values are never built on the stack. */
-struct {
-  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-  __uint(max_entries, 1);
-  __type(key, __u32);
-  __type(value, struct pending_call);
-} zero_pending SEC(".maps");
-
 static __always_inline void drops__count(__u32 reason)
 {
   __u64 *slot = bpf_map_lookup_elem(&drops, &reason);
@@ -217,7 +211,7 @@ static __always_inline __u64 args__stack(struct pt_regs *ctx, int slot)
   return value;
 }
 
-static __always_inline void header__fill(struct rs_event_header *hdr, __u64 pid_tgid, __u16 kind)
+static __always_inline void header__fill_no_name(struct rs_event_header *hdr, __u64 pid_tgid, __u16 kind)
 {
   hdr->ts_ns = bpf_ktime_get_ns();
   hdr->cgroup_id = bpf_get_current_cgroup_id();
@@ -226,36 +220,77 @@ static __always_inline void header__fill(struct rs_event_header *hdr, __u64 pid_
   hdr->kind = kind;
   hdr->reserved0 = 0;
   hdr->reserved1 = 0;
+}
+
+static __always_inline void header__fill(struct rs_event_header *hdr, __u64 pid_tgid, __u16 kind)
+{
+  header__fill_no_name(hdr, pid_tgid, kind);
   bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
 }
 
-/* Opens the pending slot of this thread, or notes a nested call in the one
+/* This thread's slot, made at its first NCCL call if it is in scope (NULL
+ * otherwise). Making it notes the process (its exit is then reported). */
+static __always_inline struct thread_calls *thread__slot(__u64 pid_tgid, bool create)
+{
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct thread_calls *t = bpf_task_storage_get(&calls, task, 0, 0);
+  if (t || !create)
+    return t;
+  if (!scope__in(pid_tgid >> 32))
+    return NULL;
+  t = bpf_task_storage_get(&calls, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (!t) {
+    drops__count(RS_DROP_MAP_FULL);
+    return NULL;
+  }
+  processes__note(pid_tgid, false);
+  return t;
+}
+
+/* Opens the call slot of this thread, or notes a nested call in the one
  * already open (NCCL's own public entry points call each other, e.g.
  * ncclBcast -> ncclBroadcast; the user made one call). */
 static __always_inline struct pending_call *pending__open(__u64 pid_tgid, __u8 op)
 {
-  __u32 zero = 0;
-  struct pending_call *p = bpf_map_lookup_elem(&pending, &pid_tgid);
-  if (p) {
+  struct thread_calls *t = thread__slot(pid_tgid, true);
+  if (!t)
+    return NULL;
+  struct pending_call *p = &t->call;
+  if (t->open) {
     p->nested += 1;
     drops__count(RS_DROP_NESTED);
     return NULL;
   }
-  struct pending_call *tmpl = bpf_map_lookup_elem(&zero_pending, &zero);
-  if (!tmpl)
-    return NULL;
-  if (bpf_map_update_elem(&pending, &pid_tgid, tmpl, BPF_ANY)) {
-    drops__count(RS_DROP_MAP_FULL);
-    return NULL;
+  /* A watchdog thread polling for errors is not on the collectives' path:
+   * only the threads that make calls have their scheduling followed. */
+  if (!t->sched_noted && op != RS_OP_COMM_GET_ASYNC_ERROR) {
+    processes__note(pid_tgid, true);
+    t->sched_noted = 1;
   }
-  p = bpf_map_lookup_elem(&pending, &pid_tgid);
-  if (!p)
-    return NULL;
+  t->open = 1;
   p->entry_ns = bpf_ktime_get_ns();
-  p->op = op;
+  p->comm = 0;
+  p->stream = 0;
+  p->count = 0;
+  p->seq = 0;
+  p->comm_out = 0;
+  p->parent_comm = 0;
   p->peer = -1;
-  /* A watchdog thread polling for errors is not on the collectives' path. */
-  processes__note(pid_tgid, op != RS_OP_COMM_GET_ASYNC_ERROR);
+  p->nranks = 0;
+  p->rank = 0;
+  p->color = 0;
+  p->key = 0;
+  p->lane = 0;
+  p->group_id = 0;
+  p->nested = 0;
+  p->op = op;
+  p->datatype = 0;
+  p->redop = 0;
+  p->flags = 0;
+  if (t->group_depth > 0) {
+    p->flags = RS_CALL_IN_GROUP;
+    p->group_id = t->group_id;
+  }
   return p;
 }
 
@@ -296,23 +331,11 @@ static __always_inline void seq__assign(struct pending_call *p, __u32 pid)
   p->seq = __sync_fetch_and_add(next, 1);
 }
 
-static __always_inline void group__tag(struct pending_call *p, __u64 pid_tgid)
-{
-  struct group_state *g = bpf_map_lookup_elem(&groups, &pid_tgid);
-  if (g && g->depth > 0) {
-    p->flags |= RS_CALL_IN_GROUP;
-    p->group_id = g->group_id;
-  }
-}
-
 /* Common body of every collective and point-to-point entry probe. */
 static __always_inline int call__enter(struct pt_regs *ctx, __u8 op, __u64 count, __u64 datatype, __u64 redop,
                                        __s32 peer, __u64 comm, __u64 stream)
 {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
-  __u32 pid = pid_tgid >> 32;
-  if (!scope__in(pid))
-    return 0;
   struct pending_call *p = pending__open(pid_tgid, op);
   if (!p)
     return 0;
@@ -324,8 +347,7 @@ static __always_inline int call__enter(struct pt_regs *ctx, __u8 op, __u64 count
   p->stream = stream;
   if (op == RS_OP_SEND || op == RS_OP_RECV)
     p->lane = RS_P2P_LANE(peer, op == RS_OP_RECV);
-  group__tag(p, pid_tgid);
-  seq__assign(p, pid);
+  seq__assign(p, pid_tgid >> 32);
   return 0;
 }
 
@@ -419,10 +441,7 @@ int BPF_KPROBE(nccl_recv_enter)
 /* Common body of the communicator-creation entry probes. */
 static __always_inline struct pending_call *init__enter(__u8 op)
 {
-  __u64 pid_tgid = bpf_get_current_pid_tgid();
-  if (!scope__in(pid_tgid >> 32))
-    return NULL;
-  return pending__open(pid_tgid, op);
+  return pending__open(bpf_get_current_pid_tgid(), op);
 }
 
 /* ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank).
@@ -462,6 +481,7 @@ int BPF_KPROBE(nccl_comm_split_enter)
   struct pending_call *p = init__enter(RS_OP_COMM_SPLIT);
   if (!p)
     return 0;
+  __builtin_memset(p->unique_id, 0, sizeof(p->unique_id));
   p->parent_comm = PT_REGS_PARM1(ctx);
   p->color = (__s32)PT_REGS_PARM2(ctx);
   p->key = (__s32)PT_REGS_PARM3(ctx);
@@ -518,32 +538,21 @@ int BPF_KPROBE(nccl_comm_abort_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_group_start_enter)
 {
-  __u64 pid_tgid = bpf_get_current_pid_tgid();
-  if (!scope__in(pid_tgid >> 32))
+  struct thread_calls *t = thread__slot(bpf_get_current_pid_tgid(), true);
+  if (!t)
     return 0;
-  struct group_state *g = bpf_map_lookup_elem(&groups, &pid_tgid);
-  if (!g) {
-    struct group_state fresh = {};
-    bpf_map_update_elem(&groups, &pid_tgid, &fresh, BPF_NOEXIST);
-    g = bpf_map_lookup_elem(&groups, &pid_tgid);
-    if (!g) {
-      drops__count(RS_DROP_MAP_FULL);
-      return 0;
-    }
-  }
-  if (g->depth == 0)
-    g->group_id += 1;
-  g->depth += 1;
+  if (t->group_depth == 0)
+    t->group_id += 1;
+  t->group_depth += 1;
   return 0;
 }
 
 SEC("uprobe")
 int BPF_KPROBE(nccl_group_end_enter)
 {
-  __u64 pid_tgid = bpf_get_current_pid_tgid();
-  struct group_state *g = bpf_map_lookup_elem(&groups, &pid_tgid);
-  if (g && g->depth > 0)
-    g->depth -= 1;
+  struct thread_calls *t = thread__slot(bpf_get_current_pid_tgid(), false);
+  if (t && t->group_depth > 0)
+    t->group_depth -= 1;
   return 0;
 }
 
@@ -554,7 +563,10 @@ static __always_inline void emit__call(struct pending_call *p, __u64 pid_tgid, _
     drops__count(RS_DROP_RINGBUF_FULL);
     return;
   }
-  header__fill(&e->hdr, pid_tgid, RS_EV_CALL);
+  /* The hot record: the thread's name is left out (the agent reads the
+   * process's from /proc once). */
+  header__fill_no_name(&e->hdr, pid_tgid, RS_EV_CALL);
+  __builtin_memset(e->hdr.comm, 0, sizeof(e->hdr.comm));
   e->entry_ns = p->entry_ns;
   e->comm = p->comm;
   e->stream = p->stream;
@@ -689,9 +701,10 @@ SEC("uretprobe")
 int BPF_KRETPROBE(nccl_call_return, long ret)
 {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
-  struct pending_call *p = bpf_map_lookup_elem(&pending, &pid_tgid);
-  if (!p)
+  struct thread_calls *t = thread__slot(pid_tgid, false);
+  if (!t || !t->open)
     return 0;
+  struct pending_call *p = &t->call;
   if (p->nested > 0) {
     p->nested -= 1;
     return 0;
@@ -717,7 +730,7 @@ int BPF_KRETPROBE(nccl_call_return, long ret)
     emit__call(p, pid_tgid, result);
     break;
   }
-  bpf_map_delete_elem(&pending, &pid_tgid);
+  t->open = 0;
   return 0;
 }
 
@@ -1045,9 +1058,7 @@ int BPF_PROG(process_exit, struct task_struct *task)
   bpf_map_delete_elem(&nccl_processes, &tgid);
   bpf_for_each_map_elem(&comms, exit__drop_comm, &tgid, 0);
   bpf_for_each_map_elem(&p2p_seqs, exit__drop_p2p, &tgid, 0);
-  bpf_for_each_map_elem(&pending, exit__drop_thread, &tgid, 0);
   bpf_for_each_map_elem(&waits, exit__drop_thread, &tgid, 0);
-  bpf_for_each_map_elem(&groups, exit__drop_thread, &tgid, 0);
   bpf_for_each_map_elem(&set_device_args, exit__drop_thread, &tgid, 0);
   struct rs_exit_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
   if (!e) {

@@ -85,7 +85,7 @@ struct rs_event_header {
   __u16 kind;      /* enum rs_event_kind */
   __u16 reserved0;
   __u32 reserved1;
-  char comm[RS_TASK_COMM_LEN];
+  char comm[RS_TASK_COMM_LEN]; /* the thread's name; empty on call records (the hot path) */
 };
 
 /* An NCCL collective or Send/Recv, written at return; ts_ns is the return. */

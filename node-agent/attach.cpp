@@ -273,7 +273,6 @@ NcclProbes::TableEntries NcclProbes::table_entries(uint32_t pid) const {
   rs_host_stats stats{};
   out.processes = bpf_map__lookup_elem(skel_->maps.nccl_processes, &process_key, sizeof(process_key), &stats,
                                        sizeof(stats), 0) == 0;
-  out.pending = count_threads(skel_->maps.pending);
   out.waits = count_threads(skel_->maps.waits);
   return out;
 }
@@ -298,9 +297,7 @@ NcclProbes::TableSizes NcclProbes::table_sizes() const {
   out.threads = count_keys(skel_->maps.threads);
   out.comms = count_keys(skel_->maps.comms);
   out.p2p = count_keys(skel_->maps.p2p_seqs);
-  out.pending = count_keys(skel_->maps.pending);
   out.waits = count_keys(skel_->maps.waits);
-  out.groups = count_keys(skel_->maps.groups);
   return out;
 }
 

@@ -60,16 +60,18 @@ class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/ncc
   // A descriptor that becomes readable when records are waiting (for poll(2)).
   int wait_fd() const;
   BpfDrops drops() const;
-  // Entries a process holds in the BPF tables (communicators, calls and
-  // waits in progress): zero once it exited.
+  // Entries a process holds in the BPF tables (communicators, waits in
+  // progress, followed threads): zero once it exited. The call in progress
+  // and the group nesting live in task-local storage, which the kernel frees
+  // with the thread (and which cannot be listed from user space).
   struct TableEntries {
-    size_t comms = 0, pending = 0, waits = 0, threads = 0;
+    size_t comms = 0, waits = 0, threads = 0;
     bool processes = false;  // its host-counter row
   };
   TableEntries table_entries(uint32_t pid) const;
   // Entries in every per-process table, all processes together.
   struct TableSizes {
-    size_t processes = 0, threads = 0, comms = 0, p2p = 0, pending = 0, waits = 0, groups = 0;
+    size_t processes = 0, threads = 0, comms = 0, p2p = 0, waits = 0;
   };
   TableSizes table_sizes() const;
   // Waits on the GPU in progress right now: (pid_tgid, wait).

@@ -38,16 +38,17 @@ TEST(BenchOverhead, SmokeRunPrintsEveryFigure) {
        {"noop_bare_ns_median", "noop_probed_ns_median", "floor_ns_median", "floor_ns_min", "floor_ns_max",
         "nccl_bare_ns_median", "nccl_agent_ns_median", "added_ns_median", "added_ns_min", "added_ns_max",
         "added_over_floor", "paced_calls", "paced_seconds", "paced_rate", "agent_idle_cpu_percent_stat",
-        "agent_paced_cpu_percent_stat", "agent_paced_cpu_percent_schedstat", "traced_calls", "records_stored"}) {
+        "agent_paced_cpu_percent_stat", "agent_paced_cpu_percent_schedstat", "traced_calls", "records_stored",
+        "prog_noop_entry_ns", "prog_noop_return_ns", "prog_agent_entry_ns", "prog_agent_return_ns"}) {
     ASSERT_TRUE(figures.count(name)) << "missing " << name << " in " << slurp(dir.file("figures.json"));
     EXPECT_TRUE(std::isfinite(figures[name])) << name;
   }
   // Counts, not timings: the smoke mode makes 2 repetitions of (50 warm-up +
   // 200 timed) traced calls, one call that starts the paced run, and a 1 s
-  // paced run at 1,000 calls/s.
+  // paced run at 1,000 calls/s, plus 200 in the pass with kernel.bpf_stats on.
   EXPECT_EQ(figures["reps"], 2);
   EXPECT_EQ(figures["paced_calls"], 1000);
-  EXPECT_EQ(figures["traced_calls"], 2 * (50 + 200) + 1 + 1000);
+  EXPECT_EQ(figures["traced_calls"], 2 * (50 + 200) + 200 + 1 + 1000);
   // Every traced call reached the collector as a record.
   EXPECT_EQ(figures["records_stored"], figures["traced_calls"]);
   for (const char* name : {"noop_bare_ns_median", "noop_probed_ns_median", "nccl_bare_ns_median",
@@ -58,6 +59,7 @@ TEST(BenchOverhead, SmokeRunPrintsEveryFigure) {
   EXPECT_NE(markdown.find("| **floor** (difference) |"), std::string::npos) << markdown;
   EXPECT_NE(markdown.find("| **added by the agent** (difference) |"), std::string::npos) << markdown;
   EXPECT_NE(markdown.find("Added / floor: **"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("Time inside the BPF programs per call (kernel.bpf_stats"), std::string::npos) << markdown;
 }
 
 }  // namespace
