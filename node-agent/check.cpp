@@ -92,8 +92,9 @@ int run_check(const Options& options, std::ostream& out) {
   uname(&uts);
   int major = 0, minor = 0;
   std::sscanf(uts.release, "%d.%d", &major, &minor);
-  bool kernel_ok = major > 5 || (major == 5 && minor >= 8);
-  report.line("kernel", kernel_ok, uts.release, "rankscope needs Linux 5.8 or newer (BPF ring buffer)");
+  bool kernel_ok = major > 5 || (major == 5 && minor >= 11);
+  report.line("kernel", kernel_ok, uts.release,
+              "rankscope needs Linux 5.11 or newer (BPF ring buffer, task-local storage in tracing programs)");
 
   struct stat st {};
   bool btf = stat("/sys/kernel/btf/vmlinux", &st) == 0;
