@@ -22,6 +22,7 @@ namespace {
 // How many agent messages are taken in before one durable write: the group
 // commit that lets many agents share one fsync.
 constexpr int kMaxMessagesPerCommit = 512;
+constexpr int kAgentReceiveHighWaterMark = 128;  // messages per agent connection
 // How often the hang, straggler and node-lost detectors look at the picture.
 constexpr uint64_t kEvaluationIntervalNs = 500'000'000ull;
 // Resolved findings still handed to the Alertmanager client (it repeats a resolution once).
@@ -165,7 +166,12 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     socket->set(zmq::sockopt::linger, 0);
     socket->set(zmq::sockopt::router_mandatory, 0);
   }
-  agents.set(zmq::sockopt::rcvhwm, 100000);
+  // Back-pressure, and a bound on memory: at most this many messages wait
+  // per agent connection. Past it ZeroMQ stops reading that connection, the
+  // agent's sends fail without blocking, and its batches wait in its own
+  // bounded queue (re-sent in order). A thousand agents then hold at most
+  // ~128k messages here, not whatever a fleet can push.
+  agents.set(zmq::sockopt::rcvhwm, kAgentReceiveHighWaterMark);
   for (auto r : {bind(agents, options.listen, "agents"), bind(queries, options.query, "queries")}) {
     if (!r) {
       RS_LOG(error, "%s", r.error().message.c_str());

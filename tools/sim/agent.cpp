@@ -317,9 +317,13 @@ void SimAgent::tick(int64_t rel_ns) {
     send_heartbeat(rel_ns);
     last_heartbeat_ = rel_ns;
   }
-  if (accepted_)
-    for (auto& p : queue_)
-      if (p.seq != held_seq_ && p.last_sent >= 0 && rel_ns - p.last_sent >= kAckTimeout) transmit(p, rel_ns, false);
+  resend_due(rel_ns);
+}
+
+void SimAgent::resend_due(int64_t rel_ns) {
+  if (dead_ || !accepted_) return;
+  for (auto& p : queue_)
+    if (p.seq != held_seq_ && p.last_sent >= 0 && rel_ns - p.last_sent >= kAckTimeout) transmit(p, rel_ns, false);
 }
 
 void SimAgent::flush_now(int64_t rel_ns) {

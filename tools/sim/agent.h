@@ -49,6 +49,9 @@ class SimAgent {
   const AgentCounters& counters() const { return counters_; }
   // Sends what is pending now (the end of a run).
   void flush_now(int64_t rel_ns);
+  // Re-sends the batches whose ack is overdue (tick does it too; at the end
+  // of a run, when the simulated time no longer advances, only this).
+  void resend_due(int64_t rel_ns);
 
   // For the flood: every event given so far, cut into batches of `window_ns`
   // of true time, encoded now (records, bytes) to be sent later in order.

@@ -214,7 +214,10 @@ int run_fleet(const FleetConfig& config, const RunOptions& options) {
     service_all(10);
     int64_t now = rel_now();
     for (auto& a : agents)
-      if (!a->dead()) a->tick(std::min(now, duration - 1));
+      if (!a->dead()) {
+        a->tick(std::min(now, duration - 1));
+        a->resend_due(now);  // a batch lost at the very end is re-sent too
+      }
   }
   std::vector<Fleet::ClockSample> kept;
   for (auto& [node, ring] : samples) kept.insert(kept.end(), ring.begin(), ring.end());
