@@ -264,6 +264,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     info.container_id = p.getContainerId();
     info.cgroup_id = p.getCgroupId();
     info.cgroup_path = p.getCgroupPath();
+    info.start_time = p.getStartTime();
     info.cuda_devices.clear();
     for (int32_t d : p.getCudaDevices()) info.cuda_devices.push_back(d);
   }
