@@ -470,14 +470,10 @@ const std::map<std::string, UsageLedger::Totals>& UsageLedger::totals(TenantKey 
 void UsageLedger::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
   auto member = comm.members.find(rank);
   if (member == comm.members.end()) return;
-  const std::string& node = member->second.node;
-  const ProcessInfo* process = ingest_.process(node, member->second.pid);
-  Identity identity = process ? Identity::of(*process) : Identity{};
-  Usage usage;
-  usage.collectives = 1;
-  usage.bytes = static_cast<double>(proto::record_bytes(record));
-  if (record.return_ns > record.issue_ns) usage.collective_s = static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
-  add_usage(record.issue_ns, node, identity, usage);
+  Usage& usage = record_usage_[{minute_of(record.issue_ns), member->second.node, member->second.pid}];
+  usage.collectives += 1;
+  usage.bytes += static_cast<double>(proto::record_bytes(record));
+  if (record.return_ns > record.issue_ns) usage.collective_s += static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
 
   // Waiting for the last rank to arrive: the same matching as the straggler
   // detector (by communicator and sequence number, lane 0 collectives).
@@ -514,28 +510,45 @@ void UsageLedger::complete(const CommState& comm, CommTrack& track, const Instan
   if (const NodeState* node = ingest_.node(late->second.node))
     uncertainty = node->clock.uncertainty_ns() > 1'000'000'000ull ? 0 : node->clock.uncertainty_ns();
   if (delay < options_.min_wait_ns + 2 * uncertainty) return;
+  PendingWait& wait = pending_waits_[{comm.hash, last, minute_of(static_cast<uint64_t>(from))}];
+  if (wait.seconds == 0) wait.first_ns = static_cast<uint64_t>(from);
+  wait.seconds += static_cast<double>(delay) / 1e9;
+}
 
-  const ProcessInfo* late_process = ingest_.process(late->second.node, late->second.pid);
-  WasteRow cause;
-  if (auto neighbour = neighbour_cause(late->second.node, late_process, late->second.pid)) {
-    cause = *neighbour;
-  } else {
-    cause.cause_node = late->second.node;
-    cause.cause = late_process ? Identity::of(*late_process) : Identity{};
-    if (cause.cause.job.empty()) cause.cause.job = comm.job;
-    cause.reason = WasteReason::straggler;
-    cause.cause_detail = "rank " + std::to_string(last) + " (pid " + std::to_string(late->second.pid) + ")";
+void UsageLedger::fold_records() {
+  for (const auto& [key, usage] : record_usage_) {
+    const auto& [minute_s, node, pid] = key;
+    const ProcessInfo* process = ingest_.process(node, pid);
+    add_usage(minute_s * kNs, node, process ? Identity::of(*process) : Identity{}, usage);
   }
-  for (const auto& [r, m] : comm.members) {
-    if (r == last) continue;
-    const ProcessInfo* p = ingest_.process(m.node, m.pid);
-    WasteRow row = cause;
-    row.node = m.node;
-    row.identity = p ? Identity::of(*p) : Identity{};
-    if (row.identity.job.empty()) row.identity.job = comm.job;
-    row.gpu_s = static_cast<double>(delay) / 1e9 * gpus_of(p);
-    add_waste(static_cast<uint64_t>(from), row);
+  record_usage_.clear();
+  for (const auto& [key, wait] : pending_waits_) {
+    const auto& [hash, last, minute_s] = key;
+    auto comm = ingest_.comms().find(hash);
+    if (comm == ingest_.comms().end()) continue;
+    auto late = comm->second.members.find(last);
+    if (late == comm->second.members.end()) continue;
+    const ProcessInfo* late_process = ingest_.process(late->second.node, late->second.pid);
+    WasteRow cause;
+    if (auto neighbour = neighbour_cause(late->second.node, late_process, late->second.pid)) {
+      cause = *neighbour;
+    } else {
+      cause.cause_node = late->second.node;
+      cause.cause = late_process ? Identity::of(*late_process) : Identity{};
+      cause.reason = WasteReason::straggler;
+      cause.cause_detail = "rank " + std::to_string(last) + " (pid " + std::to_string(late->second.pid) + ")";
+    }
+    for (const auto& [r, m] : comm->second.members) {
+      if (r == last) continue;
+      const ProcessInfo* p = ingest_.process(m.node, m.pid);
+      WasteRow row = cause;
+      row.node = m.node;
+      row.identity = p ? Identity::of(*p) : Identity{};
+      row.gpu_s = wait.seconds * gpus_of(p);
+      add_waste(wait.first_ns, row);
+    }
   }
+  pending_waits_.clear();
 }
 
 std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_name, const ProcessInfo* late,
@@ -601,6 +614,7 @@ void UsageLedger::on_wait(const std::string& node, uint32_t pid, uint64_t start_
 }
 
 void UsageLedger::tick(uint64_t now_ns, const FindingBook& findings) {
+  fold_records();
   take_samples(now_ns);
   hang_waste(now_ns, findings);
 }
@@ -704,6 +718,7 @@ void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
 
 Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force) {
   if (!force && now_ns - last_flush_ns_ < options_.flush_interval_ns) return false;
+  fold_records();
   last_flush_ns_ = now_ns;
   // Minute rows are written whole; their change since the last flush goes
   // into the hour and day rows (read, added to, written once per flush).

@@ -183,6 +183,8 @@ class UsageLedger final : public RecordObserver {
   };
 
   void complete(const CommState& comm, CommTrack& track, const Instance& instance);
+  // Moves what the record path gathered (per process, per late rank) into the rows.
+  void fold_records();
   double gpus_of(const ProcessInfo* process) const;
   // The neighbour cgroup to blame for a late rank on `node`, if any.
   std::optional<WasteRow> neighbour_cause(const std::string& node, const ProcessInfo* late, uint32_t late_pid) const;
@@ -196,6 +198,14 @@ class UsageLedger final : public RecordObserver {
   UsageOptions options_;
   std::map<std::pair<std::string, uint32_t>, ProcessTrack> processes_;
   std::map<uint64_t, CommTrack> comms_;
+  // The record path only adds up, cheaply; tick() attributes. By (minute, node, pid):
+  std::map<std::tuple<uint64_t, std::string, uint32_t>, Usage> record_usage_;
+  // By (comm, late rank, minute): seconds the others waited on it.
+  struct PendingWait {
+    double seconds = 0;
+    uint64_t first_ns = 0;
+  };
+  std::map<std::tuple<uint64_t, int32_t, uint64_t>, PendingWait> pending_waits_;
   std::map<std::string, MinuteRow> minutes_;   // by key
   std::map<std::string, MinuteEdge> edges_;    // by key
   std::map<std::string, uint64_t> hang_counted_ns_;  // open hang key -> cluster time counted up to

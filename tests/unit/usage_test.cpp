@@ -305,5 +305,86 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
   EXPECT_NE(row(by_user, "bob"), nullptr);
 }
 
+// Collectives through the real ingest path: a rank that arrives 50 ms late
+// at each of 10 collectives costs the other rank 0.5 GPU-seconds, charged to
+// the waiting rank's account and owed to the late rank's; every call is
+// counted with its bytes.
+TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
+  constexpr uint64_t kComm = 0xabcdef0123456789ull;
+  std::map<std::string, uint64_t> seqs;
+  auto send = [&](const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
+    testing::feed(*ingest, node, fill);
+  };
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    std::string node = "node-" + std::to_string(rank);
+    send(node, [&](auto m) {
+      auto h = m.initHello();
+      h.setProtocolVersion(wire::PROTOCOL_VERSION);
+      h.setNode(node);
+      h.setInstanceId(7);
+    });
+    send(node, [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(++seqs[node]);
+      auto procs = b.initProcesses(1);
+      procs[0].setPid(100 + rank);
+      procs[0].setJob("job-1");
+      procs[0].setAccount(rank == 0 ? "physics" : "chem");
+      auto comms = b.initComms(1);
+      comms[0].setPid(100 + rank);
+      comms[0].setCommHash(kComm);
+      comms[0].setRank(rank);
+      comms[0].setNranks(2);
+      auto samples = b.initClockSamples(1);
+      samples[0].setT1(1000);
+      samples[0].setT2(1050);
+      samples[0].setT3(1060);
+      samples[0].setT4(1110);
+    });
+  }
+  uint64_t t0 = kDay0 * kS + 120 * kS;
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    std::string node = "node-" + std::to_string(rank);
+    proto::ColumnBlock block;
+    block.pid = 100 + rank;
+    block.comm_hash = kComm;
+    block.rank = rank;
+    for (uint64_t seq = 0; seq < 10; ++seq) {
+      proto::CallRecord r;
+      r.seq = seq;
+      r.issue_ns = t0 + seq * kS + (rank == 1 ? 50'000'000ull : 0);
+      r.return_ns = r.issue_ns + 1000;
+      r.op = RS_OP_ALLREDUCE;
+      r.datatype = 7;  // float32
+      r.count = 1024;
+      block.records.push_back(r);
+    }
+    send(node, [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(++seqs[node]);
+      proto::encode_collectives({&block}, b);
+    });
+  }
+  clock.now = t0 + 20 * kS;
+  ledger->tick(clock.now, FindingBook{});
+  flush();
+  Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
+  const ReportLine* physics = row(r, "physics");
+  const ReportLine* chem = row(r, "chem");
+  ASSERT_NE(physics, nullptr);
+  ASSERT_NE(chem, nullptr);
+  EXPECT_NEAR(physics->waste_s, 0.5, 1e-6);
+  EXPECT_EQ(physics->waited_on.begin()->first, "chem");
+  EXPECT_NEAR(chem->caused_s, 0.5, 1e-6);
+  EXPECT_NEAR(chem->waste_s, 0, 1e-12) << "the late rank waited on nobody";
+  EXPECT_DOUBLE_EQ(physics->usage.collectives, 10);
+  EXPECT_DOUBLE_EQ(physics->usage.bytes, 10 * 1024 * 4);
+  ASSERT_EQ(r.causes.size(), 1u);
+  EXPECT_EQ(r.causes[0].reason, WasteReason::straggler);
+  EXPECT_EQ(r.causes[0].cause_node, "node-1");
+}
+
 }  // namespace
 }  // namespace rankscope::collector
