@@ -401,6 +401,7 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     sample.state = static_cast<char>(p.getState());
     sample.cpu_ns = p.getCpuNs();
     sample.runqueue_ns = p.getRunqueueNs();
+    sample.stat_cpu_ns = p.getProcessCpuNs();
     sample.exit_status = p.getExitStatus();
     sample.exit_signal = p.getExitSignal();
     if (p.hasHost()) {

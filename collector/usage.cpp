@@ -18,6 +18,8 @@ constexpr uint64_t kNs = 1'000'000'000ull;
 // A process first seen this long after it started: counted from the first
 // sample, not from its start (the agent or the collector came later).
 constexpr uint64_t kMaxStartGapNs = 120 * kNs;
+// How long a process's first sample waits for its identity (see take_samples).
+constexpr uint64_t kIdentityWaitNs = 10 * kNs;
 
 void put_be(std::string& out, uint64_t value, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
@@ -627,6 +629,13 @@ void UsageLedger::take_samples(uint64_t now_ns) {
       ProcessTrack& track = processes_[{name, pid}];
       if (track.done || (track.seen && sample->sample_ns == track.last_sample_ns)) continue;
       const ProcessInfo* process = ingest_.process(name, pid);
+      // Heartbeats can come before the batch that says who the process is:
+      // its first sample waits for that (the counters are cumulative, and
+      // the time counts from its start) for a while, then counts as unknown.
+      if (!process && !track.seen) {
+        if (track.deferred_since == 0) track.deferred_since = sample->sample_ns;
+        if (sample->sample_ns - track.deferred_since < kIdentityWaitNs && sample->alive) continue;
+      }
       Identity identity = process ? Identity::of(*process) : Identity{};
       uint64_t cpu = sample->host_known ? sample->process_cpu_ns : sample->cpu_ns;
       uint64_t off = sample->host_known ? sample->off_cpu_ns : 0;
@@ -634,6 +643,11 @@ void UsageLedger::take_samples(uint64_t now_ns) {
       double gpus = gpus_of(process);
       Usage usage;
       uint64_t from = at;
+      // CPU time as the kernel accounts it (/proc/PID/stat, all threads)
+      // while the process is there to read; the BPF counters (wall time on a
+      // CPU, which also holds interrupts and, in a VM, stolen time) for the
+      // last stretch up to its exit, which only they saw.
+      uint64_t stat_cpu = sample->stat_cpu_ns;
       if (!track.seen) {
         // From its start when the agent saw it start; CPU counters are cumulative from zero.
         if (process && process->start_time > 0) {
@@ -641,13 +655,16 @@ void UsageLedger::take_samples(uint64_t now_ns) {
           if (start_node < sample->sample_ns && sample->sample_ns - start_node < kMaxStartGapNs)
             from = node.clock.to_cluster(start_node);
         }
-        usage.cpu_s = static_cast<double>(cpu) / 1e9;
+        usage.cpu_s = static_cast<double>(stat_cpu ? stat_cpu : cpu) / 1e9;
         usage.off_cpu_s = static_cast<double>(off) / 1e9;
         if (sample->alive) usage.gpu_s = static_cast<double>(at - std::min(at, from)) / 1e9 * gpus;
         track.seen = true;
       } else {
         from = track.last_cluster_ns;
-        usage.cpu_s = static_cast<double>(cpu - std::min(cpu, track.cpu_ns)) / 1e9;
+        if (stat_cpu && track.stat_cpu_ns)
+          usage.cpu_s = static_cast<double>(stat_cpu - std::min(stat_cpu, track.stat_cpu_ns)) / 1e9;
+        else
+          usage.cpu_s = static_cast<double>(cpu - std::min(cpu, track.cpu_ns)) / 1e9;
         usage.off_cpu_s = static_cast<double>(off - std::min(off, track.off_cpu_ns)) / 1e9;
         // It exited somewhere between the last sample and this one: half way, on average.
         uint64_t end = sample->alive ? at : from + (at - std::min(at, from)) / 2;
@@ -659,6 +676,7 @@ void UsageLedger::take_samples(uint64_t now_ns) {
       track.last_sample_ns = sample->sample_ns;
       track.last_cluster_ns = at;
       track.cpu_ns = std::max(track.cpu_ns, cpu);
+      track.stat_cpu_ns = std::max(track.stat_cpu_ns, stat_cpu);
       track.off_cpu_ns = std::max(track.off_cpu_ns, off);
     }
   }

@@ -155,8 +155,10 @@ class UsageLedger final : public RecordObserver {
     bool alive = true;
     uint64_t last_sample_ns = 0;    // node clock of the last sample taken
     uint64_t last_cluster_ns = 0;   // its cluster time
-    uint64_t cpu_ns = 0, off_cpu_ns = 0;
+    uint64_t cpu_ns = 0, off_cpu_ns = 0;  // BPF host counters (or the main thread's schedstat)
+    uint64_t stat_cpu_ns = 0;             // /proc/PID/stat, kernel accounting
     bool done = false;              // exited and counted to the end
+    uint64_t deferred_since = 0;    // node clock of a first sample put off until its identity is known
   };
   struct Instance {
     std::vector<uint64_t> issue;

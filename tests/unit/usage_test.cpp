@@ -233,7 +233,8 @@ TEST_F(UsageTest, WasteIsChargedToWhoWaitedAndOwedToTheCause) {
 
 // Heartbeats through the real ingest path: a process's GPU-seconds run from
 // its first sample to (half way to) the sample that finds it gone, times the
-// GPUs it selected; CPU-seconds are its counters' growth.
+// GPUs it selected; CPU-seconds are the kernel's count while it lives and
+// the BPF counters' growth up to its exit.
 TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
   auto send = [&](const std::function<void(wire::AgentMessage::Builder)>& fill) { testing::feed(*ingest, "node-0", fill); };
   send([&](auto m) {
@@ -274,8 +275,11 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
         p[i].setState(alive ? 'R' : 'X');
         p[i].setCpuNs(cpu_s * kS);
         p[i].setSampleNs(at_s * kS);
+        // /proc/PID/stat while it lives; the BPF counters (10% more: they
+        // hold interrupt and stolen time too) are all there is at its exit.
+        if (alive) p[i].setProcessCpuNs(cpu_s * kS * (i + 1));
         auto host = p[i].initHost();
-        host.setCpuNs(cpu_s * kS * (i + 1));
+        host.setCpuNs(cpu_s * kS * (i + 1) * 11 / 10);
         host.setOffCpuNs(kS);
       }
     });
@@ -297,8 +301,9 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
   // 10 s -> exit half way between 70 s and 130 s = 90 s; chem holds 2 GPUs.
   EXPECT_NEAR(physics->usage.gpu_s, 90, 1e-6);
   EXPECT_NEAR(chem->usage.gpu_s, 180, 1e-6);
-  EXPECT_NEAR(physics->usage.cpu_s, 61, 1e-6);
-  EXPECT_NEAR(chem->usage.cpu_s, 122, 1e-6);
+  // The kernel's 31 s up to the last live sample, then the BPF counters' 33 s to the exit.
+  EXPECT_NEAR(physics->usage.cpu_s, 31 + 33, 1e-6);
+  EXPECT_NEAR(chem->usage.cpu_s, 2 * (31 + 33), 1e-6);
   EXPECT_NEAR(physics->usage.off_cpu_s, 1, 1e-6);
   Report by_user = report(kDay0, kDay0 + 3600, TenantKey::user);
   EXPECT_NE(row(by_user, "alice"), nullptr);

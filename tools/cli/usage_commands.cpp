@@ -152,7 +152,7 @@ void print_table(query::ReportReply::Reader r, const ReportArgs& args) {
                 format_time_ns(r.getUntilNs()).c_str());
   std::string header = r.getJob().size() ? "NODE" : std::string(r.getBy().cStr());
   for (auto& ch : header) ch = static_cast<char>(toupper(static_cast<unsigned char>(ch)));
-  std::printf("%-24s %10s %6s %10s %10s %9s %10s %6s %10s  %-24s", header.c_str(), "GPU-HOURS", "SHARE", "CPU-HOURS",
+  std::printf("%-24s %10s %6s %10s %10s %9s %11s %6s %10s  %-24s", header.c_str(), "GPU-HOURS", "SHARE", "CPU-HOURS",
               "OFF-CPU-H", "MOVED", "WASTE GPU-H", "WASTE", "CAUSED", "WAITED MOST ON");
   if (args.price_given) std::printf(" %12s %12s", "COST", "WASTE COST");
   std::printf("\n");
