@@ -12,6 +12,7 @@
 #include "collector/metrics.h"
 #include "collector/query.h"
 #include "collector/store/timeline_store.h"
+#include "collector/usage.h"
 #include "common/clock.h"
 #include "common/format.h"
 #include "common/log.h"
@@ -135,6 +136,10 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   ingest.add_observer(&detector);
   ClockRefiner refiner(ingest);
   ingest.add_observer(&refiner);
+  UsageOptions usage_options;
+  usage_options.hang_timeout_ns = options.hang_timeout_ns();
+  UsageLedger ledger(ingest, **store, usage_options);
+  ingest.add_observer(&ledger);
 
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<MetricsExport> metrics_export;
@@ -203,14 +208,19 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     if (now - last_evaluation >= kEvaluationIntervalNs) {
       refiner.update();
       detector.evaluate(now);
+      ledger.tick(now, findings);
       if (alertmanager) alertmanager->sync(findings.for_alerts(now - kAlertResolvedWindowNs), now);
       if (metrics_export) {
         metrics_export->update(ingest, findings, detector, now, query_context.liveness_ns);
+        for (const auto& [account, totals] : ledger.totals(TenantKey::account))
+          metrics->set_tenant_usage(account, totals.gpu_s, totals.waste_s, totals.caused_s);
         if (alertmanager) metrics->set_alert_posts(alertmanager->posts_ok(), alertmanager->posts_failed());
       }
       last_evaluation = now;
     }
     findings.persist(ingest.pending_writes());
+    if (auto wrote = ledger.persist(ingest.pending_writes(), now); !wrote)
+      RS_LOG(error, "usage ledger: %s", wrote.error().message.c_str());
     for (const auto& [id, bytes] : outbox.now) send_to(agents, id, bytes, false);
     if (!outbox.after_commit.empty()) {
       if (auto committed = ingest.commit(); committed) {
@@ -224,6 +234,11 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
 
     while (auto request = receive(queries)) send_to(queries, request->first, answer_query(request->second, query_context), true);
+  }
+  // What the ledger counted since its last flush.
+  ledger.tick(clock.realtime_ns(), findings);
+  if (auto wrote = ledger.persist(ingest.pending_writes(), clock.realtime_ns(), true); wrote) {
+    if (auto committed = ingest.commit(); !committed) RS_LOG(error, "%s", committed.error().message.c_str());
   }
   RS_LOG(info, "stopped");
   return 0;

@@ -14,6 +14,7 @@ struct HealthSample {
   char state = '?';
   uint64_t cpu_ns = 0;
   uint64_t runqueue_ns = 0;
+  uint64_t stat_cpu_ns = 0;  // /proc/PID/stat utime + stime, all threads (kernel accounting); 0 unknown
   int32_t exit_status = -1;  // once it exited normally
   int32_t exit_signal = 0;   // once a signal killed it
   // BPF host counters of its calling threads (cumulative); host_known false

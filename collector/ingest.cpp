@@ -264,6 +264,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     info.container_id = p.getContainerId();
     info.cgroup_id = p.getCgroupId();
     info.cgroup_path = p.getCgroupPath();
+    info.start_time = p.getStartTime();
     info.cuda_devices.clear();
     for (int32_t d : p.getCudaDevices()) info.cuda_devices.push_back(d);
   }
@@ -400,6 +401,7 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     sample.state = static_cast<char>(p.getState());
     sample.cpu_ns = p.getCpuNs();
     sample.runqueue_ns = p.getRunqueueNs();
+    sample.stat_cpu_ns = p.getProcessCpuNs();
     sample.exit_status = p.getExitStatus();
     sample.exit_signal = p.getExitSignal();
     if (p.hasHost()) {

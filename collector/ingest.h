@@ -115,6 +115,7 @@ struct ProcessInfo {
   std::vector<int32_t> cuda_devices;  // chosen with cudaSetDevice, in order
   uint64_t cgroup_id = 0;
   std::string cgroup_path;
+  uint64_t start_time = 0;  // /proc/PID/stat field 22 (clock ticks since boot); 0 unknown
   // The GPU it most likely drives: its one visible device, or the one its
   // local rank selects among several (cudaSetDevice(local_rank) is the
   // convention of torchrun and Slurm launchers); "" when unknown.

@@ -42,6 +42,9 @@ enum class MetricId {
   ingest_bytes,
   alertmanager_posts,
   metrics_series_dropped,
+  tenant_gpu,
+  tenant_waste,
+  tenant_caused_waste,
   count,
 };
 
@@ -135,6 +138,22 @@ const MetricInfo kCatalogue[] = {
      "",
      {},
      "Metric updates dropped because their node or communicator series would pass the series limit."},
+    {"rankscope_tenant_gpu_seconds_total",
+     Type::counter,
+     "seconds",
+     {"account"},
+     "GPU-seconds held by the processes of a Slurm account since the collector started (the first 20 accounts "
+     "seen; the rest add up in account=\"other\"; \"(unknown)\" for processes without one)."},
+    {"rankscope_tenant_waste_gpu_seconds_total",
+     Type::counter,
+     "seconds",
+     {"account"},
+     "GPU-seconds an account's ranks spent waiting on stragglers and hangs (same accounts as the GPU-seconds)."},
+    {"rankscope_tenant_caused_waste_gpu_seconds_total",
+     Type::counter,
+     "seconds",
+     {"account"},
+     "GPU-seconds other ranks spent waiting on an account's ranks or on its CPU use as a neighbour."},
 };
 // clang-format on
 static_assert(std::size(kCatalogue) == static_cast<size_t>(MetricId::count));
@@ -273,6 +292,9 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   alert_posts_ok_.counter = &posts.Add({{"result", "ok"}});
   alert_posts_failed_.counter = &posts.Add({{"result", "failed"}});
   series_dropped_ = &counter(r, MetricId::metrics_series_dropped);
+  tenant_gpu_ = &counters(r, MetricId::tenant_gpu);
+  tenant_waste_ = &counters(r, MetricId::tenant_waste);
+  tenant_caused_ = &counters(r, MetricId::tenant_caused_waste);
 
   exposer_->RegisterCollectable(registry_);
   auto ports = exposer_->GetListeningPorts();
@@ -309,6 +331,30 @@ void Metrics::set_node_gauge(prometheus::Gauge*& gauge, prometheus::Family<prome
 void Metrics::advance(CounterTotal& counter, uint64_t total) {
   counter.counter->Increment(static_cast<double>(total >= counter.last ? total - counter.last : total));
   counter.last = total;
+}
+
+void Metrics::set_tenant_usage(const std::string& account, double gpu_seconds, double waste_seconds,
+                               double caused_seconds) {
+  TenantLast& last = tenant_last_[account];
+  // The first kTenantSeries accounts keep series of their own, for good:
+  // "other" then only ever grows, as a counter must.
+  std::string label = account;
+  if (!tenant_series_.count(account)) {
+    if (tenant_series_.size() >= kTenantSeries) label = "other";
+    if (!tenant_series_.count(label)) {
+      TenantSeries& series = tenant_series_[label];
+      series.gpu = &tenant_gpu_->Add({{"account", label}});
+      series.waste = &tenant_waste_->Add({{"account", label}});
+      series.caused = &tenant_caused_->Add({{"account", label}});
+    }
+  }
+  TenantSeries& series = tenant_series_.at(label);
+  series.gpu->Increment(std::max(0.0, gpu_seconds - last.gpu));
+  series.waste->Increment(std::max(0.0, waste_seconds - last.waste));
+  series.caused->Increment(std::max(0.0, caused_seconds - last.caused));
+  last.gpu = std::max(last.gpu, gpu_seconds);
+  last.waste = std::max(last.waste, waste_seconds);
+  last.caused = std::max(last.caused, caused_seconds);
 }
 
 void Metrics::set_open_findings(FindingKind kind, size_t open) {

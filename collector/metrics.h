@@ -93,6 +93,12 @@ class Metrics {
                          uint64_t batch_bytes);
   void set_alert_posts(uint64_t ok, uint64_t failed);
 
+  // Running totals of one Slurm account since the collector started (the
+  // usage ledger's); only their growth is added. The first kTenantSeries
+  // accounts get series of their own, every later one adds to "other".
+  static constexpr size_t kTenantSeries = 20;
+  void set_tenant_usage(const std::string& account, double gpu_seconds, double waste_seconds, double caused_seconds);
+
  private:
   // A counter fed from a running total kept elsewhere.
   struct CounterTotal {
@@ -141,6 +147,19 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* agent_drops_;
   prometheus::Family<prometheus::Counter>* node_bad_messages_;
   prometheus::Family<prometheus::Gauge>* comm_last_sequence_;
+  struct TenantSeries {
+    prometheus::Counter* gpu = nullptr;
+    prometheus::Counter* waste = nullptr;
+    prometheus::Counter* caused = nullptr;
+  };
+  struct TenantLast {
+    double gpu = 0, waste = 0, caused = 0;
+  };
+  prometheus::Family<prometheus::Counter>* tenant_gpu_;
+  prometheus::Family<prometheus::Counter>* tenant_waste_;
+  prometheus::Family<prometheus::Counter>* tenant_caused_;
+  std::map<std::string, TenantSeries> tenant_series_;  // by label: the first kTenantSeries accounts, "other"
+  std::map<std::string, TenantLast> tenant_last_;      // by account
   prometheus::Histogram* issue_lateness_;
   CounterTotal ingest_batches_, ingest_records_, ingest_duplicate_batches_, ingest_bad_messages_, ingest_bytes_;
   CounterTotal alert_posts_ok_, alert_posts_failed_;

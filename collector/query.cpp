@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "collector/report.h"
 #include "common/format.h"
 #include "proto/codec.h"
 
@@ -202,6 +203,16 @@ std::string answer_query(std::string_view request, const QueryContext& ctx) {
         auto result = answer_findings(ctx, req.getFindings(), findings);
         if (result)
           reply.setFindings(findings.asReader());
+        else
+          reply.setError(result.error().message);
+        break;
+      }
+      case query::Request::REPORT: {
+        capnp::MallocMessageBuilder scratch;
+        auto report = scratch.initRoot<query::ReportReply>();
+        auto result = answer_report(ctx.store, ctx.findings, ctx.clock.realtime_ns(), req.getReport(), report);
+        if (result)
+          reply.setReport(report.asReader());
         else
           reply.setError(result.error().message);
         break;

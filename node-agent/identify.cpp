@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -163,6 +164,18 @@ std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t 
   if (close == std::string::npos || close + 2 >= stat->size()) return std::nullopt;
   ProcessSample sample;
   sample.state = (*stat)[close + 2];
+  // Fields 14 and 15 (utime, stime) in clock ticks; the 11th and 12th after the state.
+  {
+    std::istringstream fields(stat->substr(close + 2));
+    std::string field;
+    uint64_t utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+      if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
+      if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
+    }
+    long ticks = sysconf(_SC_CLK_TCK);
+    if (ticks > 0) sample.process_cpu_ns = (utime + stime) * (1'000'000'000ull / static_cast<uint64_t>(ticks));
+  }
   // schedstat: "<on-cpu ns> <run-queue wait ns> <timeslices>" (Documentation/scheduler/sched-stats.rst)
   if (auto schedstat = read_file(dir + "/schedstat")) {
     std::istringstream fields(*schedstat);

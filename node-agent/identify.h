@@ -57,6 +57,7 @@ struct ProcessSample {
   char state = '?';          // /proc/PID/stat field 3
   uint64_t cpu_ns = 0;       // /proc/PID/schedstat: on-CPU time of the main thread
   uint64_t runqueue_ns = 0;  // /proc/PID/schedstat: time spent waiting for a CPU
+  uint64_t process_cpu_ns = 0;  // /proc/PID/stat utime + stime: all threads, kernel accounting (clock-tick resolution)
 };
 // Reads the process's scheduling state; nullopt if it is gone.
 std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t pid);

@@ -414,6 +414,7 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
     out.setState(static_cast<uint8_t>(sample->state));
     out.setCpuNs(sample->cpu_ns);
     out.setRunqueueNs(sample->runqueue_ns);
+    out.setProcessCpuNs(sample->process_cpu_ns);
     if (host)
       if (auto counters = host(pid)) set_host(out.initHost(), *counters);
   }

@@ -236,6 +236,7 @@ struct ProcessHealth {
   exitStatus @6 :Int32 = -1;# when it exited normally: its exit status; -1 otherwise or unknown
   exitSignal @7 :Int32;     # when a signal killed it: the signal number
   host @8 :HostCounters;    # unset when the agent runs without host-context probes
+  processCpuNs @9 :UInt64;  # /proc/PID/stat utime + stime: all threads, as the kernel accounts CPU time (0: unknown)
 }
 
 # NTP-style probe: t1 (agent send, agent clock); the collector answers with

@@ -16,7 +16,17 @@ struct Request {
     jobs @2 :Void;
     timeline @3 :TimelineQuery;
     findings @4 :FindingsQuery;
+    report @5 :ReportQuery;
   }
+}
+
+# Usage and cost per tenant over a time range, from the usage ledger
+# (collector/usage.h; docs/usage.md).
+struct ReportQuery {
+  sinceNs @0 :UInt64;       # unix ns; 0: from the start
+  untilNs @1 :UInt64;       # unix ns; 0: now
+  by @2 :Text;              # account | user | job | namespace | pod | cgroup | node
+  job @3 :Text;             # non-empty: one job's bill (rows by node, its waste causes and findings)
 }
 
 struct FindingsQuery {
@@ -38,7 +48,46 @@ struct Reply {
     jobs @2 :JobsReply;
     timeline @3 :TimelineReply;
     findings @4 :FindingsReply;
+    report @5 :ReportReply;
   }
+}
+
+struct ReportReply {
+  sinceNs @0 :UInt64;
+  untilNs @1 :UInt64;
+  by @2 :Text;              # the tenant key of the rows ("node" for a job's bill)
+  job @3 :Text;
+  rows @4 :List(ReportRow); # largest GPU-hours first; the unknown identity is a row of its own, "(unknown)"
+  total @5 :ReportRow;      # tenant "TOTAL"
+  causes @6 :List(WasteCause);  # who waited on whom, largest first
+  findings @7 :List(Finding);   # a job's bill: the job's findings
+  entries @8 :UInt64;       # ledger rows read
+}
+
+struct ReportRow {
+  tenant @0 :Text;
+  gpuHours @1 :Float64;     # GPU-hours held
+  cpuSeconds @2 :Float64;
+  offCpuSeconds @3 :Float64;
+  collectiveSeconds @4 :Float64;
+  waitSeconds @5 :Float64;  # host waits on the GPU
+  bytes @6 :Float64;        # moved by its collectives
+  collectives @7 :Float64;
+  wasteGpuHours @8 :Float64;   # its GPU-hours idle waiting on stragglers and hangs
+  causedGpuHours @9 :Float64;  # other ranks' GPU-hours idle waiting on it
+  topCause @10 :Text;          # the tenant its waste is most owed to ("" none)
+  topCauseGpuHours @11 :Float64;
+  nodes @12 :UInt32;
+}
+
+struct WasteCause {
+  victim @0 :Text;          # tenant that waited
+  cause @1 :Text;           # tenant that made it wait
+  reason @2 :Text;          # straggler | cpu-neighbour | hang
+  causeNode @3 :Text;
+  causeDetail @4 :Text;     # "rank 3 (pid 123)", "cgroup /.../job_7/step_0 (2.0 CPUs)"
+  gpuHours @5 :Float64;
+  causeJob @6 :Text;
 }
 
 struct FindingsReply {

@@ -116,6 +116,8 @@ void WriteSet::put_comm(uint64_t comm, std::string value) {
   batch_.Put(comms_family_, key, value);
 }
 
+void WriteSet::put_usage(const std::string& key, std::string value) { batch_.Put(usage_family_, key, value); }
+
 void WriteSet::put_node(const std::string& node, std::string value) { batch_.Put(nodes_family_, node, value); }
 
 void WriteSet::put_finding(uint64_t id, std::string value) {
@@ -137,6 +139,7 @@ Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& pa
       {"comms", rocksdb::ColumnFamilyOptions(options)},
       {"nodes", rocksdb::ColumnFamilyOptions(options)},
       {"findings", rocksdb::ColumnFamilyOptions(options)},
+      {"usage", rocksdb::ColumnFamilyOptions(options)},
   };
   std::unique_ptr<TimelineStore> store(new TimelineStore());
   rocksdb::DB* db = nullptr;
@@ -147,6 +150,7 @@ Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& pa
   store->comms_ = store->handles_[2];
   store->nodes_ = store->handles_[3];
   store->findings_ = store->handles_[4];
+  store->usage_ = store->handles_[5];
   return store;
 }
 
@@ -206,6 +210,27 @@ Result<std::vector<std::string>> TimelineStore::all_values(rocksdb::ColumnFamily
   for (it->SeekToFirst(); it->Valid(); it->Next()) out.push_back(it->value().ToString());
   if (!it->status().ok()) return storage_error("reading metadata", it->status());
   return out;
+}
+
+Result<std::optional<std::string>> TimelineStore::get_usage(const std::string& key) const {
+  std::string value;
+  rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), usage_, key, &value);
+  if (status.IsNotFound()) return std::optional<std::string>();
+  if (!status.ok()) return storage_error("reading the usage ledger", status);
+  return std::optional<std::string>(std::move(value));
+}
+
+Result<void> TimelineStore::scan_usage(const std::string& from, const std::string& to,
+                                       const std::function<bool(std::string_view, std::string_view)>& row) const {
+  rocksdb::ReadOptions read;
+  rocksdb::Slice upper(to);
+  read.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read, usage_));
+  for (it->Seek(from); it->Valid(); it->Next())
+    if (!row(std::string_view(it->key().data(), it->key().size()), std::string_view(it->value().data(), it->value().size())))
+      break;
+  if (!it->status().ok()) return storage_error("reading the usage ledger", it->status());
+  return {};
 }
 
 Result<std::vector<std::string>> TimelineStore::all_comms() const { return all_values(comms_); }

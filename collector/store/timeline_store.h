@@ -4,6 +4,7 @@
 //   comms:   comm -> StoredComm (job, members, lanes)
 //   nodes:   node -> StoredNode
 //   findings: id -> StoredFinding
+//   usage:   the usage ledger's rows (collector/usage.h), keys made there
 // Keys are big-endian so that RocksDB's byte order is sequence order.
 // rocksdb::Status is converted to Result here and never leaves this file.
 #include <rocksdb/db.h>
@@ -13,6 +14,7 @@
 #include <string_view>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,18 +49,21 @@ class WriteSet {
   void put_comm(uint64_t comm, std::string value);
   void put_node(const std::string& node, std::string value);
   void put_finding(uint64_t id, std::string value);
+  void put_usage(const std::string& key, std::string value);
   size_t records() const { return records_; }
   bool empty() const { return batch_.Count() == 0; }
 
  private:
   friend class TimelineStore;
   WriteSet(rocksdb::ColumnFamilyHandle* records, rocksdb::ColumnFamilyHandle* comms, rocksdb::ColumnFamilyHandle* nodes,
-           rocksdb::ColumnFamilyHandle* findings)
-      : records_family_(records), comms_family_(comms), nodes_family_(nodes), findings_family_(findings) {}
+           rocksdb::ColumnFamilyHandle* findings, rocksdb::ColumnFamilyHandle* usage)
+      : records_family_(records), comms_family_(comms), nodes_family_(nodes), findings_family_(findings),
+        usage_family_(usage) {}
   rocksdb::ColumnFamilyHandle* records_family_;
   rocksdb::ColumnFamilyHandle* comms_family_;
   rocksdb::ColumnFamilyHandle* nodes_family_;
   rocksdb::ColumnFamilyHandle* findings_family_;
+  rocksdb::ColumnFamilyHandle* usage_family_;
   rocksdb::WriteBatch batch_;
   size_t records_ = 0;
 };
@@ -68,7 +73,7 @@ class TimelineStore {
   static Result<std::unique_ptr<TimelineStore>> open(const std::string& path);
   ~TimelineStore();
 
-  WriteSet writes() const { return WriteSet(records_, comms_, nodes_, findings_); }
+  WriteSet writes() const { return WriteSet(records_, comms_, nodes_, findings_, usage_); }
   // Writes and syncs the write-ahead log before returning: what this
   // returns ok for survives a crash, so only then is it acknowledged.
   Result<void> commit(WriteSet& writes);
@@ -82,6 +87,12 @@ class TimelineStore {
   Result<std::vector<std::string>> all_nodes() const;  // values
   Result<std::vector<std::string>> all_findings() const;  // values, in id order
 
+  // The usage ledger's rows: one by key (nullopt: none), and every row with
+  // from <= key < to in key order, handed to `row` (which returns false to stop).
+  Result<std::optional<std::string>> get_usage(const std::string& key) const;
+  Result<void> scan_usage(const std::string& from, const std::string& to,
+                          const std::function<bool(std::string_view key, std::string_view value)>& row) const;
+
  private:
   TimelineStore() = default;
   Result<std::vector<std::string>> all_values(rocksdb::ColumnFamilyHandle* family) const;
@@ -92,6 +103,7 @@ class TimelineStore {
   rocksdb::ColumnFamilyHandle* comms_ = nullptr;
   rocksdb::ColumnFamilyHandle* nodes_ = nullptr;
   rocksdb::ColumnFamilyHandle* findings_ = nullptr;
+  rocksdb::ColumnFamilyHandle* usage_ = nullptr;
 };
 
 }  // namespace rankscope::collector

@@ -73,6 +73,8 @@ void set_every_metric(Metrics& metrics) {
   metrics.observe_lateness(0.0042);
   metrics.set_ingest_totals(12, 3400, 1, 2, 52000);
   metrics.set_alert_posts(5, 1);
+  metrics.set_tenant_usage("physics", 7200, 360, 0);
+  metrics.set_tenant_usage("(unknown)", 60, 0, 12.5);
 }
 
 TEST(Metrics, ExpositionPassesPromtoolAndHasEveryCatalogueMetric) {
@@ -102,6 +104,28 @@ TEST(Metrics, ExpositionPassesPromtoolAndHasEveryCatalogueMetric) {
   EXPECT_EQ(sample(exposition, "rankscope_collective_issue_lateness_seconds_bucket{le=\"0.003\"}"), 0);
   EXPECT_EQ(sample(exposition, "rankscope_collective_issue_lateness_seconds_bucket{le=\"0.01\"}"), 1);
   EXPECT_EQ(sample(exposition, "rankscope_alertmanager_posts_total{result=\"failed\"}"), 1);
+  EXPECT_EQ(sample(exposition, "rankscope_tenant_gpu_seconds_total{account=\"physics\"}"), 7200);
+  EXPECT_EQ(sample(exposition, "rankscope_tenant_caused_waste_gpu_seconds_total{account=\"(unknown)\"}"), 12.5);
+}
+
+TEST(Metrics, TenantSeriesAreBoundedAndOtherOnlyGrows) {
+  auto metrics = Metrics::start("127.0.0.1:0");
+  ASSERT_TRUE(metrics) << metrics.error().message;
+  for (size_t i = 0; i < Metrics::kTenantSeries + 5; ++i)
+    (*metrics)->set_tenant_usage("acct-" + std::to_string(i), 100, 10, 1);
+  (*metrics)->set_tenant_usage("acct-0", 150, 10, 1);   // grows by 50
+  (*metrics)->set_tenant_usage("acct-21", 130, 12, 1);  // folded into other: +30, +2
+  std::string exposition = scrape(**metrics);
+  EXPECT_EQ(sample(exposition, "rankscope_tenant_gpu_seconds_total{account=\"acct-0\"}"), 150);
+  EXPECT_EQ(sample(exposition, "rankscope_tenant_gpu_seconds_total{account=\"acct-19\"}"), 100);
+  EXPECT_FALSE(sample(exposition, "rankscope_tenant_gpu_seconds_total{account=\"acct-20\"}"));
+  EXPECT_EQ(sample(exposition, "rankscope_tenant_gpu_seconds_total{account=\"other\"}"), 5 * 100 + 30);
+  EXPECT_EQ(sample(exposition, "rankscope_tenant_waste_gpu_seconds_total{account=\"other\"}"), 5 * 10 + 2);
+  size_t series = 0;
+  for (size_t at = exposition.find("rankscope_tenant_gpu_seconds_total{"); at != std::string::npos;
+       at = exposition.find("rankscope_tenant_gpu_seconds_total{", at + 1))
+    ++series;
+  EXPECT_EQ(series, Metrics::kTenantSeries + 1);
 }
 
 TEST(Metrics, CountersFollowRunningTotalsAcrossAnAgentRestart) {

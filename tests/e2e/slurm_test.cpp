@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "tests/support/alertmanager.h"
 #include "tests/support/cluster.h"
@@ -164,6 +165,26 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
     EXPECT_NE(environ.find(std::string("SLURM_JOB_ID=") + job_id + '\0'), std::string::npos);
     EXPECT_NE(environ.find(std::string("SLURM_PROCID=") + std::to_string(rank) + '\0'), std::string::npos);
   }
+
+  // The usage report bills the job, its user and its account as Slurm named
+  // them (the ledger writes every few seconds: wait for GPU-hours to show).
+  std::string report = bin_path("rankscope") + " --collector " + deployment.query_endpoint() + " report --json ";
+  for (const auto& [by, tenant] : std::vector<std::pair<std::string, std::string>>{
+           {"job", job_id}, {"user", "nobody"}, {"account", account}}) {
+    std::string out;
+    bool billed = wait_for(
+        [&] {
+          out = capture(report + "--by " + by);
+          for (const auto& row : leaf_objects(out))
+            if (field(row, "tenant") == tenant && std::atof(field(row, "gpu_hours").c_str()) > 0) return true;
+          return false;
+        },
+        std::chrono::seconds(30));
+    EXPECT_TRUE(billed) << "--by " << by << ": no row for " << tenant << " with GPU-hours\n" << out;
+  }
+  std::string bill = capture(report + "--job " + job_id);
+  EXPECT_NE(bill.find("\"job\":\"" + job_id + "\""), std::string::npos) << bill;
+  EXPECT_NE(bill.find("\"tenant\":\"" + deployment.node_name(0) + "\""), std::string::npos) << bill;
 
   // Cancelled, the job ends: salloc returns and Slurm lists nothing.
   std::string cancel;

@@ -35,6 +35,10 @@ void TestDeployment::start(const NetnsCluster* cluster, int nodes, const Deploym
       auto extra = options.agent_args(node);
       agent.argv.insert(agent.argv.end(), extra.begin(), extra.end());
     }
+    if (options.agent_prefix) {
+      auto prefix = options.agent_prefix(node);
+      agent.argv.insert(agent.argv.begin(), prefix.begin(), prefix.end());
+    }
     agent.stdout_path = dir_.file("agent-" + std::to_string(node) + ".log");
     agents_.emplace_back(agent);
   }

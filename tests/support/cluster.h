@@ -17,6 +17,8 @@ struct DeploymentOptions {
   std::vector<std::string> collector_args;
   // Extra arguments for the agent of one node.
   std::function<std::vector<std::string>(int node)> agent_args;
+  // A command that runs the agent of one node (`faketime -f +300s`), before its argv.
+  std::function<std::vector<std::string>(int node)> agent_prefix;
 };
 
 // A finding as the tests read it from the query service.

@@ -1,5 +1,7 @@
 // rankscope: the command line for the collector.
 #include <boost/program_options.hpp>
+#include <chrono>
+#include <tuple>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -8,6 +10,7 @@
 #include "common/format.h"
 #include "proto/records.h"
 #include "tools/cli/client.h"
+#include "tools/cli/usage_commands.h"
 
 namespace po = boost::program_options;
 namespace query = rankscope::proto::query;
@@ -28,7 +31,14 @@ const char* kUsage =
     "                               the NCCL calls of one communicator, per rank\n"
     "  findings [--open] [--kind K] hangs, mismatches, stragglers and lost nodes, newest first\n"
     "  hangs                        open hangs (findings --open --kind hang)\n"
-    "  stragglers                   open stragglers (findings --open --kind straggler)\n\n"
+    "  stragglers                   open stragglers (findings --open --kind straggler)\n"
+    "  report --by KEY [--since T] [--until T] [--price-per-gpu-hour P] [--csv]\n"
+    "                               GPU-hours, CPU, waste and cost per tenant; KEY: account,\n"
+    "                               user, job, namespace, pod, cgroup or node\n"
+    "  report --job ID              one job's bill: its usage by node, who it waited on, its findings\n"
+    "  export --format perfetto --job ID [--since T] [--until T] -o FILE\n"
+    "                               the job's collectives per rank as a Chrome/Perfetto trace\n\n"
+    "Times (T): 2026-11-01, 2026-11-01T12:00:00Z, unix seconds, now, -30d, -2h, -15m.\n"
     "Every command takes --json.\n";
 
 std::string origin_name(rankscope::proto::wire::CommOrigin origin) {
@@ -260,6 +270,9 @@ int main(int argc, char** argv) {
   int timeout_ms = 5000;
   bool json = false, open_only = false;
   std::string kind;
+  std::string since, until, output;
+  rankscope::cli::ReportArgs report;
+  rankscope::cli::ExportArgs export_args;
   po::options_description desc("Options");
   // clang-format off
   desc.add_options()
@@ -272,7 +285,15 @@ int main(int argc, char** argv) {
     ("last", po::value(&last)->default_value(last), "timeline: the last N calls per rank (0: all)")
     ("open", po::bool_switch(&open_only), "findings: only the open ones")
     ("kind", po::value(&kind), "findings: only hang, mismatch, straggler or node_lost")
-    ("command", po::value(&command), "status | jobs | timeline");
+    ("since", po::value(&since), "report, export: from this time (default: the start of the record)")
+    ("until", po::value(&until), "report, export: up to this time (default: now)")
+    ("by", po::value(&report.by)->default_value(report.by), "report: account, user, job, namespace, pod, cgroup or node")
+    ("job", po::value(&report.job), "report: one job's bill; export: the job to export")
+    ("price-per-gpu-hour", po::value(&report.price_per_gpu_hour), "report: adds cost columns (GPU-hours x P)")
+    ("csv", po::bool_switch(&report.csv), "report: CSV instead of a table")
+    ("format", po::value(&export_args.format)->default_value(export_args.format), "export: perfetto (Chrome Trace Event JSON)")
+    ("output,o", po::value(&output), "export: the file to write")
+    ("command", po::value(&command), "status | jobs | timeline | findings | hangs | stragglers | report | export");
   // clang-format on
   po::positional_options_description positional;
   positional.add("command", 1);
@@ -287,6 +308,44 @@ int main(int argc, char** argv) {
   if (vm.count("help") || command.empty()) {
     std::cout << kUsage << "\n" << desc << "\n";
     return command.empty() && !vm.count("help") ? 2 : 0;
+  }
+
+  if (command == "report" || command == "export") {
+    uint64_t now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count());
+    uint64_t since_ns = 0, until_ns = 0;
+    for (auto [text, into, name] : {std::tuple{&since, &since_ns, "--since"}, std::tuple{&until, &until_ns, "--until"}}) {
+      if (text->empty()) continue;
+      auto parsed = rankscope::cli::parse_time_ns(*text, now);
+      if (!parsed) {
+        std::cerr << "rankscope " << command << ": " << name << " '" << *text
+                  << "' is not a time (2026-11-01, 2026-11-01T12:00:00Z, unix seconds, now, -30d, -2h)\n";
+        return 2;
+      }
+      *into = *parsed;
+    }
+    rankscope::cli::QueryClient client(endpoint, timeout_ms);
+    if (command == "report") {
+      report.since_ns = since_ns;
+      report.until_ns = until_ns;
+      report.json = json;
+      report.price_given = vm.count("price-per-gpu-hour") > 0;
+      if (report.price_given && !(report.price_per_gpu_hour >= 0)) {
+        std::cerr << "rankscope report: --price-per-gpu-hour must be a price, 0 or more\n";
+        return 2;
+      }
+      return rankscope::cli::run_report(client, report);
+    }
+    if (report.job.empty() || output.empty()) {
+      std::cerr << "rankscope export: --job and -o FILE are required (jobs are listed by `rankscope jobs`)\n";
+      return 2;
+    }
+    export_args.job = report.job;
+    export_args.since_ns = since_ns;
+    export_args.until_ns = until_ns;
+    export_args.output = output;
+    return rankscope::cli::run_export(client, export_args);
   }
 
   capnp::MallocMessageBuilder request;

@@ -1,0 +1,157 @@
+#include "collector/report.h"
+
+#include <algorithm>
+
+namespace rankscope::collector {
+
+namespace {
+// The tenant a waste edge's cause bills to: in a job's bill, the cause's job
+// (or its cgroup when it has none); else by the report's key.
+std::string cause_tenant(const WasteRow& edge, TenantKey by, bool job_bill) {
+  if (job_bill) {
+    if (!edge.cause.job.empty()) return "job " + edge.cause.job;
+    return tenant_of(edge.cause, edge.cause_node, TenantKey::cgroup);
+  }
+  return tenant_of(edge.cause, edge.cause_node, by);
+}
+
+void fill_row(const ReportLine& line, proto::query::ReportRow::Builder out) {
+  out.setTenant(line.tenant);
+  out.setGpuHours(line.usage.gpu_s / 3600);
+  out.setCpuSeconds(line.usage.cpu_s);
+  out.setOffCpuSeconds(line.usage.off_cpu_s);
+  out.setCollectiveSeconds(line.usage.collective_s);
+  out.setWaitSeconds(line.usage.wait_s);
+  out.setBytes(line.usage.bytes);
+  out.setCollectives(line.usage.collectives);
+  out.setWasteGpuHours(line.waste_s / 3600);
+  out.setCausedGpuHours(line.caused_s / 3600);
+  const std::pair<const std::string, double>* top = nullptr;
+  for (const auto& entry : line.waited_on)
+    if (!top || entry.second > top->second) top = &entry;
+  if (top) {
+    out.setTopCause(top->first);
+    out.setTopCauseGpuHours(top->second / 3600);
+  }
+  out.setNodes(static_cast<uint32_t>(line.nodes.size()));
+}
+}  // namespace
+
+Result<Report> make_report(const TimelineStore& store, uint64_t since_s, uint64_t until_s, TenantKey by,
+                           const std::string& job, Level coarsest) {
+  bool job_bill = !job.empty();
+  if (job_bill) by = TenantKey::node;
+  std::map<std::string, ReportLine> lines;
+  std::map<std::tuple<std::string, std::string, std::string, std::string, uint8_t>, CauseLine> causes;
+  Report report;
+  auto line = [&](const std::string& tenant) -> ReportLine& {
+    ReportLine& l = lines[tenant];
+    l.tenant = tenant;
+    return l;
+  };
+  auto scanned = scan_ledger(store, since_s, until_s, [&](const LedgerEntry& e) {
+    ++report.entries;
+    if (!e.waste) {
+      if (job_bill && e.usage.identity.job != job) return;
+      ReportLine& l = line(tenant_of(e.usage.identity, e.usage.node, by));
+      l.usage.add(e.usage.usage);
+      l.nodes.insert(e.usage.node);
+      return;
+    }
+    const WasteRow& w = e.edge;
+    bool victim_in = !job_bill || w.identity.job == job;
+    bool cause_in = !job_bill || w.cause.job == job;
+    if (!victim_in && !cause_in) return;
+    std::string victim = job_bill ? (victim_in ? w.node : "job " + w.identity.job) : tenant_of(w.identity, w.node, by);
+    std::string cause = cause_tenant(w, by, job_bill);
+    if (victim_in) {
+      ReportLine& l = line(victim);
+      l.waste_s += w.gpu_s;
+      l.waited_on[cause] += w.gpu_s;
+    }
+    if (cause_in) {
+      // Who made others wait: the cause's own row (in a bill: its node).
+      std::string own = job_bill ? w.cause_node : cause;
+      line(own).caused_s += w.gpu_s;
+    }
+    CauseLine& c = causes[{victim, cause, w.cause_node, w.cause_detail, static_cast<uint8_t>(w.reason)}];
+    c.victim = victim;
+    c.cause = cause;
+    c.cause_job = w.cause.job;
+    c.cause_node = w.cause_node;
+    c.cause_detail = w.cause_detail;
+    c.reason = w.reason;
+    c.gpu_s += w.gpu_s;
+  }, coarsest);
+  if (!scanned) return scanned.error();
+  report.total.tenant = "TOTAL";
+  for (auto& [tenant, l] : lines) {
+    report.total.usage.add(l.usage);
+    report.total.waste_s += l.waste_s;
+    report.total.nodes.insert(l.nodes.begin(), l.nodes.end());
+    report.rows.push_back(std::move(l));
+  }
+  // Caused waste is the same GPU-seconds seen from the other side; the total
+  // says how much of it the rows' tenants caused.
+  for (const auto& row : report.rows) report.total.caused_s += row.caused_s;
+  std::sort(report.rows.begin(), report.rows.end(), [](const ReportLine& a, const ReportLine& b) {
+    if (a.usage.gpu_s != b.usage.gpu_s) return a.usage.gpu_s > b.usage.gpu_s;
+    if (a.waste_s != b.waste_s) return a.waste_s > b.waste_s;
+    return a.tenant < b.tenant;
+  });
+  for (auto& [k, c] : causes) report.causes.push_back(std::move(c));
+  std::sort(report.causes.begin(), report.causes.end(),
+            [](const CauseLine& a, const CauseLine& b) { return a.gpu_s > b.gpu_s; });
+  return report;
+}
+
+Result<void> answer_report(const TimelineStore& store, const FindingBook& findings, uint64_t now_ns,
+                           proto::query::ReportQuery::Reader q, proto::query::ReportReply::Builder out) {
+  TenantKey by = TenantKey::account;
+  std::string by_name = q.getBy();
+  std::string job = q.getJob();
+  if (!by_name.empty() && !parse_tenant_key(by_name, by))
+    return make_error(Errc::invalid_argument,
+                      "--by must be account, user, job, namespace, pod, cgroup or node, not '" + by_name + "'");
+  uint64_t since_ns = q.getSinceNs();
+  uint64_t until_ns = q.getUntilNs() == 0 ? now_ns : q.getUntilNs();
+  if (until_ns <= since_ns) return make_error(Errc::invalid_argument, "--until must be after --since");
+  uint64_t since_s = since_ns / 1'000'000'000ull;
+  uint64_t until_s = (until_ns + 999'999'999ull) / 1'000'000'000ull;
+  auto report = make_report(store, since_s, until_s, by, job);
+  if (!report) return report.error();
+  out.setSinceNs(since_ns);
+  out.setUntilNs(until_ns);
+  out.setBy(job.empty() ? tenant_key_name(by) : "node");
+  out.setJob(job);
+  out.setEntries(report->entries);
+  auto rows = out.initRows(static_cast<unsigned>(report->rows.size()));
+  for (unsigned i = 0; i < report->rows.size(); ++i) fill_row(report->rows[i], rows[i]);
+  fill_row(report->total, out.initTotal());
+  size_t ncauses = std::min<size_t>(report->causes.size(), 1000);
+  auto causes = out.initCauses(static_cast<unsigned>(ncauses));
+  for (unsigned i = 0; i < ncauses; ++i) {
+    const CauseLine& c = report->causes[i];
+    auto o = causes[i];
+    o.setVictim(c.victim);
+    o.setCause(c.cause);
+    o.setReason(waste_reason_name(c.reason));
+    o.setCauseNode(c.cause_node);
+    o.setCauseDetail(c.cause_detail);
+    o.setGpuHours(c.gpu_s / 3600);
+    o.setCauseJob(c.cause_job);
+  }
+  if (!job.empty()) {
+    std::vector<const Finding*> mine;
+    for (const Finding* f : findings.all()) {
+      bool of_job = f->job == job || ("," + f->job + ",").find("," + job + ",") != std::string::npos;
+      bool in_range = f->opened_ns < until_ns && (f->resolved_ns == 0 || f->resolved_ns >= since_ns);
+      if (of_job && in_range && mine.size() < 200) mine.push_back(f);
+    }
+    auto list = out.initFindings(static_cast<unsigned>(mine.size()));
+    for (unsigned i = 0; i < mine.size(); ++i) fill_finding(*mine[i], list[i]);
+  }
+  return {};
+}
+
+}  // namespace rankscope::collector

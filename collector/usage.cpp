@@ -1,0 +1,808 @@
+#include "collector/usage.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/format.h"
+#include "proto/records.h"
+
+namespace rankscope::collector {
+
+namespace {
+constexpr uint8_t kRowVersion = 1;
+constexpr size_t kMaxOpenInstances = 4096;  // incomplete collectives remembered per communicator
+constexpr uint64_t kNs = 1'000'000'000ull;
+// A process first seen this long after it started: counted from the first
+// sample, not from its start (the agent or the collector came later).
+constexpr uint64_t kMaxStartGapNs = 120 * kNs;
+// How long a process's first sample waits for its identity (see take_samples).
+constexpr uint64_t kIdentityWaitNs = 10 * kNs;
+
+void put_be(std::string& out, uint64_t value, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+uint64_t get_be(const char* in, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value = (value << 8) | static_cast<uint8_t>(in[i]);
+  return value;
+}
+
+void put_text(std::string& out, const std::string& text) {
+  uint32_t n = static_cast<uint32_t>(std::min<size_t>(text.size(), 65535));
+  out.push_back(static_cast<char>(n >> 8));
+  out.push_back(static_cast<char>(n & 0xff));
+  out.append(text.data(), n);
+}
+void put_double(std::string& out, double value) {
+  char bytes[8];
+  std::memcpy(bytes, &value, 8);
+  out.append(bytes, 8);
+}
+
+// Reads what put_text/put_double wrote; any short read makes it bad.
+struct Reader {
+  std::string_view in;
+  bool bad = false;
+  std::string text() {
+    if (in.size() < 2) return bad = true, std::string();
+    size_t n = static_cast<uint8_t>(in[0]) << 8 | static_cast<uint8_t>(in[1]);
+    if (in.size() < 2 + n) return bad = true, std::string();
+    std::string out(in.substr(2, n));
+    in.remove_prefix(2 + n);
+    return out;
+  }
+  double number() {
+    if (in.size() < 8) return bad = true, 0.0;
+    double value;
+    std::memcpy(&value, in.data(), 8);
+    in.remove_prefix(8);
+    return value;
+  }
+  uint8_t byte() {
+    if (in.empty()) return bad = true, 0;
+    uint8_t b = static_cast<uint8_t>(in[0]);
+    in.remove_prefix(1);
+    return b;
+  }
+};
+
+void put_identity(std::string& out, const Identity& id) {
+  for (const std::string* f : {&id.job, &id.step, &id.user, &id.account, &id.namespace_, &id.pod_uid,
+                               &id.container_id, &id.cgroup_path})
+    put_text(out, *f);
+}
+Identity read_identity(Reader& in) {
+  Identity id;
+  for (std::string* f : {&id.job, &id.step, &id.user, &id.account, &id.namespace_, &id.pod_uid, &id.container_id,
+                         &id.cgroup_path})
+    *f = in.text();
+  return id;
+}
+
+void put_usage(std::string& out, const Usage& u) {
+  for (double v : {u.gpu_s, u.cpu_s, u.off_cpu_s, u.collective_s, u.wait_s, u.bytes, u.collectives}) put_double(out, v);
+}
+Usage read_usage(Reader& in) {
+  Usage u;
+  for (double* v : {&u.gpu_s, &u.cpu_s, &u.off_cpu_s, &u.collective_s, &u.wait_s, &u.bytes, &u.collectives})
+    *v = in.number();
+  return u;
+}
+
+std::string key_prefix(Level level, uint64_t bucket_s, char kind) {
+  std::string key(1, static_cast<char>(level));
+  put_be(key, bucket_s, 8);
+  key.push_back(kind);
+  return key;
+}
+
+// The path component after `marker` ("/job_" -> "42" in ".../job_42/step_0").
+std::string component_after(const std::string& path, const std::string& marker) {
+  size_t at = path.find(marker);
+  if (at == std::string::npos) return {};
+  size_t start = at + marker.size();
+  size_t end = path.find_first_of("/.", start);
+  return path.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
+uint64_t minute_of(uint64_t ns) { return ns / kNs / 60 * 60; }
+
+double clock_ticks_per_s() {
+  static const double ticks = [] {
+    long t = sysconf(_SC_CLK_TCK);
+    return t > 0 ? static_cast<double>(t) : 100.0;
+  }();
+  return ticks;
+}
+}  // namespace
+
+uint64_t Identity::hash() const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const std::string* f : {&job, &step, &user, &account, &namespace_, &pod_uid, &container_id, &cgroup_path}) {
+    for (unsigned char c : *f) h = (h ^ c) * 0x100000001b3ull;
+    h = (h ^ 0xff) * 0x100000001b3ull;  // field separator
+  }
+  return h;
+}
+
+Identity Identity::of(const ProcessInfo& p) {
+  Identity id;
+  id.job = p.job;
+  id.step = p.slurm_step;
+  id.user = p.user;
+  id.account = p.account;
+  id.pod_uid = p.pod_uid;
+  id.container_id = p.container_id;
+  id.cgroup_path = p.cgroup_path;
+  return id;
+}
+
+Identity Identity::of_cgroup_path(const std::string& path) {
+  Identity id;
+  id.cgroup_path = path;
+  id.job = component_after(path, "/job_");
+  if (!id.job.empty()) id.step = component_after(path, "/step_");
+  if (path.find("kubepods") != std::string::npos) {
+    for (size_t at = path.find("pod"); at != std::string::npos; at = path.find("pod", at + 1)) {
+      if (at == 0 || (path[at - 1] != '/' && path[at - 1] != '-') || at + 3 >= path.size() ||
+          !isxdigit(static_cast<unsigned char>(path[at + 3])))
+        continue;
+      std::string pod = component_after(path.substr(at - 1), std::string(1, path[at - 1]) + "pod");
+      std::replace(pod.begin(), pod.end(), '_', '-');
+      id.pod_uid = pod;
+      break;
+    }
+  }
+  for (const char* prefix : {"cri-containerd-", "crio-", "docker-"}) {
+    std::string container = component_after(path, prefix);
+    if (container.size() >= 12) {
+      id.container_id = container;
+      break;
+    }
+  }
+  return id;
+}
+
+bool parse_tenant_key(const std::string& name, TenantKey& out) {
+  static const std::pair<const char*, TenantKey> kKeys[] = {
+      {"account", TenantKey::account}, {"user", TenantKey::user},     {"job", TenantKey::job},
+      {"namespace", TenantKey::namespace_}, {"pod", TenantKey::pod},  {"cgroup", TenantKey::cgroup},
+      {"container", TenantKey::cgroup}, {"node", TenantKey::node}};
+  for (const auto& [n, k] : kKeys)
+    if (name == n) return out = k, true;
+  return false;
+}
+
+const char* tenant_key_name(TenantKey key) {
+  switch (key) {
+    case TenantKey::account: return "account";
+    case TenantKey::user: return "user";
+    case TenantKey::job: return "job";
+    case TenantKey::namespace_: return "namespace";
+    case TenantKey::pod: return "pod";
+    case TenantKey::cgroup: return "cgroup";
+    case TenantKey::node: return "node";
+  }
+  return "?";
+}
+
+std::string tenant_of(const Identity& id, const std::string& node, TenantKey key) {
+  const std::string* value = nullptr;
+  switch (key) {
+    case TenantKey::account: value = &id.account; break;
+    case TenantKey::user: value = &id.user; break;
+    case TenantKey::job: value = &id.job; break;
+    case TenantKey::namespace_: value = &id.namespace_; break;
+    case TenantKey::pod: value = &id.pod_uid; break;
+    case TenantKey::cgroup:
+      // The container when there is one, else the cgroup.
+      value = !id.container_id.empty() ? &id.container_id : &id.cgroup_path;
+      break;
+    case TenantKey::node: value = &node; break;
+  }
+  return value == nullptr || value->empty() ? kUnknownTenant : *value;
+}
+
+void Usage::add(const Usage& o) {
+  gpu_s += o.gpu_s;
+  cpu_s += o.cpu_s;
+  off_cpu_s += o.off_cpu_s;
+  collective_s += o.collective_s;
+  wait_s += o.wait_s;
+  bytes += o.bytes;
+  collectives += o.collectives;
+}
+
+Usage Usage::minus(const Usage& o) const {
+  Usage d = *this;
+  d.gpu_s -= o.gpu_s;
+  d.cpu_s -= o.cpu_s;
+  d.off_cpu_s -= o.off_cpu_s;
+  d.collective_s -= o.collective_s;
+  d.wait_s -= o.wait_s;
+  d.bytes -= o.bytes;
+  d.collectives -= o.collectives;
+  return d;
+}
+
+const char* waste_reason_name(WasteReason reason) {
+  switch (reason) {
+    case WasteReason::straggler: return "straggler";
+    case WasteReason::cpu_neighbour: return "cpu-neighbour";
+    case WasteReason::hang: return "hang";
+  }
+  return "?";
+}
+
+uint64_t bucket_seconds(Level level) {
+  switch (level) {
+    case Level::minute: return 60;
+    case Level::hour: return 3600;
+    case Level::day: return 86400;
+  }
+  return 60;
+}
+
+uint64_t bucket_start(Level level, uint64_t unix_s) { return unix_s / bucket_seconds(level) * bucket_seconds(level); }
+
+std::string usage_key(Level level, uint64_t bucket_s, const std::string& node, const Identity& identity) {
+  std::string key = key_prefix(level, bucket_s, 'u');
+  key += node;
+  key.push_back('\0');
+  put_be(key, identity.hash(), 8);
+  return key;
+}
+
+std::string waste_key(Level level, uint64_t bucket_s, const WasteRow& row) {
+  std::string key = key_prefix(level, bucket_s, 'w');
+  key += row.node;
+  key.push_back('\0');
+  put_be(key, row.identity.hash(), 8);
+  key += row.cause_node;
+  key.push_back('\0');
+  put_be(key, row.cause.hash(), 8);
+  key.push_back(static_cast<char>(row.reason));
+  return key;
+}
+
+std::string encode_usage_row(const UsageRow& row) {
+  std::string out(1, static_cast<char>(kRowVersion));
+  put_text(out, row.node);
+  put_identity(out, row.identity);
+  put_usage(out, row.usage);
+  return out;
+}
+
+std::string encode_waste_row(const WasteRow& row) {
+  std::string out(1, static_cast<char>(kRowVersion));
+  put_text(out, row.node);
+  put_identity(out, row.identity);
+  put_text(out, row.cause_node);
+  put_identity(out, row.cause);
+  out.push_back(static_cast<char>(row.reason));
+  put_text(out, row.cause_detail);
+  put_double(out, row.gpu_s);
+  return out;
+}
+
+Result<LedgerEntry> decode_ledger_entry(std::string_view key, std::string_view value) {
+  if (key.size() < 10 || value.empty() || static_cast<uint8_t>(value[0]) != kRowVersion)
+    return make_error(Errc::storage, "a usage ledger row of an unknown layout");
+  LedgerEntry entry;
+  char level = key[0];
+  if (level != 'm' && level != 'h' && level != 'd') return make_error(Errc::storage, "a usage ledger key of no level");
+  entry.level = static_cast<Level>(level);
+  entry.bucket_s = get_be(key.data() + 1, 8);
+  entry.waste = key[9] == 'w';
+  Reader in{value.substr(1)};
+  if (!entry.waste) {
+    entry.usage.node = in.text();
+    entry.usage.identity = read_identity(in);
+    entry.usage.usage = read_usage(in);
+  } else {
+    entry.edge.node = in.text();
+    entry.edge.identity = read_identity(in);
+    entry.edge.cause_node = in.text();
+    entry.edge.cause = read_identity(in);
+    entry.edge.reason = static_cast<WasteReason>(in.byte());
+    entry.edge.cause_detail = in.text();
+    entry.edge.gpu_s = in.number();
+  }
+  if (in.bad) return make_error(Errc::storage, "a truncated usage ledger row");
+  return entry;
+}
+
+std::vector<LevelRange> plan_ranges(uint64_t since_s, uint64_t until_s, Level coarsest) {
+  std::vector<LevelRange> out;
+  if (until_s <= since_s) return out;
+  // Recursively: the whole coarse buckets inside, finer ones at the edges.
+  std::function<void(uint64_t, uint64_t, int)> plan = [&](uint64_t from, uint64_t to, int depth) {
+    if (to <= from) return;
+    static const Level kLevels[] = {Level::day, Level::hour, Level::minute};
+    Level level = kLevels[depth];
+    uint64_t size = bucket_seconds(level);
+    if (level == Level::minute) {
+      // Minute buckets that start inside [from, to).
+      uint64_t first = (from + size - 1) / size * size;
+      if (first < to) out.push_back({level, first, (to + size - 1) / size * size});
+      return;
+    }
+    uint64_t first = (from + size - 1) / size * size;  // first whole bucket
+    uint64_t last = to / size * size;                   // end of the last whole bucket
+    if (first >= last) {
+      plan(from, to, depth + 1);
+      return;
+    }
+    plan(from, first, depth + 1);
+    out.push_back({level, first, last});
+    plan(last, to, depth + 1);
+  };
+  plan(since_s, until_s, coarsest == Level::day ? 0 : coarsest == Level::hour ? 1 : 2);
+  return out;
+}
+
+Result<void> scan_ledger(const TimelineStore& store, uint64_t since_s, uint64_t until_s,
+                         const std::function<void(const LedgerEntry&)>& entry, Level coarsest) {
+  for (const LevelRange& range : plan_ranges(since_s, until_s, coarsest)) {
+    std::string from(1, static_cast<char>(range.level)), to(1, static_cast<char>(range.level));
+    put_be(from, range.from_s, 8);
+    put_be(to, range.to_s, 8);
+    Error error;
+    bool failed = false;
+    auto scanned = store.scan_usage(from, to, [&](std::string_view key, std::string_view value) {
+      auto decoded = decode_ledger_entry(key, value);
+      if (!decoded) {
+        error = decoded.error();
+        failed = true;
+        return false;
+      }
+      entry(*decoded);
+      return true;
+    });
+    if (!scanned) return scanned.error();
+    if (failed) return error;
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------- the ledger
+
+UsageLedger::UsageLedger(const Ingest& ingest, const TimelineStore& store, UsageOptions options)
+    : ingest_(ingest), store_(store), options_(options) {}
+
+double UsageLedger::gpus_of(const ProcessInfo* process) const {
+  // A traced process loaded NCCL or the CUDA runtime: it holds the devices it
+  // selected with cudaSetDevice, else the one CUDA gives it by default.
+  if (!process || process->cuda_devices.empty()) return 1;
+  std::set<int32_t> distinct(process->cuda_devices.begin(), process->cuda_devices.end());
+  return static_cast<double>(distinct.size());
+}
+
+void UsageLedger::add_usage(uint64_t at_ns, const std::string& node, const Identity& identity, const Usage& usage) {
+  std::string key = usage_key(Level::minute, minute_of(at_ns), node, identity);
+  auto [it, created] = minutes_.try_emplace(key);
+  MinuteRow& row = it->second;
+  if (created) {
+    row.row.node = node;
+    row.row.identity = identity;
+    // Late data for a minute already written and forgotten: start from what is stored.
+    if (auto stored = store_.get_usage(key); stored && *stored)
+      if (auto entry = decode_ledger_entry(key, **stored); entry && !entry->waste) {
+        row.row.usage = entry->usage.usage;
+        row.flushed = entry->usage.usage;
+      }
+  }
+  row.row.usage.add(usage);
+  row.dirty = true;
+  count_totals(node, identity, usage.gpu_s, 0, 0, "", nullptr);
+}
+
+void UsageLedger::add_usage_span(uint64_t from_ns, uint64_t to_ns, const std::string& node, const Identity& identity,
+                                 const Usage& usage) {
+  if (to_ns <= from_ns) {
+    add_usage(to_ns, node, identity, usage);
+    return;
+  }
+  double total = static_cast<double>(to_ns - from_ns);
+  for (uint64_t at = from_ns; at < to_ns;) {
+    uint64_t end = std::min(to_ns, (minute_of(at) + 60) * kNs);
+    double share = static_cast<double>(end - at) / total;
+    Usage part;
+    part.gpu_s = usage.gpu_s * share;
+    part.cpu_s = usage.cpu_s * share;
+    part.off_cpu_s = usage.off_cpu_s * share;
+    part.collective_s = usage.collective_s * share;
+    part.wait_s = usage.wait_s * share;
+    part.bytes = usage.bytes * share;
+    part.collectives = usage.collectives * share;
+    add_usage(at, node, identity, part);
+    at = end;
+  }
+}
+
+void UsageLedger::add_waste(uint64_t at_ns, const WasteRow& row) {
+  std::string key = waste_key(Level::minute, minute_of(at_ns), row);
+  auto [it, created] = edges_.try_emplace(key);
+  MinuteEdge& edge = it->second;
+  if (created) {
+    edge.row = row;
+    edge.row.gpu_s = 0;
+    if (auto stored = store_.get_usage(key); stored && *stored)
+      if (auto entry = decode_ledger_entry(key, **stored); entry && entry->waste) {
+        edge.row.gpu_s = entry->edge.gpu_s;
+        edge.flushed = entry->edge.gpu_s;
+      }
+  }
+  edge.row.gpu_s += row.gpu_s;
+  if (!row.cause_detail.empty()) edge.row.cause_detail = row.cause_detail;
+  edge.dirty = true;
+  count_totals(row.node, row.identity, 0, row.gpu_s, 0, row.cause_node, &row.cause);
+}
+
+void UsageLedger::count_totals(const std::string& node, const Identity& identity, double gpu_s, double waste_s,
+                               double caused_s, const std::string& cause_node, const Identity* cause) {
+  Running& r = running_[{node, identity}];
+  r.identity = identity;
+  r.node = node;
+  r.totals.gpu_s += gpu_s;
+  r.totals.waste_s += waste_s;
+  r.totals.caused_s += caused_s;
+  if (cause) {
+    Running& c = running_[{cause_node, *cause}];
+    c.identity = *cause;
+    c.node = cause_node;
+    c.totals.caused_s += waste_s;
+  }
+}
+
+const std::map<std::string, UsageLedger::Totals>& UsageLedger::totals(TenantKey key) {
+  totals_view_.clear();
+  for (const auto& [k, r] : running_) {
+    Totals& t = totals_view_[tenant_of(r.identity, r.node, key)];
+    t.gpu_s += r.totals.gpu_s;
+    t.waste_s += r.totals.waste_s;
+    t.caused_s += r.totals.caused_s;
+  }
+  return totals_view_;
+}
+
+void UsageLedger::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
+  auto member = comm.members.find(rank);
+  if (member == comm.members.end()) return;
+  Usage& usage = record_usage_[{minute_of(record.issue_ns), member->second.node, member->second.pid}];
+  usage.collectives += 1;
+  usage.bytes += static_cast<double>(proto::record_bytes(record));
+  if (record.return_ns > record.issue_ns) usage.collective_s += static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
+
+  // Waiting for the last rank to arrive: the same matching as the straggler
+  // detector (by communicator and sequence number, lane 0 collectives).
+  if (lane != 0 || !proto::op_is_collective(record.op) || comm.nranks <= 1 || rank < 0 || rank >= comm.nranks) return;
+  CommTrack& track = comms_[comm.hash];
+  if (track.blamed_until.size() != static_cast<size_t>(comm.nranks)) track.blamed_until.assign(comm.nranks, 0);
+  Instance& instance = track.instances[record.seq];
+  if (instance.issue.empty()) instance.issue.assign(comm.nranks, 0);
+  if (instance.issue[rank] != 0) return;
+  instance.issue[rank] = std::max<uint64_t>(record.issue_ns, 1);
+  if (++instance.arrived == comm.nranks) {
+    complete(comm, track, instance);
+    track.instances.erase(record.seq);
+  }
+  while (track.instances.size() > kMaxOpenInstances) track.instances.erase(track.instances.begin());
+}
+
+void UsageLedger::complete(const CommState& comm, CommTrack& track, const Instance& instance) {
+  const int32_t n = comm.nranks;
+  int32_t last = static_cast<int32_t>(std::max_element(instance.issue.begin(), instance.issue.end()) - instance.issue.begin());
+  int64_t max_others = 0;
+  for (int32_t r = 0; r < n; ++r)
+    if (r != last) max_others = std::max<int64_t>(max_others, static_cast<int64_t>(instance.issue[r]));
+  int64_t t_last = static_cast<int64_t>(instance.issue[last]);
+  // Back-to-back collectives wait for the same late arrival: counted once.
+  int64_t from = std::max(max_others, track.blamed_until[last]);
+  track.blamed_until[last] = std::max(track.blamed_until[last], t_last);
+  if (t_last <= from) return;
+  uint64_t delay = static_cast<uint64_t>(t_last - from);
+  auto late = comm.members.find(last);
+  if (late == comm.members.end()) return;
+  // Never waste by less than the clock can tell apart.
+  uint64_t uncertainty = 0;
+  if (const NodeState* node = ingest_.node(late->second.node))
+    uncertainty = node->clock.uncertainty_ns() > 1'000'000'000ull ? 0 : node->clock.uncertainty_ns();
+  if (delay < options_.min_wait_ns + 2 * uncertainty) return;
+  PendingWait& wait = pending_waits_[{comm.hash, last, minute_of(static_cast<uint64_t>(from))}];
+  if (wait.seconds == 0) wait.first_ns = static_cast<uint64_t>(from);
+  wait.seconds += static_cast<double>(delay) / 1e9;
+}
+
+void UsageLedger::fold_records() {
+  for (const auto& [key, usage] : record_usage_) {
+    const auto& [minute_s, node, pid] = key;
+    const ProcessInfo* process = ingest_.process(node, pid);
+    add_usage(minute_s * kNs, node, process ? Identity::of(*process) : Identity{}, usage);
+  }
+  record_usage_.clear();
+  for (const auto& [key, wait] : pending_waits_) {
+    const auto& [hash, last, minute_s] = key;
+    auto comm = ingest_.comms().find(hash);
+    if (comm == ingest_.comms().end()) continue;
+    auto late = comm->second.members.find(last);
+    if (late == comm->second.members.end()) continue;
+    const ProcessInfo* late_process = ingest_.process(late->second.node, late->second.pid);
+    WasteRow cause;
+    if (auto neighbour = neighbour_cause(late->second.node, late_process, late->second.pid)) {
+      cause = *neighbour;
+    } else {
+      cause.cause_node = late->second.node;
+      cause.cause = late_process ? Identity::of(*late_process) : Identity{};
+      cause.reason = WasteReason::straggler;
+      cause.cause_detail = "rank " + std::to_string(last) + " (pid " + std::to_string(late->second.pid) + ")";
+    }
+    for (const auto& [r, m] : comm->second.members) {
+      if (r == last) continue;
+      const ProcessInfo* p = ingest_.process(m.node, m.pid);
+      WasteRow row = cause;
+      row.node = m.node;
+      row.identity = p ? Identity::of(*p) : Identity{};
+      row.gpu_s = wait.seconds * gpus_of(p);
+      add_waste(wait.first_ns, row);
+    }
+  }
+  pending_waits_.clear();
+}
+
+std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_name, const ProcessInfo* late,
+                                                     uint32_t late_pid) const {
+  const NodeState* node = ingest_.node(node_name);
+  if (!node) return std::nullopt;
+  // Only when the late rank itself waited for a CPU: a busy neighbour of a
+  // rank late for another reason is not the cause.
+  auto health = node->health.find(late_pid);
+  if (health == node->health.end()) return std::nullopt;
+  CpuShares shares = health->second.shares(options_.neighbour_window_ns);
+  if (!shares.known || shares.waiting < options_.neighbour_runqueue_share) return std::nullopt;
+  // The job's own cgroups on the node are not neighbours.
+  std::set<uint64_t> own;
+  if (late) own.insert(late->cgroup_id);
+  for (const auto& [pid, h] : node->health)
+    if (const ProcessInfo* other = ingest_.process(node_name, pid))
+      if (late && other->job == late->job) own.insert(other->cgroup_id);
+  // Tenants first: a busy cgroup that is a Slurm job, a pod or runs traced
+  // processes is billed as the cause before a busier system or session one.
+  std::set<uint64_t> traced;
+  for (const auto& [pid, h] : node->health)
+    if (const ProcessInfo* p = ingest_.process(node_name, pid)) traced.insert(p->cgroup_id);
+  double best = 0;
+  bool best_tenant = false;
+  uint64_t best_id = 0;
+  const CgroupUsage* best_usage = nullptr;
+  for (const auto& [id, usage] : node->cgroups) {
+    if (own.count(id)) continue;
+    auto rate = usage.rate(node->last_monotonic_ns, options_.neighbour_window_ns);
+    if (!rate.known || rate.cpus < options_.neighbour_cpus) continue;
+    Identity from_path = Identity::of_cgroup_path(usage.path);
+    bool tenant = traced.count(id) || !from_path.job.empty() || !from_path.pod_uid.empty();
+    if (std::tie(tenant, rate.cpus) <= std::tie(best_tenant, best)) continue;
+    best = rate.cpus;
+    best_tenant = tenant;
+    best_id = id;
+    best_usage = &usage;
+  }
+  if (!best_usage) return std::nullopt;
+  WasteRow row;
+  row.cause_node = node_name;
+  row.reason = WasteReason::cpu_neighbour;
+  // A traced process in that cgroup says who it is; else the path does.
+  const ProcessInfo* owner = nullptr;
+  for (const auto& [pid, h] : node->health)
+    if (const ProcessInfo* p = ingest_.process(node_name, pid); p && p->cgroup_id == best_id) owner = p;
+  row.cause = owner ? Identity::of(*owner) : Identity::of_cgroup_path(best_usage->path);
+  if (row.cause.cgroup_path.empty()) row.cause.cgroup_path = best_usage->path;
+  char cpus[32];
+  snprintf(cpus, sizeof(cpus), "%.1f", best);
+  row.cause_detail = "cgroup " + (best_usage->path.empty() ? std::to_string(best_id) : best_usage->path) + " (" +
+                     cpus + " CPUs)";
+  return row;
+}
+
+void UsageLedger::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
+  if (end_ns <= start_ns) return;
+  const ProcessInfo* process = ingest_.process(node, pid);
+  Usage usage;
+  usage.wait_s = static_cast<double>(end_ns - start_ns) / 1e9;
+  add_usage_span(start_ns, end_ns, node, process ? Identity::of(*process) : Identity{}, usage);
+}
+
+void UsageLedger::tick(uint64_t now_ns, const FindingBook& findings) {
+  fold_records();
+  take_samples(now_ns);
+  hang_waste(now_ns, findings);
+}
+
+void UsageLedger::take_samples(uint64_t now_ns) {
+  for (const auto& [name, node] : ingest_.nodes()) {
+    for (const auto& [pid, health] : node.health) {
+      const HealthSample* sample = health.last();
+      if (!sample) continue;
+      ProcessTrack& track = processes_[{name, pid}];
+      if (track.done || (track.seen && sample->sample_ns == track.last_sample_ns)) continue;
+      const ProcessInfo* process = ingest_.process(name, pid);
+      // Heartbeats can come before the batch that says who the process is:
+      // its first sample waits for that (the counters are cumulative, and
+      // the time counts from its start) for a while, then counts as unknown.
+      if (!process && !track.seen) {
+        if (track.deferred_since == 0) track.deferred_since = sample->sample_ns;
+        if (sample->sample_ns - track.deferred_since < kIdentityWaitNs && sample->alive) continue;
+      }
+      Identity identity = process ? Identity::of(*process) : Identity{};
+      uint64_t cpu = sample->host_known ? sample->process_cpu_ns : sample->cpu_ns;
+      uint64_t off = sample->host_known ? sample->off_cpu_ns : 0;
+      uint64_t at = node.clock.to_cluster(sample->sample_ns);
+      double gpus = gpus_of(process);
+      Usage usage;
+      uint64_t from = at;
+      // CPU time as the kernel accounts it (/proc/PID/stat, all threads)
+      // while the process is there to read; the BPF counters (wall time on a
+      // CPU, which also holds interrupts and, in a VM, stolen time) for the
+      // last stretch up to its exit, which only they saw.
+      uint64_t stat_cpu = sample->stat_cpu_ns;
+      if (!track.seen) {
+        // From its start when the agent saw it start; CPU counters are cumulative from zero.
+        if (process && process->start_time > 0) {
+          uint64_t start_node = static_cast<uint64_t>(static_cast<double>(process->start_time) / clock_ticks_per_s() * 1e9);
+          if (start_node < sample->sample_ns && sample->sample_ns - start_node < kMaxStartGapNs)
+            from = node.clock.to_cluster(start_node);
+        }
+        usage.cpu_s = static_cast<double>(stat_cpu ? stat_cpu : cpu) / 1e9;
+        usage.off_cpu_s = static_cast<double>(off) / 1e9;
+        if (sample->alive) usage.gpu_s = static_cast<double>(at - std::min(at, from)) / 1e9 * gpus;
+        track.seen = true;
+      } else {
+        from = track.last_cluster_ns;
+        if (stat_cpu && track.stat_cpu_ns)
+          usage.cpu_s = static_cast<double>(stat_cpu - std::min(stat_cpu, track.stat_cpu_ns)) / 1e9;
+        else
+          usage.cpu_s = static_cast<double>(cpu - std::min(cpu, track.cpu_ns)) / 1e9;
+        usage.off_cpu_s = static_cast<double>(off - std::min(off, track.off_cpu_ns)) / 1e9;
+        // It exited somewhere between the last sample and this one: half way, on average.
+        uint64_t end = sample->alive ? at : from + (at - std::min(at, from)) / 2;
+        if (track.alive) usage.gpu_s = static_cast<double>(end - std::min(end, from)) / 1e9 * gpus;
+      }
+      add_usage_span(from, std::max(from, at), name, identity, usage);
+      track.alive = sample->alive;
+      track.done = !sample->alive;
+      track.last_sample_ns = sample->sample_ns;
+      track.last_cluster_ns = at;
+      track.cpu_ns = std::max(track.cpu_ns, cpu);
+      track.stat_cpu_ns = std::max(track.stat_cpu_ns, stat_cpu);
+      track.off_cpu_ns = std::max(track.off_cpu_ns, off);
+    }
+  }
+  // Forget processes that left the collector's health table.
+  for (auto it = processes_.begin(); it != processes_.end();) {
+    const NodeState* node = ingest_.node(it->first.first);
+    bool known = node && node->health.count(it->first.second);
+    it = known ? std::next(it) : processes_.erase(it);
+  }
+  (void)now_ns;
+}
+
+void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
+  std::set<std::string> open;
+  for (const Finding* f : findings.open()) {
+    if (f->kind != FindingKind::hang) continue;
+    auto comm = ingest_.comms().find(f->comm);
+    if (comm == ingest_.comms().end()) continue;
+    std::string key = f->key();
+    open.insert(key);
+    auto [it, first] = hang_counted_ns_.try_emplace(key, 0);
+    // The ranks waited from (about) the hang timeout before it was found.
+    uint64_t from = first ? f->opened_ns - std::min(f->opened_ns, options_.hang_timeout_ns) : it->second;
+    it->second = now_ns;
+    if (now_ns <= from) continue;
+    double seconds = static_cast<double>(now_ns - from) / 1e9;
+    std::set<int32_t> culprits(f->ranks.begin(), f->ranks.end());
+    bool everyone = culprits.size() >= comm->second.members.size();
+    // The cause: the missing ranks (the first stands for them), or the job
+    // itself when every rank is inside (network or GPU).
+    WasteRow cause;
+    cause.reason = WasteReason::hang;
+    int32_t first_culprit = f->ranks.empty() ? -1 : f->ranks.front();
+    auto culprit = comm->second.members.find(first_culprit);
+    if (culprit != comm->second.members.end()) {
+      const ProcessInfo* p = ingest_.process(culprit->second.node, culprit->second.pid);
+      cause.cause_node = culprit->second.node;
+      cause.cause = p ? Identity::of(*p) : Identity{};
+      if (cause.cause.job.empty()) cause.cause.job = comm->second.job;
+    }
+    cause.cause_detail = std::string(everyone ? "hang with every rank inside" : "missing rank(s)") + " in finding #" +
+                         std::to_string(f->id);
+    for (const auto& [r, m] : comm->second.members) {
+      if (!everyone && culprits.count(r)) continue;
+      const ProcessInfo* p = ingest_.process(m.node, m.pid);
+      WasteRow row = cause;
+      row.node = m.node;
+      row.identity = p ? Identity::of(*p) : Identity{};
+      if (row.identity.job.empty()) row.identity.job = comm->second.job;
+      row.gpu_s = seconds * gpus_of(p);
+      add_waste(from, row);
+    }
+  }
+  for (auto it = hang_counted_ns_.begin(); it != hang_counted_ns_.end();)
+    it = open.count(it->first) ? std::next(it) : hang_counted_ns_.erase(it);
+}
+
+Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force) {
+  if (!force && now_ns - last_flush_ns_ < options_.flush_interval_ns) return false;
+  fold_records();
+  last_flush_ns_ = now_ns;
+  // Minute rows are written whole; their change since the last flush goes
+  // into the hour and day rows (read, added to, written once per flush).
+  std::map<std::string, UsageRow> rollups;
+  std::map<std::string, WasteRow> edge_rollups;
+  bool wrote = false;
+  for (auto& [key, minute] : minutes_) {
+    if (!minute.dirty) continue;
+    writes.put_usage(key, encode_usage_row(minute.row));
+    Usage delta = minute.row.usage.minus(minute.flushed);
+    minute.flushed = minute.row.usage;
+    minute.dirty = false;
+    wrote = true;
+    uint64_t minute_s = get_be(key.data() + 1, 8);
+    for (Level level : {Level::hour, Level::day}) {
+      std::string k = usage_key(level, bucket_start(level, minute_s), minute.row.node, minute.row.identity);
+      auto [it, created] = rollups.try_emplace(k);
+      if (created) {
+        it->second.node = minute.row.node;
+        it->second.identity = minute.row.identity;
+      }
+      it->second.usage.add(delta);
+    }
+  }
+  for (auto& [key, edge] : edges_) {
+    if (!edge.dirty) continue;
+    writes.put_usage(key, encode_waste_row(edge.row));
+    double delta = edge.row.gpu_s - edge.flushed;
+    edge.flushed = edge.row.gpu_s;
+    edge.dirty = false;
+    wrote = true;
+    uint64_t minute_s = get_be(key.data() + 1, 8);
+    for (Level level : {Level::hour, Level::day}) {
+      std::string k = waste_key(level, bucket_start(level, minute_s), edge.row);
+      auto [it, created] = edge_rollups.try_emplace(k, edge.row);
+      if (created) it->second.gpu_s = 0;
+      it->second.gpu_s += delta;
+    }
+  }
+  for (auto& [key, row] : rollups) {
+    auto stored = store_.get_usage(key);
+    if (!stored) return stored.error();
+    if (*stored) {
+      auto entry = decode_ledger_entry(key, **stored);
+      if (!entry) return entry.error();
+      row.usage.add(entry->usage.usage);
+    }
+    writes.put_usage(key, encode_usage_row(row));
+  }
+  for (auto& [key, row] : edge_rollups) {
+    auto stored = store_.get_usage(key);
+    if (!stored) return stored.error();
+    if (*stored) {
+      auto entry = decode_ledger_entry(key, **stored);
+      if (!entry) return entry.error();
+      row.gpu_s += entry->edge.gpu_s;
+    }
+    writes.put_usage(key, encode_waste_row(row));
+  }
+  // Minutes more than two minutes old are done (late data reloads them).
+  uint64_t keep_from = minute_of(now_ns) - std::min<uint64_t>(minute_of(now_ns), 120);
+  for (auto it = minutes_.begin(); it != minutes_.end();)
+    it = !it->second.dirty && get_be(it->first.data() + 1, 8) < keep_from ? minutes_.erase(it) : std::next(it);
+  for (auto it = edges_.begin(); it != edges_.end();)
+    it = !it->second.dirty && get_be(it->first.data() + 1, 8) < keep_from ? edges_.erase(it) : std::next(it);
+  return wrote;
+}
+
+}  // namespace rankscope::collector

@@ -1,0 +1,225 @@
+#pragma once
+// The usage ledger: who held how many GPUs, used how much CPU, spent how long
+// in collectives and host waits, moved how many bytes, and how many GPU-hours
+// were lost waiting on stragglers and hangs, and on whom.
+//
+// Rolled up per minute, per node, per process identity (job, step, user,
+// account, pod, container, cgroup), with hour and day rollups of the same
+// rows, in the store's `usage` column family:
+//   key   = level ('m' | 'h' | 'd') | bucket start, s since the epoch (BE 8) |
+//           kind ('u' usage | 'w' waste edge) | node | 0 | identity hash (BE 8)
+//           [| cause node | 0 | cause identity hash (BE 8)   for 'w']
+//   value = the identities and the figures (encode_usage_row below)
+// A report over a range reads whole days, then whole hours, then minutes at
+// its edges: a month over 1,000 nodes reads tens of thousands of rows, not
+// tens of millions. Tenants (--by) are computed at report time from the
+// identities, so one ledger serves every way of billing.
+// What is measured and how: docs/usage.md.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "collector/detect/findings.h"
+#include "collector/ingest.h"
+#include "collector/store/timeline_store.h"
+#include "common/result.h"
+
+namespace rankscope::collector {
+
+// Who a process is, as far as billing goes (not which rank or pid).
+struct Identity {
+  std::string job, step, user, account, namespace_, pod_uid, container_id, cgroup_path;
+  auto tie() const {
+    return std::tie(job, step, user, account, namespace_, pod_uid, container_id, cgroup_path);
+  }
+  bool operator<(const Identity& o) const { return tie() < o.tie(); }
+  bool operator==(const Identity& o) const { return tie() == o.tie(); }
+  uint64_t hash() const;
+  static Identity of(const ProcessInfo& process);
+  // What a cgroup path alone says: Slurm job and step (job_<id>/step_<n>),
+  // Kubernetes pod and container; the path itself.
+  static Identity of_cgroup_path(const std::string& path);
+};
+
+enum class TenantKey { account, user, job, namespace_, pod, cgroup, node };
+bool parse_tenant_key(const std::string& name, TenantKey& out);
+const char* tenant_key_name(TenantKey key);
+// The tenant an identity on `node` bills to; "(unknown)" when it does not say.
+std::string tenant_of(const Identity& identity, const std::string& node, TenantKey key);
+constexpr const char* kUnknownTenant = "(unknown)";
+
+struct Usage {
+  double gpu_s = 0;          // GPU-seconds held
+  double cpu_s = 0;          // CPU-seconds, all threads
+  double off_cpu_s = 0;      // seconds its NCCL/CUDA-calling threads were switched out
+  double collective_s = 0;   // seconds in NCCL calls (host side: issue to return)
+  double wait_s = 0;         // seconds in host waits on the GPU (cudaStreamSynchronize...)
+  double bytes = 0;          // bytes moved by its collectives (per rank, as NCCL counts them)
+  double collectives = 0;    // NCCL calls
+  void add(const Usage& o);
+  Usage minus(const Usage& o) const;
+};
+
+// GPU-seconds a victim's GPUs sat idle because of a cause.
+enum class WasteReason : uint8_t { straggler = 1, cpu_neighbour = 2, hang = 3 };
+const char* waste_reason_name(WasteReason reason);
+
+struct UsageRow {
+  std::string node;
+  Identity identity;
+  Usage usage;
+};
+struct WasteRow {
+  std::string node;            // the victim's
+  Identity identity;           // the victim's
+  std::string cause_node;
+  Identity cause;
+  WasteReason reason = WasteReason::straggler;
+  std::string cause_detail;    // "rank 3 (pid 123)", "cgroup /sys/.../job_5/step_0 (2.0 CPUs)"
+  double gpu_s = 0;
+};
+
+enum class Level : char { minute = 'm', hour = 'h', day = 'd' };
+uint64_t bucket_start(Level level, uint64_t unix_s);
+uint64_t bucket_seconds(Level level);
+std::string usage_key(Level level, uint64_t bucket_s, const std::string& node, const Identity& identity);
+std::string waste_key(Level level, uint64_t bucket_s, const WasteRow& row);
+std::string encode_usage_row(const UsageRow& row);
+std::string encode_waste_row(const WasteRow& row);
+// A stored row of either kind: what the key says it is.
+struct LedgerEntry {
+  Level level = Level::minute;
+  uint64_t bucket_s = 0;
+  bool waste = false;
+  UsageRow usage;
+  WasteRow edge;
+};
+Result<LedgerEntry> decode_ledger_entry(std::string_view key, std::string_view value);
+
+// [since, until) as the fewest whole buckets: days, then hours, then minutes
+// (a minute bucket is taken when it starts inside the range).
+struct LevelRange {
+  Level level;
+  uint64_t from_s, to_s;  // bucket starts, to exclusive
+};
+// `coarsest`: the largest buckets to use (Level::hour reads no day rows:
+// the benchmark's baseline).
+std::vector<LevelRange> plan_ranges(uint64_t since_s, uint64_t until_s, Level coarsest = Level::day);
+// Every entry of [since, until) (unix seconds), each bucket counted once.
+Result<void> scan_ledger(const TimelineStore& store, uint64_t since_s, uint64_t until_s,
+                         const std::function<void(const LedgerEntry&)>& entry, Level coarsest = Level::day);
+
+struct UsageOptions {
+  uint64_t flush_interval_ns = 5'000'000'000ull;
+  uint64_t min_wait_ns = 2'000'000;       // a wait for a late rank shorter than this is jitter, not waste
+  double neighbour_cpus = 0.5;            // a neighbour cgroup this busy on a straggler's node is the cause...
+  double neighbour_runqueue_share = 0.05; // ...when the late rank waited this share of its time for a CPU
+  uint64_t neighbour_window_ns = 10'000'000'000ull;
+  uint64_t hang_timeout_ns = 30'000'000'000ull;  // hang waste counts from when the ranks started waiting
+};
+
+class UsageLedger final : public RecordObserver {
+ public:
+  UsageLedger(const Ingest& ingest, const TimelineStore& store, UsageOptions options);
+
+  void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) override;
+  void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
+  // Takes the processes' new heartbeat samples (GPU, CPU and off-CPU time)
+  // and the open hangs' waiting; `now_ns` on the cluster clock.
+  void tick(uint64_t now_ns, const FindingBook& findings);
+  // Writes what changed into `writes` once per flush interval (or now, with
+  // force); returns whether it wrote.
+  Result<bool> persist(WriteSet& writes, uint64_t now_ns, bool force = false);
+
+  // Direct entry (the rollup itself, tests and the benchmark's filler).
+  void add_usage(uint64_t at_ns, const std::string& node, const Identity& identity, const Usage& usage);
+  // Spreads `usage` over [from_ns, to_ns) in proportion to the time in each minute.
+  void add_usage_span(uint64_t from_ns, uint64_t to_ns, const std::string& node, const Identity& identity,
+                      const Usage& usage);
+  void add_waste(uint64_t at_ns, const WasteRow& row);
+
+  // GPU-seconds and waste so far per (tenant, key), for the metrics.
+  struct Totals {
+    double gpu_s = 0, waste_s = 0, caused_s = 0;
+  };
+  const std::map<std::string, Totals>& totals(TenantKey key);
+
+ private:
+  struct ProcessTrack {
+    bool seen = false;
+    bool alive = true;
+    uint64_t last_sample_ns = 0;    // node clock of the last sample taken
+    uint64_t last_cluster_ns = 0;   // its cluster time
+    uint64_t cpu_ns = 0, off_cpu_ns = 0;  // BPF host counters (or the main thread's schedstat)
+    uint64_t stat_cpu_ns = 0;             // /proc/PID/stat, kernel accounting
+    bool done = false;              // exited and counted to the end
+    uint64_t deferred_since = 0;    // node clock of a first sample put off until its identity is known
+  };
+  struct Instance {
+    std::vector<uint64_t> issue;
+    int32_t arrived = 0;
+  };
+  struct CommTrack {
+    std::map<uint64_t, Instance> instances;
+    std::vector<int64_t> blamed_until;
+  };
+  struct Cached {
+    std::string value_key;
+    UsageRow row;
+    bool loaded = false;
+  };
+  struct MinuteRow {
+    UsageRow row;
+    Usage flushed;  // what the hour and day rollups already hold of it
+    bool dirty = false;
+  };
+  struct MinuteEdge {
+    WasteRow row;
+    double flushed = 0;
+    bool dirty = false;
+  };
+
+  void complete(const CommState& comm, CommTrack& track, const Instance& instance);
+  // Moves what the record path gathered (per process, per late rank) into the rows.
+  void fold_records();
+  double gpus_of(const ProcessInfo* process) const;
+  // The neighbour cgroup to blame for a late rank on `node`, if any.
+  std::optional<WasteRow> neighbour_cause(const std::string& node, const ProcessInfo* late, uint32_t late_pid) const;
+  void take_samples(uint64_t now_ns);
+  void hang_waste(uint64_t now_ns, const FindingBook& findings);
+  void count_totals(const std::string& node, const Identity& identity, double gpu_s, double waste_s, double caused_s,
+                    const std::string& cause_node, const Identity* cause);
+
+  const Ingest& ingest_;
+  const TimelineStore& store_;
+  UsageOptions options_;
+  std::map<std::pair<std::string, uint32_t>, ProcessTrack> processes_;
+  std::map<uint64_t, CommTrack> comms_;
+  // The record path only adds up, cheaply; tick() attributes. By (minute, node, pid):
+  std::map<std::tuple<uint64_t, std::string, uint32_t>, Usage> record_usage_;
+  // By (comm, late rank, minute): seconds the others waited on it.
+  struct PendingWait {
+    double seconds = 0;
+    uint64_t first_ns = 0;
+  };
+  std::map<std::tuple<uint64_t, int32_t, uint64_t>, PendingWait> pending_waits_;
+  std::map<std::string, MinuteRow> minutes_;   // by key
+  std::map<std::string, MinuteEdge> edges_;    // by key
+  std::map<std::string, uint64_t> hang_counted_ns_;  // open hang key -> cluster time counted up to
+  uint64_t last_flush_ns_ = 0;
+  // Since the collector started, for the metrics: by identity and node.
+  struct Running {
+    Identity identity;
+    std::string node;
+    Totals totals;
+  };
+  std::map<std::pair<std::string, Identity>, Running> running_;
+  std::map<std::string, Totals> totals_view_;
+};
+
+}  // namespace rankscope::collector

@@ -1,0 +1,395 @@
+// The usage ledger and reports on a real RocksDB: per-minute rows rolled up
+// into hours and days, tenants keyed every way, waste attributed to whom it
+// was owed, and heartbeats through the real ingest path becoming GPU- and
+// CPU-seconds.
+#include <gtest/gtest.h>
+
+#include "collector/report.h"
+#include "collector/usage.h"
+#include "tests/support/feed.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::collector {
+namespace {
+
+constexpr uint64_t kS = 1'000'000'000ull;
+constexpr uint64_t kDay0 = 1'700'006'400ull;  // a UTC midnight (2023-11-15), in seconds
+
+class FixedClock final : public Clock {
+ public:
+  uint64_t monotonic_ns() const override { return now; }
+  uint64_t realtime_ns() const override { return now; }
+  uint64_t now = kDay0 * kS;
+};
+
+class UsageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto opened = TimelineStore::open(dir.file("db"));
+    ASSERT_TRUE(opened) << opened.error().message;
+    store = std::move(*opened);
+    ingest = std::make_unique<Ingest>(*store, clock);
+    ledger = std::make_unique<UsageLedger>(*ingest, *store, UsageOptions{});
+    ingest->add_observer(ledger.get());
+  }
+  void flush() {
+    WriteSet writes = store->writes();
+    auto wrote = ledger->persist(writes, clock.now, true);
+    ASSERT_TRUE(wrote) << wrote.error().message;
+    ASSERT_TRUE(store->commit(writes));
+  }
+  Report report(uint64_t since_s, uint64_t until_s, TenantKey by, const std::string& job = "") {
+    auto r = make_report(*store, since_s, until_s, by, job);
+    EXPECT_TRUE(r) << r.error().message;
+    return r ? *r : Report{};
+  }
+  static const ReportLine* row(const Report& r, const std::string& tenant) {
+    for (const auto& line : r.rows)
+      if (line.tenant == tenant) return &line;
+    return nullptr;
+  }
+
+  testing::TempDir dir;
+  FixedClock clock;
+  std::unique_ptr<TimelineStore> store;
+  std::unique_ptr<Ingest> ingest;
+  std::unique_ptr<UsageLedger> ledger;
+};
+
+Identity identity(const std::string& job, const std::string& account, const std::string& user = "alice") {
+  Identity id;
+  id.job = job;
+  id.account = account;
+  id.user = user;
+  id.cgroup_path = "/slurm/uid_0/job_" + job + "/step_0";
+  return id;
+}
+
+TEST(UsagePlan, ARangeIsCoveredOnceByDaysHoursAndMinutes) {
+  uint64_t since = kDay0 + 3600 + 120;           // 01:02 on day 0
+  uint64_t until = kDay0 + 2 * 86400 + 7200 + 300;  // 02:05 on day 2
+  auto ranges = plan_ranges(since, until);
+  uint64_t covered = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (const auto& r : ranges) {
+    EXPECT_EQ(r.from_s % bucket_seconds(r.level), 0u);
+    EXPECT_EQ(r.to_s % bucket_seconds(r.level), 0u);
+    covered += r.to_s - r.from_s;
+    spans.emplace_back(r.from_s, r.to_s);
+  }
+  EXPECT_EQ(covered, until - since);
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) EXPECT_EQ(spans[i - 1].second, spans[i].first) << "gap or overlap";
+  // One whole day in the middle, read as one day bucket.
+  bool day = false;
+  for (const auto& r : ranges) day |= r.level == Level::day && r.from_s == kDay0 + 86400 && r.to_s == kDay0 + 2 * 86400;
+  EXPECT_TRUE(day);
+}
+
+TEST(UsageTenants, EveryKeyAndTheUnknownRow) {
+  Identity id = Identity::of_cgroup_path(
+      "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0123abcd_4567_89ab_cdef_0123456789ab.slice/"
+      "cri-containerd-" + std::string(64, 'e') + ".scope");
+  EXPECT_EQ(id.pod_uid, "0123abcd-4567-89ab-cdef-0123456789ab");
+  EXPECT_EQ(id.container_id, std::string(64, 'e'));
+  EXPECT_EQ(tenant_of(id, "n1", TenantKey::pod), "0123abcd-4567-89ab-cdef-0123456789ab");
+  EXPECT_EQ(tenant_of(id, "n1", TenantKey::cgroup), std::string(64, 'e'));
+  EXPECT_EQ(tenant_of(id, "n1", TenantKey::account), kUnknownTenant);
+  EXPECT_EQ(tenant_of(id, "n1", TenantKey::namespace_), kUnknownTenant);
+  EXPECT_EQ(tenant_of(id, "n1", TenantKey::node), "n1");
+
+  Identity slurm = Identity::of_cgroup_path("/system.slice/slurmstepd.scope/job_4242/step_7/user/task_0");
+  EXPECT_EQ(slurm.job, "4242");
+  EXPECT_EQ(slurm.step, "7");
+  EXPECT_EQ(tenant_of(slurm, "n", TenantKey::job), "4242");
+  EXPECT_EQ(tenant_of(slurm, "n", TenantKey::cgroup), "/system.slice/slurmstepd.scope/job_4242/step_7/user/task_0");
+
+  Identity a = identity("1", "physics", "alice");
+  EXPECT_EQ(tenant_of(a, "n", TenantKey::account), "physics");
+  EXPECT_EQ(tenant_of(a, "n", TenantKey::user), "alice");
+  EXPECT_EQ(tenant_of(a, "n", TenantKey::job), "1");
+  TenantKey key;
+  for (const char* name : {"account", "user", "job", "namespace", "pod", "cgroup", "node"}) {
+    ASSERT_TRUE(parse_tenant_key(name, key)) << name;
+    EXPECT_STREQ(tenant_key_name(key), name);
+  }
+  EXPECT_FALSE(parse_tenant_key("team", key));
+  EXPECT_NE(a.hash(), identity("1", "physic", "salice").hash()) << "fields are separated in the hash";
+}
+
+TEST(UsageRows, EncodeDecodeAndRefuseTruncated) {
+  UsageRow row{"node-3", identity("9", "chem"), {}};
+  row.usage.gpu_s = 12.5;
+  row.usage.bytes = 1e12;
+  std::string key = usage_key(Level::hour, kDay0 + 3600, row.node, row.identity);
+  std::string value = encode_usage_row(row);
+  auto entry = decode_ledger_entry(key, value);
+  ASSERT_TRUE(entry) << entry.error().message;
+  EXPECT_FALSE(entry->waste);
+  EXPECT_EQ(entry->level, Level::hour);
+  EXPECT_EQ(entry->bucket_s, kDay0 + 3600);
+  EXPECT_EQ(entry->usage.node, "node-3");
+  EXPECT_EQ(entry->usage.identity, row.identity);
+  EXPECT_EQ(entry->usage.usage.gpu_s, 12.5);
+  EXPECT_EQ(entry->usage.usage.bytes, 1e12);
+  EXPECT_FALSE(decode_ledger_entry(key, value.substr(0, value.size() - 3)));
+  EXPECT_FALSE(decode_ledger_entry("x", value));
+}
+
+TEST_F(UsageTest, MinutesRollUpIntoHoursAndDaysAndAnyRangeAddsUp) {
+  // One GPU held for three days from 00:00:30 on day 0, flushed many times
+  // along the way (as the collector does every few seconds).
+  Identity id = identity("7", "physics");
+  uint64_t start = kDay0 * kS + 30 * kS;
+  uint64_t step = 7 * 3600 * kS + 13 * kS;  // odd pieces, crossing minutes, hours and days
+  for (uint64_t t = start; t < start + 3 * 86400 * kS; t += step) {
+    Usage u;
+    uint64_t end = std::min(t + step, start + 3 * 86400 * kS);
+    u.gpu_s = static_cast<double>(end - t) / kS;
+    u.cpu_s = u.gpu_s * 2;
+    ledger->add_usage_span(t, end, "node-0", id, u);
+    clock.now = end;
+    flush();
+  }
+  // The whole range through the day rows; two ragged ranges through all levels.
+  for (auto [since, until] : {std::pair{kDay0, kDay0 + 4 * 86400}, std::pair{kDay0 + 5400, kDay0 + 86400 + 7260},
+                              std::pair{kDay0 + 86400 * 2 + 60, kDay0 + 86400 * 2 + 120}}) {
+    Report r = report(since, until, TenantKey::account);
+    uint64_t from = std::max(since, kDay0 + 30), to = std::min(until, kDay0 + 3 * 86400 + 30);
+    ASSERT_EQ(r.rows.size(), 1u);
+    EXPECT_EQ(r.rows[0].tenant, "physics");
+    EXPECT_NEAR(r.rows[0].usage.gpu_s, static_cast<double>(to - from), 1e-6) << since << ".." << until;
+    EXPECT_NEAR(r.rows[0].usage.cpu_s, 2.0 * static_cast<double>(to - from), 1e-6);
+    EXPECT_NEAR(r.total.usage.gpu_s, r.rows[0].usage.gpu_s, 1e-9);
+  }
+  // A month through the rollups reads a handful of rows, not every minute.
+  Report month = report(kDay0, kDay0 + 30 * 86400, TenantKey::account);
+  EXPECT_LT(month.entries, 10u);
+}
+
+TEST_F(UsageTest, LateDataForAFlushedMinuteAddsToItNotOverIt) {
+  Identity id = identity("7", "physics");
+  Usage u;
+  u.gpu_s = 10;
+  ledger->add_usage(kDay0 * kS + 5 * kS, "node-0", id, u);
+  clock.now = kDay0 * kS + 600 * kS;  // ten minutes later: the minute is written and forgotten
+  flush();
+  ledger->add_usage(kDay0 * kS + 6 * kS, "node-0", id, u);
+  flush();
+  flush();  // nothing new: no double counting
+  Report r = report(kDay0, kDay0 + 60, TenantKey::job);
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.rows[0].usage.gpu_s, 20);
+  Report day = report(kDay0, kDay0 + 86400, TenantKey::job);
+  EXPECT_DOUBLE_EQ(day.rows[0].usage.gpu_s, 20);
+}
+
+TEST_F(UsageTest, WasteIsChargedToWhoWaitedAndOwedToTheCause) {
+  Identity victim = identity("100", "physics", "alice");
+  Identity neighbour = Identity::of_cgroup_path("/slurm/uid_0/job_200/step_0");
+  neighbour.account = "chem";
+  Usage u;
+  u.gpu_s = 3600;
+  ledger->add_usage(kDay0 * kS, "node-0", victim, u);
+  u.gpu_s = 1800;
+  ledger->add_usage(kDay0 * kS, "node-0", neighbour, u);
+  ledger->add_usage(kDay0 * kS, "node-1", Identity{}, u);  // nobody we know: its own row
+  WasteRow w;
+  w.node = "node-0";
+  w.identity = victim;
+  w.cause_node = "node-0";
+  w.cause = neighbour;
+  w.reason = WasteReason::cpu_neighbour;
+  w.cause_detail = "cgroup /slurm/uid_0/job_200/step_0 (2.0 CPUs)";
+  w.gpu_s = 360;
+  ledger->add_waste(kDay0 * kS + 10 * kS, w);
+  flush();
+
+  Report by_account = report(kDay0, kDay0 + 3600, TenantKey::account);
+  ASSERT_EQ(by_account.rows.size(), 3u);
+  EXPECT_EQ(by_account.rows[0].tenant, "physics") << "largest first";
+  EXPECT_DOUBLE_EQ(by_account.rows[0].waste_s, 360);
+  EXPECT_EQ(by_account.rows[0].waited_on.begin()->first, "chem");
+  const ReportLine* chem = row(by_account, "chem");
+  ASSERT_NE(chem, nullptr);
+  EXPECT_DOUBLE_EQ(chem->caused_s, 360);
+  ASSERT_NE(row(by_account, kUnknownTenant), nullptr) << "unknown identity is a row, never dropped";
+  EXPECT_DOUBLE_EQ(by_account.total.usage.gpu_s, 3600 + 1800 + 1800);
+  EXPECT_DOUBLE_EQ(by_account.total.waste_s, 360);
+
+  Report bill = report(kDay0, kDay0 + 3600, TenantKey::account, "100");
+  ASSERT_EQ(bill.rows.size(), 1u);
+  EXPECT_EQ(bill.rows[0].tenant, "node-0");
+  EXPECT_DOUBLE_EQ(bill.rows[0].usage.gpu_s, 3600);
+  ASSERT_EQ(bill.causes.size(), 1u);
+  EXPECT_EQ(bill.causes[0].cause, "job 200");
+  EXPECT_EQ(bill.causes[0].reason, WasteReason::cpu_neighbour);
+  // The neighbour's bill shows whom it made wait.
+  Report other = report(kDay0, kDay0 + 3600, TenantKey::account, "200");
+  ASSERT_EQ(other.causes.size(), 1u);
+  EXPECT_EQ(other.causes[0].victim, "job 100");
+  EXPECT_DOUBLE_EQ(other.total.caused_s, 360);
+}
+
+// Heartbeats through the real ingest path: a process's GPU-seconds run from
+// its first sample to (half way to) the sample that finds it gone, times the
+// GPUs it selected; CPU-seconds are the kernel's count while it lives and
+// the BPF counters' growth up to its exit.
+TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
+  auto send = [&](const std::function<void(wire::AgentMessage::Builder)>& fill) { testing::feed(*ingest, "node-0", fill); };
+  send([&](auto m) {
+    auto h = m.initHello();
+    h.setProtocolVersion(wire::PROTOCOL_VERSION);
+    h.setNode("node-0");
+    h.setInstanceId(7);
+    h.setMonotonicNs(0);
+    h.setRealtimeNs(kDay0 * kS);
+  });
+  send([&](auto m) {
+    auto b = m.initBatch();
+    b.setInstanceId(7);
+    b.setSeq(1);
+    auto procs = b.initProcesses(2);
+    procs[0].setPid(100);
+    procs[0].setJob("1");
+    procs[0].setAccount("physics");
+    procs[0].setUser("alice");
+    procs[1].setPid(101);
+    procs[1].setJob("2");
+    procs[1].setAccount("chem");
+    procs[1].setUser("bob");
+    auto devices = procs[1].initCudaDevices(3);
+    devices.set(0, 0);
+    devices.set(1, 1);
+    devices.set(2, 1);  // two distinct GPUs
+  });
+  auto beat = [&](uint64_t at_s, bool alive, uint64_t cpu_s) {
+    send([&](auto m) {
+      auto hb = m.initHeartbeat();
+      hb.setInstanceId(7);
+      hb.setMonotonicNs(at_s * kS);
+      auto p = hb.initProcesses(2);
+      for (unsigned i = 0; i < 2; ++i) {
+        p[i].setPid(100 + i);
+        p[i].setAlive(alive);
+        p[i].setState(alive ? 'R' : 'X');
+        p[i].setCpuNs(cpu_s * kS);
+        p[i].setSampleNs(at_s * kS);
+        // /proc/PID/stat while it lives; the BPF counters (10% more: they
+        // hold interrupt and stolen time too) are all there is at its exit.
+        if (alive) p[i].setProcessCpuNs(cpu_s * kS * (i + 1));
+        auto host = p[i].initHost();
+        host.setCpuNs(cpu_s * kS * (i + 1) * 11 / 10);
+        host.setOffCpuNs(kS);
+      }
+    });
+    clock.now = kDay0 * kS + at_s * kS;
+    ledger->tick(clock.now, FindingBook{});
+  };
+  beat(10, true, 1);
+  beat(11, true, 1);  // the same sample twice is counted once
+  ledger->tick(clock.now, FindingBook{});
+  beat(70, true, 31);
+  beat(130, false, 61);
+  beat(131, false, 61);  // gone: nothing more
+  flush();
+  Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
+  const ReportLine* physics = row(r, "physics");
+  const ReportLine* chem = row(r, "chem");
+  ASSERT_NE(physics, nullptr);
+  ASSERT_NE(chem, nullptr);
+  // 10 s -> exit half way between 70 s and 130 s = 90 s; chem holds 2 GPUs.
+  EXPECT_NEAR(physics->usage.gpu_s, 90, 1e-6);
+  EXPECT_NEAR(chem->usage.gpu_s, 180, 1e-6);
+  // The kernel's 31 s up to the last live sample, then the BPF counters' 33 s to the exit.
+  EXPECT_NEAR(physics->usage.cpu_s, 31 + 33, 1e-6);
+  EXPECT_NEAR(chem->usage.cpu_s, 2 * (31 + 33), 1e-6);
+  EXPECT_NEAR(physics->usage.off_cpu_s, 1, 1e-6);
+  Report by_user = report(kDay0, kDay0 + 3600, TenantKey::user);
+  EXPECT_NE(row(by_user, "alice"), nullptr);
+  EXPECT_NE(row(by_user, "bob"), nullptr);
+}
+
+// Collectives through the real ingest path: a rank that arrives 50 ms late
+// at each of 10 collectives costs the other rank 0.5 GPU-seconds, charged to
+// the waiting rank's account and owed to the late rank's; every call is
+// counted with its bytes.
+TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
+  constexpr uint64_t kComm = 0xabcdef0123456789ull;
+  std::map<std::string, uint64_t> seqs;
+  auto send = [&](const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
+    testing::feed(*ingest, node, fill);
+  };
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    std::string node = "node-" + std::to_string(rank);
+    send(node, [&](auto m) {
+      auto h = m.initHello();
+      h.setProtocolVersion(wire::PROTOCOL_VERSION);
+      h.setNode(node);
+      h.setInstanceId(7);
+    });
+    send(node, [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(++seqs[node]);
+      auto procs = b.initProcesses(1);
+      procs[0].setPid(100 + rank);
+      procs[0].setJob("job-1");
+      procs[0].setAccount(rank == 0 ? "physics" : "chem");
+      auto comms = b.initComms(1);
+      comms[0].setPid(100 + rank);
+      comms[0].setCommHash(kComm);
+      comms[0].setRank(rank);
+      comms[0].setNranks(2);
+      auto samples = b.initClockSamples(1);
+      samples[0].setT1(1000);
+      samples[0].setT2(1050);
+      samples[0].setT3(1060);
+      samples[0].setT4(1110);
+    });
+  }
+  uint64_t t0 = kDay0 * kS + 120 * kS;
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    std::string node = "node-" + std::to_string(rank);
+    proto::ColumnBlock block;
+    block.pid = 100 + rank;
+    block.comm_hash = kComm;
+    block.rank = rank;
+    for (uint64_t seq = 0; seq < 10; ++seq) {
+      proto::CallRecord r;
+      r.seq = seq;
+      r.issue_ns = t0 + seq * kS + (rank == 1 ? 50'000'000ull : 0);
+      r.return_ns = r.issue_ns + 1000;
+      r.op = RS_OP_ALLREDUCE;
+      r.datatype = 7;  // float32
+      r.count = 1024;
+      block.records.push_back(r);
+    }
+    send(node, [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(++seqs[node]);
+      proto::encode_collectives({&block}, b);
+    });
+  }
+  clock.now = t0 + 20 * kS;
+  ledger->tick(clock.now, FindingBook{});
+  flush();
+  Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
+  const ReportLine* physics = row(r, "physics");
+  const ReportLine* chem = row(r, "chem");
+  ASSERT_NE(physics, nullptr);
+  ASSERT_NE(chem, nullptr);
+  EXPECT_NEAR(physics->waste_s, 0.5, 1e-6);
+  EXPECT_EQ(physics->waited_on.begin()->first, "chem");
+  EXPECT_NEAR(chem->caused_s, 0.5, 1e-6);
+  EXPECT_NEAR(chem->waste_s, 0, 1e-12) << "the late rank waited on nobody";
+  EXPECT_DOUBLE_EQ(physics->usage.collectives, 10);
+  EXPECT_DOUBLE_EQ(physics->usage.bytes, 10 * 1024 * 4);
+  ASSERT_EQ(r.causes.size(), 1u);
+  EXPECT_EQ(r.causes[0].reason, WasteReason::straggler);
+  EXPECT_EQ(r.causes[0].cause_node, "node-1");
+}
+
+}  // namespace
+}  // namespace rankscope::collector

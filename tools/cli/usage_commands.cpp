@@ -1,0 +1,424 @@
+#include "tools/cli/usage_commands.h"
+
+#include <capnp/message.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "common/format.h"
+#include "proto/records.h"
+
+namespace rankscope::cli {
+
+namespace query = proto::query;
+
+namespace {
+std::string fixed(double value, int digits) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), "%.*f", digits, value);
+  return buf;
+}
+
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 5) bytes /= 1000, ++u;
+  return fixed(bytes, bytes < 10 && u > 0 ? 1 : 0) + " " + units[u];
+}
+
+std::string trimmed(const std::string& text, size_t width) {
+  if (text.size() <= width) return text;
+  return text.substr(0, width - 1) + "~";
+}
+
+struct Columns {
+  double gpu_h, share, cpu_h, off_h, coll_h, wait_h, bytes, waste_h, waste_share, caused_h, cost, waste_cost;
+};
+Columns columns(query::ReportRow::Reader row, double total_gpu_h, double price) {
+  Columns c{};
+  c.gpu_h = row.getGpuHours();
+  c.share = total_gpu_h > 0 ? row.getGpuHours() / total_gpu_h : 0;
+  c.cpu_h = row.getCpuSeconds() / 3600;
+  c.off_h = row.getOffCpuSeconds() / 3600;
+  c.coll_h = row.getCollectiveSeconds() / 3600;
+  c.wait_h = row.getWaitSeconds() / 3600;
+  c.bytes = row.getBytes();
+  c.waste_h = row.getWasteGpuHours();
+  c.waste_share = row.getGpuHours() > 0 ? row.getWasteGpuHours() / row.getGpuHours() : 0;
+  c.caused_h = row.getCausedGpuHours();
+  c.cost = row.getGpuHours() * price;
+  c.waste_cost = row.getWasteGpuHours() * price;
+  return c;
+}
+
+void print_json(query::ReportReply::Reader r, const ReportArgs& args) {
+  double total = r.getTotal().getGpuHours();
+  auto row_json = [&](query::ReportRow::Reader row) {
+    Columns c = columns(row, total, args.price_per_gpu_hour);
+    std::string out = "{\"tenant\":" + json_quote(row.getTenant()) + ",\"gpu_hours\":" + fixed(c.gpu_h, 6) +
+                      ",\"share\":" + fixed(c.share, 6) + ",\"cpu_seconds\":" + fixed(row.getCpuSeconds(), 3) +
+                      ",\"off_cpu_seconds\":" + fixed(row.getOffCpuSeconds(), 3) +
+                      ",\"collective_seconds\":" + fixed(row.getCollectiveSeconds(), 6) +
+                      ",\"wait_seconds\":" + fixed(row.getWaitSeconds(), 6) + ",\"bytes\":" + fixed(c.bytes, 0) +
+                      ",\"collectives\":" + fixed(row.getCollectives(), 0) +
+                      ",\"waste_gpu_hours\":" + fixed(c.waste_h, 6) + ",\"waste_share\":" + fixed(c.waste_share, 6) +
+                      ",\"caused_gpu_hours\":" + fixed(c.caused_h, 6) + ",\"top_cause\":" +
+                      (row.getTopCause().size() ? json_quote(row.getTopCause()) : "null") +
+                      ",\"top_cause_gpu_hours\":" + fixed(row.getTopCauseGpuHours(), 6) +
+                      ",\"nodes\":" + std::to_string(row.getNodes());
+    if (args.price_given) out += ",\"cost\":" + fixed(c.cost, 4) + ",\"waste_cost\":" + fixed(c.waste_cost, 4);
+    return out + "}";
+  };
+  std::printf("{\"since_ns\":%llu,\"until_ns\":%llu,\"since\":%s,\"until\":%s,\"by\":%s,\"job\":%s,",
+              (unsigned long long)r.getSinceNs(), (unsigned long long)r.getUntilNs(),
+              json_quote(format_time_ns(r.getSinceNs())).c_str(), json_quote(format_time_ns(r.getUntilNs())).c_str(),
+              json_quote(r.getBy()).c_str(), r.getJob().size() ? json_quote(r.getJob()).c_str() : "null");
+  if (args.price_given) std::printf("\"price_per_gpu_hour\":%s,", fixed(args.price_per_gpu_hour, 6).c_str());
+  std::printf("\"rows\":[");
+  bool first = true;
+  for (auto row : r.getRows()) {
+    std::printf("%s%s", first ? "" : ",", row_json(row).c_str());
+    first = false;
+  }
+  std::printf("],\"total\":%s,\"causes\":[", row_json(r.getTotal()).c_str());
+  first = true;
+  for (auto c : r.getCauses()) {
+    std::printf("%s{\"victim\":%s,\"cause\":%s,\"cause_job\":%s,\"reason\":%s,\"cause_node\":%s,\"cause_detail\":%s,"
+                "\"gpu_hours\":%s}",
+                first ? "" : ",", json_quote(c.getVictim()).c_str(), json_quote(c.getCause()).c_str(),
+                json_quote(c.getCauseJob()).c_str(), json_quote(c.getReason()).c_str(),
+                json_quote(c.getCauseNode()).c_str(), json_quote(c.getCauseDetail()).c_str(),
+                fixed(c.getGpuHours(), 6).c_str());
+    first = false;
+  }
+  std::printf("],\"findings\":[");
+  first = true;
+  for (auto f : r.getFindings()) {
+    std::printf("%s{\"id\":%llu,\"kind\":%s,\"opened_ns\":%llu,\"resolved_ns\":%llu,\"summary\":%s,"
+                "\"gpu_hours_lost\":%s}",
+                first ? "" : ",", (unsigned long long)f.getId(), json_quote(f.getKind()).c_str(),
+                (unsigned long long)f.getOpenedNs(), (unsigned long long)f.getResolvedNs(),
+                json_quote(f.getSummary()).c_str(), fixed(f.getGpuHoursLost(), 6).c_str());
+    first = false;
+  }
+  std::printf("],\"ledger_rows_read\":%llu}\n", (unsigned long long)r.getEntries());
+}
+
+void print_csv(query::ReportReply::Reader r, const ReportArgs& args) {
+  double total = r.getTotal().getGpuHours();
+  std::printf("%s,gpu_hours,share,cpu_seconds,off_cpu_seconds,collective_seconds,wait_seconds,bytes,waste_gpu_hours,"
+              "waste_share,caused_gpu_hours,top_cause,top_cause_gpu_hours,nodes%s\n",
+              r.getBy().cStr(), args.price_given ? ",cost,waste_cost" : "");
+  auto line = [&](query::ReportRow::Reader row) {
+    Columns c = columns(row, total, args.price_per_gpu_hour);
+    std::printf("%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%u", csv_field(row.getTenant()).c_str(), fixed(c.gpu_h, 6).c_str(),
+                fixed(c.share, 6).c_str(), fixed(row.getCpuSeconds(), 3).c_str(),
+                fixed(row.getOffCpuSeconds(), 3).c_str(), fixed(row.getCollectiveSeconds(), 6).c_str(),
+                fixed(row.getWaitSeconds(), 6).c_str(), fixed(c.bytes, 0).c_str(), fixed(c.waste_h, 6).c_str(),
+                fixed(c.waste_share, 6).c_str(), fixed(c.caused_h, 6).c_str(), csv_field(row.getTopCause()).c_str(),
+                fixed(row.getTopCauseGpuHours(), 6).c_str(), row.getNodes());
+    if (args.price_given) std::printf(",%s,%s", fixed(c.cost, 4).c_str(), fixed(c.waste_cost, 4).c_str());
+    std::printf("\n");
+  };
+  for (auto row : r.getRows()) line(row);
+  line(r.getTotal());
+}
+
+void print_table(query::ReportReply::Reader r, const ReportArgs& args) {
+  double total = r.getTotal().getGpuHours();
+  if (r.getJob().size())
+    std::printf("Bill of job %s, %s to %s (UTC)\n\n", r.getJob().cStr(), format_time_ns(r.getSinceNs()).c_str(),
+                format_time_ns(r.getUntilNs()).c_str());
+  else
+    std::printf("Usage by %s, %s to %s (UTC)\n\n", r.getBy().cStr(), format_time_ns(r.getSinceNs()).c_str(),
+                format_time_ns(r.getUntilNs()).c_str());
+  std::string header = r.getJob().size() ? "NODE" : std::string(r.getBy().cStr());
+  for (auto& ch : header) ch = static_cast<char>(toupper(static_cast<unsigned char>(ch)));
+  std::printf("%-24s %10s %6s %10s %10s %9s %11s %6s %10s  %-24s", header.c_str(), "GPU-HOURS", "SHARE", "CPU-HOURS",
+              "OFF-CPU-H", "MOVED", "WASTE GPU-H", "WASTE", "CAUSED", "WAITED MOST ON");
+  if (args.price_given) std::printf(" %12s %12s", "COST", "WASTE COST");
+  std::printf("\n");
+  auto line = [&](query::ReportRow::Reader row) {
+    Columns c = columns(row, total, args.price_per_gpu_hour);
+    std::printf("%-24s %10s %5s%% %10s %10s %9s %11s %5s%% %10s  %-24s", trimmed(row.getTenant(), 24).c_str(),
+                fixed(c.gpu_h, 3).c_str(), fixed(c.share * 100, 1).c_str(), fixed(c.cpu_h, 3).c_str(),
+                fixed(c.off_h, 3).c_str(), human_bytes(c.bytes).c_str(), fixed(c.waste_h, 4).c_str(),
+                fixed(c.waste_share * 100, 1).c_str(), fixed(c.caused_h, 4).c_str(),
+                trimmed(row.getTopCause().size() ? row.getTopCause().cStr() : "-", 24).c_str());
+    if (args.price_given) std::printf(" %12s %12s", fixed(c.cost, 2).c_str(), fixed(c.waste_cost, 2).c_str());
+    std::printf("\n");
+  };
+  for (auto row : r.getRows()) line(row);
+  line(r.getTotal());
+  if (r.getRows().size() == 0) std::printf("(no usage recorded in this range)\n");
+  if (r.getCauses().size()) {
+    std::printf("\nGPU-hours lost waiting, by who waited and on whom:\n");
+    std::printf("  %-24s %-28s %-14s %12s  %s\n", "WAITED", "ON", "WHY", "GPU-HOURS", "DETAIL");
+    size_t shown = 0;
+    for (auto c : r.getCauses()) {
+      if (++shown > 20) {
+        std::printf("  ... %u more (see --json)\n", r.getCauses().size() - 20);
+        break;
+      }
+      std::string detail = c.getCauseDetail();
+      if (c.getCauseNode().size()) detail += " on " + std::string(c.getCauseNode().cStr());
+      std::printf("  %-24s %-28s %-14s %12s  %s\n", trimmed(c.getVictim(), 24).c_str(), trimmed(c.getCause(), 28).c_str(),
+                  c.getReason().cStr(), fixed(c.getGpuHours(), 5).c_str(), detail.c_str());
+    }
+  }
+  if (r.getJob().size()) {
+    std::printf("\nFindings of job %s:%s\n", r.getJob().cStr(), r.getFindings().size() ? "" : " none");
+    for (auto f : r.getFindings()) {
+      std::string state = f.getResolvedNs() ? "resolved " + format_time_ns(f.getResolvedNs()) : std::string("OPEN");
+      std::printf("  #%llu %-9s opened %s, %s: %s\n", (unsigned long long)f.getId(), f.getKind().cStr(),
+                  format_time_ns(f.getOpenedNs()).c_str(), state.c_str(), f.getSummary().cStr());
+    }
+  }
+}
+}  // namespace
+
+std::optional<uint64_t> parse_time_ns(const std::string& text, uint64_t now_ns) {
+  if (text.empty()) return std::nullopt;
+  if (text == "now") return now_ns;
+  if (text[0] == '-' && text.size() >= 3) {
+    char unit = text.back();
+    std::string number = text.substr(1, text.size() - 2);
+    if (number.find_first_not_of("0123456789") != std::string::npos || number.empty()) return std::nullopt;
+    uint64_t n = std::stoull(number);
+    uint64_t scale = unit == 'd' ? 86400 : unit == 'h' ? 3600 : unit == 'm' ? 60 : unit == 's' ? 1 : 0;
+    if (!scale) return std::nullopt;
+    uint64_t back = n * scale * 1'000'000'000ull;
+    return back > now_ns ? 0 : now_ns - back;
+  }
+  if (text.find_first_not_of("0123456789.") == std::string::npos) {
+    double seconds = std::stod(text);
+    return static_cast<uint64_t>(seconds * 1e9);
+  }
+  for (const char* format : {"%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M",
+                             "%Y-%m-%d %H:%M", "%Y-%m-%d"}) {
+    std::tm tm{};
+    const char* end = strptime(text.c_str(), format, &tm);
+    if (end && *end == '\0') return static_cast<uint64_t>(timegm(&tm)) * 1'000'000'000ull;
+  }
+  return std::nullopt;
+}
+
+int run_report(QueryClient& client, const ReportArgs& args) {
+  capnp::MallocMessageBuilder request;
+  auto req = request.initRoot<query::Request>();
+  req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+  auto q = req.initReport();
+  q.setSinceNs(args.since_ns);
+  q.setUntilNs(args.until_ns);
+  q.setBy(args.by);
+  q.setJob(args.job);
+  auto result = client.ask(request, [&](query::Reply::Reader reply) {
+    if (reply.which() != query::Reply::REPORT) {
+      std::cerr << "rankscope report: the collector answered with something else (is it older than this CLI?)\n";
+      return;
+    }
+    if (args.json)
+      print_json(reply.getReport(), args);
+    else if (args.csv)
+      print_csv(reply.getReport(), args);
+    else
+      print_table(reply.getReport(), args);
+  });
+  if (!result) {
+    std::cerr << "rankscope report: " << result.error().message << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- export
+
+namespace {
+struct Slice {
+  uint64_t issue_ns, return_ns;
+  uint64_t seq, bytes, comm;
+  uint32_t lane;
+  uint8_t op;
+  int32_t peer;
+};
+struct Track {
+  std::string node;
+  uint32_t pid = 0;
+  int32_t rank = -1;          // in the job's largest communicator
+  std::vector<Slice> slices;
+};
+std::string micros(uint64_t ns) {
+  char buf[48];
+  snprintf(buf, sizeof(buf), "%llu.%03llu", (unsigned long long)(ns / 1000), (unsigned long long)(ns % 1000));
+  return buf;
+}
+}  // namespace
+
+int run_export(QueryClient& client, const ExportArgs& args) {
+  if (args.format != "perfetto" && args.format != "chrome") {
+    std::cerr << "rankscope export: --format must be perfetto (Chrome Trace Event JSON), not '" << args.format << "'\n";
+    return 2;
+  }
+  // The job's communicators and ranks.
+  capnp::MallocMessageBuilder jobs_request;
+  auto jr = jobs_request.initRoot<query::Request>();
+  jr.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+  jr.setJobs();
+  struct CommOf {
+    uint64_t hash;
+    size_t ranks;
+  };
+  std::vector<CommOf> comms;
+  std::map<std::pair<std::string, uint32_t>, Track> tracks;  // by (node, pid)
+  auto got = client.ask(jobs_request, [&](query::Reply::Reader reply) {
+    for (auto job : reply.getJobs().getJobs()) {
+      if (std::string(job.getJob().cStr()) != args.job) continue;
+      for (auto c : job.getComms()) {
+        comms.push_back({c.getCommHash(), c.getRanks().size()});
+        for (auto r : c.getRanks()) {
+          Track& t = tracks[{r.getNode(), r.getPid()}];
+          t.node = r.getNode();
+          t.pid = r.getPid();
+        }
+      }
+    }
+  });
+  if (!got) {
+    std::cerr << "rankscope export: " << got.error().message << "\n";
+    return 1;
+  }
+  if (comms.empty()) {
+    std::cerr << "rankscope export: no job '" << args.job << "' (see `rankscope jobs`)\n";
+    return 1;
+  }
+  std::sort(comms.begin(), comms.end(), [](const CommOf& a, const CommOf& b) { return a.ranks > b.ranks; });
+  bool largest = true;
+  for (const CommOf& comm : comms) {
+    capnp::MallocMessageBuilder request;
+    auto req = request.initRoot<query::Request>();
+    req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+    auto t = req.initTimeline();
+    t.setComm(hex64(comm.hash));
+    t.setLast(0);
+    auto read = client.ask(request, [&](query::Reply::Reader reply) {
+      for (auto r : reply.getTimeline().getRecords()) {
+        Track& track = tracks[{r.getNode(), r.getPid()}];
+        track.node = r.getNode();
+        track.pid = r.getPid();
+        if (largest) track.rank = r.getRank();
+        if (args.since_ns && r.getIssueNs() < args.since_ns) continue;
+        if (args.until_ns && r.getIssueNs() >= args.until_ns) continue;
+        track.slices.push_back(
+            {r.getIssueNs(), r.getReturnNs(), r.getSeq(), r.getBytes(), comm.hash, r.getLane(), r.getOp(), r.getPeer()});
+      }
+    });
+    if (!read) {
+      std::cerr << "rankscope export: timeline of comm " << hex64(comm.hash) << ": " << read.error().message << "\n";
+      return 1;
+    }
+    largest = false;
+  }
+  // Findings of the job, as instant events on their culprit ranks' tracks.
+  capnp::MallocMessageBuilder findings_request;
+  auto fr = findings_request.initRoot<query::Request>();
+  fr.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+  fr.initFindings().setLimit(10000);
+  std::string findings_json;
+  size_t findings = 0;
+  std::map<std::string, int> node_ids;
+  for (auto& [key, track] : tracks) node_ids.emplace(track.node, 0);
+  int next_node = 1;
+  for (auto& [node, id] : node_ids) id = next_node++;
+  auto fread = client.ask(findings_request, [&](query::Reply::Reader reply) {
+    for (auto f : reply.getFindings().getFindings()) {
+      if (std::string(f.getJob().cStr()) != args.job) continue;
+      if (args.since_ns && f.getOpenedNs() < args.since_ns) continue;
+      if (args.until_ns && f.getOpenedNs() >= args.until_ns) continue;
+      // On the first culprit's track when it is known, else on the whole trace.
+      std::string where = "\"s\":\"g\",\"pid\":0,\"tid\":0";
+      if (f.getRanks().size() > 0) {
+        for (auto& [key, track] : tracks)
+          if (track.rank == f.getRanks()[0] && f.getComm() != 0) {
+            where = "\"s\":\"t\",\"pid\":" + std::to_string(node_ids[track.node]) + ",\"tid\":" + std::to_string(track.pid);
+            break;
+          }
+      }
+      findings_json += ",\n{\"name\":" + json_quote(std::string(f.getKind().cStr()) + " #" + std::to_string(f.getId())) +
+                       ",\"cat\":\"finding\",\"ph\":\"i\"," + where + ",\"ts\":" + micros(f.getOpenedNs()) +
+                       ",\"args\":{\"summary\":" + json_quote(f.getSummary()) + ",\"resolved_ns\":" +
+                       std::to_string(f.getResolvedNs()) + "}}";
+      ++findings;
+    }
+  });
+  if (!fread) {
+    std::cerr << "rankscope export: findings: " << fread.error().message << "\n";
+    return 1;
+  }
+
+  std::ofstream out(args.output);
+  if (!out) {
+    std::cerr << "rankscope export: cannot write " << args.output << "\n";
+    return 1;
+  }
+  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"job\":" << json_quote(args.job)
+      << ",\"clock\":\"rankscope cluster clock (unix time, corrected per node)\"},\"traceEvents\":[\n";
+  out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":" << json_quote("job " + args.job)
+      << "}}";
+  for (auto& [node, id] : node_ids) {
+    out << ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << id << ",\"tid\":0,\"args\":{\"name\":"
+        << json_quote("node " + node) << "}}";
+    out << ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" << id << ",\"tid\":0,\"args\":{\"sort_index\":"
+        << id << "}}";
+  }
+  size_t slices = 0;
+  for (auto& [key, track] : tracks) {
+    int pid = node_ids[track.node];
+    std::string name = (track.rank >= 0 ? "rank " + std::to_string(track.rank) : std::string("rank ?")) + " (pid " +
+                       std::to_string(track.pid) + ")";
+    out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << pid << ",\"tid\":" << track.pid
+        << ",\"args\":{\"name\":" << json_quote(name) << "}}";
+    out << ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" << pid << ",\"tid\":" << track.pid
+        << ",\"args\":{\"sort_index\":" << (track.rank >= 0 ? track.rank : 1 << 30) << "}}";
+    std::sort(track.slices.begin(), track.slices.end(), [](const Slice& a, const Slice& b) {
+      return std::tie(a.issue_ns, a.comm, a.lane, a.seq) < std::tie(b.issue_ns, b.comm, b.lane, b.seq);
+    });
+    for (const Slice& s : track.slices) {
+      uint64_t dur = s.return_ns > s.issue_ns ? s.return_ns - s.issue_ns : 0;
+      std::string op = proto::op_name(s.op);
+      out << ",\n{\"name\":" << json_quote(op) << ",\"cat\":\"nccl\",\"ph\":\"X\",\"pid\":" << pid
+          << ",\"tid\":" << track.pid << ",\"ts\":" << micros(s.issue_ns) << ",\"dur\":" << micros(dur)
+          << ",\"args\":{\"comm\":\"" << hex64(s.comm) << "\",\"seq\":" << s.seq << ",\"lane\":" << s.lane
+          << ",\"bytes\":" << s.bytes << ",\"peer\":" << s.peer << "}}";
+      ++slices;
+    }
+  }
+  out << findings_json << "\n]}\n";
+  out.close();
+  if (!out) {
+    std::cerr << "rankscope export: writing " << args.output << " failed\n";
+    return 1;
+  }
+  std::fprintf(stderr, "wrote %s: %zu rank track(s) on %zu node(s), %zu collective slice(s), %zu finding(s)\n",
+               args.output.c_str(), tracks.size(), node_ids.size(), slices, findings);
+  return 0;
+}
+
+}  // namespace rankscope::cli
