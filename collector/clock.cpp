@@ -87,47 +87,8 @@ void NodeClock::fit() {
     residual += p.weight * (p.offset - predicted) * (p.offset - predicted);
   }
   residual = std::sqrt(residual / sw);
-  refine_with_envelopes(at_reference);
   offset_ns_ = static_cast<int64_t>(std::llround(at_reference));
   uncertainty_ns_ = best_half + static_cast<uint64_t>(residual);
-}
-
-void NodeClock::refine_with_envelopes(double& at_reference) {
-  // Every probe bounds the offset on both sides: t2 - t1 = offset + the
-  // way out >= offset, and t3 - t4 = offset - the way back <= offset. Over
-  // the whole window (each probe moved along the drift to a common time)
-  // the smallest way out and the smallest way back are each far smaller
-  // than the smallest round trip of any one probe: the middle of the band
-  // between the two envelopes is the offset, off only by the asymmetry of
-  // the fixed part of the path. The drift is the slope between the bands
-  // of the window's two halves (twice: each pass straightens the next).
-  auto band = [&](size_t from, size_t to, double drift, double& centre) {
-    double sum = 0;
-    for (size_t i = from; i < to; ++i) sum += static_cast<double>(static_cast<int64_t>(midpoint(window_[i]) - reference_ns_));
-    centre = sum / static_cast<double>(to - from);
-    double upper = INFINITY, lower = -INFINITY;
-    for (size_t i = from; i < to; ++i) {
-      const ClockProbeSample& p = window_[i];
-      double at = static_cast<double>(static_cast<int64_t>(midpoint(p) - reference_ns_)) - centre;
-      upper = std::min(upper, static_cast<double>(static_cast<int64_t>(p.t2 - p.t1)) - drift * at);
-      lower = std::max(lower, static_cast<double>(static_cast<int64_t>(p.t3 - p.t4)) - drift * at);
-    }
-    return (upper + lower) / 2;
-  };
-  size_t n = window_.size();
-  if (n < 2 * kGroup) return;
-  double drift = drift_;
-  for (int pass = 0; pass < 2; ++pass) {
-    double ca = 0, cb = 0;
-    double oa = band(0, n / 2, drift, ca), ob = band(n / 2, n, drift, cb);
-    if (cb <= ca) return;
-    drift = (ob - oa) / (cb - ca);
-  }
-  if (!std::isfinite(drift) || std::abs(drift) > 1e-3) return;  // over 1000 ppm: not a clock, keep the fit
-  double centre = 0;
-  double offset = band(0, n, drift, centre);
-  drift_ = drift;
-  at_reference = offset + drift * (0 - centre);
 }
 
 uint64_t NodeClock::to_cluster(uint64_t node_ns) const {

@@ -7,9 +7,7 @@
 // probes the one with the smallest round trip is trusted (the "minimum
 // filter" of NTP and of Paxson's clock studies). A line through those
 // points, weighted by how tight each is, gives the offset and the drift
-// (monotonic clocks of two machines run apart by 10-30 us/s); past 16
-// probes both are refined from the envelopes of the one-way bounds (the
-// smallest way out and the smallest way back over the whole window).
+// (monotonic clocks of two machines run apart by 10-30 us/s).
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -45,9 +43,6 @@ class NodeClock {
   static constexpr size_t kWindow = 256;  // probes kept (about 4 minutes at one a second)
   static constexpr size_t kGroup = 8;     // probes per minimum-filter group
   void fit();
-  // The offset at the reference and the drift from the envelopes of the
-  // probes' one-way bounds (see clock.cpp); keeps the fit where it cannot.
-  void refine_with_envelopes(double& at_reference);
 
   std::deque<ClockProbeSample> window_;
   uint64_t reference_ns_ = 0;  // node time the offset refers to
