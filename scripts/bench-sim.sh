@@ -93,7 +93,7 @@ if [ "$mode" = "--live" ]; then
   hwm_kb=$(awk '/^VmHWM/ {print $2}' "/proc/$collector_pid/status")
   unacked=$(grep -o '[0-9]* batch(es) not acknowledged' "$work/live-sim.log" | cut -d' ' -f1 || true)
   score_start=$(date +%s)
-  timeout 300 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-live.jsonl" \
+  timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-live.jsonl" \
     --out "$work/scores-live.jsonl" >&2 || echo "bench-sim: scoring live failed (the collector did not answer in time)" >&2
   score_end=$(date +%s)
   echo "## 8,192 ranks live ($(date -u +%F), $(nproc) cores)"
