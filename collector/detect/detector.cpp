@@ -87,12 +87,18 @@ void Detector::ProcHistory::add(uint64_t arrival, uint64_t release) {
 }
 
 uint64_t Detector::ProcHistory::base_before(uint64_t t) const {
-  // The latest of those points over the exchanges before t: the calls of
-  // one group (a Send/Recv to each pipeline neighbour) are all waited for.
-  uint64_t base = 0;
-  for (const auto& [arrival, release] : exchanges)
-    if (arrival < t) base = std::max(base, release <= t ? release : arrival);
-  return base;
+  // The latest release over the exchanges before t (the calls of one group,
+  // a Send/Recv to each pipeline neighbour, are all waited for). If the
+  // host issued t before its latest exchange completed, it ran ahead (back
+  // to back buckets, asynchronous calls): nothing held it, and its lateness
+  // is carried, not its own to measure afresh: unknown (0).
+  uint64_t base = 0, latest_arrival = 0, latest_release = 0;
+  for (const auto& [arrival, release] : exchanges) {
+    if (arrival >= t) continue;
+    if (arrival >= latest_arrival) latest_arrival = arrival, latest_release = release;
+    if (release <= t) base = std::max(base, release);
+  }
+  return latest_release > t ? 0 : base;
 }
 
 Detector::ProcHistory* Detector::proc_of(const CommState& comm, CommDetect& state, int32_t rank) {

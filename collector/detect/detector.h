@@ -88,9 +88,9 @@ class Detector final : public RecordObserver {
     std::deque<std::pair<uint64_t, uint64_t>> exchanges;  // (arrival, release), cluster clock
     void add(uint64_t arrival, uint64_t release);
     // The latest point before `t` at which the process was free to go on:
-    // the release of an exchange it entered before `t`, or its arrival there
-    // if it issued `t` before that exchange completed (the host ran ahead).
-    // 0: unknown.
+    // the latest release of an exchange it entered before `t`. 0: unknown,
+    // or it issued `t` before its latest exchange completed (the host ran
+    // ahead, so plain arrival lateness applies).
     uint64_t base_before(uint64_t t) const;
   };
   struct Completed {

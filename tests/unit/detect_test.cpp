@@ -430,6 +430,33 @@ TEST_F(DetectTest, RankThatWaitedForASlowPipelinePartnerIsNotBlamed) {
   EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001) << "its own extra compute, not its partner's wait";
 }
 
+TEST_F(DetectTest, LateRankIsFoundWhenTheHostRunsAheadThroughBackToBackBuckets) {
+  // Three buckets per step issued back to back (each before the previous one
+  // completed, as DDP does), then a host sync; rank 2 computes 10 ms longer
+  // from step 20 on. Only the first bucket of a step follows a release; the
+  // others carry the same lateness (plain arrival lateness applies).
+  start(4);
+  std::vector<uint64_t> ready(4, clock.now);
+  uint64_t seq = 0;
+  for (uint64_t step = 0; step < 70; ++step) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 4; ++r) {
+      ready[r] += 20 * kMs + (r * 37 + step * 11) % 300 * 1000 + (r == 2 && step >= 20 ? 10 * kMs : 0);
+      for (uint64_t b = 0; b < 3; ++b) list.push_back({r, seq + b, ready[r] + b * 50'000});
+    }
+    calls(list);
+    seq += 3;
+    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 2 * 50'000 + 500'000;
+    std::fill(ready.begin(), ready.end(), release);
+    if (step % 5 == 0) evaluate_at(release + options.settle_ns);
+  }
+  for (int i = 0; i < options.open_after; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{2});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001);
+}
+
 TEST_F(DetectTest, HealthyJobWithBenignConfoundersRaisesNothing) {
   // 32 ranks, 400 collectives: log-normal compute jitter (3%), GC-like
   // pauses (5-60 ms on 0.2% of rank-steps), the last quarter of the ranks
