@@ -5,6 +5,9 @@
 #   scripts/bench-sim.sh BUILD_DIR           the whole suite (under 15 minutes)
 #   scripts/bench-sim.sh BUILD_DIR --smoke   a one-minute run of every part (make test runs it)
 #   scripts/bench-sim.sh BUILD_DIR --scale   the collector scale part only
+#   scripts/bench-sim.sh BUILD_DIR --accuracy  the accuracy part only
+#   scripts/bench-sim.sh BUILD_DIR --live     one 8,192-rank job (1,024 nodes) with 64 stragglers,
+#                                             live: backlog, memory, findings (about 3 minutes)
 # Every run gets a fresh collector (its own database, ports); rankscope-sim
 # drives it over its agent socket and scores it over its query socket. The
 # collector never sees the truth files.
@@ -75,6 +78,37 @@ else
   straggler_culprits=32; laststage_s=60; flood_sizes="512 2048 8192"; flood_steps=20; history=3600
 fi
 
+if [ "$mode" = "--live" ]; then
+  # 8,192 ranks analysed live: 1,024 simulated nodes (connections), 1 s
+  # steps, 64 ranks slowed 1.02x-5x from 15-25 s on, 75 s. The collector
+  # must keep up (every batch acknowledged at the end, bounded memory) and
+  # answer the scorer.
+  start_collector live
+  live_start=$(date +%s)
+  "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth-live.jsonl" --log-level warn \
+    --scenario slowdown --seed 11 --jobs 1 --nodes-per-job 1024 --pp 4 --step-ms 1000 --duration-s 75 \
+    --fault-after-s 15 --fault-window-s 10 --culprits 64 --last-stage-factor 1 --prefix big 2>"$work/live-sim.log" || true
+  live_end=$(date +%s)
+  rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$collector_pid/status")
+  hwm_kb=$(awk '/^VmHWM/ {print $2}' "/proc/$collector_pid/status")
+  unacked=$(grep -o '[0-9]* batch(es) not acknowledged' "$work/live-sim.log" | cut -d' ' -f1 || true)
+  score_start=$(date +%s)
+  timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-live.jsonl" \
+    --out "$work/scores-live.jsonl" >&2 || echo "bench-sim: scoring live failed (the collector did not answer in time)" >&2
+  score_end=$(date +%s)
+  echo "## 8,192 ranks live ($(date -u +%F), $(nproc) cores)"
+  echo
+  echo "Command: \`scripts/bench-sim.sh $build --live\`: 1,024 nodes x 8 ranks, TP 8, PP 4, 1 s steps, 75 s, 64 ranks slowed 1.02x-5x."
+  echo
+  echo "| run (s) | batches unacknowledged at the end | collector RSS at the end (MiB) | peak RSS (MiB) | scoring (s) |"
+  echo "| --- | --- | --- | --- | --- |"
+  echo "| $((live_end - live_start)) | ${unacked:-0} | $((rss_kb / 1024)) | $((hwm_kb / 1024)) | $((score_end - score_start)) |"
+  echo
+  [ -s "$work/scores-live.jsonl" ] && "$bin/rankscope-sim" report "$work/scores-live.jsonl"
+  stop_collector
+  exit 0
+fi
+
 if [ "$mode" != "--scale" ]; then
 # 1. Hangs, mismatches, dead agents, slowed ranks and nodes: 7 jobs of 4
 #    nodes x 8 ranks side by side (mixed: one healthy job, one per fault
@@ -129,6 +163,7 @@ echo
 "$bin/rankscope-sim" report "$work/scores-healthy.jsonl" | grep -E '^(Healthy|Clock|Delivery)|^\| (straggler|hang|mismatch|node_lost) '
 echo
 fi
+[ "$mode" = "--accuracy" ] && exit 0
 
 # 4. Scale: pre-built batches of an N-rank job (1 s steps, one batch per node
 #    and second, TP 8 / PP 4 / DP N/32, plus one world AllReduce per step)

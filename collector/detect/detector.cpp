@@ -14,6 +14,14 @@ constexpr size_t kMaxOpenInstances = 4096;  // incomplete collectives remembered
 constexpr uint64_t kStragglerUpdateNs = 10'000'000'000ull;
 // Lateness samples held for the metrics between two takes (dropped past it when nobody takes them).
 constexpr size_t kMaxLatenessSamples = 65536;
+// Exchanges remembered per process: those of the last few seconds (scoring
+// looks back settle_ns plus one evaluation), at most this many.
+constexpr size_t kProcExchanges = 1024;
+constexpr uint64_t kProcHistoryNs = 5'000'000'000ull;
+constexpr size_t kMaxPendingPairs = 65536;  // Send/Recv halves waiting for their other half, per communicator
+constexpr size_t kMaxSettling = 1024;       // complete instances waiting to be scored, per communicator
+// An agent heartbeats every second: silent for this long, its ranks are unseen.
+constexpr uint64_t kUnseenNs = 3'000'000'000ull;
 
 uint32_t call_code(const proto::CallRecord& r) {
   return static_cast<uint32_t>(r.op) | static_cast<uint32_t>(r.datatype) << 8 | static_cast<uint32_t>(r.redop) << 16;
@@ -71,8 +79,69 @@ Finding straggler_of(uint64_t comm, int32_t rank) {
 Detector::Detector(const Ingest& ingest, FindingBook& book, const Clock& clock, DetectOptions options)
     : ingest_(ingest), book_(book), clock_(clock), options_(options) {}
 
+void Detector::ProcHistory::add(uint64_t arrival, uint64_t release) {
+  exchanges.emplace_back(arrival, release);
+  while (exchanges.size() > kProcExchanges ||
+         (exchanges.front().first + kProcHistoryNs < arrival && exchanges.size() > 1))
+    exchanges.pop_front();
+}
+
+uint64_t Detector::ProcHistory::base_before(uint64_t t) const {
+  // The latest release over the exchanges before t (the calls of one group,
+  // a Send/Recv to each pipeline neighbour, are all waited for). If the
+  // host issued t before its latest exchange completed, it ran ahead (back
+  // to back buckets, asynchronous calls): nothing held it, and its lateness
+  // is carried, not its own to measure afresh: unknown (0).
+  uint64_t base = 0, latest_arrival = 0, latest_release = 0;
+  for (const auto& [arrival, release] : exchanges) {
+    if (arrival >= t) continue;
+    if (arrival >= latest_arrival) latest_arrival = arrival, latest_release = release;
+    if (release <= t) base = std::max(base, release);
+  }
+  return latest_release > t ? 0 : base;
+}
+
+Detector::ProcHistory* Detector::proc_of(const CommState& comm, CommDetect& state, int32_t rank) {
+  if (state.procs.size() != static_cast<size_t>(comm.nranks)) state.procs.assign(comm.nranks, nullptr);
+  ProcHistory*& p = state.procs[rank];
+  if (!p) {
+    auto m = comm.members.find(rank);
+    if (m == comm.members.end()) return nullptr;
+    p = &procs_[{m->second.node, m->second.pid}];
+  }
+  return p;
+}
+
+void Detector::on_p2p(const CommState& comm, CommDetect& state, int32_t rank, uint32_t lane,
+                      const proto::CallRecord& record) {
+  // Lane 1 + 2 * peer + (1 for Recv): the k-th Send from s to d pairs with
+  // the k-th Recv on d from s. The pair completes when both are posted.
+  int32_t peer = static_cast<int32_t>((lane - 1) / 2);
+  bool recv = ((lane - 1) & 1) != 0;
+  if (peer < 0 || peer >= comm.nranks || peer == rank) return;
+  auto key = recv ? std::make_tuple(peer, rank, static_cast<uint64_t>(record.seq))
+                  : std::make_tuple(rank, peer, static_cast<uint64_t>(record.seq));
+  auto it = state.p2p.find(key);
+  if (it == state.p2p.end()) {
+    state.p2p[key] = PendingPair{record.issue_ns, recv ? 1u : 0u};
+    while (state.p2p.size() > kMaxPendingPairs) state.p2p.erase(state.p2p.begin());
+    return;
+  }
+  if (it->second.proc == (recv ? 1u : 0u)) return;  // the same side again (a re-sent record)
+  uint64_t other = it->second.issue_ns;
+  state.p2p.erase(it);
+  uint64_t release = std::max(other, static_cast<uint64_t>(record.issue_ns));
+  if (ProcHistory* mine = proc_of(comm, state, rank)) mine->add(record.issue_ns, release);
+  if (ProcHistory* theirs = proc_of(comm, state, peer)) theirs->add(other, release);
+}
+
 void Detector::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
-  if (lane != 0 || !proto::op_is_collective(record.op) || comm.nranks <= 0 || rank < 0 || rank >= comm.nranks) return;
+  if (comm.nranks <= 0 || rank < 0 || rank >= comm.nranks) return;
+  if (lane != 0) {
+    if (record.op == RS_OP_SEND || record.op == RS_OP_RECV) on_p2p(comm, comms_[comm.hash], rank, lane, record);
+    return;
+  }
+  if (!proto::op_is_collective(record.op)) return;
   CommDetect& state = comms_[comm.hash];
   if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
   Instance& instance = state.instances[record.seq];
@@ -149,9 +218,6 @@ void Detector::complete(const CommState& comm, CommDetect& state, Instance& inst
   for (int32_t r = 0; r < n; ++r)
     if (r != last) max_others = std::max(max_others, t[r]);
   for (int32_t r = 0; r < n; ++r) {
-    // Lateness against the median of the *other* ranks, so that with two
-    // ranks the late one is late by the whole gap. Past 8 ranks one rank
-    // moves the median by at most one neighbour: the plain median will do.
     int64_t reference = all_median;
     if (n < 8) {
       std::vector<int64_t> others;
@@ -160,7 +226,8 @@ void Detector::complete(const CommState& comm, CommDetect& state, Instance& inst
       reference = median(others);
     }
     RankStats& stats = state.ranks[r];
-    stats.lateness_ns.push_back(t[r] - reference);
+    // Every member was free to go on from here: the exchange's release.
+    if (ProcHistory* p = proc_of(comm, state, r)) p->add(static_cast<uint64_t>(t[r]), static_cast<uint64_t>(t[last]));
     // What-if: had this rank arrived with the others, the collective would
     // have started when the last of them arrived. Collectives issued back to
     // back (the buckets of one step) wait for the same late arrival: each
@@ -174,13 +241,74 @@ void Detector::complete(const CommState& comm, CommDetect& state, Instance& inst
     stats.delay_ns.push_back(delay);
     if (stats.over > 0 || book_.open_finding(straggler_of(comm.hash, r).key()))
       stats.gpu_ns_lost += static_cast<double>(delay) * (n - 1);
-    while (stats.lateness_ns.size() > options_.straggler_window) stats.lateness_ns.pop_front();
     while (stats.delay_ns.size() > options_.straggler_window) stats.delay_ns.pop_front();
     if (r == last && n > 1 && lateness_samples_.size() < kMaxLatenessSamples)
       lateness_samples_.push_back(static_cast<double>(t[r] - reference) / 1e9);
   }
   state.completed_ns.push_back(static_cast<uint64_t>(t[last]));
   while (state.completed_ns.size() > options_.straggler_window + 1) state.completed_ns.pop_front();
+  state.done.push_back(Completed{instance.issue, static_cast<uint64_t>(t[last])});
+  while (state.done.size() > kMaxSettling) state.done.pop_front();
+}
+
+void Detector::score(CommDetect& state, uint64_t now_ns) {
+  // A rank's own lateness is how much longer it took from the moment it was
+  // free to go on (the release of its previous exchange: a collective or a
+  // Send/Recv pair) to this arrival than the others took from theirs. A rank
+  // that waited for someone else (a slowed pipeline partner, a slow rank of
+  // another communicator) was released late and is not to blame for it; the
+  // rank that arrived last there took long from its own release, and is.
+  // Where a member's release is unknown, plain arrival lateness is used.
+  while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) {
+    const Completed& c = state.done.front();
+    const int32_t n = static_cast<int32_t>(c.issue.size());
+    if (n != static_cast<int32_t>(state.ranks.size())) {
+      state.done.pop_front();
+      continue;
+    }
+    std::vector<int64_t> v(c.issue.begin(), c.issue.end());
+    bool durations = state.procs.size() == static_cast<size_t>(n);
+    for (int32_t r = 0; r < n && durations; ++r) {
+      uint64_t base = state.procs[r] ? state.procs[r]->base_before(c.issue[r]) : 0;
+      if (base == 0) durations = false;
+      else v[r] = static_cast<int64_t>(c.issue[r] - base);
+    }
+    if (!durations) v.assign(c.issue.begin(), c.issue.end());
+    int64_t all_median = median(v);
+    for (int32_t r = 0; r < n; ++r) {
+      // Against the median of the *other* ranks, so that with two ranks the
+      // late one is late by the whole gap. Past 8 ranks one rank moves the
+      // median by at most one neighbour: the plain median will do.
+      int64_t reference = all_median;
+      if (n < 8) {
+        std::vector<int64_t> others;
+        for (int32_t o = 0; o < n; ++o)
+          if (o != r) others.push_back(v[o]);
+        reference = median(others);
+      }
+      RankStats& stats = state.ranks[r];
+      int64_t own = v[r] - reference;
+      stats.lateness_ns.push_back(own);
+      while (stats.lateness_ns.size() > options_.straggler_window) stats.lateness_ns.pop_front();
+      if (stats.first_ns.size() < options_.baseline_samples) {
+        stats.first_ns.push_back(own);
+        if (stats.first_ns.size() == options_.baseline_samples) {
+          // Structural lateness, present since the rank was first seen (the
+          // slower last pipeline stage): the median of its first instances,
+          // taken toward zero by three standard errors so that noise is
+          // never learnt as structure.
+          int64_t m = median(stats.first_ns);
+          std::vector<int64_t> dev;
+          for (int64_t x : stats.first_ns) dev.push_back(std::llabs(x - m));
+          double sigma = 1.4826 * static_cast<double>(median(dev));
+          stats.baseline_se_ns = 1.2533 * sigma / std::sqrt(static_cast<double>(stats.first_ns.size()));
+          double shrunk = std::max(0.0, static_cast<double>(m) - 3 * stats.baseline_se_ns);
+          stats.baseline_ns = static_cast<int64_t>(shrunk);
+        }
+      }
+    }
+    state.done.pop_front();
+  }
 }
 
 std::vector<double> Detector::take_lateness_samples() {
@@ -239,25 +367,43 @@ std::string Detector::host_context(const CommState& comm, int32_t rank) const {
   if (!health) return {};
   CpuShares mine = health->shares(options_.context_window_ns);
   if (!mine.known) return {};
-  std::vector<int64_t> peers_running, peers_waiting, peers_off;
-  for (const auto& [r, m] : comm.members) {
-    if (r == rank) continue;
-    const ProcessHealth* peer = health_of(m);
-    if (!peer) continue;
-    CpuShares s = peer->shares(options_.context_window_ns);
-    if (!s.known) continue;
-    peers_running.push_back(static_cast<int64_t>(s.running * 1000));
-    peers_waiting.push_back(static_cast<int64_t>(s.waiting * 1000));
-    peers_off.push_back(static_cast<int64_t>(s.off_cpu * 1000));
+  // The peers' medians, once per communicator and evaluation: walking every
+  // member's health for each rank explained is O(ranks^2) at scale. Past 8
+  // ranks the median of all members stands for the median of the others.
+  auto summarise = [&](int32_t except) {
+    PeerShares p;
+    std::vector<int64_t> running, waiting, off;
+    for (const auto& [r, m] : comm.members) {
+      if (r == except) continue;
+      const ProcessHealth* peer = health_of(m);
+      if (!peer) continue;
+      CpuShares s = peer->shares(options_.context_window_ns);
+      if (!s.known) continue;
+      running.push_back(static_cast<int64_t>(s.running * 1000));
+      waiting.push_back(static_cast<int64_t>(s.waiting * 1000));
+      off.push_back(static_cast<int64_t>(s.off_cpu * 1000));
+    }
+    p.known = !running.empty();
+    p.running = median(running) / 1000.0;
+    p.waiting = median(waiting) / 1000.0;
+    p.off_cpu = median(off) / 1000.0;
+    return p;
+  };
+  PeerShares peers;
+  if (comm.nranks < 8) {
+    peers = summarise(rank);
+  } else {
+    auto cached = peer_cache_.find(comm.hash);
+    if (cached == peer_cache_.end()) cached = peer_cache_.emplace(comm.hash, summarise(-1)).first;
+    peers = cached->second;
   }
   std::string text = health->describe_cpu(options_.context_window_ns);
-  if (!peers_running.empty()) {
+  if (peers.known) {
     if (mine.host)
-      text += " (peers, median: off-CPU " + percent(median(peers_off) / 1000.0) + ", waiting for a CPU " +
-              percent(median(peers_waiting) / 1000.0) + ")";
+      text += " (peers, median: off-CPU " + percent(peers.off_cpu) + ", waiting for a CPU " +
+              percent(peers.waiting) + ")";
     else
-      text += " (peers, median: ran " + percent(median(peers_running) / 1000.0) + ", waited " +
-              percent(median(peers_waiting) / 1000.0) + ")";
+      text += " (peers, median: ran " + percent(peers.running) + ", waited " + percent(peers.waiting) + ")";
   }
   std::string neighbours = busy_neighbours(it->second);
   if (!neighbours.empty()) text += "; " + neighbours;
@@ -300,6 +446,16 @@ void Detector::evaluate(uint64_t now_ns) {
   for (const Finding* f : book_.open())
     if (f->kind == FindingKind::hang || f->kind == FindingKind::mismatch) open_by_comm[f->comm].push_back(f);
   static const std::vector<const Finding*> kNone;
+  peer_cache_.clear();
+  // Nodes whose agent has been silent for longer than a few heartbeats (or
+  // the node-lost timeout, if shorter): their ranks are unseen, not hung.
+  silent_.clear();
+  folded_.clear();
+  uint64_t unseen_after = std::min(options_.node_lost_timeout_ns, kUnseenNs);
+  for (const auto& [name, node] : ingest_.nodes()) {
+    uint64_t heard = std::max(node.last_contact_ns, ingest_.started_ns());
+    if (now_ns > heard && now_ns - heard > unseen_after) silent_.insert(name);
+  }
   for (const auto& [hash, comm] : ingest_.comms()) {
     if (comm.ended) {
       if (comms_.erase(hash)) resolve_comm(hash, now_ns);
@@ -310,6 +466,7 @@ void Detector::evaluate(uint64_t now_ns) {
     if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
     auto open = open_by_comm.find(hash);
     evaluate_hang(comm, state, now_ns, open == open_by_comm.end() ? kNone : open->second);
+    score(state, now_ns);
     evaluate_stragglers(comm, state, now_ns);
   }
   evaluate_nodes(now_ns);
@@ -368,6 +525,9 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     f.seq = static_cast<int64_t>(n_seq);
     for (int32_t r = 0; r < n; ++r)
       if (last[r] == min_last) f.ranks.push_back(r);
+    // Missing ranks whose agent went silent are unseen, not hung: the
+    // node_lost finding of their node tells it (and counts this one).
+    if (fold_into_lost_nodes(comm, f.ranks)) return;
     std::string call = instance->first == n_seq
                            ? describe_call(instance->second.code, instance->second.count, instance->second.root)
                            : "the next collective";
@@ -380,6 +540,9 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   } else {
     // Every rank issued the same last collective and nothing moves.
     if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return;
+    std::vector<int32_t> all;
+    for (const auto& [rank, m] : comm.members) all.push_back(rank);
+    if (fold_into_lost_nodes(comm, all)) return;
     std::vector<int32_t> stuck, busy;
     size_t in_gpu_wait = 0;
     for (const auto& [rank, m] : comm.members) {
@@ -457,12 +620,29 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     const Finding* open = book_.open_finding(key);
     if (stats.lateness_ns.size() < options_.straggler_min_samples) continue;
     uint64_t others_unc = r == top ? second : uncertainty[top];
-    double threshold = std::max(static_cast<double>(options_.min_lateness_ns), options_.relative_lateness * period) +
+    // Lateness over the rank's own baseline (its structural lateness since
+    // it was first seen), judged against its own noise: the median of the
+    // window must exceed lateness_z standard errors of that median (robust:
+    // 1.4826 x MAD for sigma), the floor, and the clocks' uncertainty.
+    bool learnt = stats.first_ns.size() >= options_.baseline_samples;
+    std::vector<int64_t> excess;
+    excess.reserve(stats.lateness_ns.size());
+    for (int64_t l : stats.lateness_ns) excess.push_back(l - (learnt ? stats.baseline_ns : 0));
+    int64_t lateness = median(excess);
+    std::vector<int64_t> dev;
+    dev.reserve(excess.size());
+    for (int64_t x : excess) dev.push_back(std::llabs(x - lateness));
+    double sigma = 1.4826 * static_cast<double>(median(dev));
+    double se = 1.2533 * sigma / std::sqrt(static_cast<double>(excess.size()));
+    // A baseline learnt as zero (no structure: most ranks) adds no error of its own.
+    double se_b = learnt && stats.baseline_ns > 0 ? stats.baseline_se_ns : 0.0;
+    double se_total = std::sqrt(se * se + se_b * se_b);
+    double threshold = std::max({static_cast<double>(options_.min_lateness_ns), options_.relative_lateness * period,
+                                 options_.lateness_z * se_total}) +
                        static_cast<double>(uncertainty[r]) + static_cast<double>(others_unc);
-    int64_t lateness = median(std::vector<int64_t>(stats.lateness_ns.begin(), stats.lateness_ns.end()));
-    size_t late = std::count_if(stats.lateness_ns.begin(), stats.lateness_ns.end(),
+    size_t late = std::count_if(excess.begin(), excess.end(),
                                 [&](int64_t l) { return static_cast<double>(l) > threshold / 2; });
-    bool over = static_cast<double>(lateness) > threshold && late * 4 >= stats.lateness_ns.size() * 3;
+    bool over = static_cast<double>(lateness) > threshold && late * 4 >= excess.size() * 3;
     bool under = static_cast<double>(lateness) < threshold / 2;
     stats.over = over ? stats.over + 1 : 0;
     stats.under = under ? stats.under + 1 : 0;
@@ -480,10 +660,15 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     // Opening: the waste already seen in the evidence window counts.
     if (!open) stats.gpu_ns_lost = std::max(stats.gpu_ns_lost, delay_in_window * (n - 1));
     if (open && !over) continue;  // between the thresholds: keep it open as it is
+    // Figures are refreshed every 10 s; an explanation that became available
+    // is added at once. The host context is worked out only then (not for
+    // every rank over the threshold at every evaluation: at 8,192 ranks
+    // that kept the collector from keeping up).
+    bool refresh = !open || now_ns - open->updated_ns >= kStragglerUpdateNs;
+    bool unexplained = open && open->detail.find("\nWhy: ") == std::string::npos;
+    if (!refresh && !unexplained) continue;
     std::string context = host_context(comm, r);
-    // Figures are refreshed every 10 s; an explanation that became available is added at once.
-    bool explains_now = !context.empty() && open && open->detail.find("\nWhy: ") == std::string::npos;
-    if (open && now_ns - open->updated_ns < kStragglerUpdateNs && !explains_now) continue;
+    if (!refresh && context.empty()) continue;
 
     double delay = delay_in_window;
     Finding f = key_probe;
@@ -506,10 +691,31 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
              f.gpu_hours_lost, n - 1);
     f.detail = f.summary + ".\n" + cost + ".\nThreshold: " + format_duration_ns(static_cast<int64_t>(threshold)) +
                " (including clock uncertainty " + format_duration_ns(static_cast<int64_t>(uncertainty[r] + others_unc)) +
-               ").";
+               "); lateness is its own: time from when it was free to go on (the end of its previous exchange) "
+               "against the others', over its structural lateness of " +
+               format_duration_ns(learnt ? stats.baseline_ns : 0) + " (learnt from its first " +
+               std::to_string(options_.baseline_samples) + " collectives).";
     if (!context.empty()) f.detail += "\nWhy: " + context + ".";
     book_.raise(std::move(f), now_ns);
   }
+}
+
+bool Detector::fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks) {
+  // Folded when the ranks in question are all unseen (the missing ranks of a
+  // partial hang), or, for ranks all inside, when any member is unseen (its
+  // progress cannot be known).
+  std::set<std::string> nodes;
+  size_t unseen_ranks = 0;
+  for (int32_t r : ranks) {
+    auto m = comm.members.find(r);
+    if (m == comm.members.end() || !unseen(m->second.node)) continue;
+    nodes.insert(m->second.node);
+    unseen_ranks += 1;
+  }
+  bool all_inside = ranks.size() == comm.members.size() && !ranks.empty();
+  if (nodes.empty() || (!all_inside && unseen_ranks < ranks.size())) return false;
+  for (const auto& node : nodes) folded_[node].insert(comm.hash);
+  return true;
 }
 
 void Detector::evaluate_nodes(uint64_t now_ns) {
@@ -527,6 +733,7 @@ void Detector::evaluate_nodes(uint64_t now_ns) {
     bool silent = now_ns > heard && now_ns - heard > options_.node_lost_timeout_ns;
     if (!silent) {
       book_.resolve(key, now_ns);
+      folded_told_.erase(name);
       continue;
     }
     if (!gathered) {
@@ -554,6 +761,11 @@ void Detector::evaluate_nodes(uint64_t now_ns) {
                 "; it ran rank(s) " + join(f.ranks) + " of job " + f.job;
     f.detail = f.summary + ".\nLast contact " + format_time_ns(node.last_contact_ns) +
                ". The node, its network or its agent is down; rankscope cannot see these ranks until it returns.";
+    size_t& told = folded_told_[name];  // only grows while the node stays lost: no rewrite every tick
+    if (auto folded = folded_.find(name); folded != folded_.end()) told = std::max(told, folded->second.size());
+    if (told > 0)
+      f.detail += "\nThe other ranks of " + std::to_string(told) +
+                  " communicator(s) wait on these unseen ranks; those waits are not reported as separate hangs.";
     book_.raise(std::move(f), now_ns);
   }
 }

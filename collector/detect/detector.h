@@ -15,6 +15,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "collector/detect/findings.h"
@@ -26,9 +28,13 @@ struct DetectOptions {
   uint64_t hang_timeout_ns = 30'000'000'000ull;
   uint64_t node_lost_timeout_ns = 15'000'000'000ull;
   uint64_t min_lateness_ns = 2'000'000;   // never call a rank late by less than this
-  double relative_lateness = 0.05;        // ... nor by less than this share of the collective period
+  double relative_lateness = 0;           // ... nor by less than this share of the collective period
+  double lateness_z = 6;                  // ... nor by less than this many standard errors of its median
   size_t straggler_window = 32;           // complete instances the lateness statistics use
   size_t straggler_min_samples = 16;
+  size_t baseline_samples = 12;           // a rank's first instances: its structural lateness (baseline)
+  uint64_t settle_ns = 500'000'000;       // a completed collective is scored this long after its last
+                                          // arrival, when the exchanges before it have arrived too
   int open_after = 3;                     // consecutive evaluations over the threshold to open
   int close_after = 5;                    // ... under half of it to resolve
   uint64_t context_window_ns = 10'000'000'000ull;  // host context looked at for explanations
@@ -66,14 +72,40 @@ class Detector final : public RecordObserver {
     bool mismatched = false;
   };
   struct RankStats {
-    std::deque<int64_t> lateness_ns;  // per complete instance, against the median of the others
+    std::deque<int64_t> lateness_ns;  // per complete instance: own lateness (below), against the median of the others
+    std::vector<int64_t> first_ns;    // the first baseline_samples own lateness values
+    int64_t baseline_ns = 0;          // structural lateness learnt from them (0 until learnt)
+    double baseline_se_ns = 0;        // its standard error
     std::deque<uint64_t> delay_ns;    // how much later the instance completed because of this rank
     int over = 0, under = 0;          // hysteresis counters
     double gpu_ns_lost = 0;           // since its straggler finding opened
     int64_t blamed_until = 0;         // delays are counted once: back-to-back collectives overlap
   };
+  // When a process's host was last free to go on: per exchange it took part
+  // in (a collective instance, a matched Send/Recv pair), its own arrival and
+  // the exchange's release (the last arrival).
+  struct ProcHistory {
+    std::deque<std::pair<uint64_t, uint64_t>> exchanges;  // (arrival, release), cluster clock
+    void add(uint64_t arrival, uint64_t release);
+    // The latest point before `t` at which the process was free to go on:
+    // the latest release of an exchange it entered before `t`. 0: unknown,
+    // or it issued `t` before its latest exchange completed (the host ran
+    // ahead, so plain arrival lateness applies).
+    uint64_t base_before(uint64_t t) const;
+  };
+  struct Completed {
+    std::vector<uint64_t> issue;  // by rank
+    uint64_t last_ns = 0;         // the last arrival
+  };
+  struct PendingPair {
+    uint64_t issue_ns = 0;
+    uint64_t proc = 0;
+  };
   struct CommDetect {
     std::map<uint64_t, Instance> instances;  // incomplete ones, by seq
+    std::deque<Completed> done;              // complete, not yet scored (settling)
+    std::vector<ProcHistory*> procs;         // by rank; null: member not known yet
+    std::map<std::tuple<int32_t, int32_t, uint64_t>, PendingPair> p2p;  // (sender, receiver, seq): one side seen
     std::deque<uint64_t> completed_ns;       // completion (last arrival) times, for the period
     std::vector<RankStats> ranks;
     std::set<std::string> all_inside;        // keys of open hangs where every rank is inside
@@ -82,6 +114,14 @@ class Detector final : public RecordObserver {
 
   void check_mismatch(const CommState& comm, uint64_t seq, Instance& instance);
   void complete(const CommState& comm, CommDetect& state, Instance& instance);
+  void on_p2p(const CommState& comm, CommDetect& state, int32_t rank, uint32_t lane, const proto::CallRecord& record);
+  ProcHistory* proc_of(const CommState& comm, CommDetect& state, int32_t rank);
+  // Own lateness of each settled complete instance into the ranks' windows.
+  void score(CommDetect& state, uint64_t now_ns);
+  // Nodes silent for long enough that their ranks are unseen, not hung.
+  bool unseen(const std::string& node) const { return silent_.count(node) > 0; }
+  // Whether a hang naming `ranks` is explained by lost nodes (then noted for their finding).
+  bool fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks);
   void evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
                      const std::vector<const Finding*>& open_of_comm);
   void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns);
@@ -100,6 +140,15 @@ class Detector final : public RecordObserver {
   const Clock& clock_;
   DetectOptions options_;
   std::map<uint64_t, CommDetect> comms_;
+  std::map<std::pair<std::string, uint32_t>, ProcHistory> procs_;  // by (node, pid)
+  std::set<std::string> silent_;                     // this evaluation's silent nodes
+  std::map<std::string, std::set<uint64_t>> folded_;  // silent node -> comms whose hang it explains
+  std::map<std::string, size_t> folded_told_;         // lost node -> comms its finding said it explains
+  struct PeerShares {
+    bool known = false;
+    double running = 0, waiting = 0, off_cpu = 0;
+  };
+  mutable std::map<uint64_t, PeerShares> peer_cache_;  // per communicator, this evaluation
   std::vector<double> lateness_samples_;
 };
 

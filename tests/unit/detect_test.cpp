@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
 
 #include "collector/detect/detector.h"
 #include "tests/support/feed.h"
@@ -23,11 +24,14 @@ class TestClock final : public Clock {
 };
 
 struct Call {
-  int32_t rank;
+  int32_t rank;  // the process: pid 100 + rank on node_of(rank)
   uint64_t seq;
   uint64_t issue_ns;
   uint8_t op = RS_OP_ALLREDUCE;
   uint64_t count = 1024;
+  uint64_t comm = kComm;
+  int32_t comm_rank = -1;  // -1: the same as rank
+  uint32_t lane = 0;
 };
 
 class DetectTest : public ::testing::Test {
@@ -102,13 +106,35 @@ class DetectTest : public ::testing::Test {
     });
   }
 
+  // Another communicator over the processes `members` (by comm rank), on their nodes.
+  void register_comm(uint64_t hash, const std::vector<int32_t>& members) {
+    std::map<std::string, std::vector<std::pair<int32_t, int32_t>>> by_node;  // node -> (process, comm rank)
+    for (size_t i = 0; i < members.size(); ++i)
+      by_node[node_of(members[i])].emplace_back(members[i], static_cast<int32_t>(i));
+    for (const auto& [node, list] : by_node) {
+      send(node, [&](auto m) {
+        auto b = m.initBatch();
+        b.setInstanceId(7);
+        b.setSeq(++batch_seq[node]);
+        auto comms = b.initComms(static_cast<unsigned>(list.size()));
+        for (unsigned i = 0; i < list.size(); ++i) {
+          comms[i].setPid(100 + list[i].first);
+          comms[i].setCommHash(hash);
+          comms[i].setRank(list[i].second);
+          comms[i].setNranks(static_cast<int32_t>(members.size()));
+        }
+      });
+    }
+  }
+
   void calls(const std::vector<Call>& list) {
-    std::map<int32_t, proto::ColumnBlock> blocks;
+    std::map<std::tuple<int32_t, uint64_t, uint32_t>, proto::ColumnBlock> blocks;
     for (const Call& c : list) {
-      auto& block = blocks[c.rank];
+      auto& block = blocks[{c.rank, c.comm, c.lane}];
       block.pid = 100 + c.rank;
-      block.comm_hash = kComm;
-      block.rank = c.rank;
+      block.comm_hash = c.comm;
+      block.rank = c.comm_rank < 0 ? c.rank : c.comm_rank;
+      block.lane = c.lane;
       proto::CallRecord r;
       r.seq = c.seq;
       r.issue_ns = c.issue_ns;
@@ -116,9 +142,11 @@ class DetectTest : public ::testing::Test {
       r.op = c.op;
       r.datatype = 7;
       r.count = c.count;
+      if (c.lane > 0) r.peer = static_cast<int32_t>((c.lane - 1) / 2);
       block.records.push_back(r);
     }
-    for (auto& [rank, block] : blocks) {
+    for (auto& [where, block] : blocks) {
+      int32_t rank = std::get<0>(where);
       send(node_of(rank), [&](auto m) {
         auto b = m.initBatch();
         b.setInstanceId(7);
@@ -166,6 +194,14 @@ class DetectTest : public ::testing::Test {
     });
   }
 
+  // Every node's agent talks at `at` (an empty heartbeat), as live agents do
+  // once a second: their ranks are seen, not lost.
+  void keep_talking(uint64_t at) {
+    clock.now = at;
+    for (int32_t rank = 0; rank < nranks; rank += 2)
+      send(node_of(rank), [](auto m) { m.initHeartbeat().setInstanceId(7); });
+  }
+
   void evaluate_at(uint64_t t) {
     clock.now = t;
     detector->evaluate(t);
@@ -198,6 +234,7 @@ TEST_F(DetectTest, HangNamesTheRankThatNeverEnteredAndResolvesWhenItDoes) {
   evaluate_at(t + 100 * kMs + options.hang_timeout_ns - kSecond);
   EXPECT_TRUE(open(FindingKind::hang).empty()) << "not before the timeout";
 
+  keep_talking(t + 100 * kMs + options.hang_timeout_ns + kMs);
   evaluate_at(t + 100 * kMs + options.hang_timeout_ns + kMs);
   auto hangs = open(FindingKind::hang);
   ASSERT_EQ(hangs.size(), 1u);
@@ -218,6 +255,7 @@ TEST_F(DetectTest, EveryRankInsideAndIdleIsReportedAsNoRankMissing) {
   start(4);
   uint64_t t = clock.now;
   for (uint64_t seq = 0; seq < 5; ++seq) instance(seq, t + seq * kMs);
+  clock.now = t + 6 * kSecond;  // the agents report now
   for (int32_t node = 0; node < 2; ++node) {  // alive, asleep in cudaStreamSynchronize, no CPU used
     node_health({2 * node, 2 * node + 1}, 'S', 1000, t, t + 5 * kMs);
     node_health({2 * node, 2 * node + 1}, 'S', 1000, t + 6 * kSecond, t + 5 * kMs);
@@ -235,6 +273,7 @@ TEST_F(DetectTest, StoppedProcessInsideTheCollectiveIsTheCulprit) {
   start(4);
   uint64_t t = clock.now;
   for (uint64_t seq = 0; seq < 5; ++seq) instance(seq, t + seq * kMs);
+  clock.now = t + options.hang_timeout_ns + kSecond;  // the agents report now
   for (int32_t r = 0; r < 4; ++r) health(r, r == 2 ? 'T' : 'S', 1000, t);
   evaluate_at(t + options.hang_timeout_ns + kSecond);
   auto hangs = open(FindingKind::hang);
@@ -279,8 +318,11 @@ TEST_F(DetectTest, PersistentlyLateRankIsAStragglerAndRecovers) {
     instance(seq, t + seq * 20 * kMs, [&](int32_t r) { return (r == 1 ? late : 0) + (r * 37 + seq * 11) % 300 * 1000; });
     ++seq;
   };
+  // On time at first (what it learns as its baseline), then late. Instances
+  // are scored once settled: evaluations come settle_ns after the last one.
+  for (int i = 0; i < 20; ++i) step(0);
   for (int i = 0; i < 40; ++i) step(10 * kMs);
-  for (int i = 0; i < options.open_after; ++i) evaluate_at(t + seq * 20 * kMs + i * kMs);
+  for (int i = 0; i < options.open_after; ++i) evaluate_at(t + seq * 20 * kMs + options.settle_ns + i * kMs);
   auto stragglers = open(FindingKind::straggler);
   ASSERT_EQ(stragglers.size(), 1u);
   EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1});
@@ -289,7 +331,7 @@ TEST_F(DetectTest, PersistentlyLateRankIsAStragglerAndRecovers) {
   EXPECT_GT(stragglers[0]->gpu_hours_lost, 0.0);
 
   for (int i = 0; i < 40; ++i) step(0);
-  for (int i = 0; i < options.close_after; ++i) evaluate_at(t + seq * 20 * kMs + i * kMs);
+  for (int i = 0; i < options.close_after; ++i) evaluate_at(t + seq * 20 * kMs + options.settle_ns + i * kMs);
   EXPECT_TRUE(open(FindingKind::straggler).empty());
 }
 
@@ -305,11 +347,181 @@ TEST_F(DetectTest, RandomJitterIsNotAStraggler) {
   EXPECT_TRUE(book.open().empty());
 }
 
+TEST_F(DetectTest, StructurallySlowerStageIsNotAStragglerButItsRankSlowingFurtherIs) {
+  // 16 ranks; the last "pipeline stage" (ranks 12-15) computes 20% longer
+  // on every step since the job began: late at every collective over all
+  // ranks, by far more than the floor, and not a fault.
+  start(16);
+  std::mt19937 rng(7);
+  std::lognormal_distribution<double> jitter(0, 0.01);
+  std::vector<uint64_t> ready(16, clock.now);
+  uint64_t seq = 0;
+  auto step = [&](int32_t slowed, double factor) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 16; ++r) {
+      double c = 100.0 * kMs * jitter(rng) * (r >= 12 ? 1.2 : 1.0) * (r == slowed ? factor : 1.0);
+      ready[r] += static_cast<uint64_t>(c);
+      list.push_back({r, seq, ready[r]});
+    }
+    calls(list);
+    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 100'000;
+    std::fill(ready.begin(), ready.end(), release);
+    ++seq;
+  };
+  for (int i = 0; i < 120; ++i) {
+    step(-1, 1);
+    if (i % 5 == 0) evaluate_at(ready[0] + options.settle_ns);
+  }
+  for (int i = 0; i < options.open_after; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto none = open(FindingKind::straggler);
+  EXPECT_TRUE(none.empty()) << none.front()->detail;
+
+  // Rank 13 of that stage slows down by 1.05x more: 6 ms a step over its own structure.
+  for (int i = 0; i < 40; ++i) step(13, 1.05);
+  for (int i = 0; i < options.open_after; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{13});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.006, 0.002);
+  EXPECT_EQ(stragglers[0]->detail.find("structural lateness of 0 ns"), std::string::npos) << stragglers[0]->detail;
+}
+
+TEST_F(DetectTest, RankThatWaitedForASlowPipelinePartnerIsNotBlamed) {
+  // 8 processes: stage 0 = ranks 0-3, stage 1 = ranks 4-7; pipeline i is
+  // {i, i + 4}, its own communicator, exchanging Send/Recv each step (lanes
+  // 1 + 2 x peer + recv); a collective over all 8 (kComm) follows. From
+  // step 20 on, rank 5 computes twice as long: its partner, rank 1, waits
+  // for it at their exchange and reaches the collective 8 ms late, as late
+  // as rank 5 is from the exchange alone. Only rank 5 is to blame.
+  start(8);
+  for (int32_t i = 0; i < 4; ++i) register_comm(kComm + 1 + i, {i, i + 4});
+  std::vector<uint64_t> ready(8, clock.now);
+  auto work = [&](int32_t r, uint64_t step, uint64_t ms) {
+    uint64_t c = ms * kMs + (r * 37 + step * 11) % 300 * 1000;
+    return r == 5 && step >= 20 ? 2 * c : c;
+  };
+  for (uint64_t step = 0; step < 70; ++step) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 8; ++r) ready[r] += work(r, step, 8);
+    for (int32_t i = 0; i < 4; ++i) {
+      uint64_t comm = kComm + 1 + i;
+      // Comm rank 0 (process i) sends to 1 on lane 3, receives on lane 4; comm rank 1 the reverse on lanes 1, 2.
+      list.push_back({i, step, ready[i], RS_OP_SEND, 1024, comm, 0, 3});
+      list.push_back({i, step, ready[i] + 2000, RS_OP_RECV, 1024, comm, 0, 4});
+      list.push_back({i + 4, step, ready[i + 4], RS_OP_SEND, 1024, comm, 1, 1});
+      list.push_back({i + 4, step, ready[i + 4] + 2000, RS_OP_RECV, 1024, comm, 1, 2});
+      uint64_t release = std::max(ready[i], ready[i + 4]) + 2000 + 100'000;
+      ready[i] = ready[i + 4] = release;
+    }
+    for (int32_t r = 0; r < 8; ++r) {  // the collective over all ranks
+      ready[r] += work(r, step, 10);
+      list.push_back({r, step, ready[r]});
+    }
+    calls(list);
+    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 100'000;
+    std::fill(ready.begin(), ready.end(), release);
+    if (step % 5 == 0) evaluate_at(release + options.settle_ns);
+  }
+  for (int i = 0; i < options.open_after; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u) << stragglers.front()->summary << "\n" << stragglers.back()->summary;
+  EXPECT_EQ(stragglers[0]->comm, kComm);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{5}) << "rank 1 arrived 8 ms late too, waiting for rank 5";
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001) << "its own extra compute, not its partner's wait";
+}
+
+TEST_F(DetectTest, LateRankIsFoundWhenTheHostRunsAheadThroughBackToBackBuckets) {
+  // Three buckets per step issued back to back (each before the previous one
+  // completed, as DDP does), then a host sync; rank 2 computes 10 ms longer
+  // from step 20 on. Only the first bucket of a step follows a release; the
+  // others carry the same lateness (plain arrival lateness applies).
+  start(4);
+  std::vector<uint64_t> ready(4, clock.now);
+  uint64_t seq = 0;
+  for (uint64_t step = 0; step < 70; ++step) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 4; ++r) {
+      ready[r] += 20 * kMs + (r * 37 + step * 11) % 300 * 1000 + (r == 2 && step >= 20 ? 10 * kMs : 0);
+      for (uint64_t b = 0; b < 3; ++b) list.push_back({r, seq + b, ready[r] + b * 50'000});
+    }
+    calls(list);
+    seq += 3;
+    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 2 * 50'000 + 500'000;
+    std::fill(ready.begin(), ready.end(), release);
+    if (step % 5 == 0) evaluate_at(release + options.settle_ns);
+  }
+  for (int i = 0; i < options.open_after; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{2});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001);
+}
+
+TEST_F(DetectTest, HealthyJobWithBenignConfoundersRaisesNothing) {
+  // 32 ranks, 400 collectives: log-normal compute jitter (3%), GC-like
+  // pauses (5-60 ms on 0.2% of rank-steps), the last quarter of the ranks
+  // 20% slower since the start.
+  start(32);
+  std::mt19937 rng(11);
+  std::lognormal_distribution<double> jitter(0, 0.03);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<uint64_t> ready(32, clock.now);
+  for (uint64_t seq = 0; seq < 400; ++seq) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 32; ++r) {
+      double c = 100.0 * kMs * jitter(rng) * (r >= 24 ? 1.2 : 1.0);
+      if (u(rng) < 0.002) c += (5 + 55 * u(rng)) * kMs;
+      ready[r] += static_cast<uint64_t>(c);
+      list.push_back({r, seq, ready[r]});
+    }
+    calls(list);
+    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 100'000;
+    std::fill(ready.begin(), ready.end(), release);
+    evaluate_at(release + options.settle_ns);
+  }
+  auto all = book.open();
+  EXPECT_TRUE(all.empty()) << all.front()->detail;
+}
+
+TEST_F(DetectTest, DeadAgentIsOneNodeLostNotHangsOfItsPeers) {
+  start(4);  // node-0: ranks 0, 1; node-1: ranks 2, 3
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 5; ++seq) instance(seq, t + seq * kMs);
+  // node-1's agent dies: nothing more from it. Ranks 0 and 1 enter #5 and wait there.
+  instance(5, t + 5 * kMs, nullptr, {2, 3});
+  for (uint64_t s = 1; s <= options.node_lost_timeout_ns / kSecond + 1; ++s) {
+    clock.now = t + s * kSecond;
+    health(0, 'S', 0, 0);  // node-0 keeps talking
+    evaluate_at(clock.now);
+    auto hangs = open(FindingKind::hang);
+    EXPECT_TRUE(hangs.empty()) << "at " << s << " s: " << hangs.front()->summary;
+  }
+  auto lost = open(FindingKind::node_lost);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0]->nodes, std::vector<std::string>{"node-1"});
+  EXPECT_NE(lost[0]->detail.find("1 communicator(s) wait on these unseen ranks; those waits are not reported as "
+                                 "separate hangs"),
+            std::string::npos)
+      << lost[0]->detail;
+
+  // node-1's agent is back and talks; its rank 3 never enters #5: that is a hang.
+  clock.now += kSecond;
+  health(2, 'S', 0, 0);
+  calls({{2, 5, clock.now}});
+  evaluate_at(clock.now);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{3});
+  EXPECT_TRUE(open(FindingKind::node_lost).empty());
+}
+
 TEST_F(DetectTest, LatenessWithinClockUncertaintyIsNotFlagged) {
   start(2, /*tight_clocks=*/false);  // only the Hello's wall clock: 1 s uncertain
   uint64_t t = clock.now;
-  for (uint64_t seq = 0; seq < 40; ++seq) instance(seq, t + seq * 50 * kMs, [](int32_t r) { return r == 1 ? 20 * kMs : 0; });
-  for (int i = 0; i < 6; ++i) evaluate_at(t + 3 * kSecond + i * kMs);
+  // On time for its baseline, then 20 ms late: over the floor, under the clocks' uncertainty.
+  for (uint64_t seq = 0; seq < 60; ++seq)
+    instance(seq, t + seq * 50 * kMs, [&](int32_t r) { return r == 1 && seq >= 20 ? 20 * kMs : 0; });
+  for (int i = 0; i < 6; ++i) evaluate_at(t + 4 * kSecond + i * kMs);
   EXPECT_TRUE(open(FindingKind::straggler).empty());
 }
 
@@ -341,6 +553,7 @@ TEST_F(DetectTest, DestroyedCommunicatorResolvesItsFindings) {
   uint64_t t = clock.now;
   instance(0, t);
   calls({{0, 1, t + kMs}});
+  keep_talking(t + options.hang_timeout_ns + kSecond);
   evaluate_at(t + options.hang_timeout_ns + kSecond);
   ASSERT_EQ(open(FindingKind::hang).size(), 1u);
   send(node_of(0), [&](auto m) {
@@ -386,6 +599,7 @@ TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
   uint64_t t = clock.now;
   instance(0, t);
   instance(1, t + kMs, nullptr, {3});
+  keep_talking(t + options.hang_timeout_ns + kSecond);
   evaluate_at(t + options.hang_timeout_ns + kSecond);
   ASSERT_EQ(open(FindingKind::hang).size(), 1u);
   const Finding before = *open(FindingKind::hang)[0];

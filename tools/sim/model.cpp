@@ -379,9 +379,18 @@ void Fleet::p2p(int j, std::vector<std::vector<SimEvent>>& out, size_t& made) {
         }
       continue;
     }
-    int64_t leave = *std::max_element(arrival.begin(), arrival.end()) + static_cast<int64_t>(config_.step_ms * kMs * 0.01);
+    // NCCL point-to-point semantics: a Send completes when its peer posts
+    // the Recv, and the calls of one group run side by side, so a stage
+    // waits for its direct neighbours only (not for the whole pipeline).
     std::normal_distribution<double> spread(0, config_.exit_spread_us * 1000);
-    for (int r : comm.members) run.t[r] = leave + static_cast<int64_t>(std::fabs(spread(rng)));
+    const int64_t transfer = static_cast<int64_t>(config_.step_ms * kMs * 0.01);
+    const int stages = static_cast<int>(comm.members.size());
+    for (int s = 0; s < stages; ++s) {
+      int64_t leave = arrival[s];
+      if (s > 0) leave = std::max(leave, arrival[s - 1]);
+      if (s + 1 < stages) leave = std::max(leave, arrival[s + 1]);
+      run.t[comm.members[s]] = leave + transfer + static_cast<int64_t>(std::fabs(spread(rng)));
+    }
   }
 }
 
