@@ -11,6 +11,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$here/scripts/lib-deployment.sh"
 rs_setup "${1:-build}"
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 steps=${2:-20000}
 memory_mb=1 spool_mb=64
 export RS_AGENT_ARGS="--max-unacked-mb $memory_mb --spool-max-mb $spool_mb"
@@ -65,7 +66,7 @@ cpu=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "### Back-pressure: a stopped collector ($(date -u +%F), $(nproc) cores, kernel $(uname -r))"
 echo
 echo "Command: \`scripts/bench-backpressure.sh ${1:-build} $steps\`. Machine: $(nproc) cores of $cpu,"
-echo "load average before the run $(cut -d' ' -f1-3 /proc/loadavg). A 4-rank fakenccl-train job on two"
+echo "load average before the run $load_before. A 4-rank fakenccl-train job on two"
 echo "simulated nodes (\`${job_args[*]}\`, $((4 * 3 * steps)) collectives in all), traced by two agents with"
 echo "\`--max-unacked-mb $memory_mb --spool-max-mb $spool_mb\`; run once with the collector up, once with it"
 echo "stopped (SIGSTOP), then the collector continued."
@@ -77,4 +78,8 @@ printf "| agent peak RSS (larger of two) | %d KiB | %d KiB | %.2f |\n" "$base_rs
   "$(echo "$peak_rss_kb / $base_rss" | bc -l)"
 printf "| spool on disk, peak (both agents; bound %d MiB each) | %d B | %d B | |\n" "$spool_mb" "$base_spool" "$peak_spool"
 echo
-echo "After SIGCONT the collector held $stored of $((2 * 4 * 3 * steps)) records after ${caught_up_s} s; drops: ${drops:-none}."
+echo "With the collector up the spool holds acknowledged batches too until its segment (an eighth of the bound) is"
+echo "closed: deleting is per segment."
+echo
+printf "After SIGCONT the collector held %d of %d records %.2f s later; the agents' drop counters: %s.\n" "$stored" \
+  $((2 * 4 * 3 * steps)) "$caught_up_s" "${drops:-none}"
