@@ -256,7 +256,8 @@ struct Deployment {
   // ncclAllReduce in this process.
   Result<Child> start_agent() {
     std::vector<std::string> argv = {options.bin_dir + "/rankscope-agent", "--collector", agent_endpoint(), "--node",
-                                     "bench", "--pid", std::to_string(getpid()), "--nccl-lib", options.nccl_lib};
+                                     "bench", "--pid", std::to_string(getpid()), "--nccl-lib", options.nccl_lib,
+                                     "--spool-dir", dir + "/spool"};
     argv.insert(argv.end(), options.agent_args.begin(), options.agent_args.end());
     std::string log = dir + "/agent-" + std::to_string(++agents_started) + ".log";
     auto child = Child::start(argv, log);

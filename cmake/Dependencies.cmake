@@ -2,6 +2,7 @@
 # from Debian (scripts/install-deps.sh); nothing is downloaded by the build.
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
 
 pkg_check_modules(LIBBPF REQUIRED IMPORTED_TARGET libbpf>=1.0)
 add_library(rankscope::libbpf ALIAS PkgConfig::LIBBPF)

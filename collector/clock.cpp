@@ -19,8 +19,19 @@ int64_t sample_offset(const ClockProbeSample& s) {
 uint64_t midpoint(const ClockProbeSample& s) { return s.t1 + (s.t4 - s.t1) / 2; }
 }  // namespace
 
+void NodeClock::restore(int64_t offset_ns, int64_t refinement_ns, double drift_ppb, uint64_t reference_ns,
+                        uint64_t uncertainty_ns) {
+  if (!window_.empty()) return;
+  offset_ns_ = offset_ns - refinement_ns;
+  refinement_ns_ = refinement_ns;
+  drift_ = drift_ppb / 1e9;
+  reference_ns_ = reference_ns;
+  uncertainty_ns_ = uncertainty_ns;
+  known_ = restored_ = true;
+}
+
 void NodeClock::seed(uint64_t node_monotonic_ns, uint64_t node_realtime_ns) {
-  if (!window_.empty()) return;  // probes already say more
+  if (!window_.empty() || restored_) return;  // probes (or an earlier run's fit) already say more
   offset_ns_ = static_cast<int64_t>(node_realtime_ns - node_monotonic_ns);
   reference_ns_ = node_monotonic_ns;
   drift_ = 0;

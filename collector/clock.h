@@ -23,6 +23,12 @@ class NodeClock {
   // The first, rough estimate from the Hello's (monotonic, realtime) pair:
   // only as good as the node's own wall clock.
   void seed(uint64_t node_monotonic_ns, uint64_t node_realtime_ns);
+  // The fit an earlier run of the collector stored (offset() and
+  // refinement_ns() at node time reference_ns): kept until probes come in,
+  // and preferred to the Hello's seed. Only valid while the node has not
+  // rebooted (same boot id): the caller checks.
+  void restore(int64_t offset_ns, int64_t refinement_ns, double drift_ppb, uint64_t reference_ns,
+               uint64_t uncertainty_ns);
   // Ignores samples that are inconsistent (t4 < t1 or t3 < t2).
   void add(const ClockProbeSample& sample);
 
@@ -38,6 +44,7 @@ class NodeClock {
   // A correction from the collectives (collector/clock_refine.h), added to the probes' offset.
   void set_refinement(int64_t ns) { refinement_ns_ = ns; }
   int64_t refinement_ns() const { return refinement_ns_; }
+  uint64_t reference_ns() const { return reference_ns_; }
 
  private:
   static constexpr size_t kWindow = 256;  // probes kept (about 4 minutes at one a second)
@@ -51,6 +58,7 @@ class NodeClock {
   uint64_t uncertainty_ns_ = UINT64_MAX;
   int64_t refinement_ns_ = 0;
   bool known_ = false;
+  bool restored_ = false;
 };
 
 }  // namespace rankscope::collector

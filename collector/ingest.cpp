@@ -11,7 +11,7 @@
 namespace rankscope::collector {
 
 namespace {
-constexpr size_t kAckedMemory = 4096;  // batch numbers remembered per node to spot re-sends
+constexpr size_t kAckedInstances = 4;  // agent instances per node whose stored batches are remembered
 constexpr size_t kHealthEntriesPerNode = 4096;  // processes whose health is kept per node
 constexpr size_t kCgroupsPerNode = 512;         // cgroups whose CPU use is kept per node
 
@@ -21,6 +21,8 @@ void copy_drops(wire::DropCounters::Reader in, Drops& out) {
   out.unknown_comm = in.getUnknownComm();
   out.nested = in.getNested();
   out.send_queue_full = in.getSendQueueFull();
+  out.lost_records = in.getLostRecords();
+  out.spool_damaged = in.getSpoolDamaged();
 }
 
 std::string wait_call_name(wire::WaitKind kind) {
@@ -38,8 +40,26 @@ void fill_drops(const Drops& in, wire::DropCounters::Builder out) {
   out.setUnknownComm(in.unknown_comm);
   out.setNested(in.nested);
   out.setSendQueueFull(in.send_queue_full);
+  out.setLostRecords(in.lost_records);
+  out.setSpoolDamaged(in.spool_damaged);
 }
 }  // namespace
+
+void AckWindow::insert(uint64_t seq) {
+  if (seq >= 1 && seq <= through) return;
+  above.insert(seq);
+  while (!above.empty() && *above.begin() == through + 1) {
+    through = *above.begin();
+    above.erase(above.begin());
+  }
+  while (above.size() > kMaxAbove) above.erase(above.begin());
+}
+
+void AckWindow::forget(uint64_t seq) {
+  if (above.erase(seq) || seq > through || seq == 0) return;
+  for (uint64_t s = seq + 1; s <= through && above.size() < kMaxAbove; ++s) above.insert(s);
+  through = seq - 1;
+}
 
 std::string ProcessInfo::gpu() const {
   std::vector<std::string> devices;
@@ -106,6 +126,17 @@ Result<void> Ingest::restore() {
       node.batches = stored.getBatches();
       node.records = stored.getRecords();
       copy_drops(stored.getDrops(), node.drops);
+      for (auto a : stored.getAckedBatches()) {
+        AckWindow& window = node.acked[a.getInstanceId()];
+        window.through = a.getThrough();
+        for (uint64_t seq : a.getAbove()) window.above.insert(seq);
+        window.last_used = ++ack_uses_;
+      }
+      // Until new probes come in, times keep the estimate of the last run
+      // (the Hello's seed is only as good as the node's wall clock).
+      if (stored.getClockUncertaintyNs() != 0 && stored.getClockUncertaintyNs() != UINT64_MAX)
+        node.clock.restore(stored.getClockOffsetNs(), stored.getClockRefinementNs(), stored.getClockDriftPpb(),
+                           stored.getClockReferenceNs(), stored.getClockUncertaintyNs());
       nodes_[node.name] = std::move(node);
     });
     if (!read) return make_error(Errc::storage, "a stored node is unreadable: " + read.error().message);
@@ -188,13 +219,21 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     reply.setAccepted(true);
     NodeState& node = nodes_[name];
     bool new_instance = node.instance != hello.getInstanceId();
+    // A reboot restarts the node's monotonic clock: a fit restored from an earlier run no longer holds.
+    if (!node.boot_id.empty() && node.boot_id != std::string(hello.getBootId().cStr())) node.clock = NodeClock{};
     node.name = name;
     node.agent_version = hello.getAgentVersion();
     node.boot_id = hello.getBootId();
     node.last_contact_ns = clock_.realtime_ns();
     if (new_instance) {
       node.instance = hello.getInstanceId();
-      node.acked.clear();
+      // The earlier instances' windows stay: a restarted agent replays their spooled batches.
+      node.acked[node.instance].last_used = ++ack_uses_;
+      while (node.acked.size() > kAckedInstances) {
+        auto oldest = std::min_element(node.acked.begin(), node.acked.end(),
+                                       [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+        node.acked.erase(oldest);
+      }
     }
     node.clock.seed(hello.getMonotonicNs(), hello.getRealtimeNs());
     node.wall_offset_ns = static_cast<int64_t>(hello.getRealtimeNs() - hello.getMonotonicNs());
@@ -235,7 +274,8 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, valid.error().message));
     return;
   }
-  if (batch.getInstanceId() == node.instance && node.acked.count(batch.getSeq())) {
+  if (auto window = node.acked.find(batch.getInstanceId());
+      window != node.acked.end() && window->second.contains(batch.getSeq())) {
     // Re-sent (our ack was lost or late): already durable, say so again.
     ++counters_.duplicate_batches;
     out.now.emplace_back(routing_id, std::move(ack_bytes));
@@ -350,10 +390,17 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   }
 
 
-  if (batch.getInstanceId() == node.instance) {
-    node.acked.insert(batch.getSeq());
-    uncommitted_.emplace_back(node.name, batch.getSeq());
-    while (node.acked.size() > kAckedMemory) node.acked.erase(node.acked.begin());
+  {
+    AckWindow& window = node.acked[batch.getInstanceId()];
+    window.insert(batch.getSeq());
+    if (window.last_used == 0) window.last_used = ++ack_uses_;  // an earlier instance, replayed
+    uncommitted_.push_back(Uncommitted{node.name, batch.getInstanceId(), batch.getSeq()});
+    while (node.acked.size() > kAckedInstances + 1) {
+      auto oldest = std::min_element(node.acked.begin(), node.acked.end(),
+                                     [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+      if (oldest->first == node.instance) break;
+      node.acked.erase(oldest);
+    }
   }
   node.batches += 1;
   node.records += records;
@@ -394,6 +441,8 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   node.drops.map_full = std::max(node.drops.map_full, drops.map_full);
   node.drops.unknown_comm = std::max(node.drops.unknown_comm, drops.unknown_comm);
   node.drops.send_queue_full = std::max(node.drops.send_queue_full, drops.send_queue_full);
+  node.drops.lost_records = std::max(node.drops.lost_records, drops.lost_records);
+  node.drops.spool_damaged = std::max(node.drops.spool_damaged, drops.spool_damaged);
   for (auto p : heartbeat.getProcesses()) {
     HealthSample sample;
     sample.sample_ns = p.getSampleNs();
@@ -486,6 +535,19 @@ void Ingest::persist_node(const NodeState& node) {
   fill_drops(node.drops, stored.initDrops());
   stored.setClockOffsetNs(node.clock.offset_ns());
   stored.setClockUncertaintyNs(node.clock.uncertainty_ns());
+  stored.setClockDriftPpb(node.clock.drift_ppb());
+  stored.setClockRefinementNs(node.clock.refinement_ns());
+  stored.setClockReferenceNs(node.clock.reference_ns());
+  auto windows = stored.initAckedBatches(static_cast<unsigned>(node.acked.size()));
+  unsigned w = 0;
+  for (const auto& [instance, window] : node.acked) {
+    auto out = windows[w++];
+    out.setInstanceId(instance);
+    out.setThrough(window.through);
+    auto above = out.initAbove(static_cast<unsigned>(window.above.size()));
+    unsigned i = 0;
+    for (uint64_t seq : window.above) above.set(i++, seq);
+  }
   pending_.put_node(node.name, proto::to_packed(builder));
 }
 
@@ -507,7 +569,10 @@ Result<void> Ingest::commit() {
   if (!result) {
     // Nothing is acknowledged: the agents keep their batches and re-send,
     // and those batches must then be stored, not taken for duplicates.
-    for (const auto& [node, seq] : uncommitted_) nodes_[node].acked.erase(seq);
+    for (const auto& u : uncommitted_) {
+      auto& windows = nodes_[u.node].acked;
+      if (auto it = windows.find(u.instance); it != windows.end()) it->second.forget(u.seq);
+    }
     uncommitted_.clear();
     pending_ = store_.writes();
     return result;

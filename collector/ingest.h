@@ -26,6 +26,21 @@ namespace wire = ::rankscope::proto::wire;
 
 struct Drops {
   uint64_t ringbuf_full = 0, map_full = 0, unknown_comm = 0, nested = 0, send_queue_full = 0;
+  uint64_t lost_records = 0, spool_damaged = 0;
+};
+
+// The batch numbers of one agent instance already stored: everything up to
+// `through`, and a few above it (acks may come back out of order after a
+// refused or re-sent batch). Bounded: past kMaxAbove the lowest are forgotten
+// (a forgotten batch sent again is stored again: same keys, same values).
+struct AckWindow {
+  static constexpr size_t kMaxAbove = 4096;
+  uint64_t through = 0;
+  std::set<uint64_t> above;
+  uint64_t last_used = 0;  // order of use, for keeping the newest instances
+  bool contains(uint64_t seq) const { return (seq >= 1 && seq <= through) || above.count(seq) > 0; }
+  void insert(uint64_t seq);
+  void forget(uint64_t seq);
 };
 
 // One cgroup's use of a node (from the heartbeats' CgroupUsage).
@@ -67,7 +82,7 @@ struct NodeState {
   uint32_t traced_processes = 0;
   uint64_t bad_messages = 0;     // messages, or parts of them, refused (collector/validate.h)
   Drops drops;
-  std::set<uint64_t> acked;      // batch numbers of `instance` already stored
+  std::map<uint64_t, AckWindow> acked;  // by agent instance: batches already stored (the newest few instances)
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
   std::map<uint64_t, CgroupUsage> cgroups;   // by cgroup id, from heartbeats
   uint64_t last_monotonic_ns = 0;            // node clock of the last heartbeat
@@ -205,7 +220,12 @@ class Ingest {
   std::map<std::string, std::string> node_of_connection_;  // routing id -> node name
   std::map<uint64_t, CommState> comms_;
   std::map<ProcessKey, ProcessInfo> processes_;
-  std::vector<std::pair<std::string, uint64_t>> uncommitted_;  // (node, batch) marked acked, not yet durable
+  struct Uncommitted {
+    std::string node;
+    uint64_t instance, seq;
+  };
+  std::vector<Uncommitted> uncommitted_;  // batches marked acked, not yet durable
+  uint64_t ack_uses_ = 0;
   std::set<uint64_t> dirty_comms_;        // changed since the last commit
   std::set<std::string> dirty_nodes_;
   IngestCounters counters_;

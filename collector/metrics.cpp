@@ -99,7 +99,7 @@ const MetricInfo kCatalogue[] = {
      "",
      {"node", "reason"},
      "Records the node's agent lost or could not match, by reason (ringbuf_full, map_full, unknown_comm, "
-     "send_queue_full)."},
+     "send_queue_full, lost_records, spool_damaged)."},
     {"rankscope_node_bad_messages_total",
      Type::counter,
      "",

@@ -41,6 +41,8 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
     drops.setUnknownComm(node.drops.unknown_comm);
     drops.setNested(node.drops.nested);
     drops.setSendQueueFull(node.drops.send_queue_full);
+    drops.setLostRecords(node.drops.lost_records);
+    drops.setSpoolDamaged(node.drops.spool_damaged);
     n.setClockOffsetNs(node.clock.offset_ns());
     n.setClockUncertaintyNs(node.clock.uncertainty_ns());
     n.setClockSamples(node.clock.samples());

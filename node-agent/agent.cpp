@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <memory>
 #include <random>
 #include <zmq.hpp>
 
@@ -12,6 +14,7 @@
 #include "node-agent/discover.h"
 #include "node-agent/drain.h"
 #include "node-agent/host.h"
+#include "node-agent/spool.h"
 #include "node-agent/summarise.h"
 #include "node-agent/transport.h"
 #include "proto/codec.h"
@@ -86,11 +89,30 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       attach_library(bpf, discovery, *library, options);
   }
 
+  std::unique_ptr<Spool> spool;
+  if (!options.spool_dir.empty()) {
+    Spool::Limits limits;
+    limits.max_bytes = options.spool_max_bytes;
+    // At least 8 segments, so that a full spool drops an eighth, not all.
+    limits.segment_bytes = std::clamp<uint64_t>(options.spool_max_bytes / 8, 64u << 10, 64u << 20);
+    auto opened = Spool::open(options.spool_dir + "/" + options.node, limits);
+    if (!opened) {
+      RS_LOG(error, "%s (give --spool-dir a writable folder, or --spool-dir \"\" to keep unacked batches in memory only)",
+             opened.error().message.c_str());
+      return 2;
+    }
+    spool = std::move(*opened);
+    if (spool->damage().bad_tails)
+      RS_LOG(warn, "spool %s: %llu damaged segment tail(s) skipped (%llu bytes), counted as spool_damaged",
+             spool->dir().c_str(), static_cast<unsigned long long>(spool->damage().bad_tails),
+             static_cast<unsigned long long>(spool->damage().skipped_bytes));
+  }
+
   zmq::context_t context(1);
   uint64_t instance = random_instance_id();
   Transport transport(context, options, clock, instance, [&](uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
     summariser.add_clock_sample(t1, t2, t3, t4);
-  });
+  }, std::move(spool));
   RS_LOG(info, "node %s: tracing %s, sending to %s", options.node.c_str(), scope->describe().c_str(),
          options.collector.c_str());
 
@@ -105,6 +127,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     batch.setSeq(++batch_seq);
     batch.setCreatedNs(now());
     summariser.fill(batch, totals);
+    batch.getDrops().setLostRecords(transport.lost_records());
+    batch.getDrops().setSpoolDamaged(transport.spool_damaged());
     transport.submit(batch_seq, proto::to_packed(message));
   };
   uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
@@ -163,7 +187,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     usleep(10000);
   }
   if (transport.unacked() > 0)
-    RS_LOG(warn, "stopping with %zu batch(es) not acknowledged by %s", transport.unacked(), options.collector.c_str());
+    RS_LOG(warn, "stopping with %zu batch(es) not acknowledged by %s%s", transport.unacked(), options.collector.c_str(),
+           transport.spool() ? " (kept in the spool: the next start sends them)" : " (lost: no spool)");
   RS_LOG(info, "stopped");
   return 0;
 }

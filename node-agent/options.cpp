@@ -19,7 +19,7 @@ namespace {
 constexpr uint64_t kMaxUnackedMb = 1u << 20;  // 1 TiB: more is a typo (and would overflow bytes)
 constexpr size_t kMaxNodeName = 255;          // what the collector accepts
 
-po::options_description describe(Options& options, uint64_t& max_unacked_mb) {
+po::options_description describe(Options& options, uint64_t& max_unacked_mb, uint64_t& spool_max_mb) {
   po::options_description desc(
       "rankscope-agent: traces NCCL calls of the GPU jobs on this node with eBPF and sends them to the "
       "rankscope collector.\n\nUsage: rankscope-agent [options]\n       rankscope-agent check [options]   "
@@ -40,7 +40,9 @@ po::options_description describe(Options& options, uint64_t& max_unacked_mb) {
     ("batch-interval-ms", po::value(&options.batch_interval_ms)->default_value(options.batch_interval_ms), "longest time a record waits before it is sent (1 ms to 60 s)")
     ("scan-interval-ms", po::value(&options.scan_interval_ms)->default_value(options.scan_interval_ms), "how often /proc is scanned for new NCCL processes and libraries (10 ms to 1 h)")
     ("ack-timeout-ms", po::value(&options.ack_timeout_ms)->default_value(options.ack_timeout_ms), "re-send a batch the collector did not acknowledge within this time (100 ms to 1 h)")
-    ("max-unacked-mb", po::value(&max_unacked_mb)->default_value(options.max_unacked_bytes >> 20), "memory for batches not yet acknowledged; the oldest are dropped (and counted) past it (1 to 1048576)")
+    ("max-unacked-mb", po::value(&max_unacked_mb)->default_value(options.max_unacked_bytes >> 20), "memory for batches not yet acknowledged; past it the oldest are read back from the spool when sent (without a spool: dropped and counted) (1 to 1048576)")
+    ("spool-dir", po::value(&options.spool_dir)->default_value(options.spool_dir), "keep batches on disk until the collector acknowledges them, in DIR/<node>; replayed after a reconnect or a restart of the agent (\"\": memory only)")
+    ("spool-max-mb", po::value(&spool_max_mb)->default_value(options.spool_max_bytes >> 20), "disk for the spool; past it the oldest batches lose their records (summaries kept), counted and reported (1 to 1048576)")
     ("test-clock-offset-ns", po::value(&options.test_clock_offset_ns)->default_value(0), "tests only: pretend this node's clock is off by this much")
     ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug");
   // clang-format on
@@ -63,8 +65,8 @@ Result<CommandLine> parse(int argc, const char* const* argv, OpenConfig open_con
     --argc;
     ++argv;
   }
-  uint64_t max_unacked_mb = 0;
-  po::options_description desc = describe(line.options, max_unacked_mb);
+  uint64_t max_unacked_mb = 0, spool_max_mb = 0;
+  po::options_description desc = describe(line.options, max_unacked_mb, spool_max_mb);
   for (int i = 1; i < argc; ++i)
     if (auto r = check_no_placeholders(argv[i], "argument " + std::to_string(i)); !r) return r.error();
   po::variables_map vm;
@@ -87,6 +89,8 @@ Result<CommandLine> parse(int argc, const char* const* argv, OpenConfig open_con
   if (line.help) return line;
   if (auto r = check_range("--max-unacked-mb", max_unacked_mb, 1, kMaxUnackedMb); !r) return r.error();
   line.options.max_unacked_bytes = max_unacked_mb << 20;
+  if (auto r = check_range("--spool-max-mb", spool_max_mb, 1, kMaxUnackedMb); !r) return r.error();
+  line.options.spool_max_bytes = spool_max_mb << 20;
   if (auto valid = validate(line.options); !valid) return valid.error();
   return line;
 }
@@ -94,9 +98,9 @@ Result<CommandLine> parse(int argc, const char* const* argv, OpenConfig open_con
 
 std::string usage() {
   Options options;
-  uint64_t max_unacked_mb = 0;
+  uint64_t max_unacked_mb = 0, spool_max_mb = 0;
   std::ostringstream out;
-  out << describe(options, max_unacked_mb);
+  out << describe(options, max_unacked_mb, spool_max_mb);
   return out.str();
 }
 
@@ -121,12 +125,15 @@ Result<void> validate(const Options& o) {
   // The collector's rule (collector/validate.h): it refuses other names.
   for (char c : o.node)
     if (c <= ' ' || c > '~') return make_error(Errc::invalid_argument, "--node must be printable ASCII without spaces");
+  if (!o.spool_dir.empty() && o.spool_dir[0] != '/')
+    return make_error(Errc::invalid_argument, "--spool-dir must be an absolute path (or \"\" for no spool)");
   for (uint32_t pid : o.pids)
     if (pid == 0) return make_error(Errc::invalid_argument, "--pid takes process ids (1 and up), not 0");
   for (auto r : {check_range("--batch-interval-ms", o.batch_interval_ms, 1, 60'000),
                  check_range("--scan-interval-ms", o.scan_interval_ms, 10, 3'600'000),
                  check_range("--ack-timeout-ms", o.ack_timeout_ms, 100, 3'600'000),
-                 check_range("--max-unacked-mb", o.max_unacked_bytes >> 20, 1, kMaxUnackedMb)})
+                 check_range("--max-unacked-mb", o.max_unacked_bytes >> 20, 1, kMaxUnackedMb),
+                 check_range("--spool-max-mb", o.spool_max_bytes >> 20, 1, kMaxUnackedMb)})
     if (!r) return r;
   return {};
 }

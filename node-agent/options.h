@@ -26,6 +26,8 @@ struct Options {
   uint32_t clock_probe_interval_ms = 1000;
   uint32_t ack_timeout_ms = 2000;                   // re-send a batch not acknowledged within this time
   uint64_t max_unacked_bytes = 64ull << 20;         // bound on memory held for unacknowledged batches
+  std::string spool_dir = "/var/lib/rankscope/spool"; // unacked batches on disk, in <spool_dir>/<node>; "": memory only
+  uint64_t spool_max_bytes = 1ull << 30;            // bound on the spool; past it the oldest records go (counted)
   int64_t test_clock_offset_ns = 0;                 // tests only: shift this node's clock (events and probes)
   std::string log_level = "info";
 };

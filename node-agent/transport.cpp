@@ -12,6 +12,9 @@ namespace rankscope::agent {
 
 namespace {
 constexpr uint64_t kHelloRetryNs = 2'000'000'000ull;
+// Batches sent and not yet acked at once (the socket's send high-water mark
+// is the same): a replay of a long outage goes at the pace of the acks.
+constexpr size_t kMaxInFlight = 1000;
 constexpr const char* kAgentVersion = "0.1.0";
 }  // namespace
 
@@ -23,18 +26,55 @@ std::string boot_id() {
   return text;
 }
 
+std::optional<std::string> strip_detail(const std::string& batch_bytes, uint64_t& records) {
+  capnp::MallocMessageBuilder message;
+  bool ok = false;
+  records = 0;
+  auto read = proto::read_packed<wire::AgentMessage>(batch_bytes, proto::ReadLimits{}, [&](auto in) {
+    if (in.which() != wire::AgentMessage::BATCH) return;
+    auto from = in.getBatch();
+    for (auto c : from.getCollectives()) records += c.getCount();
+    for (auto w : from.getWaits()) records += w.getCount();
+    auto to = message.initRoot<wire::AgentMessage>().initBatch();
+    to.setInstanceId(from.getInstanceId());
+    to.setSeq(from.getSeq());
+    to.setProcesses(from.getProcesses());
+    to.setComms(from.getComms());
+    to.setCommEnds(from.getCommEnds());
+    to.setClockSamples(from.getClockSamples());
+    to.setDrops(from.getDrops());
+    to.setCreatedNs(from.getCreatedNs());
+    to.setBaseNs(from.getBaseNs());
+    to.setCommTable(from.getCommTable());
+    to.setAsyncErrors(from.getAsyncErrors());
+    ok = true;
+  });
+  if (!read || !ok) return std::nullopt;
+  return proto::to_packed(message);
+}
+
 Transport::Transport(zmq::context_t& context, const Options& options, const Clock& clock, uint64_t instance_id,
-                     ClockSampleSink on_clock_sample)
+                     ClockSampleSink on_clock_sample, std::unique_ptr<Spool> spool)
     : options_(options),
       clock_(clock),
       instance_id_(instance_id),
       on_clock_sample_(std::move(on_clock_sample)),
-      socket_(context, zmq::socket_type::dealer) {
+      socket_(context, zmq::socket_type::dealer),
+      spool_(std::move(spool)) {
+  // What an earlier run left unacknowledged goes first, as it was (its own
+  // instance id and seq: the collector recognises what it already stored).
+  if (spool_) {
+    for (auto& recovered : spool_->take_recovered()) {
+      queued_bytes_ += recovered.bytes.size();
+      queue_.push_back(Pending{recovered.instance, recovered.seq, std::move(recovered.bytes), recovered.ref});
+    }
+    enforce_bounds();
+  }
   socket_.set(zmq::sockopt::linger, 0);
   // Queue only on a live connection: while the collector is away, batches
   // wait in our own bounded queue, not in ZeroMQ's.
   socket_.set(zmq::sockopt::immediate, 1);
-  socket_.set(zmq::sockopt::sndhwm, 1000);
+  socket_.set(zmq::sockopt::sndhwm, static_cast<int>(kMaxInFlight));
   socket_.set(zmq::sockopt::reconnect_ivl, 100);
   socket_.set(zmq::sockopt::reconnect_ivl_max, 2000);
   socket_.connect(options_.collector);
@@ -68,16 +108,88 @@ void Transport::send_hello() {
 }
 
 void Transport::submit(uint64_t seq, std::string bytes) {
-  queued_bytes_ += bytes.size();
-  queue_.push_back(Pending{seq, std::move(bytes)});
-  // Bounded memory: when the collector stays away too long the oldest batch
-  // goes first, and the loss is counted and reported.
-  while (queued_bytes_ > options_.max_unacked_bytes && queue_.size() > 1) {
-    queued_bytes_ -= queue_.front().bytes.size();
-    queue_.pop_front();
-    ++discarded_;
+  SpoolRef ref;
+  if (spool_) {
+    auto written = spool_->append(instance_id_, seq, bytes);
+    if (written) {
+      ref = *written;
+    } else if (now() - last_spool_error_log_ns_ > 30'000'000'000ull || last_spool_error_log_ns_ == 0) {
+      // Kept in memory only (a full disk must not stop tracing).
+      RS_LOG(error, "%s; batches are kept in memory only until the spool is writable again",
+             written.error().message.c_str());
+      last_spool_error_log_ns_ = now();
+    }
+    spool_->maybe_sync(now());
   }
-  if (accepted_ && send_bytes(queue_.back().bytes)) queue_.back().last_sent_ns = now();
+  queued_bytes_ += bytes.size();
+  queue_.push_back(Pending{instance_id_, seq, std::move(bytes), ref});
+  enforce_bounds();
+  // Sent now only if every older batch went before it (order is kept).
+  if (accepted_ && (queue_.size() == 1 || queue_[queue_.size() - 2].last_sent_ns != 0)) send_pending(queue_.back());
+}
+
+void Transport::drop_detail(Pending& pending) {
+  uint64_t records = 0;
+  auto summary = pending.bytes.empty() && spool_ ? spool_->read(pending.ref) : Result<std::string>(pending.bytes);
+  std::optional<std::string> stripped;
+  if (summary) stripped = strip_detail(*summary, records);
+  queued_bytes_ -= pending.bytes.size();
+  pending.bytes = stripped ? std::move(*stripped) : std::string();
+  queued_bytes_ += pending.bytes.size();
+  pending.ref = SpoolRef{};
+  if (!pending.stripped) ++discarded_;
+  pending.stripped = true;
+  lost_records_ += records;
+}
+
+void Transport::enforce_bounds() {
+  // The spool: its oldest segment goes; the batches in it keep their summaries in memory.
+  while (spool_) {
+    auto segment = spool_->segment_to_drop();
+    if (!segment) break;
+    size_t before = discarded_;
+    for (auto& pending : queue_)
+      if (pending.ref.segment == *segment) drop_detail(pending);
+    spool_->drop_segment(*segment);
+    RS_LOG(warn, "spool %s is full (%llu bytes): the records of its %zu oldest batch(es) are dropped, their summaries kept",
+           spool_->dir().c_str(), static_cast<unsigned long long>(spool_->bytes()), discarded_ - before);
+  }
+  // Memory: batches on disk are only dropped from the cache; the others (no
+  // spool, or a summary) lose their records, then go whole, oldest first.
+  for (auto& pending : queue_) {
+    if (queued_bytes_ <= options_.max_unacked_bytes) break;
+    if (pending.ref.segment != 0 && !pending.bytes.empty()) {
+      queued_bytes_ -= pending.bytes.size();
+      std::string().swap(pending.bytes);
+    }
+  }
+  for (auto& pending : queue_) {
+    if (queued_bytes_ <= options_.max_unacked_bytes) break;
+    if (pending.ref.segment == 0 && !pending.bytes.empty() && !pending.stripped) drop_detail(pending);
+  }
+  while (queued_bytes_ > options_.max_unacked_bytes && queue_.size() > 1 && queue_.front().ref.segment == 0) {
+    queued_bytes_ -= queue_.front().bytes.size();
+    if (!queue_.front().stripped) ++discarded_;
+    queue_.pop_front();
+  }
+}
+
+bool Transport::send_pending(Pending& pending) {
+  if (pending.bytes.empty()) {
+    if (pending.ref.segment == 0 || !spool_) return true;  // nothing left to send; resend_due forgets it
+    auto bytes = spool_->read(pending.ref);
+    if (!bytes) {
+      RS_LOG(error, "%s; batch %llu is lost", bytes.error().message.c_str(), static_cast<unsigned long long>(pending.seq));
+      pending.ref = SpoolRef{};
+      ++discarded_;
+      return true;
+    }
+    if (!send_bytes(*bytes)) return false;
+  } else if (!send_bytes(pending.bytes)) {
+    return false;
+  }
+  pending.last_sent_ns = now();
+  return true;
 }
 
 void Transport::send_clock_probe() {
@@ -95,7 +207,10 @@ void Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder
   hb.setMonotonicNs(now());
   hb.setUnackedBatches(static_cast<uint32_t>(queue_.size()));
   fill(hb);
-  hb.getDrops().setSendQueueFull(discarded_);
+  auto drops = hb.getDrops();
+  drops.setSendQueueFull(discarded_);
+  drops.setLostRecords(lost_records_);
+  drops.setSpoolDamaged(spool_damaged());
   send_bytes(proto::to_packed(message));
 }
 
@@ -137,10 +252,13 @@ void Transport::handle(const std::string& bytes) {
       }
       case wire::CollectorMessage::ACK: {
         auto ack = message.getAck();
-        if (ack.getInstanceId() != instance_id_) break;
-        auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.seq == ack.getSeq(); });
+        // Batches of an earlier instance (replayed from the spool) are acked under their own id.
+        auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Pending& p) {
+          return p.seq == ack.getSeq() && p.instance == ack.getInstanceId();
+        });
         if (it != queue_.end()) {
           queued_bytes_ -= it->bytes.size();
+          if (spool_) spool_->acked(it->instance, it->seq, it->ref);
           queue_.erase(it);
         }
         break;
@@ -171,11 +289,25 @@ void Transport::handle(const std::string& bytes) {
 void Transport::resend_due() {
   uint64_t t = now();
   uint64_t timeout = static_cast<uint64_t>(options_.ack_timeout_ms) * 1'000'000ull;
-  for (auto& pending : queue_) {
-    if (pending.last_sent_ns != 0 && t - pending.last_sent_ns < timeout) continue;
-    if (!send_bytes(pending.bytes)) break;  // no connection now; keep order, try later
-    pending.last_sent_ns = t;
+  // Never more than the socket's high-water mark in flight at once: the rest
+  // wait here (or on disk), not in ZeroMQ's memory.
+  size_t in_flight = 0;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->bytes.empty() && it->ref.segment == 0) {  // nothing left of it (unreadable, or lost)
+      it = queue_.erase(it);
+      continue;
+    }
+    if (it->last_sent_ns != 0 && t - it->last_sent_ns < timeout) {
+      ++in_flight;
+      ++it;
+      continue;
+    }
+    if (in_flight >= kMaxInFlight) break;
+    if (!send_pending(*it)) break;  // no connection now; keep order, try later
+    ++in_flight;
+    ++it;
   }
+  if (spool_) spool_->maybe_sync(t);
 }
 
 }  // namespace rankscope::agent

@@ -3,14 +3,24 @@
 // Hello first; then batches, each kept until the collector acknowledges that
 // it is durably stored, re-sent when no ack came in time (a collector that
 // restarted, a network that dropped). Never blocks the caller.
+//
+// With a spool (node-agent/spool.h) every batch is on disk until acked and
+// memory keeps only the newest `max_unacked_bytes` of them; the batches an
+// earlier run left unacknowledged are sent first, with their own instance id
+// and seq. When the spool is full its oldest segment goes: the batches in it
+// keep their summaries (processes, communicators, clock samples) in memory
+// and lose their records, which are counted (sendQueueFull, lostRecords).
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <zmq.hpp>
 
 #include "common/clock.h"
 #include "node-agent/options.h"
+#include "node-agent/spool.h"
 #include "proto/agent.capnp.h"
 
 namespace rankscope::agent {
@@ -21,10 +31,11 @@ class Transport {
  public:
   using ClockSampleSink = std::function<void(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4)>;
 
+  // `spool` may be null: unacked batches are then kept in memory only.
   Transport(zmq::context_t& context, const Options& options, const Clock& clock, uint64_t instance_id,
-            ClockSampleSink on_clock_sample);
+            ClockSampleSink on_clock_sample, std::unique_ptr<Spool> spool = nullptr);
 
-  // Takes a serialised batch; it stays queued until acked.
+  // Takes a serialised batch; it stays queued (and spooled) until acked.
   void submit(uint64_t seq, std::string bytes);
   // Reads every reply waiting, re-sends what is due. Never waits.
   void service();
@@ -35,19 +46,32 @@ class Transport {
   bool accepted() const { return accepted_; }
   size_t unacked() const { return queue_.size(); }
   uint64_t discarded_batches() const { return discarded_; }
+  uint64_t lost_records() const { return lost_records_; }
+  uint64_t spool_damaged() const { return spool_ ? spool_->damage().bad_tails : 0; }
+  uint64_t memory_bytes() const { return queued_bytes_; }
+  const Spool* spool() const { return spool_.get(); }
   zmq::socket_t& socket() { return socket_; }
 
  private:
   struct Pending {
+    uint64_t instance;
     uint64_t seq;
-    std::string bytes;
+    std::string bytes;          // empty: only on disk (read back to send)
+    SpoolRef ref;               // segment 0: not on disk
     uint64_t last_sent_ns = 0;  // 0: never sent
+    bool stripped = false;      // its records were dropped (counted once)
   };
   uint64_t now() const { return clock_.monotonic_ns() + static_cast<uint64_t>(options_.test_clock_offset_ns); }
   bool send_bytes(const std::string& bytes);
   void send_hello();
   void handle(const std::string& bytes);
   void resend_due();
+  // Sends one pending batch (reading it from the spool if needed).
+  bool send_pending(Pending& pending);
+  // Keeps memory and the spool within their bounds, counting what is lost.
+  void enforce_bounds();
+  // The batch's records go, its summaries stay (both counted).
+  void drop_detail(Pending& pending);
 
   const Options& options_;
   const Clock& clock_;
@@ -59,8 +83,16 @@ class Transport {
   bool accepted_ = false;
   uint64_t last_hello_ns_ = 0;
   uint64_t discarded_ = 0;
+  uint64_t lost_records_ = 0;
   uint64_t last_refusal_log_ns_ = 0;
+  uint64_t last_spool_error_log_ns_ = 0;
+  std::unique_ptr<Spool> spool_;
 };
+
+// A batch without its collective records and waits (same instance id and
+// seq; processes, communicators, ends, errors, clock samples and drops kept);
+// `records` gets how many were taken out. nullopt: not a readable batch.
+std::optional<std::string> strip_detail(const std::string& batch_bytes, uint64_t& records);
 
 // Reads /proc/sys/kernel/random/boot_id (empty if unreadable).
 std::string boot_id();

@@ -186,7 +186,9 @@ struct DropCounters {
   mapFull @1 :UInt64;       # BPF map updates that failed (too many threads/communicators)
   unknownComm @2 :UInt64;   # collectives on a communicator whose creation was not seen
   nested @3 :UInt64;        # NCCL API calls made from inside another (not recorded twice)
-  sendQueueFull @4 :UInt64; # batches discarded because too many were unacked
+  sendQueueFull @4 :UInt64; # batches whose records were dropped unacked (spool or memory bound reached; their summaries kept when possible)
+  lostRecords @5 :UInt64;   # collective records and waits in those batches
+  spoolDamaged @6 :UInt64;  # spool segments found cut short or corrupt at start (their tails skipped)
 }
 
 struct Heartbeat {

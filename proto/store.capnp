@@ -33,6 +33,22 @@ struct StoredNode {
   drops @7 :Agent.DropCounters;
   clockOffsetNs @8 :Int64;
   clockUncertaintyNs @9 :UInt64;
+  # Batches already stored, per agent instance (the newest few instances):
+  # a batch re-sent after a restart of the collector, or replayed from an
+  # agent's spool after a restart of the agent, is acked again, not stored twice.
+  ackedBatches @10 :List(AckedBatches);
+  # The node's clock fit, restored at start until new probes replace it
+  # (offset = clockOffsetNs at clockReferenceNs of the node's clock, of
+  # which clockRefinementNs came from the collectives).
+  clockDriftPpb @11 :Float64;
+  clockRefinementNs @12 :Int64;
+  clockReferenceNs @13 :UInt64;
+}
+
+struct AckedBatches {
+  instanceId @0 :UInt64;
+  through @1 :UInt64;        # every seq from 1 to this one is stored
+  above @2 :List(UInt64);    # and these, above it
 }
 
 # Findings are stored as Query.Finding (the CLI sees exactly what is stored).

@@ -73,7 +73,7 @@ rs_cleanup_job() { kill -CONT "${rank_pids[@]}" 2>/dev/null || true; kill "${ran
   --db "$work/db-hang" --hang-timeout-s 2 >"$work/collector-hang.log" 2>&1 &
 rs_pids+=($!)
 for node in 0 1; do
-  "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$((agent_port + 2))" --node "hang-$node" \
+  "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$((agent_port + 2))" --node "hang-$node" --spool-dir "$work/spool" \
     --netns "/run/netns/$prefix-$node" --nccl-lib "$build/fakenccl/libnccl.so.2" >"$work/agent-hang-$node.log" 2>&1 &
   rs_pids+=($!)
 done

@@ -37,7 +37,7 @@ rs_start() {
     --db "$work/db" "$@" >"$work/collector.log" 2>&1 &
   rs_pids+=($!)
   for ((node = 0; node < nodes; node++)); do
-    "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$agent_port" --node "gpu-$node" \
+    "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$agent_port" --node "gpu-$node" --spool-dir "$work/spool" \
       --netns "/run/netns/$prefix-$node" --nccl-lib "$build/fakenccl/libnccl.so.2" ${RS_AGENT_ARGS:-} \
       >"$work/agent-$node.log" 2>&1 &
     rs_pids+=($!)

@@ -29,6 +29,7 @@ void TestDeployment::start(const NetnsCluster* cluster, int nodes, const Deploym
     agent.argv = {bin_path("rankscope-agent"),
                   "--collector", "tcp://127.0.0.1:" + std::to_string(agent_port_),
                   "--node",      node_name(node),
+                  "--spool-dir", dir_.file("spool"),
                   "--nccl-lib",  std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2"};
     if (cluster) agent.argv.insert(agent.argv.end(), {"--netns", cluster->path(node)});
     if (options.agent_args) {

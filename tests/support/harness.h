@@ -72,6 +72,8 @@ class NetnsCluster {
   std::string name(int node) const { return prefix_ + "-" + std::to_string(node); }
   std::string path(int node) const { return "/run/netns/" + name(node); }
   std::string address(int node) const { return "10.213.0." + std::to_string(node + 1); }
+  // The namespace holding the bridge; node i's port on it is `p<i>` (down: node i is cut off).
+  std::string switch_name() const { return prefix_ + "-sw"; }
 
  private:
   std::string prefix_;

@@ -15,21 +15,22 @@ class FixedClock final : public Clock {
   uint64_t now = 1'800'000'000'000'000'000ull;
 };
 
-std::string hello(const std::string& node, uint32_t version = wire::PROTOCOL_VERSION) {
+std::string hello(const std::string& node, uint32_t version = wire::PROTOCOL_VERSION, uint64_t instance = 99,
+                  uint64_t realtime_offset_ns = 5'000'000) {
   capnp::MallocMessageBuilder message;
   auto h = message.initRoot<wire::AgentMessage>().initHello();
   h.setProtocolVersion(version);
   h.setNode(node);
-  h.setInstanceId(99);
+  h.setInstanceId(instance);
   h.setMonotonicNs(1'000);
-  h.setRealtimeNs(1'000 + 5'000'000);
+  h.setRealtimeNs(1'000 + realtime_offset_ns);
   return proto::to_packed(message);
 }
 
-std::string batch(uint64_t seq, uint64_t first_record_seq, size_t records) {
+std::string batch(uint64_t seq, uint64_t first_record_seq, size_t records, uint64_t instance = 99) {
   capnp::MallocMessageBuilder message;
   auto b = message.initRoot<wire::AgentMessage>().initBatch();
-  b.setInstanceId(99);
+  b.setInstanceId(instance);
   b.setSeq(seq);
   auto procs = b.initProcesses(1);
   procs[0].setPid(10);
@@ -149,6 +150,65 @@ TEST_F(IngestTest, StateSurvivesARestart) {
   ASSERT_EQ(restarted.comms().count(0xc0ffee), 1u);
   EXPECT_EQ(restarted.comms().at(0xc0ffee).members.at(1).last_seq, 2);
   EXPECT_EQ(restarted.nodes().count("gpu-1"), 1u);
+}
+
+TEST_F(IngestTest, StoredBatchesAreKnownAfterARestartOfTheCollectorAndOfTheAgent) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-1", batch(1, 0, 3), out);
+  ingest.on_agent_message("conn-1", batch(2, 3, 3), out);
+  ASSERT_TRUE(ingest.commit());
+
+  // The collector is killed before the acks left; it restarts, the agent says hello again and re-sends.
+  Ingest restarted(*store, clock);
+  ASSERT_TRUE(restarted.restore());
+  Outbox again;
+  restarted.on_agent_message("conn-2", hello("gpu-1", wire::PROTOCOL_VERSION, 99, 9'000'000), again);
+  restarted.on_agent_message("conn-2", batch(2, 3, 3), again);
+  EXPECT_EQ(restarted.counters().duplicate_batches, 1u) << "stored before the restart: acked, not stored again";
+  EXPECT_EQ(restarted.comms().at(0xc0ffee).members.at(1).records, 6u);
+
+  // The agent restarts too (a new instance) and replays its spool: the old
+  // instance's batches under their own id, then its own.
+  restarted.on_agent_message("conn-3", hello("gpu-1", wire::PROTOCOL_VERSION, 100, 9'000'000), again);
+  restarted.on_agent_message("conn-3", batch(1, 0, 3, 99), again);
+  restarted.on_agent_message("conn-3", batch(3, 6, 2, 99), again);
+  restarted.on_agent_message("conn-3", batch(1, 8, 2, 100), again);
+  ASSERT_TRUE(restarted.commit());
+  EXPECT_EQ(restarted.counters().duplicate_batches, 2u);
+  EXPECT_EQ(restarted.counters().records_stored, 4u);
+  EXPECT_EQ(restarted.comms().at(0xc0ffee).members.at(1).records, 10u);
+  EXPECT_EQ(*store->count(0xc0ffee, 0, 1), 10u);
+  // Times keep the clock fit of the earlier run (5 ms), not the new hello's wall clock (9 ms).
+  auto records = store->tail(0xc0ffee, 0, 1, 0);
+  ASSERT_TRUE(records);
+  EXPECT_EQ(records->back().call.issue_ns, 2'000u + 100u + 5'000'000u);
+
+  // And the windows of both instances survive another restart.
+  Ingest third(*store, clock);
+  ASSERT_TRUE(third.restore());
+  Outbox last;
+  third.on_agent_message("conn-4", hello("gpu-1", wire::PROTOCOL_VERSION, 100), last);
+  third.on_agent_message("conn-4", batch(3, 6, 2, 99), last);
+  third.on_agent_message("conn-4", batch(1, 8, 2, 100), last);
+  EXPECT_EQ(third.counters().duplicate_batches, 2u);
+  EXPECT_TRUE(last.after_commit.empty());
+}
+
+TEST(AckWindow, RemembersOutOfOrderBatchesAndForgetsOnlyWhatFailed) {
+  AckWindow window;
+  for (uint64_t seq : {1, 2, 4, 5, 3, 7}) window.insert(seq);
+  EXPECT_EQ(window.through, 5u);
+  EXPECT_EQ(window.above, (std::set<uint64_t>{7}));
+  EXPECT_FALSE(window.contains(6));
+  EXPECT_TRUE(window.contains(7));
+  window.forget(3);  // its commit failed: the agent will re-send it
+  EXPECT_FALSE(window.contains(3));
+  for (uint64_t seq : {1, 2, 4, 5, 7}) EXPECT_TRUE(window.contains(seq)) << seq;
+  window.insert(3);
+  window.insert(6);
+  EXPECT_EQ(window.through, 7u);
+  EXPECT_TRUE(window.above.empty());
 }
 
 }  // namespace

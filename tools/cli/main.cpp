@@ -71,7 +71,8 @@ void print_status(query::StatusReply::Reader s, bool json) {
                   "\"batches\":%llu,\"records\":%llu,\"traced_processes\":%u,\"clock_offset_ns\":%lld,"
                   "\"clock_uncertainty_ns\":%llu,\"clock_samples\":%u,\"wall_clock_skew_ns\":%lld,\"clock_refinement_ns\":%lld,"
                   "\"clock_drift_ppb\":%lld,\"clock_violations\":%llu,\"drops\":{\"ringbuf_full\":%llu,"
-                  "\"map_full\":%llu,\"unknown_comm\":%llu,\"nested\":%llu,\"send_queue_full\":%llu}}",
+                  "\"map_full\":%llu,\"unknown_comm\":%llu,\"nested\":%llu,\"send_queue_full\":%llu,\"lost_records\":%llu,"
+                  "\"spool_damaged\":%llu}}",
                   first ? "" : ",", json_quote(n.getNode()).c_str(), n.getConnected() ? "true" : "false",
                   (unsigned long long)n.getLastContactNs(), json_quote(n.getAgentVersion()).c_str(),
                   hex64(n.getInstanceId()).c_str(), (unsigned long long)n.getBatches(),
@@ -81,7 +82,8 @@ void print_status(query::StatusReply::Reader s, bool json) {
                   (unsigned long long)n.getClockViolations(),
                   (unsigned long long)d.getRingbufFull(), (unsigned long long)d.getMapFull(),
                   (unsigned long long)d.getUnknownComm(), (unsigned long long)d.getNested(),
-                  (unsigned long long)d.getSendQueueFull());
+                  (unsigned long long)d.getSendQueueFull(), (unsigned long long)d.getLostRecords(),
+                  (unsigned long long)d.getSpoolDamaged());
       first = false;
     }
     std::printf("]}\n");
@@ -105,6 +107,8 @@ void print_status(query::StatusReply::Reader s, bool json) {
                                   format_duration_ns(static_cast<int64_t>(n.getClockUncertaintyNs())) + ")";
     std::string drop_text = std::to_string(drops);
     if (d.getUnknownComm()) drop_text += ", " + std::to_string(d.getUnknownComm()) + " unmatched";
+    if (d.getLostRecords()) drop_text += ", " + std::to_string(d.getLostRecords()) + " records lost unsent";
+    if (d.getSpoolDamaged()) drop_text += ", " + std::to_string(d.getSpoolDamaged()) + " damaged spool file(s)";
     std::printf("%-16s %-13s %-14s %9llu %10llu %5u %-26s %s\n", n.getNode().cStr(),
                 n.getConnected() ? "connected" : "disconnected", age(s.getNowNs(), n.getLastContactNs()).c_str(),
                 (unsigned long long)n.getBatches(), (unsigned long long)n.getRecords(), n.getTracedProcesses(),

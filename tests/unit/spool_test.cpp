@@ -1,0 +1,333 @@
+// The agent's on-disk spool (node-agent/spool.h) on a real file system, and
+// the transport replaying it to a real ZeroMQ socket: order, acks, the bound,
+// damaged files, and a restart of the agent.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "node-agent/spool.h"
+#include "node-agent/transport.h"
+#include "proto/codec.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A real batch as the agent sends it: one process, one communicator, `records` collectives.
+std::string batch(uint64_t instance, uint64_t seq, size_t records = 4) {
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  b.setInstanceId(instance);
+  b.setSeq(seq);
+  auto procs = b.initProcesses(1);
+  procs[0].setPid(10);
+  procs[0].setJob("job-" + std::to_string(seq));
+  auto comms = b.initComms(1);
+  comms[0].setPid(10);
+  comms[0].setCommHash(0xc0ffee);
+  comms[0].setRank(0);
+  comms[0].setNranks(2);
+  proto::ColumnBlock block;
+  block.pid = 10;
+  block.comm_hash = 0xc0ffee;
+  block.rank = 0;
+  for (size_t i = 0; i < records; ++i) {
+    proto::CallRecord r;
+    r.seq = seq * 100 + i;
+    r.issue_ns = 1'000 + i * 10;
+    r.return_ns = r.issue_ns + 5;
+    r.count = 1024;
+    r.op = RS_OP_ALLREDUCE;
+    r.datatype = 7;
+    block.records.push_back(r);
+  }
+  proto::encode_collectives({&block}, b);
+  return proto::to_packed(message);
+}
+
+std::vector<fs::path> segment_files(const std::string& dir) {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".seg") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+class SpoolTest : public ::testing::Test {
+ protected:
+  testing::TempDir tmp;
+  std::string dir = tmp.file("spool/node-a");
+  Spool::Limits limits;
+  std::unique_ptr<Spool> open() {
+    auto spool = Spool::open(dir, limits);
+    EXPECT_TRUE(spool) << spool.error().message;
+    return spool ? std::move(*spool) : nullptr;
+  }
+};
+
+TEST_F(SpoolTest, UnackedBatchesComeBackInOrderAfterARestartAndAckedOnesDoNot) {
+  {
+    auto spool = open();
+    ASSERT_TRUE(spool);
+    std::vector<SpoolRef> refs;
+    for (uint64_t seq = 1; seq <= 6; ++seq) {
+      auto ref = spool->append(7, seq, batch(7, seq));
+      ASSERT_TRUE(ref) << ref.error().message;
+      refs.push_back(*ref);
+    }
+    spool->acked(7, 2, refs[1]);
+    spool->acked(7, 5, refs[4]);
+    auto back = spool->read(refs[3]);
+    ASSERT_TRUE(back);
+    EXPECT_EQ(*back, batch(7, 4));
+  }  // the agent stops (or dies: every record was written as it came)
+  auto spool = open();
+  ASSERT_TRUE(spool);
+  auto recovered = spool->take_recovered();
+  std::vector<uint64_t> seqs;
+  for (const auto& r : recovered) {
+    EXPECT_EQ(r.instance, 7u);
+    EXPECT_EQ(r.bytes, batch(7, r.seq)) << "the batch comes back byte for byte, with its own instance id and seq";
+    seqs.push_back(r.seq);
+  }
+  EXPECT_EQ(seqs, (std::vector<uint64_t>{1, 3, 4, 6}));
+  EXPECT_EQ(spool->damage().bad_tails, 0u);
+  EXPECT_TRUE(spool->take_recovered().empty()) << "handed over once";
+}
+
+TEST_F(SpoolTest, SegmentsGoOnceEverythingInThemIsAcked) {
+  limits.segment_bytes = 1;  // one batch per segment
+  auto spool = open();
+  ASSERT_TRUE(spool);
+  std::vector<SpoolRef> refs;
+  for (uint64_t seq = 1; seq <= 4; ++seq) refs.push_back(*spool->append(3, seq, batch(3, seq)));
+  EXPECT_EQ(segment_files(dir).size(), 4u);
+  for (uint64_t seq = 1; seq <= 3; ++seq) spool->acked(3, seq, refs[seq - 1]);
+  EXPECT_EQ(segment_files(dir).size(), 1u) << "only the segment being written is left";
+  spool.reset();
+  spool = open();
+  auto recovered = spool->take_recovered();
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_EQ(recovered[0].seq, 4u);
+}
+
+TEST_F(SpoolTest, AFullSpoolGivesUpItsOldestSegmentFirst) {
+  std::string one = batch(1, 1);
+  limits.segment_bytes = 3 * (one.size() + 32);  // three batches per segment
+  limits.max_bytes = 3 * limits.segment_bytes;
+  auto spool = open();
+  ASSERT_TRUE(spool);
+  std::vector<SpoolRef> refs;
+  std::vector<uint64_t> dropped;
+  for (uint64_t seq = 1; seq <= 40; ++seq) {
+    refs.push_back(*spool->append(1, seq, batch(1, seq)));
+    while (auto segment = spool->segment_to_drop()) {
+      for (size_t i = 0; i < refs.size(); ++i)
+        if (refs[i].segment == *segment) dropped.push_back(i + 1);
+      spool->drop_segment(*segment);
+    }
+    EXPECT_LE(spool->bytes(), limits.max_bytes + limits.segment_bytes) << "bounded";
+  }
+  ASSERT_FALSE(dropped.empty());
+  for (size_t i = 0; i < dropped.size(); ++i) EXPECT_EQ(dropped[i], i + 1) << "oldest first, in order";
+  spool.reset();
+  spool = open();
+  auto recovered = spool->take_recovered();
+  ASSERT_FALSE(recovered.empty());
+  EXPECT_EQ(recovered.front().seq, dropped.back() + 1) << "the newest batches are kept";
+  EXPECT_EQ(recovered.back().seq, 40u);
+}
+
+TEST_F(SpoolTest, ACutShortOrCorruptTailIsSkippedCountedAndNeverTrusted) {
+  {
+    auto spool = open();
+    ASSERT_TRUE(spool);
+    for (uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(spool->append(9, seq, batch(9, seq)));
+  }
+  auto files = segment_files(dir);
+  ASSERT_EQ(files.size(), 1u);
+  // A crash in the middle of a write: half a record at the end.
+  std::string half = batch(9, 4).substr(0, 17);
+  { std::ofstream(files[0], std::ios::app | std::ios::binary) << std::string(32, '\x50') << half; }
+  auto spool = open();
+  ASSERT_TRUE(spool);
+  auto recovered = spool->take_recovered();
+  ASSERT_EQ(recovered.size(), 3u);
+  EXPECT_EQ(spool->damage().bad_tails, 1u);
+  EXPECT_EQ(spool->damage().skipped_bytes, 32u + half.size());
+  // New batches go to a fresh segment, never after the damage.
+  ASSERT_TRUE(spool->append(9, 4, batch(9, 4)));
+  spool.reset();
+
+  // A flipped byte inside the second record: the first is kept, the rest of that file skipped.
+  files = segment_files(dir);
+  ASSERT_EQ(files.size(), 2u);
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(32 + batch(9, 1).size() + 32 + 5));
+    f.put('\x7f');
+  }
+  spool = open();
+  ASSERT_TRUE(spool);
+  recovered = spool->take_recovered();
+  std::vector<uint64_t> seqs;
+  for (const auto& r : recovered) seqs.push_back(r.seq);
+  EXPECT_EQ(seqs, (std::vector<uint64_t>{1, 4}));
+  EXPECT_EQ(spool->damage().bad_tails, 1u);
+
+  // Not a spool file at all.
+  spool.reset();
+  { std::ofstream(dir + "/00000000000000ff.seg", std::ios::binary) << "garbage, not a record"; }
+  spool = open();
+  ASSERT_TRUE(spool);
+  EXPECT_EQ(spool->damage().bad_tails, 2u);
+}
+
+TEST_F(SpoolTest, OneAgentPerSpool) {
+  auto first = open();
+  ASSERT_TRUE(first);
+  auto second = Spool::open(dir, limits);
+  ASSERT_FALSE(second);
+  EXPECT_NE(second.error().message.find("in use by another rankscope-agent"), std::string::npos)
+      << second.error().message;
+  first.reset();
+  EXPECT_TRUE(Spool::open(dir, limits)) << "free again once the first is gone";
+}
+
+TEST_F(SpoolTest, AFolderThatCannotBeMadeIsAClearError) {
+  { std::ofstream(tmp.file("file")) << "x"; }
+  auto spool = Spool::open(tmp.file("file/spool"), limits);
+  ASSERT_FALSE(spool);
+  EXPECT_NE(spool.error().message.find("cannot create spool folder"), std::string::npos) << spool.error().message;
+}
+
+TEST(StripDetail, KeepsTheSummariesAndCountsTheRecords) {
+  uint64_t records = 0;
+  auto stripped = strip_detail(batch(5, 8, 6), records);
+  ASSERT_TRUE(stripped);
+  EXPECT_EQ(records, 6u);
+  ASSERT_TRUE(proto::read_packed<wire::AgentMessage>(*stripped, proto::ReadLimits{}, [&](auto m) {
+    auto b = m.getBatch();
+    EXPECT_EQ(b.getInstanceId(), 5u);
+    EXPECT_EQ(b.getSeq(), 8u);
+    ASSERT_EQ(b.getProcesses().size(), 1u);
+    EXPECT_EQ(std::string(b.getProcesses()[0].getJob().cStr()), "job-8");
+    EXPECT_EQ(b.getComms().size(), 1u);
+    EXPECT_EQ(b.getCollectives().size(), 0u);
+  }));
+  EXPECT_FALSE(strip_detail("not a batch", records));
+}
+
+// A stand-in collector: a ROUTER that accepts hellos and acks every batch,
+// noting (instance, seq) in arrival order.
+class FakeCollector {
+ public:
+  FakeCollector(zmq::context_t& context, const std::string& endpoint) : socket_(context, zmq::socket_type::router) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind(endpoint);
+  }
+  void serve() {
+    for (;;) {
+      zmq::message_t id, body;
+      if (!socket_.recv(id, zmq::recv_flags::dontwait)) return;
+      (void)socket_.recv(body, zmq::recv_flags::none);
+      std::string bytes(static_cast<const char*>(body.data()), body.size());
+      capnp::MallocMessageBuilder reply;
+      bool answer = false;
+      EXPECT_TRUE(proto::read_packed<wire::AgentMessage>(bytes, proto::ReadLimits{}, [&](auto m) {
+        if (m.which() == wire::AgentMessage::HELLO) {
+          reply.initRoot<wire::CollectorMessage>().initHelloReply().setAccepted(true);
+          answer = true;
+        } else if (m.which() == wire::AgentMessage::BATCH) {
+          auto b = m.getBatch();
+          received.emplace_back(b.getInstanceId(), b.getSeq());
+          auto ack = reply.initRoot<wire::CollectorMessage>().initAck();
+          ack.setInstanceId(b.getInstanceId());
+          ack.setSeq(b.getSeq());
+          answer = true;
+        }
+      }));
+      if (!answer) continue;
+      socket_.send(id, zmq::send_flags::sndmore);
+      socket_.send(zmq::buffer(proto::to_packed(reply)), zmq::send_flags::none);
+    }
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> received;
+
+ private:
+  zmq::socket_t socket_;
+};
+
+TEST_F(SpoolTest, ARestartedAgentReplaysTheEarlierInstancesBatchesFirstUnderTheirOwnIds) {
+  zmq::context_t context(1);
+  Options options;
+  options.collector = "ipc://" + tmp.file("collector.sock");
+  SystemClock clock;
+  auto no_samples = [](uint64_t, uint64_t, uint64_t, uint64_t) {};
+  {
+    // No collector: everything stays unacked, on disk.
+    Transport first(context, options, clock, 111, no_samples, open());
+    for (uint64_t seq = 1; seq <= 5; ++seq) first.submit(seq, batch(111, seq));
+    first.service();
+    EXPECT_EQ(first.unacked(), 5u);
+  }  // the agent is killed
+  Transport second(context, options, clock, 222, no_samples, open());
+  EXPECT_EQ(second.unacked(), 5u) << "the earlier run's batches are queued at start";
+  second.submit(1, batch(222, 1));
+  second.submit(2, batch(222, 2));
+  FakeCollector collector(context, options.collector);
+  ASSERT_TRUE(testing::wait_for(
+      [&] {
+        collector.serve();
+        second.service();
+        return second.unacked() == 0;
+      },
+      std::chrono::seconds(20)))
+      << collector.received.size() << " batch(es) received";
+  std::vector<std::pair<uint64_t, uint64_t>> expected = {{111, 1}, {111, 2}, {111, 3}, {111, 4}, {111, 5},
+                                                         {222, 1}, {222, 2}};
+  ASSERT_GE(collector.received.size(), expected.size());
+  EXPECT_EQ(std::vector(collector.received.begin(), collector.received.begin() + 7), expected)
+      << "in order: the earlier instance first, each batch with its own instance id and seq";
+  EXPECT_EQ(second.discarded_batches(), 0u);
+}
+
+TEST_F(SpoolTest, AFullSpoolKeepsSummariesAndCountsTheLostRecords) {
+  zmq::context_t context(1);
+  Options options;
+  options.collector = "ipc://" + tmp.file("nobody.sock");
+  SystemClock clock;
+  limits.segment_bytes = 2 * (batch(1, 1).size() + 32);
+  limits.max_bytes = 4 * limits.segment_bytes;
+  Transport transport(context, options, clock, 1, [](uint64_t, uint64_t, uint64_t, uint64_t) {}, open());
+  for (uint64_t seq = 1; seq <= 50; ++seq) transport.submit(seq, batch(1, seq, 4));
+  ASSERT_GT(transport.discarded_batches(), 0u);
+  EXPECT_EQ(transport.lost_records(), transport.discarded_batches() * 4) << "every dropped batch had 4 records";
+  EXPECT_EQ(transport.unacked(), 50u) << "every batch is still to be sent: the dropped ones as summaries";
+  EXPECT_LE(transport.spool()->bytes(), limits.max_bytes + limits.segment_bytes);
+}
+
+TEST_F(SpoolTest, WithoutASpoolMemoryStaysBounded) {
+  zmq::context_t context(1);
+  Options options;
+  options.collector = "ipc://" + tmp.file("nobody.sock");
+  options.max_unacked_bytes = 20 * batch(1, 1).size();
+  SystemClock clock;
+  Transport transport(context, options, clock, 1, [](uint64_t, uint64_t, uint64_t, uint64_t) {});
+  for (uint64_t seq = 1; seq <= 500; ++seq) transport.submit(seq, batch(1, seq, 4));
+  EXPECT_LE(transport.memory_bytes(), options.max_unacked_bytes);
+  EXPECT_GT(transport.discarded_batches(), 0u);
+  EXPECT_GT(transport.lost_records(), 0u);
+}
+
+}  // namespace
+}  // namespace rankscope::agent
