@@ -48,6 +48,7 @@ class Transport {
   void send_hello();
   void handle(const std::string& bytes);
   void resend_due();
+  void warn_if_unanswered();
 
   const Options& options_;
   const Clock& clock_;
@@ -60,6 +61,8 @@ class Transport {
   uint64_t last_hello_ns_ = 0;
   uint64_t discarded_ = 0;
   uint64_t last_refusal_log_ns_ = 0;
+  uint64_t waiting_since_ns_ = 0;     // no reply yet since then (0: a reply came)
+  uint64_t last_silence_log_ns_ = 0;
 };
 
 // Reads /proc/sys/kernel/random/boot_id (empty if unreadable).
