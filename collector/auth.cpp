@@ -1,7 +1,9 @@
 #include "collector/auth.h"
 
 #include <sys/stat.h>
+#include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <vector>
@@ -54,16 +56,29 @@ Result<void> AllowList::load() {
   }
   if (ec) return make_error(Errc::io, "reading allow-list " + dir_ + ": " + ec.message());
   bool changed = loaded_mtime_ns_ != -1;
+  // Re-reads of an unchanged directory (see racy_) are not worth a line.
+  bool same = keys.size() == keys_.size() &&
+              std::equal(keys.begin(), keys.end(), keys_.begin(), [](const auto& a, const auto& b) {
+                return a.first == b.first && a.second.name == b.second.name && a.second.role == b.second.role;
+              });
   keys_ = std::move(keys);
   loaded_mtime_ns_ = mtime;
-  RS_LOG(info, "allow-list %s: %zu key(s)%s", dir_.c_str(), keys_.size(), changed ? " (reloaded)" : "");
+  // A directory time is stamped from a coarse clock: a change made just
+  // after this read may leave it as it is. Until the time is safely in the
+  // past, read the directory again on every check.
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  int64_t now_ns = static_cast<int64_t>(now.tv_sec) * 1'000'000'000ll + now.tv_nsec;
+  racy_ = now_ns - mtime < 2'000'000'000ll;
+  if (!changed || !same)
+    RS_LOG(info, "allow-list %s: %zu key(s)%s", dir_.c_str(), keys_.size(), changed ? " (reloaded)" : "");
   return {};
 }
 
 void AllowList::refresh(uint64_t now_ns) {
   if (checked_ns_ != 0 && now_ns - checked_ns_ < kRefreshIntervalNs) return;
   checked_ns_ = now_ns;
-  if (mtime_ns(dir_) == loaded_mtime_ns_) return;
+  if (mtime_ns(dir_) == loaded_mtime_ns_ && !racy_) return;
   // A failed reload keeps the keys loaded before (a directory being replaced).
   if (auto r = load(); !r) RS_LOG(error, "%s; keeping the %zu key(s) loaded before", r.error().message.c_str(), keys_.size());
 }

@@ -48,6 +48,7 @@ class AllowList {
   std::string dir_;
   std::map<std::string, Entry> keys_;  // Z85 public key -> entry
   int64_t loaded_mtime_ns_ = -1;
+  bool racy_ = false;  // the directory changed too recently to trust its time
   uint64_t checked_ns_ = 0;
 };
 
