@@ -127,6 +127,18 @@ void Transport::warn_if_unanswered() {
   // A CurveZMQ handshake the collector refuses (unknown key, wrong collector
   // key, plaintext against CurveZMQ) gives this side no error: only silence.
   if (waiting_since_ns_ == 0 || now() - waiting_since_ns_ < kNoReplyNs) return;
+  // libzmq gives up on a connection whose handshake was refused (a key not
+  // yet in the allow-list): connect anew now and then, so that a key added
+  // later is taken without restarting the agent.
+  if (now() - last_reconnect_ns_ >= kNoReplyNs) {
+    last_reconnect_ns_ = now();
+    try {
+      socket_.disconnect(options_.collector);
+    } catch (const zmq::error_t&) {
+      // Already gone: libzmq dropped it after the refusal.
+    }
+    socket_.connect(options_.collector);
+  }
   if (last_silence_log_ns_ != 0 && now() - last_silence_log_ns_ < kNoReplyLogIntervalNs) return;
   last_silence_log_ns_ = now();
   if (options_.keys.enabled())

@@ -63,6 +63,7 @@ class Transport {
   uint64_t last_refusal_log_ns_ = 0;
   uint64_t waiting_since_ns_ = 0;     // no reply yet since then (0: a reply came)
   uint64_t last_silence_log_ns_ = 0;
+  uint64_t last_reconnect_ns_ = 0;
 };
 
 // Reads /proc/sys/kernel/random/boot_id (empty if unreadable).

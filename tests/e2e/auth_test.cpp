@@ -122,9 +122,10 @@ constexpr auto kRefusedWindow = std::chrono::seconds(3);
 TEST(Auth, AdmittedAgentIsAcceptedUnderItsOwnName) {
   TempDir dir;
   TestKeys keys(dir);
+  auto node_keys = agent_keys(keys, "node-1", true);
   Collector collector(dir, &keys);
   ASSERT_TRUE(collector.up) << slurp(collector.log);
-  RawAgent agent(collector.agent_port, agent_keys(keys, "node-1", true));
+  RawAgent agent(collector.agent_port, node_keys);
   auto answer = agent.hello("node-1", std::chrono::seconds(10));
   ASSERT_TRUE(answer) << slurp(collector.log);
   EXPECT_TRUE(answer->first) << answer->second;
@@ -150,9 +151,12 @@ TEST(Auth, AgentSpeakingForAnotherNodeIsRefused) {
   TempDir dir;
   TestKeys keys(dir);
   keys.agent_args("node-0");  // node-0 is admitted too: its name is taken only with its key
+  // Keys are in the allow-list before the collector starts: libzmq does not
+  // retry a refused handshake (the real agent reconnects by itself).
+  auto node_keys = agent_keys(keys, "node-1", true);
   Collector collector(dir, &keys);
   ASSERT_TRUE(collector.up) << slurp(collector.log);
-  RawAgent agent(collector.agent_port, agent_keys(keys, "node-1", true));
+  RawAgent agent(collector.agent_port, node_keys);
   auto answer = agent.hello("node-0", std::chrono::seconds(10));
   ASSERT_TRUE(answer) << slurp(collector.log);
   EXPECT_FALSE(answer->first);
@@ -195,9 +199,40 @@ TEST(Auth, PlaintextAgentIsRefusedAndTheRealAgentSaysWhy) {
   EXPECT_TRUE(status->nodes.empty());
 }
 
+TEST(Auth, AgentKeyAdmittedLaterIsTakenWithoutRestart) {
+  if (geteuid() != 0) GTEST_SKIP() << "the real agent loads eBPF programs: run the suite as root (sudo make test)";
+  TempDir dir;
+  TestKeys keys(dir);
+  auto flags = keys.agent_args("node-1", false);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  SpawnOptions spawn;
+  spawn.argv = {bin_path("rankscope-agent"), "--collector", endpoint(collector.agent_port), "--node", "node-1",
+                "--pid", std::to_string(getpid()), "--host-context", "false"};
+  spawn.argv.insert(spawn.argv.end(), flags.begin(), flags.end());
+  spawn.stdout_path = dir.file("agent.log");
+  Process agent(spawn);
+  ASSERT_TRUE(wait_for([&] { return slurp(dir.file("agent.log")).find("no reply from collector") != std::string::npos; },
+                       std::chrono::seconds(40)))
+      << slurp(dir.file("agent.log"));
+  EXPECT_NE(slurp(dir.file("agent.log")).find("in its allow-list (bound to node node-1)"), std::string::npos)
+      << slurp(dir.file("agent.log"));
+  // The operator adds its key: the agent gets in on its next attempt.
+  std::filesystem::copy_file(dir.file("keys/agent-node-1.pub"), keys.allow_dir() + "/agent-node-1.pub");
+  cli::QueryClient client(endpoint(collector.query_port), 2000, keys.client());
+  EXPECT_TRUE(wait_for(
+      [&] {
+        auto status = Collector::status(client);
+        return status && status->nodes.count("node-1");
+      },
+      std::chrono::seconds(30)))
+      << slurp(dir.file("agent.log")) << slurp(collector.log);
+}
+
 TEST(Auth, QuerySocketAdmitsOnlyAllowedClients) {
   TempDir dir;
   TestKeys keys(dir);
+  auto node_keys = agent_keys(keys, "node-1", true);
   Collector collector(dir, &keys);
   ASSERT_TRUE(collector.up) << slurp(collector.log);
   cli::QueryClient allowed(endpoint(collector.query_port), 2000, keys.client());
@@ -206,7 +241,7 @@ TEST(Auth, QuerySocketAdmitsOnlyAllowedClients) {
   EXPECT_FALSE(Collector::status(plain)) << "plaintext client answered by a CurveZMQ collector";
   cli::QueryClient stranger(endpoint(collector.query_port), 1500, keys.unknown_client());
   EXPECT_FALSE(Collector::status(stranger)) << "unknown client key answered";
-  cli::QueryClient agent_key(endpoint(collector.query_port), 1500, agent_keys(keys, "node-1", true));
+  cli::QueryClient agent_key(endpoint(collector.query_port), 1500, node_keys);
   EXPECT_FALSE(Collector::status(agent_key)) << "an agent's key is not a client's";
 
   // The CLI binary: refused in plaintext, with a message that says why; served with its key.
@@ -275,11 +310,11 @@ std::string clock_probe(uint64_t t1) {
 TEST(RateLimit, FloodingPeerIsThrottledAndTheOtherIsServed) {
   TempDir dir;
   TestKeys keys(dir);
-  keys.agent_args("calm");
+  auto flood_keys = agent_keys(keys, "flood", true), calm_keys = agent_keys(keys, "calm", true);
   Collector collector(dir, &keys, {"--max-messages-per-s", "200"});
   ASSERT_TRUE(collector.up) << slurp(collector.log);
-  RawAgent flood(collector.agent_port, agent_keys(keys, "flood", true));
-  RawAgent calm(collector.agent_port, agent_keys(keys, "calm", true));
+  RawAgent flood(collector.agent_port, flood_keys);
+  RawAgent calm(collector.agent_port, calm_keys);
   ASSERT_TRUE(flood.hello("flood", std::chrono::seconds(10)));
   ASSERT_TRUE(calm.hello("calm", std::chrono::seconds(10)));
 
