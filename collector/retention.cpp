@@ -12,8 +12,8 @@ namespace {
 // Past this share of the cap, the oldest records go until the database is
 // back to about kTargetShare of it (RocksDB's logs and a compaction's new
 // files need the rest).
-constexpr double kTriggerShare = 0.8;
-constexpr double kTargetShare = 0.6;
+constexpr double kTriggerShare = 0.7;
+constexpr double kTargetShare = 0.5;
 // Records kept at the least, as a share of those stored: the cap never
 // empties the store at once.
 constexpr double kMaxShareRemoved = 0.9;

@@ -301,13 +301,13 @@ TEST(Retention, CutoffForAgeAndForTheCap) {
   RetentionPolicy age{50 * second, 0};
   EXPECT_EQ(age.cutoff(200 * second, 1 << 30, times), 150 * second);
   RetentionPolicy cap{0, 1000};
-  EXPECT_EQ(cap.cutoff(200 * second, 700, times), 0u) << "under 80% of the cap: nothing goes";
-  // 2000 bytes used of 1000: back to 600 means removing 70% of the records, oldest first.
-  EXPECT_EQ(cap.cutoff(200 * second, 2000, times), 70ull << 30);
+  EXPECT_EQ(cap.cutoff(200 * second, 690, times), 0u) << "under 70% of the cap: nothing goes";
+  // 2000 bytes used of 1000: back to 500 means removing 75% of the records, oldest first.
+  EXPECT_EQ(cap.cutoff(200 * second, 2000, times), 75ull << 30);
   // Never more than 90% at once.
   EXPECT_EQ(cap.cutoff(200 * second, 1'000'000, times), 90ull << 30);
   RetentionPolicy both{150 * second, 1000};
-  EXPECT_EQ(both.cutoff(200 * second, 2000, times), 70ull << 30) << "the later of the two cut-offs";
+  EXPECT_EQ(both.cutoff(200 * second, 2000, times), 75ull << 30) << "the later of the two cut-offs";
 }
 
 TEST(Retention, HistogramWidensPastItsBucketBudget) {
