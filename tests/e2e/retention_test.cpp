@@ -131,8 +131,12 @@ TEST(Retention, SmallDiskCapKeepsTheNewestAndTakesNewData) {
   EXPECT_GE(late.stored, 1u);
   // Stored records of that rank end at (about) what the collector last heard.
   EXPECT_LE(late.first_stored, late.last_seq);
-  // Under the cap, sampled between checks (each second) while records pour in.
-  EXPECT_LE(steady_most, kCap) << log;
+  // About the cap, sampled between checks (each second) while records pour
+  // in. A compaction writes its new files before it deletes the old ones,
+  // so for a moment the database holds both: samples were seen up to 3%
+  // over an 8 MiB cap (8,644,307 bytes); 10% is the bound this test holds
+  // it to (docs/operations.md says to leave room on the disk).
+  EXPECT_LE(steady_most, kCap + kCap / 10) << log;
 }
 
 }  // namespace
