@@ -38,6 +38,7 @@
 
 #include "bench/measure.h"
 #include "bench_noop.skel.h"
+#include "common/curve.h"
 #include "common/log.h"
 #include "proto/query.capnp.h"
 #include "tools/cli/client.h"
@@ -237,7 +238,28 @@ struct Deployment {
   std::string agent_endpoint() const { return "tcp://127.0.0.1:" + std::to_string(agent_port); }
   std::string query_endpoint() const { return "tcp://127.0.0.1:" + std::to_string(query_port); }
 
+  // CurveZMQ keys as deployed (its encryption is part of the agent's cost):
+  // the collector's, the agent's (node "bench", admitted) and a client's.
+  Result<void> make_keys() {
+    std::error_code ec;
+    std::filesystem::create_directories(dir + "/keys/allowed", ec);
+    for (auto [name, role] : {std::pair{"collector", "collector"}, {"bench", "agent"}, {"bench-client", "client"}}) {
+      auto key = curve::generate(name, role);
+      if (!key) return key.error();
+      if (auto r = curve::write(dir + "/keys/" + name, *key, true); !r) return r;
+      if (std::string(role) != "collector")
+        std::filesystem::copy_file(dir + "/keys/" + name + ".pub", dir + "/keys/allowed/" + name + ".pub",
+                                   std::filesystem::copy_options::overwrite_existing, ec);
+    }
+    auto client = curve::load_client_keys(dir + "/keys/bench-client.key", dir + "/keys/collector.pub");
+    if (!client) return client.error();
+    client_keys = *client;
+    return {};
+  }
+  curve::ClientKeys client_keys;
+
   Result<void> start_collector() {
+    if (auto r = make_keys(); !r) return r;
     auto agent = free_port();
     auto query = free_port();
     if (!agent) return agent.error();
@@ -245,7 +267,8 @@ struct Deployment {
     agent_port = *agent;
     query_port = *query;
     auto child = Child::start({options.bin_dir + "/rankscope-collector", "--listen", agent_endpoint(), "--query",
-                               query_endpoint(), "--db", dir + "/db"},
+                               query_endpoint(), "--db", dir + "/db", "--key", dir + "/keys/collector.key",
+                               "--allow", dir + "/keys/allowed"},
                               dir + "/collector.log");
     if (!child) return child.error();
     collector.emplace(std::move(*child));
@@ -257,7 +280,8 @@ struct Deployment {
   Result<Child> start_agent() {
     std::vector<std::string> argv = {options.bin_dir + "/rankscope-agent", "--collector", agent_endpoint(), "--node",
                                      "bench", "--pid", std::to_string(getpid()), "--nccl-lib", options.nccl_lib,
-                                     "--spool-dir", dir + "/spool"};
+                                     "--spool-dir", dir + "/spool", "--key", dir + "/keys/bench.key",
+                                     "--collector-key", dir + "/keys/collector.pub"};
     argv.insert(argv.end(), options.agent_args.begin(), options.agent_args.end());
     std::string log = dir + "/agent-" + std::to_string(++agents_started) + ".log";
     auto child = Child::start(argv, log);
@@ -303,7 +327,7 @@ struct Deployment {
   // Records the collector has stored, once it holds at least `expected` (or
   // the deadline passed).
   uint64_t records_stored(uint64_t expected) {
-    cli::QueryClient client(query_endpoint(), 2000);
+    cli::QueryClient client(query_endpoint(), 2000, client_keys);
     uint64_t stored = 0;
     uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
     do {

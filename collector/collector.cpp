@@ -4,6 +4,7 @@
 #include <set>
 #include <zmq.hpp>
 
+#include "collector/auth.h"
 #include "collector/clock_refine.h"
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
@@ -11,9 +12,12 @@
 #include "collector/ingest.h"
 #include "collector/metrics.h"
 #include "collector/query.h"
+#include "collector/rate_limit.h"
+#include "collector/retention.h"
 #include "collector/store/timeline_store.h"
 #include "collector/usage.h"
 #include "common/clock.h"
+#include "common/curve.h"
 #include "common/format.h"
 #include "common/log.h"
 
@@ -43,8 +47,13 @@ void send_to(zmq::socket_t& socket, const std::string& routing_id, const std::st
   }
 }
 
+struct Received {
+  std::string routing_id, payload;
+  std::string user_id;  // what the ZAP handler bound to the connection's key; "" without CurveZMQ
+};
+
 // Reads one multipart message from a ROUTER: routing id, [empty], payload.
-std::optional<std::pair<std::string, std::string>> receive(zmq::socket_t& socket) {
+std::optional<Received> receive(zmq::socket_t& socket) {
   std::vector<zmq::message_t> parts;
   for (;;) {
     zmq::message_t part;
@@ -55,7 +64,14 @@ std::optional<std::pair<std::string, std::string>> receive(zmq::socket_t& socket
     if (!more) break;
   }
   if (parts.size() < 2) return std::nullopt;
-  return std::make_pair(frame(parts.front()), frame(parts.back()));
+  Received received{frame(parts.front()), frame(parts.back()), {}};
+  try {
+    // zmq_msg_gets: the connection's metadata, on every frame it delivers.
+    if (const char* user = parts.back().gets("User-Id")) received.user_id = user;
+  } catch (const zmq::error_t&) {
+    // No User-Id: a plaintext connection (--insecure).
+  }
+  return received;
 }
 
 // Mirrors the collector's state into the Prometheus metrics.
@@ -117,7 +133,7 @@ Result<void> bind(zmq::socket_t& socket, const std::string& endpoint, const char
 }  // namespace
 
 int run(const Options& options, const std::atomic<bool>& stop) {
-  auto store = TimelineStore::open(options.db);
+  auto store = TimelineStore::open(options.db, StoreOptions{options.max_disk()});
   if (!store) {
     RS_LOG(error, "%s", store.error().message.c_str());
     return 2;
@@ -179,6 +195,34 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   // bounded queue (re-sent in order). A thousand agents then hold at most
   // ~128k messages here, not whatever a fleet can push.
   agents.set(zmq::sockopt::rcvhwm, kAgentReceiveHighWaterMark);
+  // Started before the sockets bind, so no handshake ever finds it missing.
+  std::unique_ptr<ZapHandler> zap;
+  if (options.insecure) {
+    RS_LOG(warn, "*** --insecure: plaintext and NO authentication on %s and %s: anyone who reaches these ports can "
+                 "send data as any node and read every timeline. Use it only on a trusted test network. ***",
+           options.listen.c_str(), options.query.c_str());
+  } else {
+    auto key = curve::available() ? curve::read(options.key)
+                                  : Result<curve::KeyFile>(make_error(Errc::unsupported_version,
+                                        "this libzmq has no CurveZMQ (zmq_has(\"curve\") is false)"));
+    if (key && key->secret_key.empty())
+      key = make_error(Errc::invalid_argument, options.key + " holds no secret-key: --key takes the .key file, not the .pub");
+    if (!key) {
+      RS_LOG(error, "--key: %s (make one with `rankscope keygen --role collector --out %s`, or run with --insecure on a "
+                    "trusted test network)", key.error().message.c_str(), "/etc/rankscope/collector");
+      return 2;
+    }
+    auto started = ZapHandler::start(context, options.allow);
+    if (!started) {
+      RS_LOG(error, "--allow: %s", started.error().message.c_str());
+      return 2;
+    }
+    zap = std::move(*started);
+    curve::apply_server(agents, *key, kAgentDomain);
+    curve::apply_server(queries, *key, kQueryDomain);
+    RS_LOG(info, "CurveZMQ on both sockets, collector public key %s; admitting the keys in %s", key->public_key.c_str(),
+           options.allow.c_str());
+  }
   for (auto r : {bind(agents, options.listen, "agents"), bind(queries, options.query, "queries")}) {
     if (!r) {
       RS_LOG(error, "%s", r.error().message.c_str());
@@ -187,6 +231,11 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   }
   RS_LOG(info, "listening for agents on %s, queries on %s; database %s", options.listen.c_str(),
          options.query.c_str(), options.db.c_str());
+
+  auto retention = Retention::start(**store, clock, options);
+  RateLimiter agent_limit(options.max_messages_per_s, options.max_bytes_per_s);
+  RateLimiter query_limit(options.max_messages_per_s, options.max_bytes_per_s);
+  BadMessageLog query_throttle_log;
 
   QueryContext query_context{ingest, **store, findings, clock, options.liveness_ns()};
   uint64_t last_evaluation = 0;
@@ -204,7 +253,15 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     for (int i = 0; i < kMaxMessagesPerCommit; ++i) {
       auto message = receive(agents);
       if (!message) break;
-      ingest.on_agent_message(message->first, message->second, outbox);
+      if (!options.insecure && message->user_id.empty()) continue;  // never: the ZAP handler names every key
+      if (!agent_limit.admit(message->routing_id, message->payload.size(), clock.monotonic_ns())) {
+        ingest.on_throttled(message->routing_id, message->user_id,
+                            std::to_string(message->payload.size()) + " bytes over --max-messages-per-s " +
+                                std::to_string(options.max_messages_per_s) + " or --max-bytes-per-s " +
+                                std::to_string(options.max_bytes_per_s));
+        continue;
+      }
+      ingest.on_agent_message(message->routing_id, message->payload, outbox, message->user_id);
     }
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
@@ -235,7 +292,14 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       RS_LOG(error, "%s", committed.error().message.c_str());
     }
 
-    while (auto request = receive(queries)) send_to(queries, request->first, answer_query(request->second, query_context), true);
+    while (auto request = receive(queries)) {
+      if (!query_limit.admit(request->routing_id, request->payload.size(), clock.monotonic_ns())) {
+        query_throttle_log.report(request->user_id.empty() ? "a query client" : request->user_id,
+                                  "query over the rate limit, dropped", clock.realtime_ns());
+        continue;
+      }
+      send_to(queries, request->routing_id, answer_query(request->payload, query_context), true);
+    }
   }
   // What the ledger counted since its last flush.
   ledger.tick(clock.realtime_ns(), findings);

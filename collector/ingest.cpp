@@ -154,11 +154,12 @@ std::string Ingest::error_reply(wire::ErrorCode code, const std::string& message
   return proto::to_packed(builder);
 }
 
-void Ingest::on_agent_message(const std::string& routing_id, std::string_view bytes, Outbox& out) {
+void Ingest::on_agent_message(const std::string& routing_id, std::string_view bytes, Outbox& out,
+                              const std::string& key_node) {
   uint64_t received_ns = clock_.realtime_ns();
   auto result = proto::read_packed<wire::AgentMessage>(bytes, proto::ReadLimits{}, [&](auto message) {
     if (message.which() == wire::AgentMessage::HELLO) {
-      on_hello(routing_id, message.getHello(), out);
+      on_hello(routing_id, message.getHello(), out, key_node);
       return;
     }
     auto known = node_of_connection_.find(routing_id);
@@ -199,7 +200,21 @@ void Ingest::bad_message(NodeState* node, const std::string& what) {
   bad_log_.report(node ? "node " + node->name : "an unidentified agent", what, clock_.realtime_ns());
 }
 
-void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out) {
+void Ingest::on_throttled(const std::string& routing_id, const std::string& key_node, const std::string& why) {
+  ++counters_.throttled_messages;
+  NodeState* node = nullptr;
+  if (!key_node.empty()) {
+    node = this->node(key_node);
+  } else if (auto known = node_of_connection_.find(routing_id); known != node_of_connection_.end()) {
+    node = this->node(known->second);
+  }
+  if (node) ++node->throttled_messages;
+  std::string peer = node ? "node " + node->name : !key_node.empty() ? "node " + key_node : "an unidentified agent";
+  throttle_log_.report(peer, "over the rate limit, dropped: " + why, clock_.realtime_ns());
+}
+
+void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out,
+                      const std::string& key_node) {
   capnp::MallocMessageBuilder builder;
   auto reply = builder.initRoot<wire::CollectorMessage>().initHelloReply();
   reply.setProtocolVersion(wire::PROTOCOL_VERSION);
@@ -215,6 +230,12 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     reply.setAccepted(false);
     reply.setReason(valid.error().message);
     bad_message(nullptr, "hello refused: " + valid.error().message);
+  } else if (!key_node.empty() && key_node != name) {
+    // The key proves who is speaking; the name in the Hello is only a claim.
+    reply.setAccepted(false);
+    reply.setReason("this agent's key is bound to node " + key_node + ", not " + name +
+                    ": give each node its own key (rankscope keygen --role agent --name " + name + ")");
+    bad_message(node(key_node), "hello refused: the key of node " + key_node + " used to speak for node " + name);
   } else {
     reply.setAccepted(true);
     NodeState& node = nodes_[name];

@@ -81,6 +81,7 @@ struct NodeState {
   uint64_t records = 0;
   uint32_t traced_processes = 0;
   uint64_t bad_messages = 0;     // messages, or parts of them, refused (collector/validate.h)
+  uint64_t throttled_messages = 0;  // dropped over the per-connection rate limit (collector/rate_limit.h)
   Drops drops;
   std::map<uint64_t, AckWindow> acked;  // by agent instance: batches already stored (the newest few instances)
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
@@ -142,6 +143,7 @@ struct IngestCounters {
   uint64_t records_stored = 0;
   uint64_t duplicate_batches = 0;
   uint64_t bad_messages = 0;
+  uint64_t throttled_messages = 0;
   uint64_t batch_bytes = 0;  // wire size of the batches stored
   uint64_t waits = 0;        // host waits on the GPU reported
 };
@@ -168,7 +170,13 @@ class Ingest {
 
   // Reloads nodes and communicators written by an earlier run.
   Result<void> restore();
-  void on_agent_message(const std::string& routing_id, std::string_view bytes, Outbox& out);
+  // `key_node`: the node the connection's CurveZMQ key is bound to (collector/auth.h);
+  // a Hello for another node is refused. Empty: no key (--insecure), any name.
+  void on_agent_message(const std::string& routing_id, std::string_view bytes, Outbox& out,
+                        const std::string& key_node = {});
+  // A message of this connection dropped by the rate limit: counted for its
+  // node (the key's, else the one its Hello named) and logged, rate-limited.
+  void on_throttled(const std::string& routing_id, const std::string& key_node, const std::string& why);
   // Makes everything received so far durable; on success the acks in
   // out.after_commit may be sent, on failure they must be dropped (agents re-send).
   Result<void> commit();
@@ -199,7 +207,7 @@ class Ingest {
     uint32_t pid;
     bool operator<(const ProcessKey& o) const { return node != o.node ? node < o.node : pid < o.pid; }
   };
-  void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out);
+  void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out, const std::string& key_node);
   void on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, Outbox& out);
   void on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat);
   CommState& comm_for(uint64_t hash, const std::string& node, uint32_t pid);
@@ -230,6 +238,7 @@ class Ingest {
   std::set<std::string> dirty_nodes_;
   IngestCounters counters_;
   BadMessageLog bad_log_;
+  BadMessageLog throttle_log_;
   uint64_t started_ns_;
   std::vector<RecordObserver*> observers_;
 };

@@ -3,6 +3,7 @@
 #include <boost/program_options.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -35,7 +36,15 @@ po::options_description describe(Options& options) {
     ("node-lost-timeout-s", po::value(&options.node_lost_timeout_s)->default_value(options.node_lost_timeout_s), "an agent silent for this long, with ranks running, is a lost node (3 s to a week)")
     ("metrics", po::value(&options.metrics), "serve Prometheus metrics on HOST:PORT (e.g. 0.0.0.0:9464)")
     ("alertmanager", po::value(&options.alertmanager), "push findings to this Alertmanager (http://HOST:PORT, API v2)")
-    ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug");
+    ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug")
+    ("key", po::value(&options.key)->default_value(options.key), "the collector's CurveZMQ key pair (rankscope keygen --role collector)")
+    ("allow", po::value(&options.allow)->default_value(options.allow), "directory of the agents' and clients' public key files admitted; re-read when it changes")
+    ("insecure", po::bool_switch(&options.insecure), "plaintext and no authentication on both sockets (anyone can send data and read it): for tests and labs only")
+    ("max-messages-per-s", po::value(&options.max_messages_per_s)->default_value(options.max_messages_per_s), "per connection: messages beyond this rate are dropped and counted (0: no limit)")
+    ("max-bytes-per-s", po::value(&options.max_bytes_per_s)->default_value(options.max_bytes_per_s), "per connection: bytes beyond this rate are dropped and counted (0: no limit)")
+    ("retention", po::value(&options.retention), "remove timeline records older than this (e.g. 30d, 12h, 90m); default: keep")
+    ("max-disk-bytes", po::value(&options.max_disk_bytes), "keep the database under this size (e.g. 500G, 64M), removing the oldest records first; default: no cap")
+    ("retention-check-s", po::value(&options.retention_check_s)->default_value(options.retention_check_s), "how often retention and the disk cap are enforced (1 s to 1 day)");
   // clang-format on
   return desc;
 }
@@ -91,6 +100,50 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv, std::i
   return parse(argc, argv, [&](const std::string&) -> Result<std::istream*> { return config; });
 }
 
+Result<uint64_t> parse_age_ns(const std::string& text) {
+  if (text.empty()) return uint64_t{0};
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : 0;
+  // !(x >= 0) also refuses NaN; ten years is far past any use and within 64-bit nanoseconds.
+  if (used == 0 || scale == 0 || !(value >= 0) || value * scale > 10 * 365 * 86400.0)
+    return make_error(Errc::invalid_argument, "'" + text + "' is not an age: a number with s, m, h or d (e.g. 30d)");
+  return static_cast<uint64_t>(value * scale * 1e9);
+}
+
+Result<uint64_t> parse_bytes(const std::string& text) {
+  if (text.empty()) return uint64_t{0};
+  size_t used = 0;
+  unsigned long long value = 0;
+  try {
+    if (text[0] != '-') value = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  if (unit.size() == 2 && (unit[1] == 'B' || unit[1] == 'b')) unit.pop_back();
+  int shift = unit.empty() ? 0 : unit == "K" || unit == "k" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : unit == "T" ? 40 : -1;
+  if (used == 0 || shift < 0 || value > (UINT64_MAX >> shift))
+    return make_error(Errc::invalid_argument, "'" + text + "' is not a size: bytes, or a number with K, M, G or T");
+  return static_cast<uint64_t>(value) << shift;
+}
+
+uint64_t Options::retention_ns() const {
+  auto parsed = parse_age_ns(retention);
+  return parsed ? *parsed : 0;
+}
+
+uint64_t Options::max_disk() const {
+  auto parsed = parse_bytes(max_disk_bytes);
+  return parsed ? *parsed : 0;
+}
+
 Result<void> validate(const Options& o) {
   if (!log::parse_level(o.log_level)) return make_error(Errc::invalid_argument, "--log-level must be error, warn, info or debug");
   for (const auto& [name, value] : {std::pair{"--listen", &o.listen}, {"--query", &o.query}, {"--db", &o.db}})
@@ -105,6 +158,20 @@ Result<void> validate(const Options& o) {
   if (!(o.node_lost_timeout_s >= 3) || !(o.node_lost_timeout_s <= kMaxTimeoutS))
     return make_error(Errc::invalid_argument,
                       "--node-lost-timeout-s must be between 3 (agents send a heartbeat every second) and 604800 (a week)");
+  if (!o.insecure)
+    for (const auto& [name, value] : {std::pair{"--key", &o.key}, {"--allow", &o.allow}})
+      if (value->empty())
+        return make_error(Errc::invalid_argument, std::string(name) + " must not be empty (or pass --insecure)");
+  if (auto age = parse_age_ns(o.retention); !age)
+    return make_error(Errc::invalid_argument, "--retention: " + age.error().message);
+  else if (*age != 0 && *age < 1'000'000'000ull)
+    return make_error(Errc::invalid_argument, "--retention must be at least 1s (or 0: keep everything)");
+  if (auto cap = parse_bytes(o.max_disk_bytes); !cap)
+    return make_error(Errc::invalid_argument, "--max-disk-bytes: " + cap.error().message);
+  else if (*cap != 0 && *cap < (1ull << 20))
+    return make_error(Errc::invalid_argument, "--max-disk-bytes must be at least 1M (RocksDB needs room for its logs)");
+  if (o.retention_check_s < 1 || o.retention_check_s > 86400)
+    return make_error(Errc::invalid_argument, "--retention-check-s must be between 1 and 86400");
   return {};
 }
 

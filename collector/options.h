@@ -18,11 +18,26 @@ struct Options {
   std::string metrics;                            // HOST:PORT for Prometheus; empty: off
   std::string alertmanager;                       // http://HOST:PORT of an Alertmanager; empty: off
   std::string log_level = "info";
+  // Who may connect (collector/auth.h, docs/operations.md "Keys").
+  std::string key = "/etc/rankscope/collector.key";  // the collector's CurveZMQ key pair
+  std::string allow = "/etc/rankscope/allowed";      // directory of admitted agents' and clients' .pub files
+  bool insecure = false;                             // plaintext, anyone admitted: tests and labs only
+  // Per connection, on both sockets: more than this is dropped (0: no limit).
+  uint32_t max_messages_per_s = 2000;
+  uint64_t max_bytes_per_s = 64ull << 20;
+  // Retention: records older than this go ("" or "0": kept); the database
+  // stays under max_disk_bytes ("" or "0": no cap), oldest records first.
+  std::string retention;                             // e.g. 30d, 12h, 90m, 3600s
+  std::string max_disk_bytes;                        // e.g. 500G, 64M, 1048576
+  uint32_t retention_check_s = 60;                   // how often retention and the cap are enforced
 
   // The timeouts in nanoseconds; valid once validate() accepted the options.
   uint64_t hang_timeout_ns() const { return static_cast<uint64_t>(hang_timeout_s * 1e9); }
   uint64_t node_lost_timeout_ns() const { return static_cast<uint64_t>(node_lost_timeout_s * 1e9); }
   uint64_t liveness_ns() const { return static_cast<uint64_t>(liveness_ms) * 1'000'000ull; }
+  // Valid once validate() accepted the options; 0: off.
+  uint64_t retention_ns() const;
+  uint64_t max_disk() const;
 };
 
 // What a command line asked for.
@@ -41,6 +56,11 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv);
 // The same with the config file's contents already at hand (`config` may be
 // null: no file); the name --config gives is not opened.
 Result<CommandLine> parse_command_line(int argc, const char* const* argv, std::istream* config);
+// "30d", "12h", "90m", "45s", "3600" (seconds) -> nanoseconds; "" and "0" -> 0.
+Result<uint64_t> parse_age_ns(const std::string& text);
+// "500G", "64M", "4K", "1048576" (bytes; powers of 1024) -> bytes; "" and "0" -> 0.
+Result<uint64_t> parse_bytes(const std::string& text);
+
 // Checks the ranges and forms of the values (done by parse_command_line).
 Result<void> validate(const Options& options);
 

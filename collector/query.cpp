@@ -24,6 +24,7 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
   out.setDuplicateBatches(ingest.counters().duplicate_batches);
   out.setBadMessages(ingest.counters().bad_messages);
   out.setBatchBytes(ingest.counters().batch_bytes);
+  out.setThrottledMessages(ingest.counters().throttled_messages);
   auto nodes = out.initNodes(static_cast<unsigned>(ingest.nodes().size()));
   unsigned i = 0;
   for (const auto& [name, node] : ingest.nodes()) {
@@ -51,6 +52,8 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
     n.setClockRefinementNs(node.clock.refinement_ns());
     n.setClockViolations(node.clock_violations);
     n.setClockDriftPpb(static_cast<int64_t>(node.clock.drift_ppb()));
+    n.setBadMessages(node.bad_messages);
+    n.setThrottledMessages(node.throttled_messages);
   }
 }
 

@@ -60,6 +60,8 @@ std::pair<bool, std::string> reach_collector(const Options& options) {
   zmq::socket_t socket(context, zmq::socket_type::dealer);
   socket.set(zmq::sockopt::linger, 0);
   socket.set(zmq::sockopt::rcvtimeo, 3000);
+  socket.set(zmq::sockopt::sndtimeo, 3000);
+  curve::apply(socket, options.keys);
   socket.connect(options.collector);
   capnp::MallocMessageBuilder message;
   auto hello = message.initRoot<wire::AgentMessage>().initHello();
@@ -69,7 +71,11 @@ std::pair<bool, std::string> reach_collector(const Options& options) {
   std::string bytes = proto::to_packed(message);
   socket.send(zmq::buffer(bytes), zmq::send_flags::none);
   zmq::message_t reply;
-  if (!socket.recv(reply, zmq::recv_flags::none)) return {false, "no answer within 3 s"};
+  if (!socket.recv(reply, zmq::recv_flags::none))
+    return {false, options.keys.enabled()
+                       ? "no answer within 3 s: is it running, with CurveZMQ, is --collector-key its public key, and "
+                         "is this node's public key in its allow-list?"
+                       : "no answer within 3 s (plaintext: a collector with CurveZMQ does not answer --insecure)"};
   bool accepted = false;
   std::string reason;
   auto read = proto::read_packed<wire::CollectorMessage>(
@@ -169,7 +175,16 @@ int run_check(const Options& options, std::ostream& out) {
                   "your jobs' copy with --nccl-lib to catch their start (a wheel: .../site-packages/nvidia/nccl/lib/libnccl.so.2)");
   }
 
-  auto [reachable, detail] = reach_collector(options);
+  Options with_keys = options;
+  if (auto keys = load_keys(with_keys); !keys) {
+    report.line("keys", false, keys.error().message,
+                "make this node's key pair with `rankscope keygen --role agent --name " + options.node +
+                    " --out /etc/rankscope/agent`, copy the collector's collector.pub beside it, and add agent.pub "
+                    "to the collector's allow-list");
+  } else {
+    report.line("keys", true, with_keys.insecure ? "--insecure: plaintext, no key" : "CurveZMQ, public key " + with_keys.keys.public_key);
+  }
+  auto [reachable, detail] = reach_collector(with_keys);
   report.line("collector", reachable, options.collector + ": " + detail,
               "start rankscope-collector there, or give its address with --collector");
 

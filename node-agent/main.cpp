@@ -37,6 +37,12 @@ int main(int argc, char** argv) {
   if (options.node.empty()) options.node = host_name();
 
   if (line->check) return rankscope::agent::run_check(options, std::cout);
+  if (auto keys = rankscope::agent::load_keys(options); !keys) {
+    std::cerr << "rankscope-agent: " << keys.error().message << "\n";
+    return 2;
+  }
+  if (options.insecure)
+    RS_LOG(warn, "--insecure: talking to %s in plaintext, without a key", options.collector.c_str());
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigaction(SIGINT, &action, nullptr);

@@ -44,7 +44,10 @@ po::options_description describe(Options& options, uint64_t& max_unacked_mb, uin
     ("spool-dir", po::value(&options.spool_dir)->default_value(options.spool_dir), "keep batches on disk until the collector acknowledges them, in DIR/<node>; replayed after a reconnect or a restart of the agent (\"\": memory only)")
     ("spool-max-mb", po::value(&spool_max_mb)->default_value(options.spool_max_bytes >> 20), "disk for the spool; past it the oldest batches lose their records (summaries kept), counted and reported (1 to 1048576)")
     ("test-clock-offset-ns", po::value(&options.test_clock_offset_ns)->default_value(0), "tests only: pretend this node's clock is off by this much")
-    ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug");
+    ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug")
+    ("key", po::value(&options.key)->default_value(options.key), "this node's CurveZMQ key pair (rankscope keygen --role agent --name NODE); its name must be --node")
+    ("collector-key", po::value(&options.collector_key)->default_value(options.collector_key), "the collector's public key file")
+    ("insecure", po::bool_switch(&options.insecure), "plaintext, no key: only for a collector run with --insecure");
   // clang-format on
   return desc;
 }
@@ -116,6 +119,16 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
 
 Result<CommandLine> parse_command_line(int argc, const char* const* argv, std::istream* config) {
   return parse(argc, argv, [&](const std::string&) -> Result<std::istream*> { return config; });
+}
+
+Result<void> load_keys(Options& options) {
+  if (options.insecure) return {};
+  auto keys = curve::load_client_keys(options.key, options.collector_key);
+  if (!keys)
+    return make_error(keys.error().code, keys.error().message + " (--key, --collector-key; see docs/operations.md, or "
+                                                                "--insecure for a collector run with --insecure)");
+  options.keys = *keys;
+  return {};
 }
 
 Result<void> validate(const Options& o) {

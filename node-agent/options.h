@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/curve.h"
 #include "common/result.h"
 
 namespace rankscope::agent {
@@ -30,7 +31,15 @@ struct Options {
   uint64_t spool_max_bytes = 1ull << 30;            // bound on the spool; past it the oldest records go (counted)
   int64_t test_clock_offset_ns = 0;                 // tests only: shift this node's clock (events and probes)
   std::string log_level = "info";
+  // CurveZMQ (docs/operations.md "Keys"): this node's key pair and the collector's public key.
+  std::string key = "/etc/rankscope/agent.key";
+  std::string collector_key = "/etc/rankscope/collector.pub";
+  bool insecure = false;  // plaintext, for a collector run with --insecure
+  curve::ClientKeys keys;  // loaded from `key` and `collector_key` by main (load_keys); empty: plaintext
 };
+
+// Loads options.keys from the key files, unless --insecure.
+Result<void> load_keys(Options& options);
 
 // What a command line asked for.
 struct CommandLine {

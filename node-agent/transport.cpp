@@ -15,6 +15,9 @@ constexpr uint64_t kHelloRetryNs = 2'000'000'000ull;
 // Batches sent and not yet acked at once (the socket's send high-water mark
 // is the same): a replay of a long outage goes at the pace of the acks.
 constexpr size_t kMaxInFlight = 1000;
+// Silence from the collector this long before the first reply: say why it may be.
+constexpr uint64_t kNoReplyNs = 10'000'000'000ull;
+constexpr uint64_t kNoReplyLogIntervalNs = 60'000'000'000ull;
 constexpr const char* kAgentVersion = "0.1.0";
 }  // namespace
 
@@ -77,7 +80,9 @@ Transport::Transport(zmq::context_t& context, const Options& options, const Cloc
   socket_.set(zmq::sockopt::sndhwm, static_cast<int>(kMaxInFlight));
   socket_.set(zmq::sockopt::reconnect_ivl, 100);
   socket_.set(zmq::sockopt::reconnect_ivl_max, 2000);
+  curve::apply(socket_, options_.keys);
   socket_.connect(options_.collector);
+  waiting_since_ns_ = now();
   send_hello();
 }
 
@@ -225,10 +230,41 @@ void Transport::service() {
       break;
     }
     if (!got) break;
+    waiting_since_ns_ = 0;
     handle(std::string(static_cast<const char*>(reply.data()), reply.size()));
   }
+  warn_if_unanswered();
   if (!accepted_ && (last_hello_ns_ == 0 || now() - last_hello_ns_ > kHelloRetryNs)) send_hello();
   if (accepted_) resend_due();
+}
+
+void Transport::warn_if_unanswered() {
+  // A CurveZMQ handshake the collector refuses (unknown key, wrong collector
+  // key, plaintext against CurveZMQ) gives this side no error: only silence.
+  if (waiting_since_ns_ == 0 || now() - waiting_since_ns_ < kNoReplyNs) return;
+  // libzmq gives up on a connection whose handshake was refused (a key not
+  // yet in the allow-list): connect anew now and then, so that a key added
+  // later is taken without restarting the agent.
+  if (now() - last_reconnect_ns_ >= kNoReplyNs) {
+    last_reconnect_ns_ = now();
+    try {
+      socket_.disconnect(options_.collector);
+    } catch (const zmq::error_t&) {
+      // Already gone: libzmq dropped it after the refusal.
+    }
+    socket_.connect(options_.collector);
+  }
+  if (last_silence_log_ns_ != 0 && now() - last_silence_log_ns_ < kNoReplyLogIntervalNs) return;
+  last_silence_log_ns_ = now();
+  if (options_.keys.enabled())
+    RS_LOG(error, "no reply from collector %s in %llu s: is it running, with CurveZMQ, is --collector-key its public "
+                  "key, and is this node's public key %s in its allow-list (bound to node %s)?",
+           options_.collector.c_str(), static_cast<unsigned long long>((now() - waiting_since_ns_) / 1'000'000'000ull),
+           options_.keys.public_key.c_str(), options_.node.c_str());
+  else
+    RS_LOG(error, "no reply from collector %s in %llu s: is it running, and with --insecure? (a collector with "
+                  "CurveZMQ never answers a plaintext agent)",
+           options_.collector.c_str(), static_cast<unsigned long long>((now() - waiting_since_ns_) / 1'000'000'000ull));
 }
 
 void Transport::handle(const std::string& bytes) {

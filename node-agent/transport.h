@@ -72,6 +72,7 @@ class Transport {
   void enforce_bounds();
   // The batch's records go, its summaries stay (both counted).
   void drop_detail(Pending& pending);
+  void warn_if_unanswered();
 
   const Options& options_;
   const Clock& clock_;
@@ -87,6 +88,9 @@ class Transport {
   uint64_t last_refusal_log_ns_ = 0;
   uint64_t last_spool_error_log_ns_ = 0;
   std::unique_ptr<Spool> spool_;
+  uint64_t waiting_since_ns_ = 0;     // no reply yet since then (0: a reply came)
+  uint64_t last_silence_log_ns_ = 0;
+  uint64_t last_reconnect_ns_ = 0;
 };
 
 // A batch without its collective records and waits (same instance id and

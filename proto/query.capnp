@@ -123,6 +123,7 @@ struct StatusReply {
   duplicateBatches @6 :UInt64;
   badMessages @7 :UInt64;
   batchBytes @8 :UInt64;    # packed bytes of the batches stored: wire cost = batchBytes / recordsStored
+  throttledMessages @9 :UInt64;  # agent messages dropped over the per-connection rate limit
 }
 
 struct NodeStatus {
@@ -142,6 +143,8 @@ struct NodeStatus {
   clockRefinementNs @13 :Int64;  # correction from the collectives, included in clockOffsetNs
   clockViolations @14 :UInt64;   # ranks seen leaving a collective before the last one arrived
   clockDriftPpb @15 :Int64;      # drift of its clock against the collector's, ns per s x 1000
+  badMessages @16 :UInt64;       # its messages (or parts) refused as malformed or out of range
+  throttledMessages @17 :UInt64; # its messages dropped over the per-connection rate limit
 }
 
 struct JobsReply {

@@ -36,12 +36,13 @@ start_collector() {
   port=$((port + 2))
   agents="tcp://127.0.0.1:$port"
   query="tcp://127.0.0.1:$((port + 1))"
-  "$bin/rankscope-collector" --listen "$agents" --query "$query" --db "$work/db-$name" --log-level warn "$@" \
+  "$bin/rankscope-collector" --listen "$agents" --query "$query" --db "$work/db-$name" --log-level warn --insecure \
+    --max-messages-per-s 0 --max-bytes-per-s 0 "$@" \
     >"$work/collector-$name.log" 2>&1 &
   collector_pid=$!
   pids+=("$collector_pid")
   for _ in $(seq 100); do
-    "$bin/rankscope" --collector "$query" status >/dev/null 2>&1 && return 0
+    "$bin/rankscope" --collector "$query" --insecure status >/dev/null 2>&1 && return 0
     sleep 0.1
   done
   echo "bench-sim: the collector did not start; its log:" >&2
@@ -181,7 +182,7 @@ for ranks in $flood_sizes; do
   out=$("$bin/rankscope-sim" flood --collector "$agents" --query "$query" --ranks "$ranks" --steps "$flood_steps" \
     --history-steps "$history" --collector-pid "$collector_pid" --log-level warn)
   comm=$(grep -o '"history_comm":"[0-9a-f]*"' <<<"$out" | cut -d'"' -f4)
-  json_bytes=$("$bin/rankscope" --collector "$query" timeline --comm "$comm" --rank 0 --last 0 --json |
+  json_bytes=$("$bin/rankscope" --collector "$query" --insecure timeline --comm "$comm" --rank 0 --last 0 --json |
     sed -e 's/^.*"records":\[//' -e 's/\]}$//' -e 's/},{/}\n{/g' | wc -c)
   num() { grep -o "\"$1\":[0-9.e+-]*" <<<"$out" | cut -d: -f2; }
   awk -v r="$ranks" -v rec="$(num records)" -v rate="$(num records_per_s)" -v wb="$(num wire_bytes_per_record)" \

@@ -69,15 +69,21 @@ echo
 runs=5
 latencies=()
 rs_cleanup_job() { kill -CONT "${rank_pids[@]}" 2>/dev/null || true; kill "${rank_pids[@]}" 2>/dev/null || true; wait "${rank_pids[@]}" 2>/dev/null || true; }
+rs_keys hang-0 hang-1
+# shellcheck disable=SC2046 # word splitting of the key flags is meant
 "$bin/rankscope-collector" --listen "tcp://127.0.0.1:$((agent_port + 2))" --query "tcp://127.0.0.1:$((query_port + 2))" \
-  --db "$work/db-hang" --hang-timeout-s 2 >"$work/collector-hang.log" 2>&1 &
+  --db "$work/db-hang" --hang-timeout-s 2 $(rs_collector_keys) >"$work/collector-hang.log" 2>&1 &
 rs_pids+=($!)
 for node in 0 1; do
-  "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$((agent_port + 2))" --node "hang-$node" --spool-dir "$work/spool" \
+  # shellcheck disable=SC2046
+  "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$((agent_port + 2))" --node "hang-$node" --spool-dir "$work/spool" $(rs_agent_keys "hang-$node") \
     --netns "/run/netns/$prefix-$node" --nccl-lib "$build/fakenccl/libnccl.so.2" >"$work/agent-hang-$node.log" 2>&1 &
   rs_pids+=($!)
 done
-hang_cli() { "$bin/rankscope" --collector "tcp://127.0.0.1:$((query_port + 2))" "$@"; }
+hang_cli() {
+  "$bin/rankscope" --collector "tcp://127.0.0.1:$((query_port + 2))" --key "$work/keys/client.key" \
+    --collector-key "$work/keys/collector.pub" "$@"
+}
 for ((run = 0; run < runs; run++)); do
   rs_job_start 2 4 "bench-hang-$run" --steps 1000000 --compute-iters 2000000 --bucket-elems 1024 --quiet
   for _ in $(seq 200); do

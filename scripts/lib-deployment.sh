@@ -26,18 +26,47 @@ rs_cleanup() {
   rm -rf "$work"
 }
 
-rs_cli() { "$bin/rankscope" --collector "tcp://127.0.0.1:$query_port" "$@"; }
+rs_cli() {
+  "$bin/rankscope" --collector "tcp://127.0.0.1:$query_port" --key "$work/keys/client.key" \
+    --collector-key "$work/keys/collector.pub" "$@"
+}
+
+# rs_keys NODE_NAMES...: CurveZMQ keys as an operator makes them
+# (docs/operations.md): the collector's, one per agent (its .pub in the
+# allow-list, bound to its node name) and the CLI's.
+rs_keys() {
+  mkdir -p "$work/keys/allowed"
+  [ -f "$work/keys/collector.key" ] || "$bin/rankscope" keygen --role collector --out "$work/keys/collector" >/dev/null
+  [ -f "$work/keys/client.key" ] || {
+    "$bin/rankscope" keygen --role client --name demo --out "$work/keys/client" >/dev/null
+    cp "$work/keys/client.pub" "$work/keys/allowed/"
+  }
+  local node
+  for node in "$@"; do
+    [ -f "$work/keys/$node.key" ] && continue
+    "$bin/rankscope" keygen --role agent --name "$node" --out "$work/keys/$node" >/dev/null
+    cp "$work/keys/$node.pub" "$work/keys/allowed/"
+  done
+}
+# rs_agent_keys NODE: the agent flags for NODE's key.
+rs_agent_keys() { echo "--key $work/keys/$1.key --collector-key $work/keys/collector.pub"; }
+rs_collector_keys() { echo "--key $work/keys/collector.key --allow $work/keys/allowed"; }
 
 # rs_start NODES [collector options...]: the namespaces, the collector and one agent per node.
 rs_start() {
   local nodes=$1
   shift
   "$here/scripts/netns-cluster.sh" up "$prefix" "$nodes"
+  local names=()
+  for ((node = 0; node < nodes; node++)); do names+=("gpu-$node"); done
+  rs_keys "${names[@]}"
+  # shellcheck disable=SC2046 # word splitting of the key flags is meant
   "$bin/rankscope-collector" --listen "tcp://127.0.0.1:$agent_port" --query "tcp://127.0.0.1:$query_port" \
-    --db "$work/db" "$@" >"$work/collector.log" 2>&1 &
+    --db "$work/db" $(rs_collector_keys) "$@" >"$work/collector.log" 2>&1 &
   rs_pids+=($!)
   for ((node = 0; node < nodes; node++)); do
-    "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$agent_port" --node "gpu-$node" --spool-dir "$work/spool" \
+    # shellcheck disable=SC2046
+    "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$agent_port" --node "gpu-$node" --spool-dir "$work/spool" $(rs_agent_keys "gpu-$node") \
       --netns "/run/netns/$prefix-$node" --nccl-lib "$build/fakenccl/libnccl.so.2" ${RS_AGENT_ARGS:-} \
       >"$work/agent-$node.log" 2>&1 &
     rs_pids+=($!)

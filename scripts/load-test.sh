@@ -38,15 +38,17 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 port=$((21000 + RANDOM % 20000))
 agents="tcp://127.0.0.1:$port"
 query="tcp://127.0.0.1:$((port + 1))"
-"$bin/rankscope-collector" --listen "$agents" --query "$query" --db "$work/db" --log-level warn \
+# Plaintext: one rankscope-sim process speaks for every simulated node (see
+# docs/operations.md); the rate limit stays on, at its defaults.
+"$bin/rankscope-collector" --listen "$agents" --query "$query" --db "$work/db" --log-level warn --insecure \
   ${RANKSCOPE_LOAD_COLLECTOR_ARGS:-} >"$work/collector.log" 2>&1 &
 collector=$!
 pids+=("$collector")
 for _ in $(seq 100); do
-  "$bin/rankscope" --collector "$query" status >/dev/null 2>&1 && break
+  "$bin/rankscope" --collector "$query" --insecure status >/dev/null 2>&1 && break
   sleep 0.1
 done
-if ! "$bin/rankscope" --collector "$query" status >/dev/null 2>&1; then
+if ! "$bin/rankscope" --collector "$query" --insecure status >/dev/null 2>&1; then
   echo "load-test: the collector did not start; its log:" >&2
   cat "$work/collector.log" >&2
   exit 1
@@ -90,12 +92,12 @@ resent=$(field resent)
 lost_sends=$(field sends_lost)
 stored=0
 for _ in $(seq 100); do
-  stored=$("$bin/rankscope" --collector "$query" --timeout-ms 20000 --json status |
+  stored=$("$bin/rankscope" --collector "$query" --insecure --timeout-ms 20000 --json status |
     sed -n 's/.*"records_stored":\([0-9]*\).*/\1/p')
   [ "${stored:-0}" -ge "$sent" ] && break
   sleep 0.2
 done
-status_json=$("$bin/rankscope" --collector "$query" --timeout-ms 20000 --json status)
+status_json=$("$bin/rankscope" --collector "$query" --insecure --timeout-ms 20000 --json status)
 duplicates=$(echo "$status_json" | sed -n 's/.*"duplicate_batches":\([0-9]*\).*/\1/p')
 nodes_seen=$(echo "$status_json" | grep -o '"node":' | wc -l)
 

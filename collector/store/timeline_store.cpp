@@ -1,11 +1,13 @@
 #include "collector/store/timeline_store.h"
 
+#include <rocksdb/compaction_filter.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 namespace rankscope::collector {
 
@@ -39,6 +41,23 @@ int32_t rank_of(uint32_t bits) { return static_cast<int32_t>(bits ^ 0x80000000u)
 Error storage_error(const char* what, const rocksdb::Status& status) {
   return make_error(Errc::storage, std::string(what) + ": " + status.ToString());
 }
+
+// Drops the records issued before the cut-off as RocksDB compacts
+// (rocksdb/compaction_filter.h): retention without a scan of the keys, which
+// are ordered by communicator and sequence, not by time.
+class RetentionFilter final : public rocksdb::CompactionFilter {
+ public:
+  explicit RetentionFilter(std::shared_ptr<std::atomic<uint64_t>> cutoff) : cutoff_(std::move(cutoff)) {}
+  bool Filter(int, const rocksdb::Slice&, const rocksdb::Slice& value, std::string*, bool*) const override {
+    uint64_t cutoff = cutoff_->load(std::memory_order_relaxed);
+    if (cutoff == 0 || value.size() < kRecordValueSize || static_cast<uint8_t>(value[0]) != kRecordVersion) return false;
+    return get_le(value.data() + 24, 8) < cutoff;  // issue_ns (encode_record_value)
+  }
+  const char* Name() const override { return "rankscope.RetentionFilter"; }
+
+ private:
+  std::shared_ptr<std::atomic<uint64_t>> cutoff_;
+};
 
 std::string lane_rank_prefix(uint64_t comm, uint32_t lane, int32_t rank) {
   std::string prefix;
@@ -107,7 +126,42 @@ Result<StoredRecord> decode_record_value(const RecordKey& key, std::string_view 
 
 void WriteSet::put_record(const StoredRecord& record) {
   batch_.Put(records_family_, encode_record_key(record.key), encode_record_value(record.call, record.pid));
+  times_.add(record.call.issue_ns);
   ++records_;
+}
+
+void TimeHistogram::add(uint64_t ns, uint64_t count) {
+  buckets_[ns >> shift_] += count;
+  total_ += count;
+  while (buckets_.size() > kMaxBuckets) {
+    std::map<uint64_t, uint64_t> wider;
+    for (const auto& [bucket, n] : buckets_) wider[bucket >> 1] += n;
+    buckets_ = std::move(wider);
+    ++shift_;
+  }
+}
+
+void TimeHistogram::merge(const TimeHistogram& other) {
+  for (const auto& [bucket, n] : other.buckets_) add(bucket << other.shift_, n);
+}
+
+void TimeHistogram::drop_before(uint64_t ns) {
+  // A bucket goes only when it ends before `ns`.
+  for (auto it = buckets_.begin(); it != buckets_.end() && ((it->first + 1) << shift_) <= ns;) {
+    total_ -= it->second;
+    it = buckets_.erase(it);
+  }
+}
+
+uint64_t TimeHistogram::time_of_share(double share) const {
+  if (buckets_.empty()) return 0;
+  double wanted = share * static_cast<double>(total_);
+  uint64_t seen = 0;
+  for (const auto& [bucket, n] : buckets_) {
+    seen += n;
+    if (static_cast<double>(seen) >= wanted) return (bucket + 1) << shift_;
+  }
+  return (buckets_.rbegin()->first + 1) << shift_;
 }
 
 void WriteSet::put_comm(uint64_t comm, std::string value) {
@@ -126,22 +180,39 @@ void WriteSet::put_finding(uint64_t id, std::string value) {
   batch_.Put(findings_family_, key, value);
 }
 
-Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& path) {
+Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& path, const StoreOptions& store_options) {
+  std::unique_ptr<TimelineStore> store(new TimelineStore());
+  store->path_ = path;
   rocksdb::Options options;
   options.create_if_missing = true;
   options.create_missing_column_families = true;
   options.IncreaseParallelism(2);
   options.OptimizeLevelStyleCompaction();
   options.compression = rocksdb::kLZ4Compression;
+  // RocksDB's own text log, kept small: it counts against the disk cap.
+  options.keep_log_file_num = 3;
+  options.max_log_file_size = 1 << 20;
+  if (uint64_t cap = store_options.max_disk_bytes) {
+    // Memtables and the write-ahead log are on disk (or will be) before any
+    // compaction can free space: keep them a small share of the cap.
+    options.write_buffer_size = std::clamp<uint64_t>(cap / 16, 256 << 10, 64 << 20);
+    options.max_write_buffer_number = 2;
+    options.max_total_wal_size = std::clamp<uint64_t>(cap / 8, 1 << 20, 256 << 20);
+    options.target_file_size_base = std::clamp<uint64_t>(cap / 16, 256 << 10, 64 << 20);
+    options.max_bytes_for_level_base = std::clamp<uint64_t>(cap / 4, 1 << 20, 512 << 20);
+  }
+  rocksdb::ColumnFamilyOptions records_options(options);
+  records_options.compaction_filter_factory = nullptr;
+  store->retention_filter_ = std::make_unique<RetentionFilter>(store->cutoff_);
+  records_options.compaction_filter = store->retention_filter_.get();
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions(options)},
-      {"records", rocksdb::ColumnFamilyOptions(options)},
+      {"records", records_options},
       {"comms", rocksdb::ColumnFamilyOptions(options)},
       {"nodes", rocksdb::ColumnFamilyOptions(options)},
       {"findings", rocksdb::ColumnFamilyOptions(options)},
       {"usage", rocksdb::ColumnFamilyOptions(options)},
   };
-  std::unique_ptr<TimelineStore> store(new TimelineStore());
   rocksdb::DB* db = nullptr;
   rocksdb::Status status = rocksdb::DB::Open(options, path, families, &store->handles_, &db);
   if (!status.ok()) return storage_error(("opening the database at " + path).c_str(), status);
@@ -165,6 +236,62 @@ Result<void> TimelineStore::commit(WriteSet& writes) {
   if (!status.ok()) return storage_error("writing to RocksDB", status);
   writes.batch_.Clear();
   writes.records_ = 0;
+  if (!writes.times_.empty()) {
+    std::lock_guard lock(times_mutex_);
+    times_.merge(writes.times_);
+    writes.times_ = TimeHistogram();
+  }
+  return {};
+}
+
+Result<void> TimelineStore::remove_before(uint64_t cutoff_ns) {
+  uint64_t before = cutoff_->load();
+  while (cutoff_ns > before && !cutoff_->compare_exchange_weak(before, cutoff_ns)) {
+  }
+  rocksdb::CompactRangeOptions options;
+  // The last level too: that is where the oldest records are.
+  options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  rocksdb::Status status = db_->CompactRange(options, records_, nullptr, nullptr);
+  if (!status.ok()) return storage_error("compacting the records for retention", status);
+  std::lock_guard lock(times_mutex_);
+  times_.drop_before(cutoff_->load());
+  return {};
+}
+
+uint64_t TimelineStore::disk_bytes() const {
+  std::error_code ec;
+  uint64_t total = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(path_, ec)) {
+    std::error_code size_ec;  // a file compacted away while we look: skipped
+    if (entry.is_regular_file(size_ec)) {
+      uint64_t size = entry.file_size(size_ec);
+      if (!size_ec) total += size;
+    }
+  }
+  return total;
+}
+
+TimeHistogram TimelineStore::times() const {
+  std::lock_guard lock(times_mutex_);
+  return times_;
+}
+
+Result<void> TimelineStore::scan_times() {
+  rocksdb::ReadOptions read;
+  read.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read, records_));
+  TimeHistogram found;
+  uint64_t cutoff = cutoff_->load();
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    auto value = it->value();
+    if (value.size() < kRecordValueSize) continue;
+    uint64_t issue = get_le(value.data() + 24, 8);
+    if (issue >= cutoff) found.add(issue);
+  }
+  if (!it->status().ok()) return storage_error("scanning record times", it->status());
+  std::lock_guard lock(times_mutex_);
+  found.merge(times_);  // what was committed while we scanned is counted twice at worst: cut-offs err late, not early
+  times_ = std::move(found);
   return {};
 }
 

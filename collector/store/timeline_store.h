@@ -7,9 +7,13 @@
 //   usage:   the usage ledger's rows (collector/usage.h), keys made there
 // Keys are big-endian so that RocksDB's byte order is sequence order.
 // rocksdb::Status is converted to Result here and never leaves this file.
+#include <rocksdb/compaction_filter.h>
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 
+#include <atomic>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string_view>
 
@@ -42,6 +46,28 @@ std::optional<RecordKey> decode_record_key(std::string_view bytes);
 std::string encode_record_value(const proto::CallRecord& call, uint32_t pid);
 Result<StoredRecord> decode_record_value(const RecordKey& key, std::string_view bytes);
 
+// How many records were issued in each time bucket (cluster clock): what
+// retention needs to find the cut-off that frees a given share of the
+// records, oldest first. Buckets start at about a second (2^30 ns) and
+// double in width whenever there are more than kMaxBuckets.
+class TimeHistogram {
+ public:
+  static constexpr size_t kMaxBuckets = 4096;
+  void add(uint64_t ns, uint64_t count = 1);
+  void merge(const TimeHistogram& other);
+  // Forgets what is before `ns` (whole buckets only).
+  void drop_before(uint64_t ns);
+  uint64_t total() const { return total_; }
+  // The end of the earliest run of buckets holding at least `share` (0..1) of the records.
+  uint64_t time_of_share(double share) const;
+  bool empty() const { return total_ == 0; }
+
+ private:
+  unsigned shift_ = 30;
+  std::map<uint64_t, uint64_t> buckets_;  // ns >> shift_ -> records
+  uint64_t total_ = 0;
+};
+
 // A set of writes that become durable together (made by TimelineStore::writes).
 class WriteSet {
  public:
@@ -66,11 +92,18 @@ class WriteSet {
   rocksdb::ColumnFamilyHandle* usage_family_;
   rocksdb::WriteBatch batch_;
   size_t records_ = 0;
+  TimeHistogram times_;
+};
+
+struct StoreOptions {
+  // Size the database should stay under (0: none); sizes RocksDB's memtables
+  // and write-ahead log to fit under it.
+  uint64_t max_disk_bytes = 0;
 };
 
 class TimelineStore {
  public:
-  static Result<std::unique_ptr<TimelineStore>> open(const std::string& path);
+  static Result<std::unique_ptr<TimelineStore>> open(const std::string& path, const StoreOptions& options = {});
   ~TimelineStore();
 
   WriteSet writes() const { return WriteSet(records_, comms_, nodes_, findings_, usage_); }
@@ -92,11 +125,28 @@ class TimelineStore {
   Result<std::optional<std::string>> get_usage(const std::string& key) const;
   Result<void> scan_usage(const std::string& from, const std::string& to,
                           const std::function<bool(std::string_view key, std::string_view value)>& row) const;
+  // Retention (safe to call from another thread than the one that commits).
+  // Removes every record issued before `cutoff_ns` (cluster clock): a
+  // compaction filter drops them as RocksDB rewrites its files, and a full
+  // compaction of the records is run now so that the space comes back at
+  // once. Ingest goes on meanwhile. Cut-offs only move forward.
+  Result<void> remove_before(uint64_t cutoff_ns);
+  uint64_t cutoff_ns() const { return cutoff_->load(); }
+  // Bytes of every file in the database directory (tables, logs, manifest).
+  uint64_t disk_bytes() const;
+  // The issue times of the records stored (rebuilt by scan_times() after a restart).
+  TimeHistogram times() const;
+  Result<void> scan_times();
 
  private:
   TimelineStore() = default;
   Result<std::vector<std::string>> all_values(rocksdb::ColumnFamilyHandle* family) const;
 
+  std::string path_;
+  std::shared_ptr<std::atomic<uint64_t>> cutoff_ = std::make_shared<std::atomic<uint64_t>>(0);
+  mutable std::mutex times_mutex_;
+  TimeHistogram times_;
+  std::unique_ptr<rocksdb::CompactionFilter> retention_filter_;  // outlives db_ (declared first)
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::ColumnFamilyHandle* records_ = nullptr;

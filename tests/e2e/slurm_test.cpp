@@ -133,7 +133,7 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
 
   // What rankscope says, through the CLI: the Slurm job with one two-rank
   // communicator, each rank named as Slurm launched it.
-  std::string cli = bin_path("rankscope") + " jobs --json --collector " + deployment.query_endpoint();
+  std::string cli = bin_path("rankscope") + " jobs --json" + deployment.cli_flags();
   std::string json;
   std::vector<std::string> ranks;
   bool seen = wait_for(

@@ -23,7 +23,7 @@ class SimAgreement : public ::testing::Test {
     std::string agents = "tcp://127.0.0.1:" + std::to_string(agent_port);
     std::string query = "tcp://127.0.0.1:" + std::to_string(query_port);
     Process collector({{bin_path("rankscope-collector"), "--listen", agents, "--query", query, "--db",
-                        dir_->file("db"), "--hang-timeout-s", "3", "--node-lost-timeout-s", "3"},
+                        dir_->file("db"), "--hang-timeout-s", "3", "--node-lost-timeout-s", "3", "--insecure"},
                        {},
                        "",
                        dir_->file("collector.log")});

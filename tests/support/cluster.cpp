@@ -6,12 +6,22 @@ namespace rankscope::testing {
 
 TestDeployment::TestDeployment(const TempDir& dir, const NetnsCluster& cluster, int nodes,
                                const DeploymentOptions& options)
-    : dir_(dir), agent_port_(free_port()), query_port_(free_port()), client_(query_endpoint(), 3000) {
+    : dir_(dir),
+      agent_port_(free_port()),
+      query_port_(free_port()),
+      insecure_(options.insecure),
+      keys_(dir),
+      client_(query_endpoint(), 3000, options.insecure ? curve::ClientKeys{} : keys_.client()) {
   start(&cluster, nodes, options);
 }
 
 TestDeployment::TestDeployment(const TempDir& dir, int nodes, const DeploymentOptions& options)
-    : dir_(dir), agent_port_(free_port()), query_port_(free_port()), client_(query_endpoint(), 3000) {
+    : dir_(dir),
+      agent_port_(free_port()),
+      query_port_(free_port()),
+      insecure_(options.insecure),
+      keys_(dir),
+      client_(query_endpoint(), 3000, options.insecure ? curve::ClientKeys{} : keys_.client()) {
   start(nullptr, nodes, options);
 }
 
@@ -21,6 +31,8 @@ void TestDeployment::start(const NetnsCluster* cluster, int nodes, const Deploym
                     "--listen",  "tcp://127.0.0.1:" + std::to_string(agent_port_),
                     "--query",   query_endpoint(),
                     "--db",      dir_.file("db")};
+  auto security = insecure_ ? std::vector<std::string>{"--insecure"} : keys_.collector_args();
+  collector.argv.insert(collector.argv.end(), security.begin(), security.end());
   collector.argv.insert(collector.argv.end(), options.collector_args.begin(), options.collector_args.end());
   collector.stdout_path = dir_.file("collector.log");
   collector_ = std::make_unique<Process>(collector);
@@ -32,6 +44,8 @@ void TestDeployment::start(const NetnsCluster* cluster, int nodes, const Deploym
                   "--spool-dir", dir_.file("spool"),
                   "--nccl-lib",  std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2"};
     if (cluster) agent.argv.insert(agent.argv.end(), {"--netns", cluster->path(node)});
+    auto keys = insecure_ ? std::vector<std::string>{"--insecure"} : keys_.agent_args(node_name(node));
+    agent.argv.insert(agent.argv.end(), keys.begin(), keys.end());
     if (options.agent_args) {
       auto extra = options.agent_args(node);
       agent.argv.insert(agent.argv.end(), extra.begin(), extra.end());
@@ -43,6 +57,12 @@ void TestDeployment::start(const NetnsCluster* cluster, int nodes, const Deploym
     agent.stdout_path = dir_.file("agent-" + std::to_string(node) + ".log");
     agents_.emplace_back(agent);
   }
+}
+
+std::string TestDeployment::cli_flags() const {
+  std::string flags = " --collector " + query_endpoint();
+  for (const auto& arg : insecure_ ? std::vector<std::string>{"--insecure"} : keys_.cli_args()) flags += " " + arg;
+  return flags + " ";
 }
 
 bool TestDeployment::wait_connected(std::chrono::milliseconds timeout) {

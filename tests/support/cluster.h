@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/support/harness.h"
+#include "tests/support/keys.h"
 #include "tools/cli/client.h"
 
 namespace rankscope::testing {
@@ -19,6 +20,9 @@ struct DeploymentOptions {
   std::function<std::vector<std::string>(int node)> agent_args;
   // A command that runs the agent of one node (`faketime -f +300s`), before its argv.
   std::function<std::vector<std::string>(int node)> agent_prefix;
+  // Plaintext everywhere (collector, agents and client with --insecure);
+  // by default each gets real CurveZMQ keys made in the test's folder.
+  bool insecure = false;
 };
 
 // A finding as the tests read it from the query service.
@@ -57,6 +61,9 @@ class TestDeployment {
   cli::QueryClient& client() { return client_; }
   std::string node_name(int node) const { return "node-" + std::to_string(node); }
   const std::string& log_dir() const { return dir_.path(); }
+  // Flags for the rankscope CLI: --collector, and its keys (or --insecure).
+  std::string cli_flags() const;
+  TestKeys& keys() { return keys_; }
 
  private:
   void start(const NetnsCluster* cluster, int nodes, const DeploymentOptions& options);
@@ -66,6 +73,8 @@ class TestDeployment {
   int query_port_;
   std::unique_ptr<Process> collector_;
   std::vector<Process> agents_;
+  bool insecure_;
+  TestKeys keys_;
   cli::QueryClient client_;
 };
 

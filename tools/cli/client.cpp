@@ -4,8 +4,8 @@
 
 namespace rankscope::cli {
 
-QueryClient::QueryClient(std::string endpoint, int timeout_ms)
-    : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms) {}
+QueryClient::QueryClient(std::string endpoint, int timeout_ms, curve::ClientKeys keys)
+    : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms), keys_(std::move(keys)) {}
 
 Result<void> QueryClient::ask(capnp::MallocMessageBuilder& request,
                               const std::function<void(proto::query::Reply::Reader)>& use) {
@@ -13,6 +13,7 @@ Result<void> QueryClient::ask(capnp::MallocMessageBuilder& request,
   socket.set(zmq::sockopt::linger, 0);
   socket.set(zmq::sockopt::rcvtimeo, timeout_ms_);
   socket.set(zmq::sockopt::sndtimeo, timeout_ms_);
+  curve::apply(socket, keys_);
   try {
     socket.connect(endpoint_);
     std::string bytes = proto::to_packed(request);
@@ -22,7 +23,11 @@ Result<void> QueryClient::ask(capnp::MallocMessageBuilder& request,
     if (!socket.recv(reply, zmq::recv_flags::none))
       return make_error(Errc::io, "no answer from the collector at " + endpoint_ + " within " +
                                       std::to_string(timeout_ms_) +
-                                      " ms: is rankscope-collector running there? (set --collector)");
+                                      (keys_.enabled()
+                                           ? " ms: is rankscope-collector running there (--collector), is --collector-key "
+                                             "its public key, and is this client's public key in its allow-list?"
+                                           : " ms: is rankscope-collector running there (--collector), with --insecure? "
+                                             "(a collector with CurveZMQ never answers a plaintext client)"));
     std::string error;
     auto read = proto::read_packed<proto::query::Reply>(
         std::string_view(static_cast<const char*>(reply.data()), reply.size()), proto::ReadLimits{},

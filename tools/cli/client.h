@@ -6,6 +6,7 @@
 #include <string>
 #include <zmq.hpp>
 
+#include "common/curve.h"
 #include "common/result.h"
 #include "proto/query.capnp.h"
 
@@ -13,7 +14,8 @@ namespace rankscope::cli {
 
 class QueryClient {
  public:
-  QueryClient(std::string endpoint, int timeout_ms);
+  // `keys` empty: plaintext (a collector run with --insecure).
+  QueryClient(std::string endpoint, int timeout_ms, curve::ClientKeys keys = {});
 
   // Sends `request` and calls `use` with the reply, inside the reader's
   // guard. A collector error reply becomes an Error.
@@ -23,6 +25,7 @@ class QueryClient {
  private:
   std::string endpoint_;
   int timeout_ms_;
+  curve::ClientKeys keys_;
   zmq::context_t context_{1};
 };
 

@@ -3,10 +3,12 @@
 #include <chrono>
 #include <tuple>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "common/curve.h"
 #include "common/format.h"
 #include "proto/records.h"
 #include "tools/cli/client.h"
@@ -23,7 +25,7 @@ namespace {
 
 const char* kUsage =
     "rankscope: ask the rankscope collector what it knows.\n\n"
-    "Usage: rankscope [--collector ENDPOINT] COMMAND [options]\n\n"
+    "Usage: rankscope [--collector ENDPOINT] [--key FILE --collector-key FILE | --insecure] COMMAND [options]\n\n"
     "Commands:\n"
     "  status                       nodes, agents, last contact, clock offsets, drops\n"
     "  jobs                         jobs, their communicators and ranks\n"
@@ -37,9 +39,42 @@ const char* kUsage =
     "                               user, job, namespace, pod, cgroup or node\n"
     "  report --job ID              one job's bill: its usage by node, who it waited on, its findings\n"
     "  export --format perfetto --job ID [--since T] [--until T] -o FILE\n"
-    "                               the job's collectives per rank as a Chrome/Perfetto trace\n\n"
-    "Times (T): 2026-11-01, 2026-11-01T12:00:00Z, unix seconds, now, -30d, -2h, -15m.\n"
-    "Every command takes --json.\n";
+    "                               the job's collectives per rank as a Chrome/Perfetto trace\n"
+    "  keygen --role R [--name N] --out PREFIX [--force]\n"
+    "                               write a CurveZMQ key pair: PREFIX.key (secret, 0600) and\n"
+    "                               PREFIX.pub (public); R is collector, agent (--name: its node) or client\n\n"
+        "Times (T): 2026-11-01, 2026-11-01T12:00:00Z, unix seconds, now, -30d, -2h, -15m.\n"
+    "The collector speaks CurveZMQ: --key is this client's key pair (default $RANKSCOPE_KEY or\n"
+    "~/.config/rankscope/client.key), --collector-key the collector's public key (default\n"
+    "$RANKSCOPE_COLLECTOR_KEY or /etc/rankscope/collector.pub). Every query command takes --json.\n";
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? value : fallback;
+}
+
+int keygen(const std::string& role, const std::string& name, const std::string& out, bool force) {
+  if (out.empty()) {
+    std::cerr << "rankscope keygen: --out PREFIX is required (writes PREFIX.key and PREFIX.pub)\n";
+    return 2;
+  }
+  if (role == "agent" && name.empty()) {
+    std::cerr << "rankscope keygen: an agent key needs --name, the node it speaks for (its --node)\n";
+    return 2;
+  }
+  auto key = rankscope::curve::generate(name.empty() ? role : name, role);
+  if (!key) {
+    std::cerr << "rankscope keygen: " << key.error().message << "\n";
+    return 2;
+  }
+  if (auto written = rankscope::curve::write(out, *key, force); !written) {
+    std::cerr << "rankscope keygen: " << written.error().message << "\n";
+    return 1;
+  }
+  std::printf("wrote %s.key (secret, 0600) and %s.pub (public key %s, %s %s)\n", out.c_str(), out.c_str(),
+              key->public_key.c_str(), role.c_str(), key->name.c_str());
+  return 0;
+}
 
 std::string origin_name(rankscope::proto::wire::CommOrigin origin) {
   switch (origin) {
@@ -59,18 +94,20 @@ std::string age(uint64_t now, uint64_t then) {
 void print_status(query::StatusReply::Reader s, bool json) {
   if (json) {
     std::printf("{\"collector_version\":%s,\"started_ns\":%llu,\"now_ns\":%llu,\"batches_stored\":%llu,"
-                "\"records_stored\":%llu,\"duplicate_batches\":%llu,\"bad_messages\":%llu,\"batch_bytes\":%llu,\"nodes\":[",
+                "\"records_stored\":%llu,\"duplicate_batches\":%llu,\"bad_messages\":%llu,\"throttled_messages\":%llu,"
+                "\"batch_bytes\":%llu,\"nodes\":[",
                 json_quote(s.getCollectorVersion()).c_str(), (unsigned long long)s.getStartedNs(),
                 (unsigned long long)s.getNowNs(), (unsigned long long)s.getBatchesStored(),
                 (unsigned long long)s.getRecordsStored(), (unsigned long long)s.getDuplicateBatches(),
-                (unsigned long long)s.getBadMessages(), (unsigned long long)s.getBatchBytes());
+                (unsigned long long)s.getBadMessages(), (unsigned long long)s.getThrottledMessages(),
+                (unsigned long long)s.getBatchBytes());
     bool first = true;
     for (auto n : s.getNodes()) {
       auto d = n.getDrops();
       std::printf("%s{\"node\":%s,\"connected\":%s,\"last_contact_ns\":%llu,\"agent_version\":%s,\"instance\":\"%s\","
                   "\"batches\":%llu,\"records\":%llu,\"traced_processes\":%u,\"clock_offset_ns\":%lld,"
                   "\"clock_uncertainty_ns\":%llu,\"clock_samples\":%u,\"wall_clock_skew_ns\":%lld,\"clock_refinement_ns\":%lld,"
-                  "\"clock_drift_ppb\":%lld,\"clock_violations\":%llu,\"drops\":{\"ringbuf_full\":%llu,"
+                  "\"clock_drift_ppb\":%lld,\"clock_violations\":%llu,\"bad_messages\":%llu,\"throttled_messages\":%llu,\"drops\":{\"ringbuf_full\":%llu,"
                   "\"map_full\":%llu,\"unknown_comm\":%llu,\"nested\":%llu,\"send_queue_full\":%llu,\"lost_records\":%llu,"
                   "\"spool_damaged\":%llu}}",
                   first ? "" : ",", json_quote(n.getNode()).c_str(), n.getConnected() ? "true" : "false",
@@ -79,7 +116,8 @@ void print_status(query::StatusReply::Reader s, bool json) {
                   (unsigned long long)n.getRecords(), n.getTracedProcesses(), (long long)n.getClockOffsetNs(),
                   (unsigned long long)n.getClockUncertaintyNs(), n.getClockSamples(), (long long)n.getWallClockSkewNs(),
                   (long long)n.getClockRefinementNs(), (long long)n.getClockDriftPpb(),
-                  (unsigned long long)n.getClockViolations(),
+                  (unsigned long long)n.getClockViolations(), (unsigned long long)n.getBadMessages(),
+                  (unsigned long long)n.getThrottledMessages(),
                   (unsigned long long)d.getRingbufFull(), (unsigned long long)d.getMapFull(),
                   (unsigned long long)d.getUnknownComm(), (unsigned long long)d.getNested(),
                   (unsigned long long)d.getSendQueueFull(), (unsigned long long)d.getLostRecords(),
@@ -277,6 +315,11 @@ int main(int argc, char** argv) {
   std::string since, until, output;
   rankscope::cli::ReportArgs report;
   rankscope::cli::ExportArgs export_args;
+  std::string home = env_or("HOME", "");
+  std::string key_file = env_or("RANKSCOPE_KEY", home.empty() ? "" : home + "/.config/rankscope/client.key");
+  std::string collector_key = env_or("RANKSCOPE_COLLECTOR_KEY", "/etc/rankscope/collector.pub");
+  bool insecure = false, force = false;
+  std::string role, name, out;
   po::options_description desc("Options");
   // clang-format off
   desc.add_options()
@@ -297,7 +340,14 @@ int main(int argc, char** argv) {
     ("csv", po::bool_switch(&report.csv), "report: CSV instead of a table")
     ("format", po::value(&export_args.format)->default_value(export_args.format), "export: perfetto (Chrome Trace Event JSON)")
     ("output,o", po::value(&output), "export: the file to write")
-    ("command", po::value(&command), "status | jobs | timeline | findings | hangs | stragglers | report | export");
+    ("key", po::value(&key_file)->default_value(key_file), "this client's CurveZMQ key pair (rankscope keygen --role client)")
+    ("collector-key", po::value(&collector_key)->default_value(collector_key), "the collector's public key file")
+    ("insecure", po::bool_switch(&insecure), "plaintext, no key: only for a collector run with --insecure")
+    ("role", po::value(&role), "keygen: collector, agent or client")
+    ("name", po::value(&name), "keygen: the node an agent key speaks for (its --node), or a client's name")
+    ("out", po::value(&out), "keygen: write OUT.key and OUT.pub")
+    ("force", po::bool_switch(&force), "keygen: replace existing files")
+    ("command", po::value(&command), "status | jobs | timeline | findings | hangs | stragglers | report | export | keygen");
   // clang-format on
   po::positional_options_description positional;
   positional.add("command", 1);
@@ -351,6 +401,13 @@ int main(int argc, char** argv) {
     export_args.output = output;
     return rankscope::cli::run_export(client, export_args);
   }
+  if (command == "keygen") {
+    if (!rankscope::curve::valid_role(role)) {
+      std::cerr << "rankscope keygen: --role must be collector, agent or client\n";
+      return 2;
+    }
+    return keygen(role, name, out, force);
+  }
 
   capnp::MallocMessageBuilder request;
   auto req = request.initRoot<query::Request>();
@@ -377,7 +434,17 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  rankscope::cli::QueryClient client(endpoint, timeout_ms);
+  rankscope::curve::ClientKeys keys;
+  if (!insecure) {
+    auto loaded = rankscope::curve::load_client_keys(key_file, collector_key);
+    if (!loaded) {
+      std::cerr << "rankscope " << command << ": " << loaded.error().message
+                << "\n(--key, --collector-key: see docs/operations.md; --insecure for a collector run with --insecure)\n";
+      return 2;
+    }
+    keys = *loaded;
+  }
+  rankscope::cli::QueryClient client(endpoint, timeout_ms, keys);
   auto result = client.ask(request, [&](query::Reply::Reader reply) {
     switch (reply.which()) {
       case query::Reply::STATUS: print_status(reply.getStatus(), json); break;

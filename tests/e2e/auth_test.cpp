@@ -1,0 +1,361 @@
+// Who may talk to the collector, over real sockets: CurveZMQ keys admitted
+// by the allow-list, a key bound to its node name, plaintext refused unless
+// both sides say --insecure, and a flooding peer throttled beside a normal
+// one. The agents here are raw ZeroMQ DEALER sockets speaking the real
+// protocol (and, where the agent's own words matter, the real agent).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <optional>
+#include <zmq.hpp>
+
+#include "proto/agent.capnp.h"
+#include "proto/codec.h"
+#include "tests/support/harness.h"
+#include "tests/support/keys.h"
+#include "tools/cli/client.h"
+
+namespace rankscope::testing {
+namespace {
+
+namespace wire = proto::wire;
+
+std::string endpoint(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+
+// A collector on fresh ports, with keys (or --insecure).
+class Collector {
+ public:
+  Collector(const TempDir& dir, TestKeys* keys, std::vector<std::string> extra = {})
+      : agent_port(free_port()), query_port(free_port()) {
+    SpawnOptions spawn;
+    spawn.argv = {bin_path("rankscope-collector"), "--listen", endpoint(agent_port), "--query", endpoint(query_port),
+                  "--db", dir.file("db-" + std::to_string(agent_port))};
+    auto security = keys ? keys->collector_args() : std::vector<std::string>{"--insecure"};
+    spawn.argv.insert(spawn.argv.end(), security.begin(), security.end());
+    spawn.argv.insert(spawn.argv.end(), extra.begin(), extra.end());
+    log = dir.file("collector-" + std::to_string(agent_port) + ".log");
+    spawn.stdout_path = log;
+    process = std::make_unique<Process>(spawn);
+    cli::QueryClient client(endpoint(query_port), 500, keys ? keys->client() : curve::ClientKeys{});
+    up = wait_for([&] { return status(client).has_value(); }, std::chrono::seconds(20));
+  }
+  // The status reply's (total bad, total throttled, per node: bad/throttled), or nothing.
+  struct Status {
+    uint64_t bad = 0, throttled = 0;
+    std::map<std::string, std::pair<uint64_t, uint64_t>> nodes;  // bad, throttled
+  };
+  static std::optional<Status> status(cli::QueryClient& client) {
+    capnp::MallocMessageBuilder request;
+    auto req = request.initRoot<proto::query::Request>();
+    req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+    req.setStatus();
+    Status s;
+    auto r = client.ask(request, [&](proto::query::Reply::Reader reply) {
+      auto st = reply.getStatus();
+      s.bad = st.getBadMessages();
+      s.throttled = st.getThrottledMessages();
+      for (auto n : st.getNodes()) s.nodes[n.getNode()] = {n.getBadMessages(), n.getThrottledMessages()};
+    });
+    if (!r) return std::nullopt;
+    return s;
+  }
+  int agent_port, query_port;
+  std::string log;
+  std::unique_ptr<Process> process;
+  bool up = false;
+};
+
+// One agent connection, speaking the wire protocol by hand.
+class RawAgent {
+ public:
+  RawAgent(int port, const curve::ClientKeys& keys) : socket_(context_, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    curve::apply(socket_, keys);
+    socket_.connect(endpoint(port));
+  }
+  void send(const std::string& bytes) { socket_.send(zmq::buffer(bytes), zmq::send_flags::dontwait); }
+  std::optional<std::string> receive(std::chrono::milliseconds timeout) {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) == 0) return std::nullopt;
+    zmq::message_t reply;
+    if (!socket_.recv(reply, zmq::recv_flags::dontwait)) return std::nullopt;
+    return reply.to_string();
+  }
+  // Says hello as `node`; the collector's answer (accepted, reason), or nothing within `timeout`.
+  std::optional<std::pair<bool, std::string>> hello(const std::string& node, std::chrono::milliseconds timeout) {
+    capnp::MallocMessageBuilder message;
+    auto h = message.initRoot<wire::AgentMessage>().initHello();
+    h.setProtocolVersion(wire::PROTOCOL_VERSION);
+    h.setNode(node);
+    h.setInstanceId(42);
+    send(proto::to_packed(message));
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto bytes = receive(std::chrono::milliseconds(100));
+      if (!bytes) continue;
+      std::optional<std::pair<bool, std::string>> answer;
+      auto read = proto::read_packed<wire::CollectorMessage>(*bytes, proto::ReadLimits{}, [&](auto m) {
+        if (m.which() == wire::CollectorMessage::HELLO_REPLY)
+          answer = std::make_pair(m.getHelloReply().getAccepted(), std::string(m.getHelloReply().getReason().cStr()));
+      });
+      EXPECT_TRUE(read);
+      if (answer) return answer;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+};
+
+curve::ClientKeys agent_keys(TestKeys& keys, const std::string& node, bool admitted) {
+  auto args = keys.agent_args(node, admitted);  // --key K --collector-key C
+  auto loaded = curve::load_client_keys(args[1], args[3]);
+  EXPECT_TRUE(loaded);
+  return loaded ? *loaded : curve::ClientKeys{};
+}
+
+constexpr auto kRefusedWindow = std::chrono::seconds(3);
+
+TEST(Auth, AdmittedAgentIsAcceptedUnderItsOwnName) {
+  TempDir dir;
+  TestKeys keys(dir);
+  auto node_keys = agent_keys(keys, "node-1", true);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  RawAgent agent(collector.agent_port, node_keys);
+  auto answer = agent.hello("node-1", std::chrono::seconds(10));
+  ASSERT_TRUE(answer) << slurp(collector.log);
+  EXPECT_TRUE(answer->first) << answer->second;
+}
+
+TEST(Auth, AgentWithUnknownKeyIsRefused) {
+  TempDir dir;
+  TestKeys keys(dir);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  RawAgent stranger(collector.agent_port, agent_keys(keys, "node-9", false));
+  EXPECT_FALSE(stranger.hello("node-9", kRefusedWindow)) << "an unknown key gets no answer at all";
+  cli::QueryClient client(endpoint(collector.query_port), 2000, keys.client());
+  auto status = Collector::status(client);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->nodes.count("node-9"), 0u);
+  EXPECT_TRUE(wait_for([&] { return slurp(collector.log).find("not in the allow-list") != std::string::npos; },
+                       std::chrono::seconds(5)))
+      << slurp(collector.log);
+}
+
+TEST(Auth, AgentSpeakingForAnotherNodeIsRefused) {
+  TempDir dir;
+  TestKeys keys(dir);
+  keys.agent_args("node-0");  // node-0 is admitted too: its name is taken only with its key
+  // Keys are in the allow-list before the collector starts: libzmq does not
+  // retry a refused handshake (the real agent reconnects by itself).
+  auto node_keys = agent_keys(keys, "node-1", true);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  RawAgent agent(collector.agent_port, node_keys);
+  auto answer = agent.hello("node-0", std::chrono::seconds(10));
+  ASSERT_TRUE(answer) << slurp(collector.log);
+  EXPECT_FALSE(answer->first);
+  EXPECT_NE(answer->second.find("bound to node node-1, not node-0"), std::string::npos) << answer->second;
+  cli::QueryClient client(endpoint(collector.query_port), 2000, keys.client());
+  auto status = Collector::status(client);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->nodes.count("node-0"), 0u) << "node-0 was never spoken for";
+  EXPECT_GE(status->bad, 1u);
+  EXPECT_NE(slurp(collector.log).find("the key of node node-1 used to speak for node node-0"), std::string::npos)
+      << slurp(collector.log);
+  // The same connection may still say who it really is.
+  auto own = agent.hello("node-1", std::chrono::seconds(5));
+  ASSERT_TRUE(own);
+  EXPECT_TRUE(own->first) << own->second;
+}
+
+TEST(Auth, PlaintextAgentIsRefusedAndTheRealAgentSaysWhy) {
+  if (geteuid() != 0) GTEST_SKIP() << "the real agent loads eBPF programs: run the suite as root (sudo make test)";
+  TempDir dir;
+  TestKeys keys(dir);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  RawAgent plain(collector.agent_port, curve::ClientKeys{});
+  EXPECT_FALSE(plain.hello("node-1", kRefusedWindow)) << "a plaintext hello gets no answer";
+
+  SpawnOptions spawn;
+  spawn.argv = {bin_path("rankscope-agent"), "--collector", endpoint(collector.agent_port), "--node", "node-1",
+                "--pid", std::to_string(getpid()), "--insecure", "--host-context", "false"};
+  spawn.stdout_path = dir.file("agent.log");
+  Process agent(spawn);
+  EXPECT_TRUE(wait_for([&] { return slurp(dir.file("agent.log")).find("no reply from collector") != std::string::npos; },
+                       std::chrono::seconds(40)))
+      << slurp(dir.file("agent.log"));
+  EXPECT_NE(slurp(dir.file("agent.log")).find("a collector with CurveZMQ never answers a plaintext agent"),
+            std::string::npos);
+  cli::QueryClient client(endpoint(collector.query_port), 2000, keys.client());
+  auto status = Collector::status(client);
+  ASSERT_TRUE(status);
+  EXPECT_TRUE(status->nodes.empty());
+}
+
+TEST(Auth, AgentKeyAdmittedLaterIsTakenWithoutRestart) {
+  if (geteuid() != 0) GTEST_SKIP() << "the real agent loads eBPF programs: run the suite as root (sudo make test)";
+  TempDir dir;
+  TestKeys keys(dir);
+  auto flags = keys.agent_args("node-1", false);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  SpawnOptions spawn;
+  spawn.argv = {bin_path("rankscope-agent"), "--collector", endpoint(collector.agent_port), "--node", "node-1",
+                "--pid", std::to_string(getpid()), "--host-context", "false"};
+  spawn.argv.insert(spawn.argv.end(), flags.begin(), flags.end());
+  spawn.stdout_path = dir.file("agent.log");
+  Process agent(spawn);
+  ASSERT_TRUE(wait_for([&] { return slurp(dir.file("agent.log")).find("no reply from collector") != std::string::npos; },
+                       std::chrono::seconds(40)))
+      << slurp(dir.file("agent.log"));
+  EXPECT_NE(slurp(dir.file("agent.log")).find("in its allow-list (bound to node node-1)"), std::string::npos)
+      << slurp(dir.file("agent.log"));
+  // The operator adds its key: the agent gets in on its next attempt.
+  std::filesystem::copy_file(dir.file("keys/agent-node-1.pub"), keys.allow_dir() + "/agent-node-1.pub");
+  cli::QueryClient client(endpoint(collector.query_port), 2000, keys.client());
+  EXPECT_TRUE(wait_for(
+      [&] {
+        auto status = Collector::status(client);
+        return status && status->nodes.count("node-1");
+      },
+      std::chrono::seconds(30)))
+      << slurp(dir.file("agent.log")) << slurp(collector.log);
+}
+
+TEST(Auth, QuerySocketAdmitsOnlyAllowedClients) {
+  TempDir dir;
+  TestKeys keys(dir);
+  auto node_keys = agent_keys(keys, "node-1", true);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  cli::QueryClient allowed(endpoint(collector.query_port), 2000, keys.client());
+  EXPECT_TRUE(Collector::status(allowed));
+  cli::QueryClient plain(endpoint(collector.query_port), 1500);
+  EXPECT_FALSE(Collector::status(plain)) << "plaintext client answered by a CurveZMQ collector";
+  cli::QueryClient stranger(endpoint(collector.query_port), 1500, keys.unknown_client());
+  EXPECT_FALSE(Collector::status(stranger)) << "unknown client key answered";
+  cli::QueryClient agent_key(endpoint(collector.query_port), 1500, node_keys);
+  EXPECT_FALSE(Collector::status(agent_key)) << "an agent's key is not a client's";
+
+  // The CLI binary: refused in plaintext, with a message that says why; served with its key.
+  std::string flags = " --collector " + endpoint(collector.query_port) + " --timeout-ms 1500";
+  std::string out = dir.file("cli.out");
+  EXPECT_NE(run_command(bin_path("rankscope") + " status --insecure" + flags + " >" + out + " 2>&1"), 0);
+  EXPECT_NE(slurp(out).find("a collector with CurveZMQ never answers a plaintext client"), std::string::npos)
+      << slurp(out);
+  std::string key_flags;
+  for (const auto& arg : keys.cli_args()) key_flags += " " + arg;
+  EXPECT_EQ(run_command(bin_path("rankscope") + " status" + flags + key_flags + " >" + out + " 2>&1"), 0) << slurp(out);
+  EXPECT_NE(slurp(out).find("collector 0.1.0"), std::string::npos) << slurp(out);
+}
+
+TEST(Auth, RevokedKeyIsRefusedOnItsNextConnection) {
+  TempDir dir;
+  TestKeys keys(dir);
+  auto node_keys = agent_keys(keys, "node-1", true);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  {
+    RawAgent agent(collector.agent_port, node_keys);
+    auto answer = agent.hello("node-1", std::chrono::seconds(10));
+    ASSERT_TRUE(answer && answer->first);
+  }
+  std::filesystem::remove(keys.allow_dir() + "/agent-node-1.pub");
+  EXPECT_TRUE(wait_for(
+      [&] {
+        RawAgent again(collector.agent_port, node_keys);
+        return !again.hello("node-1", std::chrono::seconds(2));
+      },
+      std::chrono::seconds(15)))
+      << slurp(collector.log);
+  EXPECT_NE(slurp(collector.log).find("(reloaded)"), std::string::npos) << slurp(collector.log);
+}
+
+TEST(Auth, InsecureCollectorTakesPlaintextAndSaysSoLoudly) {
+  TempDir dir;
+  Collector collector(dir, nullptr);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  RawAgent plain(collector.agent_port, curve::ClientKeys{});
+  auto answer = plain.hello("node-1", std::chrono::seconds(10));
+  ASSERT_TRUE(answer);
+  EXPECT_TRUE(answer->first) << answer->second;
+  cli::QueryClient client(endpoint(collector.query_port), 2000);
+  EXPECT_TRUE(Collector::status(client));
+  EXPECT_NE(slurp(collector.log).find("--insecure: plaintext and NO authentication"), std::string::npos)
+      << slurp(collector.log);
+}
+
+std::string heartbeat() {
+  capnp::MallocMessageBuilder message;
+  auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();
+  hb.setInstanceId(42);
+  return proto::to_packed(message);
+}
+
+std::string clock_probe(uint64_t t1) {
+  capnp::MallocMessageBuilder message;
+  message.initRoot<wire::AgentMessage>().initClockProbe().setT1(t1);
+  return proto::to_packed(message);
+}
+
+// A peer sending far over its budget is throttled; the peer beside it gets
+// every answer, promptly, the whole time.
+TEST(RateLimit, FloodingPeerIsThrottledAndTheOtherIsServed) {
+  TempDir dir;
+  TestKeys keys(dir);
+  auto flood_keys = agent_keys(keys, "flood", true), calm_keys = agent_keys(keys, "calm", true);
+  Collector collector(dir, &keys, {"--max-messages-per-s", "200"});
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  RawAgent flood(collector.agent_port, flood_keys);
+  RawAgent calm(collector.agent_port, calm_keys);
+  ASSERT_TRUE(flood.hello("flood", std::chrono::seconds(10)));
+  ASSERT_TRUE(calm.hello("calm", std::chrono::seconds(10)));
+
+  std::string beat = heartbeat();
+  int answered = 0, asked = 0;
+  auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(3)) {
+    for (int i = 0; i < 2000; ++i) flood.send(beat);
+    // The calm peer: one clock probe at a time, 10 a second, each answered.
+    if (asked == answered) {
+      calm.send(clock_probe(++asked));
+    }
+    if (auto reply = calm.receive(std::chrono::milliseconds(0))) ++answered;
+    while (flood.receive(std::chrono::milliseconds(0))) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // What is still in flight.
+  if (answered < asked && calm.receive(std::chrono::seconds(5))) ++answered;
+  EXPECT_EQ(answered, asked) << "the calm peer lost answers while the other flooded";
+  EXPECT_GE(asked, 20);
+
+  cli::QueryClient client(endpoint(collector.query_port), 3000, keys.client());
+  std::optional<Collector::Status> status;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        status = Collector::status(client);
+        return status && status->nodes["flood"].second > 0;
+      },
+      std::chrono::seconds(10)));
+  EXPECT_GT(status->nodes["flood"].second, 1000u) << "about 800 allowed in 3 s (200 a second and a burst of 200)";
+  EXPECT_EQ(status->nodes["calm"].second, 0u);
+  EXPECT_EQ(status->throttled, status->nodes["flood"].second);
+  std::string log = slurp(collector.log);
+  EXPECT_NE(log.find("bad message from node flood: over the rate limit"), std::string::npos) << log;
+  // Logged rate-limited: a line per 10 s, not one per message.
+  size_t lines = 0;
+  for (size_t at = log.find("over the rate limit"); at != std::string::npos; at = log.find("over the rate limit", at + 1))
+    ++lines;
+  EXPECT_LE(lines, 3u);
+}
+
+}  // namespace
+}  // namespace rankscope::testing
