@@ -39,7 +39,7 @@ po::options_description describe(Options& options, uint64_t& max_unacked_mb, uin
     ("setenv-probe", po::value(&options.setenv_probe)->default_value(options.setenv_probe), "see CUDA_VISIBLE_DEVICES set at run time (uprobe on libc setenv)")
     ("batch-interval-ms", po::value(&options.batch_interval_ms)->default_value(options.batch_interval_ms), "longest time a record waits before it is sent (1 ms to 60 s)")
     ("scan-interval-ms", po::value(&options.scan_interval_ms)->default_value(options.scan_interval_ms), "how often /proc is scanned for new NCCL processes and libraries (10 ms to 1 h)")
-    ("ack-timeout-ms", po::value(&options.ack_timeout_ms)->default_value(options.ack_timeout_ms), "re-send a batch the collector did not acknowledge within this time (100 ms to 1 h)")
+    ("ack-timeout-ms", po::value(&options.ack_timeout_ms)->default_value(options.ack_timeout_ms), "re-send a batch the collector did not acknowledge within this time; the wait doubles with each re-send of the same batch, up to 60 s (100 ms to 1 h)")
     ("max-unacked-mb", po::value(&max_unacked_mb)->default_value(options.max_unacked_bytes >> 20), "memory for batches not yet acknowledged; past it the oldest are read back from the spool when sent (without a spool: dropped and counted) (1 to 1048576)")
     ("spool-dir", po::value(&options.spool_dir)->default_value(options.spool_dir), "keep batches on disk until the collector acknowledges them, in DIR/<node>; replayed after a reconnect or a restart of the agent (\"\": memory only)")
     ("spool-max-mb", po::value(&spool_max_mb)->default_value(options.spool_max_bytes >> 20), "disk for the spool; past it the oldest batches lose their records (summaries kept), counted and reported (1 to 1048576)")

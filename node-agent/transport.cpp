@@ -15,6 +15,8 @@ constexpr uint64_t kHelloRetryNs = 2'000'000'000ull;
 // Batches sent and not yet acked at once (the socket's send high-water mark
 // is the same): a replay of a long outage goes at the pace of the acks.
 constexpr size_t kMaxInFlight = 1000;
+// The longest wait for an ack before a batch is sent again.
+constexpr uint64_t kMaxAckWaitNs = 60'000'000'000ull;
 // Silence from the collector this long before the first reply: say why it may be.
 constexpr uint64_t kNoReplyNs = 10'000'000'000ull;
 constexpr uint64_t kNoReplyLogIntervalNs = 60'000'000'000ull;
@@ -193,8 +195,18 @@ bool Transport::send_pending(Pending& pending) {
   } else if (!send_bytes(pending.bytes)) {
     return false;
   }
+  if (pending.last_sent_ns != 0) ++pending.resends;
   pending.last_sent_ns = now();
   return true;
+}
+
+uint64_t Transport::ack_wait_ns(const Pending& pending) const {
+  // A collector that is slow, not gone, would otherwise get the same batches
+  // again every ack timeout on top of its backlog: the wait doubles with
+  // each re-send (2, 4, 8 ... s by default), up to a minute.
+  uint64_t timeout = static_cast<uint64_t>(options_.ack_timeout_ms) * 1'000'000ull;
+  uint64_t wait = timeout << std::min<uint32_t>(pending.resends, 5);
+  return std::max(timeout, std::min(wait, kMaxAckWaitNs));
 }
 
 void Transport::send_clock_probe() {
@@ -277,7 +289,10 @@ void Transport::handle(const std::string& bytes) {
             RS_LOG(info, "collector %s accepted node %s (%zu batch(es) to send)", options_.collector.c_str(),
                    options_.node.c_str(), queue_.size());
           accepted_ = true;
-          for (auto& pending : queue_) pending.last_sent_ns = 0;  // send all again, in order
+          for (auto& pending : queue_) {  // send all again, in order (a new connection: no backing off)
+            pending.last_sent_ns = 0;
+            pending.resends = 0;
+          }
           resend_due();
         } else if (now() - last_refusal_log_ns_ > 30'000'000'000ull || last_refusal_log_ns_ == 0) {
           RS_LOG(error, "collector %s refused node %s: %s", options_.collector.c_str(), options_.node.c_str(),
@@ -324,7 +339,6 @@ void Transport::handle(const std::string& bytes) {
 
 void Transport::resend_due() {
   uint64_t t = now();
-  uint64_t timeout = static_cast<uint64_t>(options_.ack_timeout_ms) * 1'000'000ull;
   // Never more than the socket's high-water mark in flight at once: the rest
   // wait here (or on disk), not in ZeroMQ's memory.
   size_t in_flight = 0;
@@ -333,7 +347,7 @@ void Transport::resend_due() {
       it = queue_.erase(it);
       continue;
     }
-    if (it->last_sent_ns != 0 && t - it->last_sent_ns < timeout) {
+    if (it->last_sent_ns != 0 && t - it->last_sent_ns < ack_wait_ns(*it)) {
       ++in_flight;
       ++it;
       continue;

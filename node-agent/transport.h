@@ -59,6 +59,7 @@ class Transport {
     std::string bytes;          // empty: only on disk (read back to send)
     SpoolRef ref;               // segment 0: not on disk
     uint64_t last_sent_ns = 0;  // 0: never sent
+    uint32_t resends = 0;       // sent again for want of an ack (the wait doubles each time)
     bool stripped = false;      // its records were dropped (counted once)
   };
   uint64_t now() const { return clock_.monotonic_ns() + static_cast<uint64_t>(options_.test_clock_offset_ns); }
@@ -66,6 +67,8 @@ class Transport {
   void send_hello();
   void handle(const std::string& bytes);
   void resend_due();
+  // How long to wait for the ack of a batch sent `resends` times already.
+  uint64_t ack_wait_ns(const Pending& pending) const;
   // Sends one pending batch (reading it from the spool if needed).
   bool send_pending(Pending& pending);
   // Keeps memory and the spool within their bounds, counting what is lost.

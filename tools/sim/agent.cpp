@@ -17,6 +17,7 @@ constexpr int64_t kBatchInterval = 100 * kMs;
 constexpr int64_t kHeartbeatInterval = 1000 * kMs;
 constexpr int64_t kProbeInterval = 1000 * kMs;
 constexpr int64_t kAckTimeout = 2000 * kMs;
+constexpr int64_t kMaxAckWait = 60'000 * kMs;  // node-agent/transport.cpp backs off the same way
 constexpr int64_t kHelloRetry = 2000 * kMs;
 }  // namespace
 
@@ -323,7 +324,11 @@ void SimAgent::tick(int64_t rel_ns) {
 void SimAgent::resend_due(int64_t rel_ns) {
   if (dead_ || !accepted_) return;
   for (auto& p : queue_)
-    if (p.seq != held_seq_ && p.last_sent >= 0 && rel_ns - p.last_sent >= kAckTimeout) transmit(p, rel_ns, false);
+    if (p.seq != held_seq_ && p.last_sent >= 0 &&
+        rel_ns - p.last_sent >= std::min(kAckTimeout << std::min(p.resends, 5), kMaxAckWait)) {
+      ++p.resends;
+      transmit(p, rel_ns, false);
+    }
 }
 
 void SimAgent::flush_now(int64_t rel_ns) {

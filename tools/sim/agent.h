@@ -66,6 +66,7 @@ class SimAgent {
     std::string bytes;
     int64_t last_sent = -1;  // true rel ns; -1 never
     size_t records = 0;
+    int resends = 0;  // as the agent: the wait for an ack doubles with each re-send
   };
   struct BlockKey {
     uint32_t pid;
