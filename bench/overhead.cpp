@@ -452,6 +452,9 @@ Result<Child> measure_calls(const Options& options, Deployment& deployment, Resu
 
     // ncclAllReduce alone, then traced by the agent.
     double alone = 0, traced = 0;
+    // An agent that is stopping (another test's, say) takes seconds to
+    // retire its uprobes: give it 30 s before calling the probe foreign.
+    for (int i = 0; i < 300 && has_breakpoint(dlsym(RTLD_DEFAULT, "ncclAllReduce")); ++i) usleep(100000);
     if (has_breakpoint(dlsym(RTLD_DEFAULT, "ncclAllReduce")))
       return make_error(Errc::system, "something else has a uprobe on ncclAllReduce in " + options.nccl_lib +
                                           " (another rankscope-agent?): the loop without the agent would be traced");
@@ -546,6 +549,9 @@ Result<void> measure_paced(const Options& options, Deployment& deployment, Child
   if (collector_start && collector_end)
     out.collector_paced_runtime = percent_of_core(collector_end->runtime_ns - collector_start->runtime_ns, wall);
   loop->reset();
+  // Counted while the last agent still runs: batches it had not seen acked
+  // when it stops stay in its spool for its next start, not in the database.
+  out.records_stored = deployment.records_stored(out.traced_calls);
   return deployment.stop_agent(agent);
 }
 
@@ -651,6 +657,8 @@ int run(const Options& options) {
   // one-rank communicator only talks to itself.
   setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   Results results;
+  // Another agent that is stopping takes seconds to retire its uprobes.
+  for (int i = 0; i < 300 && has_breakpoint(dlsym(RTLD_DEFAULT, "ncclAllReduce")); ++i) usleep(100000);
   results.nccl_entry = first_bytes(dlsym(RTLD_DEFAULT, "ncclAllReduce"), 4);
   results.noop_entry = first_bytes(reinterpret_cast<void*>(&rankscope_bench_noop), 4);
   auto fail = [&](const Error& error) {
@@ -662,7 +670,6 @@ int run(const Options& options) {
   auto agent = measure_calls(options, deployment, results);
   if (!agent) return fail(agent.error());
   if (auto r = measure_paced(options, deployment, *agent, results); !r) return fail(r.error());
-  results.records_stored = deployment.records_stored(results.traced_calls);
   if (int status = deployment.collector->stop(30000); status != 0)
     return fail(make_error(Errc::system, "rankscope-collector exited with status " + std::to_string(status)));
   print_markdown(options, results);

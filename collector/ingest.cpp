@@ -25,6 +25,18 @@ void copy_drops(wire::DropCounters::Reader in, Drops& out) {
   out.spool_damaged = in.getSpoolDamaged();
 }
 
+// The agent's counters only grow; whatever arrives late or out of order
+// never lowers what the collector already shows.
+void keep_larger_drops(Drops& node, const Drops& seen) {
+  node.ringbuf_full = std::max(node.ringbuf_full, seen.ringbuf_full);
+  node.map_full = std::max(node.map_full, seen.map_full);
+  node.unknown_comm = std::max(node.unknown_comm, seen.unknown_comm);
+  node.nested = std::max(node.nested, seen.nested);
+  node.send_queue_full = std::max(node.send_queue_full, seen.send_queue_full);
+  node.lost_records = std::max(node.lost_records, seen.lost_records);
+  node.spool_damaged = std::max(node.spool_damaged, seen.spool_damaged);
+}
+
 std::string wait_call_name(wire::WaitKind kind) {
   switch (kind) {
     case wire::WaitKind::STREAM_SYNCHRONIZE: return "cudaStreamSynchronize";
@@ -305,7 +317,11 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
 
   // Clock first, so that this batch's records use the newest estimate.
   for (auto s : batch.getClockSamples()) node.clock.add({s.getT1(), s.getT2(), s.getT3(), s.getT4()});
-  copy_drops(batch.getDrops(), node.drops);
+  // Cumulative counters of the agent; batches can arrive out of order (a
+  // re-send after a later heartbeat): keep the larger.
+  Drops batch_drops;
+  copy_drops(batch.getDrops(), batch_drops);
+  keep_larger_drops(node.drops, batch_drops);
 
   for (auto p : batch.getProcesses()) {
     if (auto valid = check_process(p); !valid) {
@@ -458,12 +474,7 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   Drops drops;
   copy_drops(heartbeat.getDrops(), drops);
   // A heartbeat carries what the agent knows now; keep the larger counters.
-  node.drops.ringbuf_full = std::max(node.drops.ringbuf_full, drops.ringbuf_full);
-  node.drops.map_full = std::max(node.drops.map_full, drops.map_full);
-  node.drops.unknown_comm = std::max(node.drops.unknown_comm, drops.unknown_comm);
-  node.drops.send_queue_full = std::max(node.drops.send_queue_full, drops.send_queue_full);
-  node.drops.lost_records = std::max(node.drops.lost_records, drops.lost_records);
-  node.drops.spool_damaged = std::max(node.drops.spool_damaged, drops.spool_damaged);
+  keep_larger_drops(node.drops, drops);
   for (auto p : heartbeat.getProcesses()) {
     HealthSample sample;
     sample.sample_ns = p.getSampleNs();

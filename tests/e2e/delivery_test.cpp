@@ -16,6 +16,7 @@
 #include "common/format.h"
 #include "proto/records.h"
 #include "tests/support/harness.h"
+#include "tests/support/keys.h"
 #include "tools/cli/client.h"
 
 namespace rankscope::testing {
@@ -71,16 +72,17 @@ class Delivery {
         cluster_(cluster),
         collector_node_(collector_node),
         query_("ipc://" + dir.file("query.sock")),
-        client_(query_, 3000) {}
+        keys_(dir),
+        client_(query_, 3000, keys_.client()) {}
 
   std::string agent_endpoint() const { return "tcp://" + cluster_.address(collector_node_) + ":7600"; }
 
   void start_collector() {
-    collector_ = std::make_unique<Process>(
-        in_netns(cluster_.name(collector_node_),
-                 {bin_path("rankscope-collector"), "--listen", agent_endpoint(), "--query", query_, "--db",
-                  dir_.file("db")},
-                 dir_.file("collector-" + std::to_string(++collector_runs_) + ".log")));
+    std::vector<std::string> argv = {bin_path("rankscope-collector"), "--listen", agent_endpoint(), "--query", query_,
+                                     "--db", dir_.file("db")};
+    for (const auto& arg : keys_.collector_args()) argv.push_back(arg);
+    collector_ = std::make_unique<Process>(in_netns(cluster_.name(collector_node_), argv,
+                                                    dir_.file("collector-" + std::to_string(++collector_runs_) + ".log")));
   }
   void kill_collector() {
     collector_->signal(SIGKILL);
@@ -88,11 +90,13 @@ class Delivery {
     collector_.reset();
   }
   Process start_agent(int node) {
-    return Process(in_netns(cluster_.name(node),
-                            {bin_path("rankscope-agent"), "--collector", agent_endpoint(), "--node",
-                             "node-" + std::to_string(node), "--netns", cluster_.path(node), "--nccl-lib",
-                             std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2", "--spool-dir",
-                             dir_.file("spool")},
+    std::string name = "node-" + std::to_string(node);
+    std::vector<std::string> argv = {bin_path("rankscope-agent"), "--collector", agent_endpoint(), "--node", name,
+                                     "--netns", cluster_.path(node), "--nccl-lib",
+                                     std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2", "--spool-dir",
+                                     dir_.file("spool")};
+    for (const auto& arg : keys_.agent_args(name)) argv.push_back(arg);
+    return Process(in_netns(cluster_.name(node), argv,
                             dir_.file("agent-" + std::to_string(node) + "-" + std::to_string(++agent_runs_) + ".log")));
   }
   // The collector's link to the bridge, down or up: the path between every agent and it.
@@ -168,6 +172,7 @@ class Delivery {
   const NetnsCluster& cluster_;
   int collector_node_;
   std::string query_;
+  TestKeys keys_;
   cli::QueryClient client_;
   std::unique_ptr<Process> collector_;
   int collector_runs_ = 0, agent_runs_ = 0;

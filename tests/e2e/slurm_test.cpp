@@ -168,7 +168,7 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
 
   // The usage report bills the job, its user and its account as Slurm named
   // them (the ledger writes every few seconds: wait for GPU-hours to show).
-  std::string report = bin_path("rankscope") + " --collector " + deployment.query_endpoint() + " report --json ";
+  std::string report = bin_path("rankscope") + deployment.cli_flags() + "report --json ";
   for (const auto& [by, tenant] : std::vector<std::pair<std::string, std::string>>{
            {"job", job_id}, {"user", "nobody"}, {"account", account}}) {
     std::string out;

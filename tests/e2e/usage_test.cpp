@@ -178,7 +178,7 @@ TEST(UsageE2E, NeighbourCpuHogIsBilledForTheStragglerItMakes) {
   EXPECT_EQ(acct_a->top_cause, account_b) << by_account.text();
 
   // The CLI prints it for people, as CSV and JSON, with costs.
-  std::string cli = bin_path("rankscope") + " --collector " + deployment.query_endpoint() + " report ";
+  std::string cli = bin_path("rankscope") + deployment.cli_flags() + "report ";
   EXPECT_EQ(run_command(cli + "--by job --price-per-gpu-hour 2.5 > " + dir.file("report.txt") + " 2>&1"), 0);
   std::string table = slurp(dir.file("report.txt"));
   EXPECT_NE(table.find(job_a), std::string::npos) << table;
@@ -251,7 +251,7 @@ TEST(UsageE2E, PerfettoExportPutsAFaketimeNodeOnTheClusterTimeline) {
       std::chrono::seconds(20)));
 
   std::string out = dir.file("trace.json");
-  std::string cli = bin_path("rankscope") + " --collector " + deployment.query_endpoint() + " export --format perfetto --job " +
+  std::string cli = bin_path("rankscope") + deployment.cli_flags() + "export --format perfetto --job " +
                     job + " -o " + out;
   ASSERT_EQ(run_command(cli + " > " + dir.file("export.log") + " 2>&1"), 0) << slurp(dir.file("export.log"));
   std::string check = "python3 " + std::string(RANKSCOPE_SOURCE_DIR) + "/tests/e2e/check_perfetto.py " + out +

@@ -364,6 +364,19 @@ int main(int argc, char** argv) {
     return command.empty() && !vm.count("help") ? 2 : 0;
   }
 
+  // This client's CurveZMQ keys (none with --insecure); nullopt after
+  // saying why they could not be read.
+  auto client_keys = [&]() -> std::optional<rankscope::curve::ClientKeys> {
+    if (insecure) return rankscope::curve::ClientKeys{};
+    auto loaded = rankscope::curve::load_client_keys(key_file, collector_key);
+    if (!loaded) {
+      std::cerr << "rankscope " << command << ": " << loaded.error().message
+                << "\n(--key, --collector-key: see docs/operations.md; --insecure for a collector run with --insecure)\n";
+      return std::nullopt;
+    }
+    return *loaded;
+  };
+
   if (command == "report" || command == "export") {
     uint64_t now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                              std::chrono::system_clock::now().time_since_epoch())
@@ -379,7 +392,9 @@ int main(int argc, char** argv) {
       }
       *into = *parsed;
     }
-    rankscope::cli::QueryClient client(endpoint, timeout_ms);
+    auto keys = client_keys();
+    if (!keys) return 2;
+    rankscope::cli::QueryClient client(endpoint, timeout_ms, *keys);
     if (command == "report") {
       report.since_ns = since_ns;
       report.until_ns = until_ns;
@@ -434,17 +449,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  rankscope::curve::ClientKeys keys;
-  if (!insecure) {
-    auto loaded = rankscope::curve::load_client_keys(key_file, collector_key);
-    if (!loaded) {
-      std::cerr << "rankscope " << command << ": " << loaded.error().message
-                << "\n(--key, --collector-key: see docs/operations.md; --insecure for a collector run with --insecure)\n";
-      return 2;
-    }
-    keys = *loaded;
-  }
-  rankscope::cli::QueryClient client(endpoint, timeout_ms, keys);
+  auto keys = client_keys();
+  if (!keys) return 2;
+  rankscope::cli::QueryClient client(endpoint, timeout_ms, *keys);
   auto result = client.ask(request, [&](query::Reply::Reader reply) {
     switch (reply.which()) {
       case query::Reply::STATUS: print_status(reply.getStatus(), json); break;
