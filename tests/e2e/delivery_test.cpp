@@ -16,6 +16,7 @@
 #include "common/format.h"
 #include "proto/records.h"
 #include "tests/support/harness.h"
+#include "tests/support/made_calls.h"
 #include "tests/support/keys.h"
 #include "tools/cli/client.h"
 
@@ -23,29 +24,6 @@ namespace rankscope::testing {
 namespace {
 
 namespace query = proto::query;
-
-struct MadeCall {
-  std::string op;
-  uint64_t count;
-  std::string datatype;
-  uint64_t bytes;
-};
-
-// The collectives a rank made, from fakenccl-train --record:
-// "<index> <op> <count> <datatype> <bytes>".
-std::vector<MadeCall> read_made_calls(const std::string& path) {
-  std::vector<MadeCall> calls;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    uint64_t index;
-    MadeCall call;
-    if (!(fields >> index >> call.op >> call.count >> call.datatype >> call.bytes)) continue;
-    if (proto::op_is_collective(proto::op_from_name(call.op))) calls.push_back(call);
-  }
-  return calls;
-}
 
 struct StoredCall {
   uint64_t seq;
