@@ -33,6 +33,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -286,15 +287,61 @@ struct Deployment {
     std::string log = dir + "/agent-" + std::to_string(++agents_started) + ".log";
     auto child = Child::start(argv, log);
     if (!child) return child.error();
-    void* target = dlsym(RTLD_DEFAULT, "ncclAllReduce");
+    // Every probe this process's calls pass through (a communicator made
+    // before the probe on its creation would be one the agent cannot
+    // match), and the collector's welcome: then the loops may start.
     uint64_t deadline = monotonic_ns() + 20'000'000'000ull;
-    while (!has_breakpoint(target)) {
+    while (!probed_functions().missing.empty() || slurp(log).find("accepted node bench") == std::string::npos) {
       if (!child->running() || monotonic_ns() > deadline)
-        return make_error(Errc::system, "rankscope-agent did not attach to ncclAllReduce; its log (" + log +
-                                            "):\n" + slurp(log));
+        return make_error(Errc::system, "rankscope-agent did not attach to " + probed_functions().missing +
+                                            " or was not accepted by the collector; its log (" + log + "):\n" +
+                                            slurp(log));
       usleep(5000);
     }
     return child;
+  }
+
+  // The NCCL entry points the loops call, by whether a uprobe is on them.
+  struct Probed {
+    std::string present, missing;  // names, space-separated
+  };
+  static Probed probed_functions() {
+    Probed out;
+    for (const char* name : {"ncclCommInitRank", "ncclAllReduce", "ncclCommDestroy"}) {
+      void* code = dlsym(RTLD_DEFAULT, name);
+      if (!code) continue;
+      std::string& list = has_breakpoint(code) ? out.present : out.missing;
+      list += (list.empty() ? "" : " ") + std::string(name);
+    }
+    return out;
+  }
+
+  // Waits (up to 30 s) until another agent that is stopping has retired its
+  // uprobes from the functions the loops call; fails if one stays.
+  static Result<void> wait_for_foreign_probes(const std::string& library) {
+    for (int i = 0; i < 300 && !probed_functions().present.empty(); ++i) usleep(100000);
+    if (auto present = probed_functions().present; !present.empty())
+      return make_error(Errc::system, "something else has a uprobe on " + present + " in " + library +
+                                          " (another rankscope-agent?): the loop without the agent would be traced");
+    return {};
+  }
+
+  // The warnings and errors of every log of this run, for a failure report.
+  std::string log_problems() const {
+    std::string out;
+    std::vector<std::string> logs = {dir + "/collector.log"};
+    for (int i = 1; i <= agents_started; ++i) logs.push_back(dir + "/agent-" + std::to_string(i) + ".log");
+    for (const auto& path : logs) {
+      std::istringstream in(slurp(path));
+      std::string line;
+      int shown = 0;
+      while (std::getline(in, line) && shown < 20) {
+        if (line.find(" warn") == std::string::npos && line.find(" error") == std::string::npos) continue;
+        out += "  " + path.substr(path.rfind('/') + 1) + ": " + line + "\n";
+        ++shown;
+      }
+    }
+    return out;
   }
 
   // Until the agent is quiet (under 5% of a core over 100 ms, or 10 s
@@ -329,7 +376,8 @@ struct Deployment {
   uint64_t records_stored(uint64_t expected) {
     cli::QueryClient client(query_endpoint(), 2000, client_keys);
     uint64_t stored = 0;
-    uint64_t deadline = monotonic_ns() + 10'000'000'000ull;
+    // Long enough for a batch whose ack was lost to be sent again.
+    uint64_t deadline = monotonic_ns() + 30'000'000'000ull;
     do {
       capnp::MallocMessageBuilder request;
       auto req = request.initRoot<proto::query::Request>();
@@ -454,10 +502,7 @@ Result<Child> measure_calls(const Options& options, Deployment& deployment, Resu
     double alone = 0, traced = 0;
     // An agent that is stopping (another test's, say) takes seconds to
     // retire its uprobes: give it 30 s before calling the probe foreign.
-    for (int i = 0; i < 300 && has_breakpoint(dlsym(RTLD_DEFAULT, "ncclAllReduce")); ++i) usleep(100000);
-    if (has_breakpoint(dlsym(RTLD_DEFAULT, "ncclAllReduce")))
-      return make_error(Errc::system, "something else has a uprobe on ncclAllReduce in " + options.nccl_lib +
-                                          " (another rankscope-agent?): the loop without the agent would be traced");
+    if (auto r = Deployment::wait_for_foreign_probes(options.nccl_lib); !r) return r.error();
     {
       auto loop = NcclLoop::open();
       if (!loop) return loop.error();
@@ -657,8 +702,9 @@ int run(const Options& options) {
   // one-rank communicator only talks to itself.
   setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   Results results;
-  // Another agent that is stopping takes seconds to retire its uprobes.
-  for (int i = 0; i < 300 && has_breakpoint(dlsym(RTLD_DEFAULT, "ncclAllReduce")); ++i) usleep(100000);
+  // Another agent that is stopping takes seconds to retire its uprobes
+  // (the first bytes below are read without them).
+  for (int i = 0; i < 300 && !Deployment::probed_functions().present.empty(); ++i) usleep(100000);
   results.nccl_entry = first_bytes(dlsym(RTLD_DEFAULT, "ncclAllReduce"), 4);
   results.noop_entry = first_bytes(reinterpret_cast<void*>(&rankscope_bench_noop), 4);
   auto fail = [&](const Error& error) {
@@ -680,7 +726,9 @@ int run(const Options& options) {
     RS_LOG(error, "the collector stored %llu records for %llu traced calls",
            static_cast<unsigned long long>(results.records_stored),
            static_cast<unsigned long long>(results.traced_calls));
-    return fail(make_error(Errc::protocol, "records lost between the agent and the collector"));
+    std::string problems = deployment.log_problems();
+    return fail(make_error(Errc::protocol, "records lost between the agent and the collector; warnings and errors "
+                                           "logged:\n" + (problems.empty() ? "  (none)\n" : problems)));
   }
   if (!options.keep) fs::remove_all(deployment.dir);
   return 0;
