@@ -157,6 +157,10 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   UsageOptions usage_options;
   usage_options.hang_timeout_ns = options.hang_timeout_ns();
   UsageLedger ledger(ingest, **store, usage_options);
+  if (auto restored = ledger.restore(); !restored) {
+    RS_LOG(error, "%s", restored.error().message.c_str());
+    return 2;
+  }
   ingest.add_observer(&ledger);
 
   std::unique_ptr<Metrics> metrics;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/format.h"
+#include "common/log.h"
 #include "proto/records.h"
 
 namespace rankscope::collector {
@@ -20,6 +21,10 @@ constexpr uint64_t kNs = 1'000'000'000ull;
 constexpr uint64_t kMaxStartGapNs = 120 * kNs;
 // How long a process's first sample waits for its identity (see take_samples).
 constexpr uint64_t kIdentityWaitNs = 10 * kNs;
+// A process counted by the collector's previous run and not heard of for
+// this long after the restart has ended while it was away.
+constexpr uint64_t kRestoredGraceNs = 600 * kNs;
+constexpr uint8_t kTrackVersion = 1;
 
 void put_be(std::string& out, uint64_t value, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
@@ -68,6 +73,16 @@ struct Reader {
     return b;
   }
 };
+
+std::string track_key(const std::string& node, uint32_t pid) {
+  std::string key(1, 't');
+  key += node;
+  key.push_back('\0');
+  put_be(key, pid, 4);
+  return key;
+}
+
+std::string hang_key(const std::string& finding) { return "k" + finding; }
 
 void put_identity(std::string& out, const Identity& id) {
   for (const std::string* f : {&id.job, &id.step, &id.user, &id.account, &id.namespace_, &id.pod_uid,
@@ -381,6 +396,58 @@ double UsageLedger::gpus_of(const ProcessInfo* process) const {
   return static_cast<double>(distinct.size());
 }
 
+std::string UsageLedger::encode_track(const ProcessTrack& t) {
+  std::string out(1, static_cast<char>(kTrackVersion));
+  for (uint64_t v : {t.start_time, t.last_sample_ns, t.last_cluster_ns, t.cpu_ns, t.off_cpu_ns, t.stat_cpu_ns})
+    put_be(out, v, 8);
+  out.push_back(static_cast<char>((t.alive ? 1 : 0) | (t.done ? 2 : 0)));
+  return out;
+}
+
+std::optional<UsageLedger::ProcessTrack> UsageLedger::decode_track(std::string_view value) {
+  if (value.size() != 1 + 6 * 8 + 1 || static_cast<uint8_t>(value[0]) != kTrackVersion) return std::nullopt;
+  ProcessTrack t;
+  const char* at = value.data() + 1;
+  for (uint64_t* v : {&t.start_time, &t.last_sample_ns, &t.last_cluster_ns, &t.cpu_ns, &t.off_cpu_ns, &t.stat_cpu_ns}) {
+    *v = get_be(at, 8);
+    at += 8;
+  }
+  uint8_t flags = static_cast<uint8_t>(*at);
+  t.alive = flags & 1;
+  t.done = flags & 2;
+  t.seen = true;
+  return t;
+}
+
+Result<void> UsageLedger::restore() {
+  size_t unreadable = 0;
+  auto tracks = store_.scan_usage("t", "u", [&](std::string_view key, std::string_view value) {
+    size_t zero = key.find('\0', 1);
+    auto track = decode_track(value);
+    if (zero == std::string_view::npos || key.size() != zero + 5 || !track) {
+      ++unreadable;
+      return true;
+    }
+    restored_[{std::string(key.substr(1, zero - 1)), static_cast<uint32_t>(get_be(key.data() + zero + 1, 4))}] = *track;
+    return true;
+  });
+  if (!tracks) return tracks.error();
+  auto hangs = store_.scan_usage("k", "l", [&](std::string_view key, std::string_view value) {
+    if (value.size() != 8) {
+      ++unreadable;
+      return true;
+    }
+    hang_counted_ns_[std::string(key.substr(1))] = get_be(value.data(), 8);
+    return true;
+  });
+  if (!hangs) return hangs.error();
+  if (unreadable) RS_LOG(warn, "usage ledger: %zu unreadable progress row(s) ignored", unreadable);
+  if (!restored_.empty() || !hang_counted_ns_.empty())
+    RS_LOG(info, "usage ledger: going on from the last run's counts of %zu process(es) and %zu open hang(s)",
+           restored_.size(), hang_counted_ns_.size());
+  return {};
+}
+
 void UsageLedger::add_usage(uint64_t at_ns, const std::string& node, const Identity& identity, const Usage& usage) {
   std::string key = usage_key(Level::minute, minute_of(at_ns), node, identity);
   auto [it, created] = minutes_.try_emplace(key);
@@ -629,6 +696,18 @@ void UsageLedger::take_samples(uint64_t now_ns) {
       ProcessTrack& track = processes_[{name, pid}];
       if (track.done || (track.seen && sample->sample_ns == track.last_sample_ns)) continue;
       const ProcessInfo* process = ingest_.process(name, pid);
+      // Counted by the previous run up to its last flush: go on from there
+      // (the same process: its start time says a pid was not reused).
+      if (!track.seen) {
+        if (auto old = restored_.find({name, pid}); old != restored_.end()) {
+          if (!process || process->start_time == 0 || process->start_time == old->second.start_time) {
+            track = old->second;
+            track.dirty = true;
+          }
+          restored_.erase(old);
+          if (track.done) continue;
+        }
+      }
       // Heartbeats can come before the batch that says who the process is:
       // its first sample waits for that (the counters are cumulative, and
       // the time counts from its start) for a while, then counts as unknown.
@@ -673,6 +752,8 @@ void UsageLedger::take_samples(uint64_t now_ns) {
       add_usage_span(from, std::max(from, at), name, identity, usage);
       track.alive = sample->alive;
       track.done = !sample->alive;
+      track.dirty = true;
+      if (process && track.start_time == 0) track.start_time = process->start_time;
       track.last_sample_ns = sample->sample_ns;
       track.last_cluster_ns = at;
       track.cpu_ns = std::max(track.cpu_ns, cpu);
@@ -684,9 +765,15 @@ void UsageLedger::take_samples(uint64_t now_ns) {
   for (auto it = processes_.begin(); it != processes_.end();) {
     const NodeState* node = ingest_.node(it->first.first);
     bool known = node && node->health.count(it->first.second);
+    if (!known) tracks_gone_.insert(it->first);
     it = known ? std::next(it) : processes_.erase(it);
   }
-  (void)now_ns;
+  // The previous run's processes not heard of since: they ended while it was away.
+  if (!restored_.empty() && restored_at_ns_ == 0) restored_at_ns_ = now_ns;
+  if (!restored_.empty() && now_ns - restored_at_ns_ > kRestoredGraceNs) {
+    for (const auto& [key, track] : restored_) tracks_gone_.insert(key);
+    restored_.clear();
+  }
 }
 
 void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
@@ -701,6 +788,7 @@ void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
     // The ranks waited from (about) the hang timeout before it was found.
     uint64_t from = first ? f->opened_ns - std::min(f->opened_ns, options_.hang_timeout_ns) : it->second;
     it->second = now_ns;
+    hangs_dirty_.insert(key);
     if (now_ns <= from) continue;
     double seconds = static_cast<double>(now_ns - from) / 1e9;
     std::set<int32_t> culprits(f->ranks.begin(), f->ranks.end());
@@ -730,8 +818,15 @@ void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
       add_waste(from, row);
     }
   }
-  for (auto it = hang_counted_ns_.begin(); it != hang_counted_ns_.end();)
-    it = open.count(it->first) ? std::next(it) : hang_counted_ns_.erase(it);
+  for (auto it = hang_counted_ns_.begin(); it != hang_counted_ns_.end();) {
+    if (open.count(it->first)) {
+      ++it;
+      continue;
+    }
+    hangs_gone_.insert(it->first);
+    hangs_dirty_.erase(it->first);
+    it = hang_counted_ns_.erase(it);
+  }
 }
 
 Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force) {
@@ -796,6 +891,23 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
     }
     writes.put_usage(key, encode_waste_row(row));
   }
+  // How far the counting got, in the same commit as what it counted.
+  for (auto& [key, track] : processes_) {
+    if (!track.dirty || !track.seen) continue;
+    writes.put_usage(track_key(key.first, key.second), encode_track(track));
+    track.dirty = false;
+  }
+  for (const auto& key : tracks_gone_)
+    if (!processes_.count(key)) writes.delete_usage(track_key(key.first, key.second));
+  tracks_gone_.clear();
+  for (const auto& key : hangs_dirty_) {
+    std::string value;
+    put_be(value, hang_counted_ns_[key], 8);
+    writes.put_usage(hang_key(key), value);
+  }
+  for (const auto& key : hangs_gone_) writes.delete_usage(hang_key(key));
+  hangs_dirty_.clear();
+  hangs_gone_.clear();
   // Minutes more than two minutes old are done (late data reloads them).
   uint64_t keep_from = minute_of(now_ns) - std::min<uint64_t>(minute_of(now_ns), 120);
   for (auto it = minutes_.begin(); it != minutes_.end();)

@@ -10,6 +10,11 @@
 //           kind ('u' usage | 'w' waste edge) | node | 0 | identity hash (BE 8)
 //           [| cause node | 0 | cause identity hash (BE 8)   for 'w']
 //   value = the identities and the figures (encode_usage_row below)
+// and, beside them, what the ledger has counted so far of what is still
+// running, written in the same commits as the rows it produced (a restarted
+// collector goes on from there, counting nothing twice):
+//   't' | node | 0 | pid (BE 4)  -> a running process's counters (ProcessTrack)
+//   'k' | finding key            -> the cluster time an open hang's waste is counted to
 // A report over a range reads whole days, then whole hours, then minutes at
 // its edges: a month over 1,000 nodes reads tens of thousands of rows, not
 // tens of millions. Tenants (--by) are computed at report time from the
@@ -126,6 +131,8 @@ struct UsageOptions {
 class UsageLedger final : public RecordObserver {
  public:
   UsageLedger(const Ingest& ingest, const TimelineStore& store, UsageOptions options);
+  // What an earlier run had counted of the processes and hangs still going.
+  Result<void> restore();
 
   void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) override;
   void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
@@ -159,6 +166,8 @@ class UsageLedger final : public RecordObserver {
     uint64_t stat_cpu_ns = 0;             // /proc/PID/stat, kernel accounting
     bool done = false;              // exited and counted to the end
     uint64_t deferred_since = 0;    // node clock of a first sample put off until its identity is known
+    uint64_t start_time = 0;        // the process's (/proc/PID/stat): a pid reused is another process
+    bool dirty = false;             // changed since the last flush
   };
   struct Instance {
     std::vector<uint64_t> issue;
@@ -184,6 +193,8 @@ class UsageLedger final : public RecordObserver {
     bool dirty = false;
   };
 
+  static std::string encode_track(const ProcessTrack& track);
+  static std::optional<ProcessTrack> decode_track(std::string_view value);
   void complete(const CommState& comm, CommTrack& track, const Instance& instance);
   // Moves what the record path gathered (per process, per late rank) into the rows.
   void fold_records();
@@ -211,6 +222,12 @@ class UsageLedger final : public RecordObserver {
   std::map<std::string, MinuteRow> minutes_;   // by key
   std::map<std::string, MinuteEdge> edges_;    // by key
   std::map<std::string, uint64_t> hang_counted_ns_;  // open hang key -> cluster time counted up to
+  std::set<std::string> hangs_dirty_, hangs_gone_;   // to write, to delete at the next flush
+  // Counted by an earlier run, until the process is heard of again (or not,
+  // for kRestoredGraceNs after the restart).
+  std::map<std::pair<std::string, uint32_t>, ProcessTrack> restored_;
+  uint64_t restored_at_ns_ = 0;
+  std::set<std::pair<std::string, uint32_t>> tracks_gone_;  // to delete at the next flush
   uint64_t last_flush_ns_ = 0;
   // Since the collector started, for the metrics: by identity and node.
   struct Running {

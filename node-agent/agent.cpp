@@ -132,6 +132,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     transport.submit(batch_seq, proto::to_packed(message));
   };
   uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
+  uint64_t welcomes = 0;
   while (!stop.load()) {
     // Wake for the collector's replies at once (a clock reply stamped late
     // would look like a long round trip), for records only on the tick.
@@ -144,6 +145,10 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       if (e.num() != EINTR) throw;
     }
     transport.service();
+    if (transport.welcomes() != welcomes) {
+      welcomes = transport.welcomes();
+      if (welcomes > 1) summariser.resend_identities();
+    }
     bpf.consume();
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {

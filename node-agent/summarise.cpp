@@ -243,6 +243,10 @@ void Summariser::add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_
   clock_samples_.push_back({t1, t2, t3, t4});
 }
 
+void Summariser::resend_identities() {
+  for (auto& [pid, entry] : processes_) entry.sent = false;
+}
+
 bool Summariser::empty() const {
   if (!blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty() || !waits_.empty() ||
       !async_errors_.empty())

@@ -55,6 +55,10 @@ class Summariser {
   // Frees entries of processes that exited (pid gone or reused); each is
   // reported once more by health() as not alive.
   void forget_exited();
+  // Sends every traced process's identity again with the next batch (a new
+  // collector run knows the communicators from its database, not who the
+  // processes are).
+  void resend_identities();
   // The scheduling state of every traced process, for the heartbeat, with
   // its BPF host counters where `host` knows them.
   using HostLookup = std::function<std::optional<rs_host_stats>(uint32_t pid)>;

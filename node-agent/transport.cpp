@@ -288,6 +288,7 @@ void Transport::handle(const std::string& bytes) {
           if (!accepted_)
             RS_LOG(info, "collector %s accepted node %s (%zu batch(es) to send)", options_.collector.c_str(),
                    options_.node.c_str(), queue_.size());
+          if (!accepted_) ++welcomes_;
           accepted_ = true;
           for (auto& pending : queue_) {  // send all again, in order (a new connection: no backing off)
             pending.last_sent_ns = 0;
@@ -322,10 +323,14 @@ void Transport::handle(const std::string& bytes) {
       case wire::CollectorMessage::ERROR: {
         auto error = message.getError();
         if (error.getCode() == wire::ErrorCode::NEED_HELLO) {
-          // The collector restarted and forgot this connection.
-          if (accepted_) RS_LOG(info, "collector %s asks for a new hello", options_.collector.c_str());
-          accepted_ = false;
-          send_hello();
+          // The collector restarted and forgot this connection. Every
+          // message in flight gets this answer: one Hello for all of them
+          // (service() sends it again if it goes unanswered).
+          if (accepted_) {
+            RS_LOG(info, "collector %s asks for a new hello", options_.collector.c_str());
+            accepted_ = false;
+            send_hello();
+          }
         } else {
           RS_LOG(warn, "collector %s: %s", options_.collector.c_str(), error.getMessage().cStr());
         }

@@ -44,6 +44,10 @@ class Transport {
   void send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill);
 
   bool accepted() const { return accepted_; }
+  // How many times a collector has accepted this agent's Hello: a change
+  // means a new collector run (or connection), which may not know what the
+  // agent told the last one.
+  uint64_t welcomes() const { return welcomes_; }
   size_t unacked() const { return queue_.size(); }
   uint64_t discarded_batches() const { return discarded_; }
   uint64_t lost_records() const { return lost_records_; }
@@ -85,6 +89,7 @@ class Transport {
   std::deque<Pending> queue_;
   size_t queued_bytes_ = 0;
   bool accepted_ = false;
+  uint64_t welcomes_ = 0;
   uint64_t last_hello_ns_ = 0;
   uint64_t discarded_ = 0;
   uint64_t lost_records_ = 0;

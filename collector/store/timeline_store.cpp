@@ -172,6 +172,8 @@ void WriteSet::put_comm(uint64_t comm, std::string value) {
 
 void WriteSet::put_usage(const std::string& key, std::string value) { batch_.Put(usage_family_, key, value); }
 
+void WriteSet::delete_usage(const std::string& key) { batch_.Delete(usage_family_, key); }
+
 void WriteSet::put_node(const std::string& node, std::string value) { batch_.Put(nodes_family_, node, value); }
 
 void WriteSet::put_finding(uint64_t id, std::string value) {

@@ -76,6 +76,7 @@ class WriteSet {
   void put_node(const std::string& node, std::string value);
   void put_finding(uint64_t id, std::string value);
   void put_usage(const std::string& key, std::string value);
+  void delete_usage(const std::string& key);
   size_t records() const { return records_; }
   bool empty() const { return batch_.Count() == 0; }
 

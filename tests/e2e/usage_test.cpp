@@ -195,6 +195,76 @@ TEST(UsageE2E, NeighbourCpuHogIsBilledForTheStragglerItMakes) {
   std::cout << table;
 }
 
+// A job that runs while the collector is SIGKILLed and restarted: its
+// GPU-hours and CPU-seconds are what it used, counted once (not again from
+// its start by the new collector), and billed to its account after the
+// restart too (not to "(unknown)": the agent tells the new collector who
+// its processes are).
+TEST(UsageE2E, AJobRunningAcrossACollectorKillIsBilledOnceToItsAccount) {
+  if (geteuid() != 0) GTEST_SKIP() << "cgroups, eBPF and network namespaces need root: run the suite as root";
+  struct stat st {};
+  ASSERT_EQ(stat((cgroup2_root() + "/cgroup.procs").c_str(), &st), 0) << "no cgroup v2 hierarchy at " << cgroup2_root();
+  TempDir dir;
+  NetnsCluster cluster(1);
+  ASSERT_TRUE(cluster.ok());
+  TestDeployment deployment(dir, cluster, 1);
+  ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20))) << slurp(dir.file("collector.log"));
+
+  std::string job = std::to_string(getpid()) + "3";
+  std::string account = unique_name("acct-restart-");
+  CgroupTree tree;
+  std::string cgroup = tree.make(unique_name("rankscope-usage-") + "/slurm/uid_0/job_" + job + "/step_0");
+  std::string train = "'" + bin_path("fakenccl-train") + "' --steps 1000000 --compute-iters 2000000 --bucket-elems 1024 --quiet";
+  std::vector<Process> ranks;
+  std::vector<double> started;
+  for (int rank = 0; rank < 2; ++rank) {
+    SpawnOptions spawn;
+    spawn.argv = {"/bin/sh", "-c", in_cgroup(cgroup, rank, cluster.name(0), train + " --id-file '" + dir.file("nccl.id") + "'")};
+    spawn.env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(rank)},
+                 {"CUDA_VISIBLE_DEVICES", std::to_string(rank)}, {"SLURM_JOB_ID", job},
+                 {"SLURM_JOB_ACCOUNT", account}, {"SLURM_JOB_USER", "carol"}};
+    spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
+    started.push_back(now_s());
+    ranks.emplace_back(spawn);
+  }
+  // Long enough for several ledger flushes before the kill, and after it.
+  observe_for(std::chrono::seconds(22));
+  deployment.kill_and_restart_collector(std::chrono::seconds(3));
+  ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20))) << slurp(dir.file("collector-restarted.log"));
+  observe_for(std::chrono::seconds(25));
+  for (int rank = 0; rank < 2; ++rank)
+    ASSERT_TRUE(ranks[rank].running()) << "rank " << rank << " ended early:\n" << slurp(dir.file("rank" + std::to_string(rank) + ".log"));
+  std::vector<double> ended;
+  for (auto& rank : ranks) {
+    rank.signal(SIGKILL);
+    ended.push_back(now_s());
+  }
+  for (auto& rank : ranks) rank.wait(std::chrono::seconds(10));
+  double expected = (ended[0] - started[0] + ended[1] - started[1]) / 3600;  // one GPU each
+  double cpu = cgroup_cpu_seconds(cgroup);
+  ASSERT_GT(cpu, 1.0) << "the job used no CPU?";
+
+  SeenReport by_account;
+  auto settled = [&] {
+    by_account = ask_report(deployment, "account");
+    const Row* row = by_account.row(account);
+    return row && std::abs(row->gpu_hours - expected) < 0.02 * expected && std::abs(row->cpu_seconds - cpu) < 0.02 * cpu;
+  };
+  bool ok = wait_for(settled, std::chrono::seconds(30));
+  std::string context = "expected " + std::to_string(expected) + " GPU-h, " + std::to_string(cpu) + " CPU-s\n" +
+                        by_account.text() + "--- collector log after the restart:\n" +
+                        slurp(dir.file("collector-restarted.log"));
+  const Row* row = by_account.row(account);
+  ASSERT_NE(row, nullptr) << context;
+  EXPECT_TRUE(ok) << context;
+  EXPECT_NEAR(row->gpu_hours, expected, 0.02 * expected) << context;
+  EXPECT_NEAR(row->cpu_seconds, cpu, 0.02 * cpu) << context;
+  const Row* unknown = by_account.row("(unknown)");
+  EXPECT_LT(unknown ? unknown->gpu_hours : 0.0, 0.01 * expected) << context;
+  RecordProperty("gpu_hours_error", std::to_string((row->gpu_hours - expected) / expected));
+  RecordProperty("cpu_seconds_error", std::to_string((row->cpu_seconds - cpu) / cpu));
+}
+
 // The Perfetto export of a two-node job whose second node's agent runs under
 // faketime (its wall clock 300 s ahead; the monotonic clock the events are
 // stamped with is left alone, as on a node whose NTP is broken): valid JSON,

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 namespace rankscope::testing {
 
 TestDeployment::TestDeployment(const TempDir& dir, const NetnsCluster& cluster, int nodes,
@@ -35,6 +37,7 @@ void TestDeployment::start(const NetnsCluster* cluster, int nodes, const Deploym
   collector.argv.insert(collector.argv.end(), security.begin(), security.end());
   collector.argv.insert(collector.argv.end(), options.collector_args.begin(), options.collector_args.end());
   collector.stdout_path = dir_.file("collector.log");
+  collector_spawn_ = collector;
   collector_ = std::make_unique<Process>(collector);
   for (int node = 0; node < nodes; ++node) {
     SpawnOptions agent;
@@ -57,6 +60,18 @@ void TestDeployment::start(const NetnsCluster* cluster, int nodes, const Deploym
     agent.stdout_path = dir_.file("agent-" + std::to_string(node) + ".log");
     agents_.emplace_back(agent);
   }
+}
+
+void TestDeployment::kill_and_restart_collector(std::chrono::milliseconds away) {
+  collector_->signal(SIGKILL);
+  collector_->wait(std::chrono::seconds(10));
+  collector_.reset();
+  std::this_thread::sleep_for(away);
+  // The first run's log is kept: the new one is written next to it, then
+  // appended to it when this deployment's log is read.
+  SpawnOptions again = collector_spawn_;
+  again.stdout_path = dir_.file("collector-restarted.log");
+  collector_ = std::make_unique<Process>(again);
 }
 
 std::string TestDeployment::cli_flags() const {

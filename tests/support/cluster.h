@@ -55,6 +55,9 @@ class TestDeployment {
   // Lowest last sequence number over the ranks of every communicator (-1: none yet).
   int64_t min_progress();
   void stop_agent(int node) { agents_.at(node).signal(SIGKILL); }
+  // SIGKILLs the collector (nothing flushed), then starts it again on the
+  // same database and ports after `away`; its log goes on in collector.log.
+  void kill_and_restart_collector(std::chrono::milliseconds away);
   // Waits until every agent is connected (true) or the deadline passes.
   bool wait_connected(std::chrono::milliseconds timeout);
   std::string query_endpoint() const { return "tcp://127.0.0.1:" + std::to_string(query_port_); }
@@ -72,6 +75,7 @@ class TestDeployment {
   int agent_port_;
   int query_port_;
   std::unique_ptr<Process> collector_;
+  SpawnOptions collector_spawn_;
   std::vector<Process> agents_;
   bool insecure_;
   TestKeys keys_;

@@ -310,6 +310,87 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
   EXPECT_NE(row(by_user, "bob"), nullptr);
 }
 
+// A collector killed after a flush and started again on the same database:
+// the new run goes on from what the last flush counted (GPU time across the
+// gap included, the cumulative CPU counter not counted again), and a pid
+// reused by another process (another start time) is counted afresh.
+TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
+  auto hello = [&] {
+    testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
+      auto h = m.initHello();
+      h.setProtocolVersion(wire::PROTOCOL_VERSION);
+      h.setNode("node-0");
+      h.setInstanceId(7);
+      h.setMonotonicNs(0);
+      h.setRealtimeNs(kDay0 * kS);
+    });
+  };
+  uint64_t seq = 0;
+  auto identities = [&](uint64_t start_of_101) {
+    testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(++seq);
+      auto procs = b.initProcesses(2);
+      for (unsigned i = 0; i < 2; ++i) {
+        procs[i].setPid(100 + i);
+        procs[i].setStartTime(i == 0 ? 500 : start_of_101);
+        procs[i].setJob(std::to_string(i + 1));
+        procs[i].setAccount(i == 0 ? "physics" : "chem");
+      }
+    });
+  };
+  auto beat = [&](uint64_t at_s, uint64_t cpu_s) {
+    testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
+      auto hb = m.initHeartbeat();
+      hb.setInstanceId(7);
+      hb.setMonotonicNs(at_s * kS);
+      auto p = hb.initProcesses(2);
+      for (unsigned i = 0; i < 2; ++i) {
+        p[i].setPid(100 + i);
+        p[i].setAlive(true);
+        p[i].setState('R');
+        p[i].setSampleNs(at_s * kS);
+        p[i].setProcessCpuNs(cpu_s * kS);
+      }
+    });
+    clock.now = kDay0 * kS + at_s * kS;
+    ledger->tick(clock.now, FindingBook{});
+  };
+  hello();
+  identities(600);
+  beat(10, 1);
+  beat(40, 16);
+  flush();
+  beat(50, 21);  // counted, never flushed: lost with the collector
+
+  // Killed; a new run on the same database, the agent's Hello and identities again.
+  ingest.reset();
+  ledger.reset();
+  ingest = std::make_unique<Ingest>(*store, clock);
+  ledger = std::make_unique<UsageLedger>(*ingest, *store, UsageOptions{});
+  ingest->add_observer(ledger.get());
+  ASSERT_TRUE(ingest->restore());
+  ASSERT_TRUE(ledger->restore());
+  hello();
+  identities(4500);  // pid 101 is now another process, started at 45 s
+  beat(70, 31);
+  flush();
+
+  Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
+  const ReportLine* physics = row(r, "physics");
+  const ReportLine* chem = row(r, "chem");
+  ASSERT_NE(physics, nullptr);
+  ASSERT_NE(chem, nullptr);
+  // From its start (500 ticks: 5 s) to 70 s, once, through the gap; its CPU counter up to 31 s.
+  EXPECT_NEAR(physics->usage.gpu_s, 65, 1e-6);
+  EXPECT_NEAR(physics->usage.cpu_s, 31, 1e-6);
+  // pid 101 as it was flushed (6 s to 40 s, 16 CPU-s), then the new
+  // process from its start at 45 s (its whole CPU counter is its own).
+  EXPECT_NEAR(chem->usage.gpu_s, 34 + 25, 1e-6);
+  EXPECT_NEAR(chem->usage.cpu_s, 16 + 31, 1e-6);
+}
+
 // Collectives through the real ingest path: a rank that arrives 50 ms late
 // at each of 10 collectives costs the other rank 0.5 GPU-seconds, charged to
 // the waiting rank's account and owed to the late rank's; every call is
