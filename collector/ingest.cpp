@@ -338,6 +338,8 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     info.visible_devices = p.getVisibleDevices();
     info.slurm_step = p.getSlurmStep();
     info.pod_uid = p.getPodUid();
+    info.pod_namespace = p.getPodNamespace();
+    info.pod_name = p.getPodName();
     info.container_id = p.getContainerId();
     info.cgroup_id = p.getCgroupId();
     info.cgroup_path = p.getCgroupPath();

@@ -127,6 +127,7 @@ struct ProcessInfo {
   std::string visible_devices;  // CUDA_VISIBLE_DEVICES
   std::string slurm_step;
   std::string pod_uid;
+  std::string pod_namespace, pod_name;
   std::string container_id;
   std::vector<int32_t> cuda_devices;  // chosen with cudaSetDevice, in order
   uint64_t cgroup_id = 0;

@@ -77,6 +77,8 @@ void fill_comm(const Ingest& ingest, const CommState& comm, query::CommInfo::Bui
       r.setAccount(process->account);
       r.setSlurmStep(process->slurm_step);
       r.setPodUid(process->pod_uid);
+      r.setPodNamespace(process->pod_namespace);
+      r.setPodName(process->pod_name);
       r.setContainerId(process->container_id);
       r.setLauncherRank(process->rank);
       r.setLocalRank(process->local_rank);

@@ -150,6 +150,7 @@ Identity Identity::of(const ProcessInfo& p) {
   id.user = p.user;
   id.account = p.account;
   id.pod_uid = p.pod_uid;
+  id.namespace_ = p.pod_namespace;
   id.container_id = p.container_id;
   id.cgroup_path = p.cgroup_path;
   return id;

@@ -3,6 +3,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
@@ -70,6 +71,10 @@ void apply_environment(const std::map<std::string, std::string>& env, ProcessIde
   if (auto* account = first_of(env, {"SLURM_JOB_ACCOUNT"})) identity.account = *account;
   if (auto* user = first_of(env, {"SLURM_JOB_USER"})) identity.user = *user;
   if (auto* devices = first_of(env, {"CUDA_VISIBLE_DEVICES"})) identity.visible_devices = *devices;
+  // The downward API's usual names (the pod spec maps metadata.namespace
+  // and metadata.name to them).
+  if (auto* ns = first_of(env, {"POD_NAMESPACE", "MY_POD_NAMESPACE"})) identity.pod_namespace = *ns;
+  if (auto* name = first_of(env, {"POD_NAME", "MY_POD_NAME"})) identity.pod_name = *name;
 }
 
 std::optional<uint64_t> read_start_time(const std::string& proc_root, uint32_t pid) {
@@ -156,6 +161,134 @@ CgroupIdentity parse_cgroup_path(const std::string& path) {
   return id;
 }
 
+namespace {
+// A JSON string starting at json[at] == '"': its value, with escapes
+// undone (\uXXXX as UTF-8, surrogate pairs joined); `at` ends past it.
+std::optional<std::string> json_string(std::string_view json, size_t& at) {
+  std::string out;
+  ++at;
+  while (at < json.size()) {
+    char c = json[at++];
+    if (c == '"') return out;
+    if (static_cast<unsigned char>(c) < 0x20) return std::nullopt;
+    if (c != '\\') {
+      out.push_back(c);
+      continue;
+    }
+    if (at >= json.size()) return std::nullopt;
+    char e = json[at++];
+    switch (e) {
+      case '"': case '\\': case '/': out.push_back(e); break;
+      case 'b': out.push_back('\b'); break;
+      case 'f': out.push_back('\f'); break;
+      case 'n': out.push_back('\n'); break;
+      case 'r': out.push_back('\r'); break;
+      case 't': out.push_back('\t'); break;
+      case 'u': {
+        auto hex4 = [&](uint32_t& v) {
+          if (at + 4 > json.size()) return false;
+          v = 0;
+          for (int i = 0; i < 4; ++i) {
+            char h = json[at++];
+            v <<= 4;
+            if (h >= '0' && h <= '9') v |= static_cast<uint32_t>(h - '0');
+            else if (h >= 'a' && h <= 'f') v |= static_cast<uint32_t>(h - 'a' + 10);
+            else if (h >= 'A' && h <= 'F') v |= static_cast<uint32_t>(h - 'A' + 10);
+            else return false;
+          }
+          return true;
+        };
+        uint32_t cp = 0;
+        if (!hex4(cp)) return std::nullopt;
+        if (cp >= 0xD800 && cp < 0xDC00 && at + 1 < json.size() && json[at] == '\\' && json[at + 1] == 'u') {
+          at += 2;
+          uint32_t low = 0;
+          if (!hex4(low) || low < 0xDC00 || low >= 0xE000) return std::nullopt;
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+        }
+        if (cp < 0x80) {
+          out.push_back(static_cast<char>(cp));
+        } else if (cp < 0x800) {
+          out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+          out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+        } else if (cp < 0x10000) {
+          out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+          out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+          out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+        } else {
+          out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+          out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+          out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+          out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+        }
+        break;
+      }
+      default: return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+std::map<std::string, std::string> json_string_values(std::string_view json, const std::vector<std::string>& keys) {
+  // Token by token: a string is a key when a ':' follows it, and its value
+  // counts when the next token is a string too. Strings are read whole, so
+  // a key's text inside another string's value is never taken for it.
+  std::map<std::string, std::string> out;
+  size_t at = 0;
+  auto skip_space = [&] {
+    while (at < json.size() && (json[at] == ' ' || json[at] == '\n' || json[at] == '\r' || json[at] == '\t')) ++at;
+  };
+  while (at < json.size()) {
+    skip_space();
+    if (at >= json.size()) break;
+    if (json[at] != '"') {
+      ++at;  // structure, numbers, literals
+      continue;
+    }
+    auto key = json_string(json, at);
+    if (!key) break;
+    skip_space();
+    if (at >= json.size() || json[at] != ':') continue;
+    ++at;
+    skip_space();
+    if (at >= json.size() || json[at] != '"') continue;
+    auto value = json_string(json, at);
+    if (!value) break;
+    if (std::find(keys.begin(), keys.end(), *key) != keys.end() && !out.count(*key)) out[*key] = std::move(*value);
+  }
+  return out;
+}
+
+PodNames read_pod_names(const std::string& state_root, const std::string& container_id) {
+  PodNames names;
+  // An id is hex: nothing in it can step out of the runtime's folder.
+  if (container_id.empty() || container_id.size() > 128 || !is_hex(container_id)) return names;
+  std::string root = state_root.empty() || state_root.back() != '/' ? state_root + "/" : state_root;
+  struct Place {
+    std::string path;
+    const char* ns_key;
+    const char* name_key;
+  };
+  const Place places[] = {
+      {root + "run/containerd/io.containerd.runtime.v2.task/k8s.io/" + container_id + "/config.json",
+       "io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-name"},
+      {root + "run/containers/storage/overlay-containers/" + container_id + "/userdata/config.json",
+       "io.kubernetes.pod.namespace", "io.kubernetes.pod.name"},
+      {root + "var/lib/docker/containers/" + container_id + "/config.v2.json", "io.kubernetes.pod.namespace",
+       "io.kubernetes.pod.name"},
+  };
+  for (const Place& place : places) {
+    auto text = read_file(place.path);
+    if (!text) continue;
+    auto values = json_string_values(*text, {place.ns_key, place.name_key});
+    if (values.count(place.ns_key)) names.pod_namespace = values[place.ns_key];
+    if (values.count(place.name_key)) names.pod_name = values[place.name_key];
+    if (!names.pod_namespace.empty()) break;
+  }
+  return names;
+}
+
 std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t pid) {
   std::string dir = proc_root + "/" + std::to_string(pid);
   auto stat = read_file(dir + "/stat");
@@ -184,7 +317,8 @@ std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t 
   return sample;
 }
 
-std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid) {
+std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid,
+                                             const std::string& container_state_root) {
   ProcessIdentity identity;
   identity.pid = pid;
   auto start = read_start_time(proc_root, pid);
@@ -226,6 +360,12 @@ std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint3
     identity.pod_uid = from_cgroup.pod_uid;
     identity.container_id = from_cgroup.container_id;
     identity.container_runtime = from_cgroup.container_runtime;
+  }
+  if (!container_state_root.empty() && !identity.container_id.empty() &&
+      (identity.pod_namespace.empty() || identity.pod_name.empty())) {
+    PodNames names = read_pod_names(container_state_root, identity.container_id);
+    if (identity.pod_namespace.empty()) identity.pod_namespace = names.pod_namespace;
+    if (identity.pod_name.empty()) identity.pod_name = names.pod_name;
   }
   if (identity.user.empty()) {
     passwd entry{};

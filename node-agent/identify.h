@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rankscope::agent {
@@ -29,6 +30,8 @@ struct ProcessIdentity {
   std::string slurm_step;      // SLURM_STEP_ID, else the cgroup's step_<n>: "0", "batch", "extern"...
   int64_t slurm_uid = -1;
   std::string pod_uid;         // Kubernetes
+  std::string pod_namespace;   // POD_NAMESPACE, else the container runtime's annotations
+  std::string pod_name;        // POD_NAME, else the container runtime's annotations
   std::string container_id;    // Kubernetes or Docker
   std::string container_runtime;  // containerd, crio, docker
 };
@@ -49,8 +52,26 @@ std::map<std::string, std::string> parse_environ(const std::string& raw);
 // Fills the environment-derived fields of `identity` (first match wins, in
 // the order RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK; likewise for the rest).
 void apply_environment(const std::map<std::string, std::string>& env, ProcessIdentity& identity);
-// Reads everything about pid under proc_root; nullopt if the process is gone.
-std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid);
+// A Kubernetes pod's namespace and name as its container runtime recorded
+// them for `container_id`, under `state_root` ("/" on the host):
+//   containerd  run/containerd/io.containerd.runtime.v2.task/k8s.io/ID/config.json
+//               (OCI annotations io.kubernetes.cri.sandbox-namespace, -name)
+//   CRI-O       run/containers/storage/overlay-containers/ID/userdata/config.json
+//               (OCI annotations io.kubernetes.pod.namespace, .name)
+//   Docker      var/lib/docker/containers/ID/config.v2.json (labels, as CRI-O's)
+// Empty fields where none of them has it.
+struct PodNames {
+  std::string pod_namespace, pod_name;
+};
+PodNames read_pod_names(const std::string& state_root, const std::string& container_id);
+// The string values of `keys` in a JSON document, wherever they are (a key
+// whose value is not a string is left out); what follows a syntax error is
+// not read.
+std::map<std::string, std::string> json_string_values(std::string_view json, const std::vector<std::string>& keys);
+// Reads everything about pid under proc_root (and the pod's names under
+// container_state_root; "" skips them); nullopt if the process is gone.
+std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid,
+                                             const std::string& container_state_root = "");
 // /proc/PID/stat start time, or nullopt if the process is gone.
 std::optional<uint64_t> read_start_time(const std::string& proc_root, uint32_t pid);
 struct ProcessSample {

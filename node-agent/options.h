@@ -21,6 +21,10 @@ struct Options {
   bool host_context = true;                         // sched_switch/wakeup and TCP retransmit probes
   bool setenv_probe = true;                         // libc setenv: CUDA_VISIBLE_DEVICES changed at run time
   std::string proc_root = "/proc";
+  // Where the container runtimes keep their state (containerd, CRI-O,
+  // Docker): a pod's namespace and name are read from its containers'
+  // annotations under this root ("/" on the host; a DaemonSet mounts it).
+  std::string container_state_root = "/";
   uint32_t batch_interval_ms = 100;                 // a record waits at most this long before it is sent
   uint32_t scan_interval_ms = 500;                  // how often /proc is scanned for new NCCL processes
   uint32_t heartbeat_interval_ms = 1000;

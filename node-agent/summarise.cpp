@@ -31,14 +31,18 @@ uint64_t mix_hash(std::initializer_list<uint64_t> parts) {
 }
 }  // namespace
 
-Summariser::Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns)
-    : proc_root_(std::move(proc_root)), node_(std::move(node)), clock_offset_ns_(clock_offset_ns) {}
+Summariser::Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns,
+                       std::string container_state_root)
+    : proc_root_(std::move(proc_root)),
+      container_state_root_(std::move(container_state_root)),
+      node_(std::move(node)),
+      clock_offset_ns_(clock_offset_ns) {}
 
 Summariser::ProcessEntry& Summariser::process(uint32_t pid) {
   auto it = processes_.find(pid);
   if (it != processes_.end()) return it->second;
   ProcessEntry entry;
-  if (auto identity = read_identity(proc_root_, pid)) {
+  if (auto identity = read_identity(proc_root_, pid, container_state_root_)) {
     entry.identity = std::move(*identity);
   } else {
     entry.identity.pid = pid;  // it exited already: keep what the events say
@@ -279,6 +283,8 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
     p.setCgroupPath(id.cgroup_path);
     p.setSlurmStep(id.slurm_step);
     p.setPodUid(id.pod_uid);
+    p.setPodNamespace(id.pod_namespace);
+    p.setPodName(id.pod_name);
     p.setContainerId(id.container_id);
     p.setCgroupId(id.cgroup_id);
     if (!id.cuda_devices.empty()) {

@@ -42,7 +42,9 @@ class Summariser {
  public:
   // clock_offset_ns is added to every event time (tests use it to play a
   // node whose clock is off).
-  Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns);
+  // container_state_root: where the pods' names are read ("": not read).
+  Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns,
+             std::string container_state_root = "");
 
   void on_event(const Event& event);
   void on_malformed() { ++malformed_; }
@@ -94,6 +96,7 @@ class Summariser {
   uint64_t shift(uint64_t ns) const { return ns + static_cast<uint64_t>(clock_offset_ns_); }
 
   std::string proc_root_;
+  std::string container_state_root_;
   std::string node_;
   int64_t clock_offset_ns_;
   std::map<uint32_t, ProcessEntry> processes_;

@@ -111,6 +111,8 @@ struct Process {
   podUid @14 :Text;         # Kubernetes pod, from the cgroup path
   containerId @15 :Text;    # containerd, CRI-O or Docker container, from the cgroup path
   cudaDevices @16 :List(Int32);  # device ordinals selected with cudaSetDevice (within visibleDevices), in order first used
+  podNamespace @17 :Text;   # Kubernetes: POD_NAMESPACE, else the container runtime's annotations
+  podName @18 :Text;        # Kubernetes: POD_NAME, else the container runtime's annotations
 }
 
 enum CommOrigin {

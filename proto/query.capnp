@@ -183,6 +183,8 @@ struct RankInfo {
   launcherRank @12 :Int32 = -1;
   localRank @13 :Int32 = -1;
   worldSize @14 :Int32 = -1;
+  podNamespace @15 :Text;   # Kubernetes, where the agent could read it ("" otherwise)
+  podName @16 :Text;
 }
 
 struct TimelineReply {

@@ -150,5 +150,75 @@ TEST(Identify, SlurmStepFromTheEnvironmentWinsOverTheCgroups) {
   EXPECT_EQ(id->slurm_uid, 0);
 }
 
+// A pod's namespace and name: from the downward API's variables when the
+// pod spec sets them, else from what the container runtime recorded for the
+// container the cgroup path names (containerd, CRI-O, Docker, each in its
+// own place and spelling).
+TEST(PodNames, FromTheEnvironmentFirstThenEachRuntimesAnnotations) {
+  ProcessIdentity from_env;
+  apply_environment(parse_environ(environ_of({"POD_NAMESPACE=team-a", "POD_NAME=trainer-0"})), from_env);
+  EXPECT_EQ(from_env.pod_namespace, "team-a");
+  EXPECT_EQ(from_env.pod_name, "trainer-0");
+
+  testing::TempDir state;
+  std::string containerd(64, 'a'), crio(64, 'b'), docker(64, 'c'), absent(64, 'd');
+  write(state.file("run/containerd/io.containerd.runtime.v2.task/k8s.io/" + containerd + "/config.json"),
+        R"({"ociVersion":"1.1.0","process":{"env":["X=\"io.kubernetes.cri.sandbox-namespace\": \"fake\""]},)"
+        R"("annotations":{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"f00",)"
+        R"("io.kubernetes.cri.sandbox-name":"trainer-\u00e9-0","io.kubernetes.cri.sandbox-namespace" : "ml-prod"}})");
+  write(state.file("run/containers/storage/overlay-containers/" + crio + "/userdata/config.json"),
+        R"({"annotations":{"io.kubernetes.pod.name":"crio-pod","io.kubernetes.pod.namespace":"ml-dev"}})");
+  write(state.file("var/lib/docker/containers/" + docker + "/config.v2.json"),
+        R"({"Config":{"Labels":{"io.kubernetes.pod.namespace":"legacy","io.kubernetes.pod.name":"old-pod"}}})");
+
+  PodNames a = read_pod_names(state.path(), containerd);
+  EXPECT_EQ(a.pod_namespace, "ml-prod");  // not the key's text inside the env string
+  EXPECT_EQ(a.pod_name, "trainer-\xc3\xa9-0");
+  PodNames b = read_pod_names(state.path(), crio);
+  EXPECT_EQ(b.pod_namespace, "ml-dev");
+  EXPECT_EQ(b.pod_name, "crio-pod");
+  PodNames c = read_pod_names(state.path(), docker);
+  EXPECT_EQ(c.pod_namespace, "legacy");
+  EXPECT_EQ(c.pod_name, "old-pod");
+  PodNames none = read_pod_names(state.path(), absent);
+  EXPECT_EQ(none.pod_namespace, "");
+  // An id that is not hex never becomes a path.
+  write(state.file("run/containerd/io.containerd.runtime.v2.task/k8s.io/../config.json"),
+        R"({"annotations":{"io.kubernetes.cri.sandbox-namespace":"escaped"}})");
+  EXPECT_EQ(read_pod_names(state.path(), "..").pod_namespace, "");
+
+  // Through read_identity: the cgroup names the container; the environment wins.
+  testing::TempDir root;
+  write(root.file("5/stat"), "5 (train) S 1 5 5 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 9 0 333 1 2 3\n");
+  write(root.file("5/cgroup"),
+        "0::/kubepods.slice/kubepods-pod0123abcd_4567_89ab_cdef_0123456789ab.slice/cri-containerd-" + containerd +
+            ".scope\n");
+  write(root.file("5/environ"), environ_of({"POD_NAME=from-env"}));
+  auto id = read_identity(root.path(), 5, state.path());
+  ASSERT_TRUE(id);
+  EXPECT_EQ(id->pod_namespace, "ml-prod");
+  EXPECT_EQ(id->pod_name, "from-env");
+  auto without = read_identity(root.path(), 5);
+  ASSERT_TRUE(without);
+  EXPECT_EQ(without->pod_namespace, "");
+}
+
+TEST(PodNames, JsonStringValuesTakesOnlyStringsAndStopsAtBrokenText) {
+  auto values = json_string_values(R"({"a":1,"b":"two","c":{"d":"x\"y\\z\n\ud83d\ude00"},"e":["f","g"],"h":null})",
+                                   {"a", "b", "d", "e", "f", "h"});
+  EXPECT_EQ(values.count("a"), 0u);  // a number
+  EXPECT_EQ(values["b"], "two");
+  EXPECT_EQ(values["d"], "x\"y\\z\n\xf0\x9f\x98\x80");
+  EXPECT_EQ(values.count("e"), 0u);  // an array
+  EXPECT_EQ(values.count("f"), 0u);  // an array element, not a key
+  EXPECT_EQ(values.count("h"), 0u);
+  // The first value wins; an unterminated string ends the reading.
+  auto broken = json_string_values(R"({"k":"first","k":"second","m":"cut)", {"k", "m"});
+  EXPECT_EQ(broken["k"], "first");
+  EXPECT_EQ(broken.count("m"), 0u);
+  EXPECT_TRUE(json_string_values("", {"k"}).empty());
+  EXPECT_TRUE(json_string_values(R"("k":"\q")", {"k"}).empty());
+}
+
 }  // namespace
 }  // namespace rankscope::agent

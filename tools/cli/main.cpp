@@ -169,13 +169,14 @@ void print_jobs(query::JobsReply::Reader r, bool json) {
         bool first_rank = true;
         for (auto rk : c.getRanks()) {
           std::printf("%s{\"rank\":%d,\"node\":%s,\"pid\":%u,\"records\":%llu,\"last_seq\":%lld,\"last_issue_ns\":%llu,"
-                      "\"gpu\":%s,\"user\":%s,\"account\":%s,\"slurm_step\":%s,\"pod_uid\":%s,\"container_id\":%s,"
-                      "\"launcher_rank\":%d,\"local_rank\":%d,\"world_size\":%d}",
+                      "\"gpu\":%s,\"user\":%s,\"account\":%s,\"slurm_step\":%s,\"pod_uid\":%s,\"pod_namespace\":%s,"
+                      "\"pod_name\":%s,\"container_id\":%s,\"launcher_rank\":%d,\"local_rank\":%d,\"world_size\":%d}",
                       first_rank ? "" : ",", rk.getRank(), json_quote(rk.getNode()).c_str(), rk.getPid(),
                       (unsigned long long)rk.getRecords(), (long long)rk.getLastSeq(),
                       (unsigned long long)rk.getLastIssueNs(), json_quote(rk.getGpu()).c_str(),
                       json_quote(rk.getUser()).c_str(), json_quote(rk.getAccount()).c_str(),
                       json_quote(rk.getSlurmStep()).c_str(), json_quote(rk.getPodUid()).c_str(),
+                      json_quote(rk.getPodNamespace()).c_str(), json_quote(rk.getPodName()).c_str(),
                       json_quote(rk.getContainerId()).c_str(), rk.getLauncherRank(), rk.getLocalRank(),
                       rk.getWorldSize());
           first_rank = false;
