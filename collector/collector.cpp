@@ -239,6 +239,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   auto retention = Retention::start(**store, clock, options);
   RateLimiter agent_limit(options.max_messages_per_s, options.max_bytes_per_s);
   RateLimiter query_limit(options.max_messages_per_s, options.max_bytes_per_s);
+  uint64_t query_throttled = 0;  // query requests dropped over the limit (the metrics count them)
   BadMessageLog query_throttle_log;
 
   QueryContext query_context{ingest, **store, findings, clock, options.liveness_ns()};
@@ -278,6 +279,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
         for (const auto& [account, totals] : ledger.totals(TenantKey::account))
           metrics->set_tenant_usage(account, totals.gpu_s, totals.waste_s, totals.caused_s);
         if (alertmanager) metrics->set_alert_posts(alertmanager->posts_ok(), alertmanager->posts_failed());
+        metrics->set_security_totals(zap ? zap->admitted() : 0, zap ? zap->refused() : 0,
+                                     ingest.counters().throttled_messages, query_throttled);
       }
       last_evaluation = now;
     }
@@ -298,6 +301,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
 
     while (auto request = receive(queries)) {
       if (!query_limit.admit(request->routing_id, request->payload.size(), clock.monotonic_ns())) {
+        ++query_throttled;
         query_throttle_log.report(request->user_id.empty() ? "a query client" : request->user_id,
                                   "query over the rate limit, dropped", clock.realtime_ns());
         continue;

@@ -41,6 +41,8 @@ enum class MetricId {
   ingest_bad_messages,
   ingest_bytes,
   alertmanager_posts,
+  handshakes,
+  throttled_messages,
   metrics_series_dropped,
   tenant_gpu,
   tenant_waste,
@@ -133,6 +135,16 @@ const MetricInfo kCatalogue[] = {
      "",
      {"result"},
      "Posts of alerts to Alertmanager, by result (ok, failed)."},
+    {"rankscope_handshakes_total",
+     Type::counter,
+     "",
+     {"result"},
+     "CurveZMQ handshakes on the agent and query sockets, by the allow-list's answer (admitted, refused)."},
+    {"rankscope_throttled_messages_total",
+     Type::counter,
+     "",
+     {"socket"},
+     "Messages dropped over the per-connection rate limit, by socket (agent, query)."},
     {"rankscope_metrics_series_dropped_total",
      Type::counter,
      "",
@@ -291,6 +303,12 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   auto& posts = counters(r, MetricId::alertmanager_posts);
   alert_posts_ok_.counter = &posts.Add({{"result", "ok"}});
   alert_posts_failed_.counter = &posts.Add({{"result", "failed"}});
+  auto& handshakes = counters(r, MetricId::handshakes);
+  handshakes_admitted_.counter = &handshakes.Add({{"result", "admitted"}});
+  handshakes_refused_.counter = &handshakes.Add({{"result", "refused"}});
+  auto& throttled = counters(r, MetricId::throttled_messages);
+  throttled_agent_.counter = &throttled.Add({{"socket", "agent"}});
+  throttled_query_.counter = &throttled.Add({{"socket", "query"}});
   series_dropped_ = &counter(r, MetricId::metrics_series_dropped);
   tenant_gpu_ = &counters(r, MetricId::tenant_gpu);
   tenant_waste_ = &counters(r, MetricId::tenant_waste);
@@ -432,6 +450,14 @@ void Metrics::set_ingest_totals(uint64_t batches, uint64_t records, uint64_t dup
   advance(ingest_duplicate_batches_, duplicate_batches);
   advance(ingest_bad_messages_, bad_messages);
   advance(ingest_bytes_, batch_bytes);
+}
+
+void Metrics::set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled,
+                                  uint64_t query_throttled) {
+  advance(handshakes_admitted_, admitted);
+  advance(handshakes_refused_, refused);
+  advance(throttled_agent_, agent_throttled);
+  advance(throttled_query_, query_throttled);
 }
 
 void Metrics::set_alert_posts(uint64_t ok, uint64_t failed) {

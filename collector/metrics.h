@@ -92,6 +92,9 @@ class Metrics {
   void set_ingest_totals(uint64_t batches, uint64_t records, uint64_t duplicate_batches, uint64_t bad_messages,
                          uint64_t batch_bytes);
   void set_alert_posts(uint64_t ok, uint64_t failed);
+  // CurveZMQ handshakes the allow-list admitted and refused, and messages
+  // dropped over the rate limit on each socket.
+  void set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled, uint64_t query_throttled);
 
   // Running totals of one Slurm account since the collector started (the
   // usage ledger's); only their growth is added. The first kTenantSeries
@@ -163,6 +166,7 @@ class Metrics {
   prometheus::Histogram* issue_lateness_;
   CounterTotal ingest_batches_, ingest_records_, ingest_duplicate_batches_, ingest_bad_messages_, ingest_bytes_;
   CounterTotal alert_posts_ok_, alert_posts_failed_;
+  CounterTotal handshakes_admitted_, handshakes_refused_, throttled_agent_, throttled_query_;
   prometheus::Counter* series_dropped_;
 
   std::unordered_map<std::string, NodeSeries> nodes_;

@@ -8,8 +8,10 @@
 
 #include <filesystem>
 #include <optional>
+#include <sstream>
 #include <zmq.hpp>
 
+#include "collector/alert/http.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
 #include "tests/support/harness.h"
@@ -119,6 +121,17 @@ curve::ClientKeys agent_keys(TestKeys& keys, const std::string& node, bool admit
 
 constexpr auto kRefusedWindow = std::chrono::seconds(3);
 
+// The value of one series (`name{labels}`) in the collector's /metrics, or -1.
+double scraped(int metrics_port, const std::string& series) {
+  auto response = collector::http_request("GET", "http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics");
+  if (!response) return -1;
+  std::istringstream lines(response->body);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  return -1;
+}
+
 TEST(Auth, AdmittedAgentIsAcceptedUnderItsOwnName) {
   TempDir dir;
   TestKeys keys(dir);
@@ -134,7 +147,8 @@ TEST(Auth, AdmittedAgentIsAcceptedUnderItsOwnName) {
 TEST(Auth, AgentWithUnknownKeyIsRefused) {
   TempDir dir;
   TestKeys keys(dir);
-  Collector collector(dir, &keys);
+  int metrics_port = free_port();
+  Collector collector(dir, &keys, {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
   ASSERT_TRUE(collector.up) << slurp(collector.log);
   RawAgent stranger(collector.agent_port, agent_keys(keys, "node-9", false));
   EXPECT_FALSE(stranger.hello("node-9", kRefusedWindow)) << "an unknown key gets no answer at all";
@@ -145,6 +159,11 @@ TEST(Auth, AgentWithUnknownKeyIsRefused) {
   EXPECT_TRUE(wait_for([&] { return slurp(collector.log).find("not in the allow-list") != std::string::npos; },
                        std::chrono::seconds(5)))
       << slurp(collector.log);
+  // Counted for the operator: the refusal, and the admitted query client.
+  EXPECT_TRUE(wait_for([&] { return scraped(metrics_port, "rankscope_handshakes_total{result=\"refused\"}") >= 1; },
+                       std::chrono::seconds(10)))
+      << slurp(collector.log);
+  EXPECT_GE(scraped(metrics_port, "rankscope_handshakes_total{result=\"admitted\"}"), 1);
 }
 
 TEST(Auth, AgentSpeakingForAnotherNodeIsRefused) {
@@ -311,7 +330,8 @@ TEST(RateLimit, FloodingPeerIsThrottledAndTheOtherIsServed) {
   TempDir dir;
   TestKeys keys(dir);
   auto flood_keys = agent_keys(keys, "flood", true), calm_keys = agent_keys(keys, "calm", true);
-  Collector collector(dir, &keys, {"--max-messages-per-s", "200"});
+  int metrics_port = free_port();
+  Collector collector(dir, &keys, {"--max-messages-per-s", "200", "--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
   ASSERT_TRUE(collector.up) << slurp(collector.log);
   RawAgent flood(collector.agent_port, flood_keys);
   RawAgent calm(collector.agent_port, calm_keys);
@@ -355,6 +375,16 @@ TEST(RateLimit, FloodingPeerIsThrottledAndTheOtherIsServed) {
   for (size_t at = log.find("over the rate limit"); at != std::string::npos; at = log.find("over the rate limit", at + 1))
     ++lines;
   EXPECT_LE(lines, 3u);
+  // And in the metrics, as the status counts them.
+  EXPECT_TRUE(wait_for(
+      [&] {
+        status = Collector::status(client);
+        return status && scraped(metrics_port, "rankscope_throttled_messages_total{socket=\"agent\"}") ==
+                             static_cast<double>(status->throttled);
+      },
+      std::chrono::seconds(10)))
+      << scraped(metrics_port, "rankscope_throttled_messages_total{socket=\"agent\"}");
+  EXPECT_EQ(scraped(metrics_port, "rankscope_throttled_messages_total{socket=\"query\"}"), 0);
 }
 
 }  // namespace
