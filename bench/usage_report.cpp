@@ -1,7 +1,12 @@
 // rankscope-bench-report: how long a 30-day usage report over a 1,000-node
 // fleet takes, from a usage ledger in a real RocksDB (the collector's store),
-// filled directly with the rows the ledger keeps: day and hour rollups for
-// every node and identity, and minute rows for the report's ragged edges.
+// filled with the rows the ledger keeps: day and hour rollups for every node
+// and identity, and minute rows for the report's ragged edges.
+// With --template, the rows are those a real collector wrote while
+// rankscope-sim's fleet ran against it (scripts/bench-report.sh does that
+// first): each node's identities and per-minute figures, and the waste
+// edges, repeated over the 30 days with one job turnover a day. Without it,
+// a synthetic fleet of --nodes nodes with --jobs-per-node jobs.
 // The baseline is the same report read without the day rollups (every hour
 // row), measured in the same run. docs/benchmarks.md, scripts/bench-report.sh.
 #include <boost/program_options.hpp>
@@ -13,6 +18,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <optional>
+#include <set>
 
 #include "collector/report.h"
 #include "collector/store/timeline_store.h"
@@ -24,6 +32,89 @@ using namespace rankscope::collector;
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A collector's ledger made by rankscope-sim: per (node, identity) and per
+// waste edge, the figures of an average full minute.
+struct Template {
+  std::vector<UsageRow> rows;
+  std::vector<WasteRow> edges;
+  size_t nodes = 0;
+  uint64_t full_minutes = 0;
+};
+
+std::optional<Template> read_template(const std::string& path) {
+  auto store = TimelineStore::open(path);
+  if (!store) {
+    std::cerr << "--template " << path << ": " << store.error().message << "\n";
+    return std::nullopt;
+  }
+  std::set<uint64_t> buckets;
+  std::vector<LedgerEntry> entries;
+  auto scanned = (*store)->scan_usage("m", "n", [&](std::string_view key, std::string_view value) {
+    auto entry = decode_ledger_entry(key, value);
+    if (entry) {
+      buckets.insert(entry->bucket_s);
+      entries.push_back(std::move(*entry));
+    }
+    return true;
+  });
+  if (!scanned) {
+    std::cerr << "--template " << path << ": " << scanned.error().message << "\n";
+    return std::nullopt;
+  }
+  // The first and last minutes are partial (the run started and stopped in them).
+  if (buckets.size() < 3) {
+    std::cerr << "--template " << path << " holds " << buckets.size()
+              << " minute(s) of usage: run rankscope-sim against its collector for 3 minutes or more\n";
+    return std::nullopt;
+  }
+  uint64_t first = *buckets.begin(), last = *buckets.rbegin();
+  Template out;
+  out.full_minutes = buckets.size() - 2;
+  std::map<std::pair<std::string, Identity>, UsageRow> rows;
+  std::map<std::string, WasteRow> edges;
+  std::set<std::string> nodes;
+  for (const auto& e : entries) {
+    if (e.bucket_s == first || e.bucket_s == last) continue;
+    if (!e.waste) {
+      UsageRow& row = rows[{e.usage.node, e.usage.identity}];
+      row.node = e.usage.node;
+      row.identity = e.usage.identity;
+      row.usage.add(e.usage.usage);
+      nodes.insert(e.usage.node);
+    } else {
+      std::string key = waste_key(Level::minute, 0, e.edge);
+      auto [it, created] = edges.try_emplace(key, e.edge);
+      if (!created) it->second.gpu_s += e.edge.gpu_s;
+    }
+  }
+  double per_minute = 1.0 / static_cast<double>(out.full_minutes);
+  for (auto& [key, row] : rows) {
+    Usage avg;
+    avg.add(row.usage);
+    for (double* v : {&avg.gpu_s, &avg.cpu_s, &avg.off_cpu_s, &avg.collective_s, &avg.wait_s, &avg.bytes, &avg.collectives})
+      *v *= per_minute;
+    row.usage = avg;
+    out.rows.push_back(row);
+  }
+  for (auto& [key, edge] : edges) {
+    edge.gpu_s *= per_minute;
+    out.edges.push_back(edge);
+  }
+  out.nodes = nodes.size();
+  return out;
+}
+
+// A template identity on day `day`: the same tenant, its job renamed (jobs turn over daily).
+Identity on_day(Identity id, uint32_t day) {
+  if (!id.job.empty()) id.job += "-d" + std::to_string(day);
+  return id;
+}
+
+Usage times(Usage u, double factor) {
+  for (double* v : {&u.gpu_s, &u.cpu_s, &u.off_cpu_s, &u.collective_s, &u.wait_s, &u.bytes, &u.collectives}) *v *= factor;
+  return u;
 }
 
 // The identities on one node on one day: `slots` jobs, each spread over 8 nodes.
@@ -40,13 +131,14 @@ Identity identity_of(uint64_t day, uint32_t node, uint32_t slot) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string db;
+  std::string db, template_db;
   uint32_t nodes = 1000, days = 30, slots = 2, runs = 3;
   po::options_description desc("rankscope-bench-report: time a 30-day usage report over a simulated fleet's ledger");
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
     ("db", po::value(&db), "RocksDB folder to fill (default: a new folder under /tmp, removed at the end)")
+    ("template", po::value(&template_db), "a collector's database that rankscope-sim's fleet filled: its nodes, identities and per-minute figures fill the 30 days (--nodes and --jobs-per-node are then ignored)")
     ("nodes", po::value(&nodes)->default_value(nodes), "nodes in the fleet")
     ("days", po::value(&days)->default_value(days), "days of usage")
     ("jobs-per-node", po::value(&slots)->default_value(slots), "identities (jobs) per node and day")
@@ -63,6 +155,15 @@ int main(int argc, char** argv) {
   if (vm.count("help")) {
     std::cout << desc;
     return 0;
+  }
+  std::optional<Template> from_sim;
+  if (!template_db.empty()) {
+    from_sim = read_template(template_db);
+    if (!from_sim) return 1;
+    std::printf("template %s: %zu nodes, %zu (node, identity) rows and %zu waste edges per minute, averaged over %llu "
+                "full minutes of rankscope-sim through the collector\n",
+                template_db.c_str(), from_sim->nodes, from_sim->rows.size(), from_sim->edges.size(),
+                (unsigned long long)from_sim->full_minutes);
   }
   bool temporary = db.empty();
   if (temporary) db = "/tmp/rankscope-bench-report-" + std::to_string(getpid());
@@ -89,7 +190,43 @@ int main(int argc, char** argv) {
     }
     return true;
   };
-  for (uint32_t day = 0; day < days; ++day) {
+  double gpu_s_per_minute = 0;  // the fleet's, for the expected total
+  if (from_sim) {
+    for (const auto& row : from_sim->rows) gpu_s_per_minute += row.usage.gpu_s;
+    for (uint32_t day = 0; day < days; ++day) {
+      uint64_t day_s = t0 + uint64_t{day} * 86400;
+      for (const auto& tmpl : from_sim->rows) {
+        UsageRow row{tmpl.node, on_day(tmpl.identity, day), times(tmpl.usage, 1440)};
+        if (!put(usage_key(Level::day, day_s, row.node, row.identity), encode_usage_row(row))) return 1;
+        row.usage = times(tmpl.usage, 60);
+        for (int h = 0; h < 24; ++h)
+          if (!put(usage_key(Level::hour, day_s + h * 3600, row.node, row.identity), encode_usage_row(row))) return 1;
+        row.usage = tmpl.usage;
+        for (uint64_t hour_s : {t0, end - 3600}) {
+          if (hour_s < day_s || hour_s >= day_s + 86400) continue;
+          for (int m = 0; m < 60; ++m)
+            if (!put(usage_key(Level::minute, hour_s + m * 60, row.node, row.identity), encode_usage_row(row))) return 1;
+        }
+      }
+      for (const auto& tmpl : from_sim->edges) {
+        WasteRow w = tmpl;
+        w.identity = on_day(w.identity, day);
+        w.cause = on_day(w.cause, day);
+        w.gpu_s = tmpl.gpu_s * 1440;
+        if (!put(waste_key(Level::day, day_s, w), encode_waste_row(w))) return 1;
+        w.gpu_s = tmpl.gpu_s * 60;
+        for (int h = 0; h < 24; ++h)
+          if (!put(waste_key(Level::hour, day_s + h * 3600, w), encode_waste_row(w))) return 1;
+        w.gpu_s = tmpl.gpu_s;
+        for (uint64_t hour_s : {t0, end - 3600}) {
+          if (hour_s < day_s || hour_s >= day_s + 86400) continue;
+          for (int m = 0; m < 60; ++m)
+            if (!put(waste_key(Level::minute, hour_s + m * 60, w), encode_waste_row(w))) return 1;
+        }
+      }
+    }
+  }
+  for (uint32_t day = 0; day < days && !from_sim; ++day) {
     for (uint32_t node = 0; node < nodes; ++node) {
       std::string name = "gpu-" + std::to_string(node);
       for (uint32_t slot = 0; slot < slots; ++slot) {
@@ -143,8 +280,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   double fill_s = seconds_since(fill_start);
-  std::printf("filled %llu ledger rows (%u nodes x %u days x %u jobs) in %.1f s into %s\n", (unsigned long long)rows,
-              nodes, days, slots, fill_s, db.c_str());
+  if (from_sim)
+    std::printf("filled %llu ledger rows (%zu nodes x %u days, from the template) in %.1f s into %s\n",
+                (unsigned long long)rows, from_sim->nodes, days, fill_s, db.c_str());
+  else
+    std::printf("filled %llu ledger rows (%u nodes x %u days x %u jobs) in %.1f s into %s\n", (unsigned long long)rows,
+                nodes, days, slots, fill_s, db.c_str());
 
   uint64_t since = t0 + 30 * 60, until = end - 20 * 60;
   struct Case {
@@ -152,7 +293,8 @@ int main(int argc, char** argv) {
     TenantKey by;
     Level coarsest;
   };
-  double expected_gpu_h = (static_cast<double>(until - since) / 3600) * 4 * nodes * slots;
+  double expected_gpu_h = from_sim ? static_cast<double>(until - since) / 60 * gpu_s_per_minute / 3600
+                                  : (static_cast<double>(until - since) / 3600) * 4 * nodes * slots;
   std::printf("| report | by | ledger rows read | tenants | GPU-hours | best of %u (s) |\n| --- | --- | --- | --- | --- | --- |\n",
               runs);
   double best_rollup = 0, best_baseline = 0;

@@ -187,9 +187,11 @@ std::string SimAgent::build_batch(int64_t rel_ns) {
       p.setRank(r);
       p.setLocalRank(rd.local);
       p.setWorldSize(static_cast<int32_t>(job.ranks.size()));
-      p.setUid(1000);
-      p.setUser("sim");
-      p.setAccount(fleet_.config().prefix);
+      // Tenants as a shared cluster has them: each job one of ten accounts
+      // and of 25 users (what reports --by account / user group).
+      p.setUid(1000 + static_cast<uint32_t>(node_.job % 25));
+      p.setUser("user-" + std::to_string(node_.job % 25));
+      p.setAccount(fleet_.config().prefix + "-account-" + std::to_string(node_.job % 10));
       p.setVisibleDevices(std::to_string(rd.local));
       for (int c : {rd.tp, rd.dp, rd.pp, job.world})
         if (c >= 0) {
