@@ -228,7 +228,9 @@ TEST(StripDetail, KeepsTheSummariesAndCountsTheRecords) {
 }
 
 // A stand-in collector: a ROUTER that accepts hellos and acks every batch,
-// noting (instance, seq) in arrival order.
+// noting (instance, seq) in arrival order (and, given a clock, when). With
+// `ack` off it acks nothing (a collector too slow to); `ask_hello` answers
+// the next batch with needHello (as a restarted collector would).
 class FakeCollector {
  public:
   FakeCollector(zmq::context_t& context, const std::string& endpoint) : socket_(context, zmq::socket_type::router) {
@@ -250,10 +252,18 @@ class FakeCollector {
         } else if (m.which() == wire::AgentMessage::BATCH) {
           auto b = m.getBatch();
           received.emplace_back(b.getInstanceId(), b.getSeq());
-          auto ack = reply.initRoot<wire::CollectorMessage>().initAck();
-          ack.setInstanceId(b.getInstanceId());
-          ack.setSeq(b.getSeq());
-          answer = true;
+          if (clock) times.push_back(clock->monotonic_ns());
+          if (ask_hello) {
+            auto error = reply.initRoot<wire::CollectorMessage>().initError();
+            error.setCode(wire::ErrorCode::NEED_HELLO);
+            ask_hello = false;
+            answer = true;
+          } else if (ack) {
+            auto ack = reply.initRoot<wire::CollectorMessage>().initAck();
+            ack.setInstanceId(b.getInstanceId());
+            ack.setSeq(b.getSeq());
+            answer = true;
+          }
         }
       }));
       if (!answer) continue;
@@ -261,7 +271,16 @@ class FakeCollector {
       socket_.send(zmq::buffer(proto::to_packed(reply)), zmq::send_flags::none);
     }
   }
+  // Waits up to `ms` for a message, then serves what came.
+  void serve_within(int ms) {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(ms));
+    serve();
+  }
   std::vector<std::pair<uint64_t, uint64_t>> received;
+  std::vector<uint64_t> times;  // of each batch received, on `clock`
+  const Clock* clock = nullptr;
+  bool ack = true, ask_hello = false;
 
  private:
   zmq::socket_t socket_;
@@ -299,6 +318,66 @@ TEST_F(SpoolTest, ARestartedAgentReplaysTheEarlierInstancesBatchesFirstUnderThei
   EXPECT_EQ(std::vector(collector.received.begin(), collector.received.begin() + 7), expected)
       << "in order: the earlier instance first, each batch with its own instance id and seq";
   EXPECT_EQ(second.discarded_batches(), 0u);
+}
+
+// A clock the test moves.
+class StepClock final : public Clock {
+ public:
+  uint64_t monotonic_ns() const override { return now; }
+  uint64_t realtime_ns() const override { return now; }
+  uint64_t now = 1'000'000'000ull;
+};
+
+// A collector that takes batches but never acknowledges them (too slow):
+// the agent sends the same batch again after 2 s, then waits twice as long
+// each time (4, 8, 16, 32 s), at most 60 s; a collector that asks for a new
+// hello (restarted) gets it at once, and the waiting starts again at 2 s.
+TEST_F(SpoolTest, TheWaitForAnAckDoublesWithEachReSendAndANewConnectionStartsAfresh) {
+  zmq::context_t context(1);
+  Options options;  // --ack-timeout-ms 2000
+  options.collector = "ipc://" + tmp.file("slow.sock");
+  StepClock clock;
+  FakeCollector collector(context, options.collector);
+  collector.clock = &clock;
+  collector.ack = false;
+  Transport transport(context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t) {}, open());
+  ASSERT_TRUE(testing::wait_for(
+      [&] {
+        collector.serve_within(5);
+        transport.service();
+        return transport.accepted();
+      },
+      std::chrono::seconds(10)));
+  uint64_t t0 = clock.now;
+  transport.submit(1, batch(7, 1));
+  constexpr uint64_t kStep = 100'000'000ull;  // 0.1 s of the agent's time per turn
+  auto run_until = [&](double seconds) {
+    while (clock.now < t0 + static_cast<uint64_t>(seconds * 1e9)) {
+      collector.serve_within(1);
+      transport.service();
+      clock.now += kStep;
+    }
+  };
+  run_until(200);
+  collector.ask_hello = true;  // the next re-send (at 242 s) is answered "hello first"
+  run_until(250);
+  std::vector<double> at;
+  for (uint64_t t : collector.times) at.push_back(static_cast<double>(t - t0) / 1e9);
+  std::string seen;
+  for (double a : at) seen += std::to_string(a) + " ";
+  // Sent at 0, then re-sent at 2, 6, 14, 30, 62, then a minute apart: 122, 182, 242.
+  std::vector<double> expected = {0, 2, 6, 14, 30, 62, 122, 182, 242};
+  ASSERT_GE(at.size(), expected.size() + 2) << seen;
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(at[i], expected[i], 0.35) << "send " << i << ": " << seen;
+  // Welcomed again: sent at once (the needHello, the hello and its answer
+  // take a few turns of the loop), then after 2 s, not after another minute.
+  EXPECT_LT(at[9] - at[8], 1.0) << seen;
+  EXPECT_NEAR(at[10] - at[9], 2, 0.35) << seen;
+  EXPECT_EQ(transport.unacked(), 1u);
+  for (const auto& [instance, seq] : collector.received) {
+    EXPECT_EQ(instance, 7u);
+    EXPECT_EQ(seq, 1u);
+  }
 }
 
 TEST_F(SpoolTest, AFullSpoolKeepsSummariesAndCountsTheLostRecords) {
