@@ -133,7 +133,7 @@ Result<void> bind(zmq::socket_t& socket, const std::string& endpoint, const char
 }  // namespace
 
 int run(const Options& options, const std::atomic<bool>& stop) {
-  auto store = TimelineStore::open(options.db, StoreOptions{options.max_disk()});
+  auto store = TimelineStore::open(options.db, StoreOptions{options.max_disk(), uint64_t{options.db_memory_mb} << 20});
   if (!store) {
     RS_LOG(error, "%s", store.error().message.c_str());
     return 2;

@@ -44,6 +44,7 @@ po::options_description describe(Options& options) {
     ("max-bytes-per-s", po::value(&options.max_bytes_per_s)->default_value(options.max_bytes_per_s), "per connection: bytes beyond this rate are dropped and counted (0: no limit)")
     ("retention", po::value(&options.retention), "remove timeline records older than this (e.g. 30d, 12h, 90m); default: keep")
     ("max-disk-bytes", po::value(&options.max_disk_bytes), "keep the database under this size (e.g. 500G, 64M), removing the oldest records first; default: no cap")
+    ("db-memory-mb", po::value(&options.db_memory_mb)->default_value(options.db_memory_mb), "memory for the database's write buffers (memtables), all column families together (16 to 65536)")
     ("retention-check-s", po::value(&options.retention_check_s)->default_value(options.retention_check_s), "how often retention and the disk cap are enforced (1 s to 1 day)");
   // clang-format on
   return desc;
@@ -170,6 +171,8 @@ Result<void> validate(const Options& o) {
     return make_error(Errc::invalid_argument, "--max-disk-bytes: " + cap.error().message);
   else if (*cap != 0 && *cap < (1ull << 20))
     return make_error(Errc::invalid_argument, "--max-disk-bytes must be at least 1M (RocksDB needs room for its logs)");
+  if (o.db_memory_mb < 16 || o.db_memory_mb > 65536)
+    return make_error(Errc::invalid_argument, "--db-memory-mb must be between 16 and 65536");
   if (o.retention_check_s < 1 || o.retention_check_s > 86400)
     return make_error(Errc::invalid_argument, "--retention-check-s must be between 1 and 86400");
   return {};

@@ -30,6 +30,7 @@ struct Options {
   std::string retention;                             // e.g. 30d, 12h, 90m, 3600s
   std::string max_disk_bytes;                        // e.g. 500G, 64M, 1048576
   uint32_t retention_check_s = 60;                   // how often retention and the cap are enforced
+  uint32_t db_memory_mb = 256;                       // RocksDB memtables, all column families
 
   // The timeouts in nanoseconds; valid once validate() accepted the options.
   uint64_t hang_timeout_ns() const { return static_cast<uint64_t>(hang_timeout_s * 1e9); }

@@ -189,7 +189,8 @@ Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& pa
   options.create_if_missing = true;
   options.create_missing_column_families = true;
   options.IncreaseParallelism(2);
-  options.OptimizeLevelStyleCompaction();
+  options.OptimizeLevelStyleCompaction(store_options.memtable_bytes);
+  options.db_write_buffer_size = store_options.memtable_bytes;
   options.compression = rocksdb::kLZ4Compression;
   // RocksDB's own text log, kept small: it counts against the disk cap.
   options.keep_log_file_num = 3;

@@ -100,6 +100,10 @@ struct StoreOptions {
   // Size the database should stay under (0: none); sizes RocksDB's memtables
   // and write-ahead log to fit under it.
   uint64_t max_disk_bytes = 0;
+  // Memory for RocksDB's memtables, all column families together: past it
+  // the largest is flushed to disk. (RocksDB's level-style defaults would
+  // let the records family alone hold 6 x 128 MiB.)
+  uint64_t memtable_bytes = 256ull << 20;
 };
 
 class TimelineStore {
