@@ -43,6 +43,13 @@ Result<void> check_heartbeat(wire::Heartbeat::Reader heartbeat) {
 }
 
 Result<void> check_comm(wire::Comm::Reader comm) {
+  // A split child's size is its color's members, which no one member knows
+  // (the agent says -1); its members are named by their parent ranks.
+  if (comm.getOrigin() == wire::CommOrigin::SPLIT && comm.getNranks() == -1) {
+    if (comm.getRank() < 0 || comm.getRank() >= kMaxRanks)
+      return make_error(Errc::protocol, "split child member rank " + std::to_string(comm.getRank()) + " is out of range");
+    return {};
+  }
   if (comm.getNranks() < 1 || comm.getNranks() > kMaxRanks)
     return make_error(Errc::protocol, "communicator with " + std::to_string(comm.getNranks()) + " ranks (1 to " +
                                           std::to_string(kMaxRanks) + ")");

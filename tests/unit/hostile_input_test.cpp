@@ -143,6 +143,26 @@ TEST_F(HostileInputTest, CommunicatorSizesOutOfRangeAreSkipped) {
   EXPECT_EQ(ingest.comms().count(0xbad), 0u);
   EXPECT_EQ(node_bad(), 5u);
   EXPECT_EQ(ingest.comms().at(0xc0ffee).nranks, -1);  // only the blocks named it; its size is still unknown
+
+  // A split child's member, whose size no member knows (-1), is taken, not
+  // counted as bad; -1 from any other origin, or a rank out of range, is.
+  for (auto [origin, rank, bad] : {std::tuple{wire::CommOrigin::SPLIT, 3, false},
+                                   {wire::CommOrigin::INIT_RANK, 3, true},
+                                   {wire::CommOrigin::SPLIT, -1, true},
+                                   {wire::CommOrigin::SPLIT, kMaxRanks, true}}) {
+    uint64_t before = node_bad();
+    Outbox out;
+    ingest.on_agent_message("conn-1", batch(++seq, 2, [&](auto b) {
+      b.getComms()[0].setRank(rank);
+      b.getComms()[0].setNranks(-1);
+      b.getComms()[0].setOrigin(origin);
+      b.getComms()[0].setCommHash(bad ? 0xbad : 0x5b1170);
+    }), out);
+    EXPECT_EQ(node_bad() - before, bad ? 1u : 0u) << static_cast<int>(origin) << " rank " << rank;
+  }
+  ASSERT_EQ(ingest.comms().count(0x5b1170), 1u);
+  EXPECT_EQ(ingest.comms().at(0x5b1170).origin, wire::CommOrigin::SPLIT);
+  EXPECT_EQ(ingest.comms().count(0xbad), 0u);
 }
 
 TEST_F(HostileInputTest, RanksOutOfRangeInBlocksAndProcessesAreSkipped) {
