@@ -285,13 +285,15 @@ struct Deployment {
                                      "--collector-key", dir + "/keys/collector.pub"};
     argv.insert(argv.end(), options.agent_args.begin(), options.agent_args.end());
     std::string log = dir + "/agent-" + std::to_string(++agents_started) + ".log";
+    uint64_t earlier_instance = bench_instance();
     auto child = Child::start(argv, log);
     if (!child) return child.error();
     // Every probe this process's calls pass through (a communicator made
     // before the probe on its creation would be one the agent cannot
-    // match), and the collector's welcome: then the loops may start.
+    // match), and the collector's welcome of this agent (a new instance of
+    // node "bench"): then the loops may start.
     uint64_t deadline = monotonic_ns() + 20'000'000'000ull;
-    while (!probed_functions().missing.empty() || slurp(log).find("accepted node bench") == std::string::npos) {
+    while (!probed_functions().missing.empty() || bench_instance() == earlier_instance) {
       if (!child->running() || monotonic_ns() > deadline)
         return make_error(Errc::system, "rankscope-agent did not attach to " + probed_functions().missing +
                                             " or was not accepted by the collector; its log (" + log + "):\n" +
@@ -369,6 +371,22 @@ struct Deployment {
       usleep(2000);
     }
     return {};
+  }
+
+  // The agent instance the collector last welcomed as node "bench" (0: none yet).
+  uint64_t bench_instance() {
+    cli::QueryClient client(query_endpoint(), 2000, client_keys);
+    capnp::MallocMessageBuilder request;
+    auto req = request.initRoot<proto::query::Request>();
+    req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+    req.setStatus();
+    uint64_t instance = 0;
+    auto result = client.ask(request, [&](proto::query::Reply::Reader reply) {
+      for (auto node : reply.getStatus().getNodes())
+        if (node.getNode() == "bench") instance = node.getInstanceId();
+    });
+    if (!result) RS_LOG(warn, "status query: %s", result.error().message.c_str());
+    return instance;
   }
 
   // Records the collector has stored, once it holds at least `expected` (or
