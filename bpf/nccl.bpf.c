@@ -71,6 +71,8 @@ struct pending_call {
   __u32 lane;
   __u32 group_id;
   __u32 nested;      /* NCCL API calls made from inside this one */
+  __u32 reserved0;
+  __u64 entry_sp;    /* the stack pointer at entry: a call made from inside this one is below it */
   __u8 op;
   __u8 datatype;
   __u8 redop;
@@ -247,19 +249,36 @@ static __always_inline struct thread_calls *thread__slot(__u64 pid_tgid, bool cr
   return t;
 }
 
+/* Past this, an open slot that sees another entry from a stack at or
+ * below its own was left open by a return never seen, not nested in. */
+#define RS_NESTED_WITHIN_NS 1000000000ull
+
 /* Opens the call slot of this thread, or notes a nested call in the one
  * already open (NCCL's own public entry points call each other, e.g.
- * ncclBcast -> ncclBroadcast; the user made one call). */
-static __always_inline struct pending_call *pending__open(__u64 pid_tgid, __u8 op)
+ * ncclBcast -> ncclBroadcast; the user made one call).
+ *
+ * A slot can also be open because its call's return was never seen: an
+ * agent that attaches to a busy process puts the entry probe on a function
+ * before its return probe, and a call entered in between returns unseen.
+ * Left so, every later call of the thread would look nested and be lost.
+ * A nested call is made from inside the open one: from deeper in the stack
+ * (a lower stack pointer) and while it runs; an entry from the same depth or
+ * above, or long after, is a new call: the old one is counted as a lost
+ * return and the slot starts afresh. */
+static __always_inline struct pending_call *pending__open(struct pt_regs *ctx, __u64 pid_tgid, __u8 op)
 {
   struct thread_calls *t = thread__slot(pid_tgid, true);
   if (!t)
     return NULL;
   struct pending_call *p = &t->call;
+  __u64 sp = PT_REGS_SP(ctx);
   if (t->open) {
-    p->nested += 1;
-    drops__count(RS_DROP_NESTED);
-    return NULL;
+    if (sp < p->entry_sp && bpf_ktime_get_ns() - p->entry_ns < RS_NESTED_WITHIN_NS) {
+      p->nested += 1;
+      drops__count(RS_DROP_NESTED);
+      return NULL;
+    }
+    drops__count(RS_DROP_LOST_RETURN);
   }
   /* A watchdog thread polling for errors is not on the collectives' path:
    * only the threads that make calls have their scheduling followed. */
@@ -269,6 +288,7 @@ static __always_inline struct pending_call *pending__open(__u64 pid_tgid, __u8 o
   }
   t->open = 1;
   p->entry_ns = bpf_ktime_get_ns();
+  p->entry_sp = sp;
   p->comm = 0;
   p->stream = 0;
   p->count = 0;
@@ -336,7 +356,7 @@ static __always_inline int call__enter(struct pt_regs *ctx, __u8 op, __u64 count
                                        __s32 peer, __u64 comm, __u64 stream)
 {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
-  struct pending_call *p = pending__open(pid_tgid, op);
+  struct pending_call *p = pending__open(ctx, pid_tgid, op);
   if (!p)
     return 0;
   p->count = count;
@@ -439,9 +459,9 @@ int BPF_KPROBE(nccl_recv_enter)
 }
 
 /* Common body of the communicator-creation entry probes. */
-static __always_inline struct pending_call *init__enter(__u8 op)
+static __always_inline struct pending_call *init__enter(struct pt_regs *ctx, __u8 op)
 {
-  return pending__open(bpf_get_current_pid_tgid(), op);
+  return pending__open(ctx, bpf_get_current_pid_tgid(), op);
 }
 
 /* ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank).
@@ -450,7 +470,7 @@ static __always_inline struct pending_call *init__enter(__u8 op)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_init_rank_enter)
 {
-  struct pending_call *p = init__enter(RS_OP_COMM_INIT_RANK);
+  struct pending_call *p = init__enter(ctx, RS_OP_COMM_INIT_RANK);
   if (!p)
     return 0;
   p->comm_out = PT_REGS_PARM1(ctx);
@@ -464,7 +484,7 @@ int BPF_KPROBE(nccl_comm_init_rank_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_init_rank_config_enter)
 {
-  struct pending_call *p = init__enter(RS_OP_COMM_INIT_RANK_CONFIG);
+  struct pending_call *p = init__enter(ctx, RS_OP_COMM_INIT_RANK_CONFIG);
   if (!p)
     return 0;
   p->comm_out = PT_REGS_PARM1(ctx);
@@ -478,7 +498,7 @@ int BPF_KPROBE(nccl_comm_init_rank_config_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_split_enter)
 {
-  struct pending_call *p = init__enter(RS_OP_COMM_SPLIT);
+  struct pending_call *p = init__enter(ctx, RS_OP_COMM_SPLIT);
   if (!p)
     return 0;
   __builtin_memset(p->unique_id, 0, sizeof(p->unique_id));
@@ -494,7 +514,7 @@ int BPF_KPROBE(nccl_comm_split_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_init_all_enter)
 {
-  struct pending_call *p = init__enter(RS_OP_COMM_INIT_ALL);
+  struct pending_call *p = init__enter(ctx, RS_OP_COMM_INIT_ALL);
   if (!p)
     return 0;
   p->comm_out = PT_REGS_PARM1(ctx);
@@ -507,7 +527,7 @@ int BPF_KPROBE(nccl_comm_init_all_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_get_async_error_enter)
 {
-  struct pending_call *p = init__enter(RS_OP_COMM_GET_ASYNC_ERROR);
+  struct pending_call *p = init__enter(ctx, RS_OP_COMM_GET_ASYNC_ERROR);
   if (!p)
     return 0;
   p->comm = PT_REGS_PARM1(ctx);
@@ -519,7 +539,7 @@ int BPF_KPROBE(nccl_comm_get_async_error_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_destroy_enter)
 {
-  struct pending_call *p = init__enter(RS_OP_COMM_DESTROY);
+  struct pending_call *p = init__enter(ctx, RS_OP_COMM_DESTROY);
   if (p)
     p->comm = PT_REGS_PARM1(ctx);
   return 0;
@@ -528,7 +548,7 @@ int BPF_KPROBE(nccl_comm_destroy_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_abort_enter)
 {
-  struct pending_call *p = init__enter(RS_OP_COMM_ABORT);
+  struct pending_call *p = init__enter(ctx, RS_OP_COMM_ABORT);
   if (p)
     p->comm = PT_REGS_PARM1(ctx);
   return 0;

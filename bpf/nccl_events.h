@@ -63,6 +63,7 @@ enum rs_drop_reason {
   RS_DROP_RINGBUF_FULL = 0,
   RS_DROP_MAP_FULL = 1,
   RS_DROP_NESTED = 2, /* an NCCL API call made from inside another one */
+  RS_DROP_LOST_RETURN = 3, /* a call whose return was not seen (it ran while the agent attached) */
   RS_DROP_MAX = 4,
 };
 

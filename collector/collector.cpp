@@ -100,6 +100,7 @@ class MetricsExport {
       metrics_.set_node_drops(name, "send_queue_full", node.drops.send_queue_full);
       metrics_.set_node_drops(name, "lost_records", node.drops.lost_records);
       metrics_.set_node_drops(name, "spool_damaged", node.drops.spool_damaged);
+      metrics_.set_node_drops(name, "lost_return", node.drops.lost_returns);
       metrics_.set_node_bad_messages(name, node.bad_messages);
     }
     for (const auto& [hash, comm] : ingest.comms()) {

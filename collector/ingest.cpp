@@ -23,6 +23,7 @@ void copy_drops(wire::DropCounters::Reader in, Drops& out) {
   out.send_queue_full = in.getSendQueueFull();
   out.lost_records = in.getLostRecords();
   out.spool_damaged = in.getSpoolDamaged();
+  out.lost_returns = in.getLostReturns();
 }
 
 // The agent's counters only grow; whatever arrives late or out of order
@@ -35,6 +36,7 @@ void keep_larger_drops(Drops& node, const Drops& seen) {
   node.send_queue_full = std::max(node.send_queue_full, seen.send_queue_full);
   node.lost_records = std::max(node.lost_records, seen.lost_records);
   node.spool_damaged = std::max(node.spool_damaged, seen.spool_damaged);
+  node.lost_returns = std::max(node.lost_returns, seen.lost_returns);
 }
 
 std::string wait_call_name(wire::WaitKind kind) {
@@ -54,6 +56,7 @@ void fill_drops(const Drops& in, wire::DropCounters::Builder out) {
   out.setSendQueueFull(in.send_queue_full);
   out.setLostRecords(in.lost_records);
   out.setSpoolDamaged(in.spool_damaged);
+  out.setLostReturns(in.lost_returns);
 }
 }  // namespace
 

@@ -25,7 +25,7 @@ namespace rankscope::collector {
 namespace wire = ::rankscope::proto::wire;
 
 struct Drops {
-  uint64_t ringbuf_full = 0, map_full = 0, unknown_comm = 0, nested = 0, send_queue_full = 0;
+  uint64_t ringbuf_full = 0, map_full = 0, unknown_comm = 0, nested = 0, send_queue_full = 0, lost_returns = 0;
   uint64_t lost_records = 0, spool_damaged = 0;
 };
 

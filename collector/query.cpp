@@ -44,6 +44,7 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
     drops.setSendQueueFull(node.drops.send_queue_full);
     drops.setLostRecords(node.drops.lost_records);
     drops.setSpoolDamaged(node.drops.spool_damaged);
+    drops.setLostReturns(node.drops.lost_returns);
     n.setClockOffsetNs(node.clock.offset_ns());
     n.setClockUncertaintyNs(node.clock.uncertainty_ns());
     n.setClockSamples(node.clock.samples());

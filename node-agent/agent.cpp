@@ -120,7 +120,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   uint64_t batch_seq = 0;
   auto flush = [&] {
     BpfDrops drops = bpf.drops();
-    DropTotals totals{drops.ringbuf_full, drops.map_full, 0, drops.nested, transport.discarded_batches(), 0};
+    DropTotals totals{drops.ringbuf_full, drops.map_full, 0, drops.nested, transport.discarded_batches(), 0,
+                      drops.lost_returns};
     capnp::MallocMessageBuilder message;
     auto batch = message.initRoot<wire::AgentMessage>().initBatch();
     batch.setInstanceId(instance);
@@ -175,6 +176,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
         d.setMapFull(drops.map_full);
         d.setUnknownComm(summariser.unknown_comm_records());
         d.setNested(drops.nested);
+        d.setLostReturns(drops.lost_returns);
         summariser.health(hb, t, [&](uint32_t pid) { return bpf.host_stats(pid); });
         if (options.host_context) cgroups.fill(bpf.cgroup_stats(), hb);
         summariser.open_waits(bpf.open_waits(), hb);

@@ -369,7 +369,7 @@ BpfDrops NcclProbes::drops() const {
       for (uint64_t v : values) total += v;
     return total;
   };
-  return BpfDrops{sum(RS_DROP_RINGBUF_FULL), sum(RS_DROP_MAP_FULL), sum(RS_DROP_NESTED)};
+  return BpfDrops{sum(RS_DROP_RINGBUF_FULL), sum(RS_DROP_MAP_FULL), sum(RS_DROP_NESTED), sum(RS_DROP_LOST_RETURN)};
 }
 
 }  // namespace rankscope::agent

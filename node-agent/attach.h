@@ -24,6 +24,7 @@ struct BpfDrops {
   uint64_t ringbuf_full = 0;
   uint64_t map_full = 0;
   uint64_t nested = 0;
+  uint64_t lost_returns = 0;
 };
 
 struct AttachedLibrary {

@@ -371,6 +371,7 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
   d.setUnknownComm(unknown_comm_);
   d.setNested(drops.nested);
   d.setSendQueueFull(drops.send_queue_full);
+  d.setLostReturns(drops.lost_returns);
 }
 
 void Summariser::forget_exited() {

@@ -28,6 +28,7 @@ struct DropTotals {
   uint64_t nested = 0;
   uint64_t send_queue_full = 0;
   uint64_t malformed = 0;
+  uint64_t lost_returns = 0;
 };
 
 struct CommEntry {

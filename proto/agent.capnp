@@ -191,6 +191,7 @@ struct DropCounters {
   sendQueueFull @4 :UInt64; # batches whose records were dropped unacked (spool or memory bound reached; their summaries kept when possible)
   lostRecords @5 :UInt64;   # collective records and waits in those batches
   spoolDamaged @6 :UInt64;  # spool segments found cut short or corrupt at start (their tails skipped)
+  lostReturns @7 :UInt64;   # calls whose return was not seen (they ran while the agent attached): not recorded
 }
 
 struct Heartbeat {

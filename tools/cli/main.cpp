@@ -109,7 +109,7 @@ void print_status(query::StatusReply::Reader s, bool json) {
                   "\"clock_uncertainty_ns\":%llu,\"clock_samples\":%u,\"wall_clock_skew_ns\":%lld,\"clock_refinement_ns\":%lld,"
                   "\"clock_drift_ppb\":%lld,\"clock_violations\":%llu,\"bad_messages\":%llu,\"throttled_messages\":%llu,\"drops\":{\"ringbuf_full\":%llu,"
                   "\"map_full\":%llu,\"unknown_comm\":%llu,\"nested\":%llu,\"send_queue_full\":%llu,\"lost_records\":%llu,"
-                  "\"spool_damaged\":%llu}}",
+                  "\"spool_damaged\":%llu,\"lost_returns\":%llu}}",
                   first ? "" : ",", json_quote(n.getNode()).c_str(), n.getConnected() ? "true" : "false",
                   (unsigned long long)n.getLastContactNs(), json_quote(n.getAgentVersion()).c_str(),
                   hex64(n.getInstanceId()).c_str(), (unsigned long long)n.getBatches(),
@@ -121,7 +121,7 @@ void print_status(query::StatusReply::Reader s, bool json) {
                   (unsigned long long)d.getRingbufFull(), (unsigned long long)d.getMapFull(),
                   (unsigned long long)d.getUnknownComm(), (unsigned long long)d.getNested(),
                   (unsigned long long)d.getSendQueueFull(), (unsigned long long)d.getLostRecords(),
-                  (unsigned long long)d.getSpoolDamaged());
+                  (unsigned long long)d.getSpoolDamaged(), (unsigned long long)d.getLostReturns());
       first = false;
     }
     std::printf("]}\n");
@@ -147,6 +147,8 @@ void print_status(query::StatusReply::Reader s, bool json) {
     if (d.getUnknownComm()) drop_text += ", " + std::to_string(d.getUnknownComm()) + " unmatched";
     if (d.getLostRecords()) drop_text += ", " + std::to_string(d.getLostRecords()) + " records lost unsent";
     if (d.getSpoolDamaged()) drop_text += ", " + std::to_string(d.getSpoolDamaged()) + " damaged spool file(s)";
+    if (d.getLostReturns())
+      drop_text += ", " + std::to_string(d.getLostReturns()) + " call(s) running while the agent attached";
     std::printf("%-16s %-13s %-14s %9llu %10llu %5u %-26s %s\n", n.getNode().cStr(),
                 n.getConnected() ? "connected" : "disconnected", age(s.getNowNs(), n.getLastContactNs()).c_str(),
                 (unsigned long long)n.getBatches(), (unsigned long long)n.getRecords(), n.getTracedProcesses(),
