@@ -214,15 +214,18 @@ Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
       attached.missing.emplace_back(spec.symbol);
       continue;
     }
-    bpf_link* entry = bpf_program__attach_uprobe(spec.program(skel_), false, -1, library.path.c_str(), it->second);
-    if (!entry) return make_error(Errc::system, bpf_failure(("uprobe on " + std::string(spec.symbol)).c_str(), errno));
-    links_.push_back(entry);
+    // The return probe first: a call running while the two go on then has
+    // neither seen, or only its return (ignored: no call open); with the
+    // entry first, one could be seen entering and never returning.
     if (spec.return_program) {
       bpf_link* ret = bpf_program__attach_uprobe(spec.return_program(skel_), true, -1, library.path.c_str(), it->second);
       if (!ret)
         return make_error(Errc::system, bpf_failure(("uretprobe on " + std::string(spec.symbol)).c_str(), errno));
       links_.push_back(ret);
     }
+    bpf_link* entry = bpf_program__attach_uprobe(spec.program(skel_), false, -1, library.path.c_str(), it->second);
+    if (!entry) return make_error(Errc::system, bpf_failure(("uprobe on " + std::string(spec.symbol)).c_str(), errno));
+    links_.push_back(entry);
     attached.functions.emplace_back(spec.symbol);
   }
   if (attached.functions.empty())

@@ -91,6 +91,7 @@ Transport::Transport(zmq::context_t& context, const Options& options, const Cloc
 bool Transport::send_bytes(const std::string& bytes) {
   try {
     auto sent = socket_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+    if (sent) ++messages_sent_;
     return sent.has_value();
   } catch (const zmq::error_t& e) {
     RS_LOG(warn, "send to %s failed: %s", options_.collector.c_str(), e.what());
@@ -242,6 +243,7 @@ void Transport::service() {
       break;
     }
     if (!got) break;
+    ++messages_received_;
     waiting_since_ns_ = 0;
     handle(std::string(static_cast<const char*>(reply.data()), reply.size()));
   }

@@ -49,6 +49,9 @@ class Transport {
   // agent told the last one.
   uint64_t welcomes() const { return welcomes_; }
   size_t unacked() const { return queue_.size(); }
+  // Messages sent to and received from the collector so far (all kinds).
+  uint64_t messages_sent() const { return messages_sent_; }
+  uint64_t messages_received() const { return messages_received_; }
   uint64_t discarded_batches() const { return discarded_; }
   uint64_t lost_records() const { return lost_records_; }
   uint64_t spool_damaged() const { return spool_ ? spool_->damage().bad_tails : 0; }
@@ -90,6 +93,7 @@ class Transport {
   size_t queued_bytes_ = 0;
   bool accepted_ = false;
   uint64_t welcomes_ = 0;
+  uint64_t messages_sent_ = 0, messages_received_ = 0;
   uint64_t last_hello_ns_ = 0;
   uint64_t discarded_ = 0;
   uint64_t lost_records_ = 0;
