@@ -30,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -373,19 +374,24 @@ struct Deployment {
     return {};
   }
 
-  // The agent instance the collector last welcomed as node "bench" (0: none yet).
-  uint64_t bench_instance() {
-    cli::QueryClient client(query_endpoint(), 2000, client_keys);
+  // Asks the collector for its status; a failure is logged (`read` not called).
+  void ask_status(cli::QueryClient& client, const std::function<void(proto::query::StatusReply::Reader)>& read) {
     capnp::MallocMessageBuilder request;
     auto req = request.initRoot<proto::query::Request>();
     req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
     req.setStatus();
+    auto result = client.ask(request, [&](proto::query::Reply::Reader reply) { read(reply.getStatus()); });
+    if (!result) RS_LOG(warn, "status query: %s", result.error().message.c_str());
+  }
+
+  // The agent instance the collector last welcomed as node "bench" (0: none yet).
+  uint64_t bench_instance() {
+    cli::QueryClient client(query_endpoint(), 2000, client_keys);
     uint64_t instance = 0;
-    auto result = client.ask(request, [&](proto::query::Reply::Reader reply) {
-      for (auto node : reply.getStatus().getNodes())
+    ask_status(client, [&](proto::query::StatusReply::Reader status) {
+      for (auto node : status.getNodes())
         if (node.getNode() == "bench") instance = node.getInstanceId();
     });
-    if (!result) RS_LOG(warn, "status query: %s", result.error().message.c_str());
     return instance;
   }
 
@@ -397,14 +403,7 @@ struct Deployment {
     // Long enough for a batch whose ack was lost to be sent again.
     uint64_t deadline = monotonic_ns() + 30'000'000'000ull;
     do {
-      capnp::MallocMessageBuilder request;
-      auto req = request.initRoot<proto::query::Request>();
-      req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
-      req.setStatus();
-      auto result = client.ask(request, [&](proto::query::Reply::Reader reply) {
-        stored = reply.getStatus().getRecordsStored();
-      });
-      if (!result) RS_LOG(warn, "status query: %s", result.error().message.c_str());
+      ask_status(client, [&](proto::query::StatusReply::Reader status) { stored = status.getRecordsStored(); });
       if (stored >= expected) break;
       usleep(100000);
     } while (monotonic_ns() < deadline);

@@ -28,16 +28,10 @@ cleanup() {
 trap cleanup EXIT INT TERM
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-port=$((21000 + RANDOM % 20000))
-agents="tcp://127.0.0.1:$port"
-query="tcp://127.0.0.1:$((port + 1))"
-"$bin/rankscope-collector" --listen "$agents" --query "$query" --db "$work/sim-db" --log-level warn --insecure \
-  >"$work/collector.log" 2>&1 &
-collector=$!
-for _ in $(seq 100); do
-  "$bin/rankscope" --collector "$query" --insecure status >/dev/null 2>&1 && break
-  sleep 0.1
-done
+# shellcheck source=scripts/lib-loopback.sh
+. "$(dirname "$0")/lib-loopback.sh"
+rs_loopback_collector $((21000 + RANDOM % 20000)) "$work/sim-db" "$work/collector.log"
+collector=$collector_pid
 echo "rankscope-sim: 1,000 nodes for $sim_seconds s against the collector (its ledger is the template)"
 "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth.jsonl" --log-level warn \
   --scenario slowdown --jobs 125 --nodes-per-job 8 --gpus 1 --pp 1 --step-ms 2000 --culprits 1 \

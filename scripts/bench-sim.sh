@@ -28,26 +28,17 @@ port=$((21000 + RANDOM % 20000))
 # unit sets LimitNOFILE for the same reason).
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 collector_pid=0
+# shellcheck source=scripts/lib-loopback.sh
+. "$(dirname "$0")/lib-loopback.sh"
 
 # start_collector NAME [collector options...]: a fresh collector on new ports.
 start_collector() {
   local name=$1
   shift
   port=$((port + 2))
-  agents="tcp://127.0.0.1:$port"
-  query="tcp://127.0.0.1:$((port + 1))"
-  "$bin/rankscope-collector" --listen "$agents" --query "$query" --db "$work/db-$name" --log-level warn --insecure \
-    --max-messages-per-s 0 --max-bytes-per-s 0 "$@" \
-    >"$work/collector-$name.log" 2>&1 &
-  collector_pid=$!
+  rs_loopback_collector "$port" "$work/db-$name" "$work/collector-$name.log" --max-messages-per-s 0 \
+    --max-bytes-per-s 0 "$@"
   pids+=("$collector_pid")
-  for _ in $(seq 100); do
-    "$bin/rankscope" --collector "$query" --insecure status >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "bench-sim: the collector did not start; its log:" >&2
-  cat "$work/collector-$name.log" >&2
-  exit 1
 }
 stop_collector() {
   kill "$collector_pid" 2>/dev/null || true

@@ -41,24 +41,13 @@ trap cleanup EXIT INT TERM
 # A collector of a thousand nodes holds a thousand connections, and so does
 # the simulator.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-port=$((21000 + RANDOM % 20000))
-agents="tcp://127.0.0.1:$port"
-query="tcp://127.0.0.1:$((port + 1))"
-# Plaintext: one rankscope-sim process speaks for every simulated node (see
-# docs/operations.md); the rate limit stays on, at its defaults.
-"$bin/rankscope-collector" --listen "$agents" --query "$query" --db "$work/db" --log-level warn --insecure \
-  ${RANKSCOPE_LOAD_COLLECTOR_ARGS:-} >"$work/collector.log" 2>&1 &
-collector=$!
+# Plaintext (scripts/lib-loopback.sh); the rate limit stays on, at its defaults.
+# shellcheck source=scripts/lib-loopback.sh
+. "$(dirname "$0")/lib-loopback.sh"
+# shellcheck disable=SC2086  # extra options, split on purpose
+rs_loopback_collector $((21000 + RANDOM % 20000)) "$work/db" "$work/collector.log" ${RANKSCOPE_LOAD_COLLECTOR_ARGS:-}
+collector=$collector_pid
 pids+=("$collector")
-for _ in $(seq 100); do
-  "$bin/rankscope" --collector "$query" --insecure status >/dev/null 2>&1 && break
-  sleep 0.1
-done
-if ! "$bin/rankscope" --collector "$query" --insecure status >/dev/null 2>&1; then
-  echo "load-test: the collector did not start; its log:" >&2
-  cat "$work/collector.log" >&2
-  exit 1
-fi
 
 rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }

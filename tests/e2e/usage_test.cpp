@@ -74,6 +74,25 @@ std::string in_cgroup(const std::string& cgroup, int cpu, const std::string& net
          netns + " " + command;
 }
 
+// One rank of a Slurm-shaped training job: fakenccl-train in `cgroup`,
+// pinned to `cpu`, in the node's network namespace, holding one GPU (its
+// rank), with the job, account and user srun would give it.
+struct SlurmRank {
+  std::string cgroup, netns, job, account, user, id_file, log;
+  int cpu = 0, rank = 0, world = 1;
+};
+SpawnOptions slurm_rank(const SlurmRank& r) {
+  std::string train = "'" + bin_path("fakenccl-train") +
+                      "' --steps 1000000 --compute-iters 2000000 --bucket-elems 1024 --quiet --id-file '" + r.id_file + "'";
+  SpawnOptions spawn;
+  spawn.argv = {"/bin/sh", "-c", in_cgroup(r.cgroup, r.cpu, r.netns, train)};
+  spawn.env = {{"RANK", std::to_string(r.rank)}, {"WORLD_SIZE", std::to_string(r.world)},
+               {"LOCAL_RANK", std::to_string(r.rank)}, {"CUDA_VISIBLE_DEVICES", std::to_string(r.rank)},
+               {"SLURM_JOB_ID", r.job}, {"SLURM_JOB_ACCOUNT", r.account}, {"SLURM_JOB_USER", r.user}};
+  spawn.stdout_path = r.log;
+  return spawn;
+}
+
 // Two tenants on one host: job A (account A, two ranks, one GPU each) and job
 // B (account B, one rank and a stress-ng CPU hog on A's second rank's CPU).
 // A's rank 1 arrives late at every collective because B's hog takes its CPU:
@@ -96,20 +115,14 @@ TEST(UsageE2E, NeighbourCpuHogIsBilledForTheStragglerItMakes) {
   CgroupTree tree;
   std::string cgroup_a = tree.make(top + "/slurm/uid_0/job_" + job_a + "/step_0");
   std::string cgroup_b = tree.make(top + "/slurm/uid_0/job_" + job_b + "/step_0");
-  std::string train = "'" + bin_path("fakenccl-train") + "' --steps 1000000 --compute-iters 2000000 --bucket-elems 1024 --quiet";
 
   std::vector<Process> ranks;
   std::vector<double> started;
   auto launch = [&](const std::string& cgroup, int cpu, const std::string& job, const std::string& account,
                     const std::string& user, int rank, int world, const std::string& id_file) {
-    SpawnOptions spawn;
-    spawn.argv = {"/bin/sh", "-c", in_cgroup(cgroup, cpu, cluster.name(0), train + " --id-file '" + id_file + "'")};
-    spawn.env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)},
-                 {"LOCAL_RANK", std::to_string(rank)}, {"CUDA_VISIBLE_DEVICES", std::to_string(rank)},
-                 {"SLURM_JOB_ID", job}, {"SLURM_JOB_ACCOUNT", account}, {"SLURM_JOB_USER", user}};
-    spawn.stdout_path = dir.file("job" + job + "-rank" + std::to_string(rank) + ".log");
     started.push_back(now_s());
-    ranks.emplace_back(spawn);
+    ranks.emplace_back(slurm_rank({cgroup, cluster.name(0), job, account, user, id_file,
+                                   dir.file("job" + job + "-rank" + std::to_string(rank) + ".log"), cpu, rank, world}));
   };
   launch(cgroup_a, 0, job_a, account_a, "alice", 0, 2, dir.file("a.id"));
   launch(cgroup_a, 1, job_a, account_a, "alice", 1, 2, dir.file("a.id"));
@@ -214,18 +227,12 @@ TEST(UsageE2E, AJobRunningAcrossACollectorKillIsBilledOnceToItsAccount) {
   std::string account = unique_name("acct-restart-");
   CgroupTree tree;
   std::string cgroup = tree.make(unique_name("rankscope-usage-") + "/slurm/uid_0/job_" + job + "/step_0");
-  std::string train = "'" + bin_path("fakenccl-train") + "' --steps 1000000 --compute-iters 2000000 --bucket-elems 1024 --quiet";
   std::vector<Process> ranks;
   std::vector<double> started;
   for (int rank = 0; rank < 2; ++rank) {
-    SpawnOptions spawn;
-    spawn.argv = {"/bin/sh", "-c", in_cgroup(cgroup, rank, cluster.name(0), train + " --id-file '" + dir.file("nccl.id") + "'")};
-    spawn.env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(rank)},
-                 {"CUDA_VISIBLE_DEVICES", std::to_string(rank)}, {"SLURM_JOB_ID", job},
-                 {"SLURM_JOB_ACCOUNT", account}, {"SLURM_JOB_USER", "carol"}};
-    spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
     started.push_back(now_s());
-    ranks.emplace_back(spawn);
+    ranks.emplace_back(slurm_rank({cgroup, cluster.name(0), job, account, "carol", dir.file("nccl.id"),
+                                   dir.file("rank" + std::to_string(rank) + ".log"), rank, rank, 2}));
   }
   // Long enough for several ledger flushes before the kill, and after it.
   observe_for(std::chrono::seconds(22));

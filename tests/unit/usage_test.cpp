@@ -28,9 +28,25 @@ class UsageTest : public ::testing::Test {
     auto opened = TimelineStore::open(dir.file("db"));
     ASSERT_TRUE(opened) << opened.error().message;
     store = std::move(*opened);
+    start_collector();
+  }
+  // A collector run on the store: its ingest and its ledger (anew after a restart).
+  void start_collector() {
+    ledger.reset();
     ingest = std::make_unique<Ingest>(*store, clock);
     ledger = std::make_unique<UsageLedger>(*ingest, *store, UsageOptions{});
     ingest->add_observer(ledger.get());
+  }
+  // node-0's agent (instance 7) says hello, its clock at 0 on kDay0.
+  void hello() {
+    testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
+      auto h = m.initHello();
+      h.setProtocolVersion(wire::PROTOCOL_VERSION);
+      h.setNode("node-0");
+      h.setInstanceId(7);
+      h.setMonotonicNs(0);
+      h.setRealtimeNs(kDay0 * kS);
+    });
   }
   void flush() {
     WriteSet writes = store->writes();
@@ -237,14 +253,7 @@ TEST_F(UsageTest, WasteIsChargedToWhoWaitedAndOwedToTheCause) {
 // the BPF counters' growth up to its exit.
 TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
   auto send = [&](const std::function<void(wire::AgentMessage::Builder)>& fill) { testing::feed(*ingest, "node-0", fill); };
-  send([&](auto m) {
-    auto h = m.initHello();
-    h.setProtocolVersion(wire::PROTOCOL_VERSION);
-    h.setNode("node-0");
-    h.setInstanceId(7);
-    h.setMonotonicNs(0);
-    h.setRealtimeNs(kDay0 * kS);
-  });
+  hello();
   send([&](auto m) {
     auto b = m.initBatch();
     b.setInstanceId(7);
@@ -315,16 +324,6 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
 // gap included, the cumulative CPU counter not counted again), and a pid
 // reused by another process (another start time) is counted afresh.
 TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
-  auto hello = [&] {
-    testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
-      auto h = m.initHello();
-      h.setProtocolVersion(wire::PROTOCOL_VERSION);
-      h.setNode("node-0");
-      h.setInstanceId(7);
-      h.setMonotonicNs(0);
-      h.setRealtimeNs(kDay0 * kS);
-    });
-  };
   uint64_t seq = 0;
   auto identities = [&](uint64_t start_of_101) {
     testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
@@ -365,11 +364,7 @@ TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
   beat(50, 21);  // counted, never flushed: lost with the collector
 
   // Killed; a new run on the same database, the agent's Hello and identities again.
-  ingest.reset();
-  ledger.reset();
-  ingest = std::make_unique<Ingest>(*store, clock);
-  ledger = std::make_unique<UsageLedger>(*ingest, *store, UsageOptions{});
-  ingest->add_observer(ledger.get());
+  start_collector();
   ASSERT_TRUE(ingest->restore());
   ASSERT_TRUE(ledger->restore());
   hello();
