@@ -55,9 +55,12 @@ void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start
 void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t seq, const Group& group) {
   // The collective's last arrival: nobody can have left before it.
   uint64_t last_arrival = 0;
-  for (const auto& [rank, stats] : track.ranks)
-    for (const auto& [s, issue] : stats.issues)
-      if (s == seq) last_arrival = std::max(last_arrival, issue);
+  for (const auto& [rank, stats] : track.ranks) {
+    // Ascending seq: a binary search, not a walk of every rank's history.
+    auto it = std::lower_bound(stats.issues.begin(), stats.issues.end(), seq,
+                               [](const auto& issue, uint64_t s) { return issue.first < s; });
+    if (it != stats.issues.end() && it->first == seq) last_arrival = std::max(last_arrival, it->second);
+  }
   // Residuals are taken on the probes' clocks alone (the refinement now
   // applied removed), so that they do not move as the refinement does.
   std::vector<int64_t> raw_ends;

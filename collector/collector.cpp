@@ -268,6 +268,10 @@ int run(const Options& options, const std::atomic<bool>& stop) {
         continue;
       }
       ingest.on_agent_message(message->routing_id, message->payload, outbox, message->user_id);
+      // Replies that need no commit go at once: a clock probe's answer
+      // waiting for the rest of this round would read as a long way back.
+      for (const auto& [id, bytes] : outbox.now) send_to(agents, id, bytes, false);
+      outbox.now.clear();
     }
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
@@ -288,7 +292,6 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     findings.persist(ingest.pending_writes());
     if (auto wrote = ledger.persist(ingest.pending_writes(), now); !wrote)
       RS_LOG(error, "usage ledger: %s", wrote.error().message.c_str());
-    for (const auto& [id, bytes] : outbox.now) send_to(agents, id, bytes, false);
     if (!outbox.after_commit.empty()) {
       if (auto committed = ingest.commit(); committed) {
         for (const auto& [id, bytes] : outbox.after_commit) send_to(agents, id, bytes, false);

@@ -128,6 +128,21 @@ Result<void> Ingest::restore() {
     });
     if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
   }
+  auto progress = store_.all_progress();
+  if (!progress) return progress.error();
+  for (const auto& row : *progress) {
+    auto comm = comms_.find(row.comm);
+    if (comm == comms_.end()) continue;
+    auto member = comm->second.members.find(row.rank);
+    if (member == comm->second.members.end()) continue;
+    auto read = proto::read_packed<proto::store::StoredProgress>(row.value, proto::ReadLimits{}, [&](auto stored) {
+      member->second.records = stored.getRecords();
+      member->second.last_seq = stored.getLastSeq();
+      member->second.last_issue_ns = stored.getLastIssueNs();
+      comm->second.last_ns = std::max(comm->second.last_ns, stored.getCommLastNs());
+    });
+    if (!read) return make_error(Errc::storage, "a member's stored progress is unreadable: " + read.error().message);
+  }
   auto nodes = store_.all_nodes();
   if (!nodes) return nodes.error();
   for (const auto& bytes : *nodes) {
@@ -283,18 +298,31 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
   out.now.emplace_back(routing_id, proto::to_packed(builder));
 }
 
-CommState& Ingest::comm_for(uint64_t hash, const std::string& node, uint32_t pid) {
+CommState& Ingest::comm_for(uint64_t hash, const std::string& node, uint32_t pid, bool& changed) {
   CommState& comm = comms_[hash];
   if (comm.hash == 0) {
     comm.hash = hash;
     comm.first_ns = clock_.realtime_ns();
+    changed = true;
   }
   if (comm.job.empty()) {
     auto proc = processes_.find({node, pid});
-    if (proc != processes_.end()) comm.job = proc->second.job;
+    if (proc != processes_.end() && !proc->second.job.empty()) {
+      comm.job = proc->second.job;
+      changed = true;
+    }
   }
   comm.last_ns = clock_.realtime_ns();
   return comm;
+}
+
+bool Ingest::note_member(CommState& comm, int32_t rank, const std::string& node, uint32_t pid) {
+  MemberState& member = comm.members[rank];
+  if (member.rank == rank && member.pid == pid && member.node == node) return false;
+  member.rank = rank;
+  member.node = node;
+  member.pid = pid;
+  return true;
 }
 
 void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, Outbox& out) {
@@ -350,21 +378,28 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     info.cuda_devices.clear();
     for (int32_t d : p.getCudaDevices()) info.cuda_devices.push_back(d);
   }
-  std::set<uint64_t> touched;
+  std::set<uint64_t> changed;  // what restore needs of these changed: written whole
   for (auto c : batch.getComms()) {
     if (auto valid = check_comm(c); !valid) {
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; skipped");
       continue;
     }
-    CommState& comm = comm_for(c.getCommHash(), node.name, c.getPid());
-    if (c.getNranks() > 0) comm.nranks = c.getNranks();
-    if (comm.origin == wire::CommOrigin::UNKNOWN) comm.origin = c.getOrigin();
-    comm.ended = false;
-    MemberState& member = comm.members[c.getRank()];
-    member.rank = c.getRank();
-    member.node = node.name;
-    member.pid = c.getPid();
-    touched.insert(comm.hash);
+    bool news = false;
+    CommState& comm = comm_for(c.getCommHash(), node.name, c.getPid(), news);
+    if (c.getNranks() > 0 && comm.nranks != c.getNranks()) {
+      comm.nranks = c.getNranks();
+      news = true;
+    }
+    if (comm.origin == wire::CommOrigin::UNKNOWN && c.getOrigin() != comm.origin) {
+      comm.origin = c.getOrigin();
+      news = true;
+    }
+    if (comm.ended) {
+      comm.ended = false;
+      news = true;
+    }
+    news |= note_member(comm, c.getRank(), node.name, c.getPid());
+    if (news) changed.insert(comm.hash);
   }
   for (auto a : batch.getAsyncErrors()) {
     auto it = comms_.find(a.getCommHash());
@@ -380,8 +415,8 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     auto it = comms_.find(e.getCommHash());
     if (it == comms_.end()) continue;
     // Ended once every member that reported it has destroyed it; one end is enough to note it.
+    if (!it->second.ended) changed.insert(it->first);
     it->second.ended = true;
-    touched.insert(it->first);
   }
   size_t records = 0;
   for (auto columns : batch.getCollectives()) {
@@ -391,12 +426,12 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; block skipped");
       continue;
     }
-    CommState& comm = comm_for(block->comm_hash, node.name, block->pid);
-    comm.lanes.insert(block->lane);
+    bool news = false;
+    CommState& comm = comm_for(block->comm_hash, node.name, block->pid, news);
+    news |= comm.lanes.insert(block->lane).second;
+    news |= note_member(comm, block->rank, node.name, block->pid);
+    if (news) changed.insert(comm.hash);
     MemberState& member = comm.members[block->rank];
-    member.rank = block->rank;
-    member.node = node.name;
-    member.pid = block->pid;
     for (const auto& call : block->records) {
       StoredRecord record;
       record.key = RecordKey{block->comm_hash, block->lane, block->rank, call.seq};
@@ -413,9 +448,9 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     }
     member.records += block->records.size();
     records += block->records.size();
-    touched.insert(comm.hash);
+    dirty_members_.emplace(comm.hash, block->rank);
   }
-  dirty_comms_.insert(touched.begin(), touched.end());
+  dirty_comms_.insert(changed.begin(), changed.end());
   // After the collectives: a wait follows the collectives issued before it.
   for (auto columns : batch.getWaits()) {
     auto block = proto::decode_waits(columns, batch);
@@ -593,6 +628,19 @@ void Ingest::persist_dirty() {
     auto it = comms_.find(hash);
     if (it != comms_.end()) persist_comm(it->second);
   }
+  for (const auto& [hash, rank] : dirty_members_) {
+    auto comm = comms_.find(hash);
+    if (comm == comms_.end()) continue;
+    auto member = comm->second.members.find(rank);
+    if (member == comm->second.members.end()) continue;
+    capnp::MallocMessageBuilder builder;
+    auto progress = builder.initRoot<proto::store::StoredProgress>();
+    progress.setRecords(member->second.records);
+    progress.setLastSeq(member->second.last_seq);
+    progress.setLastIssueNs(member->second.last_issue_ns);
+    progress.setCommLastNs(comm->second.last_ns);
+    pending_.put_progress(hash, rank, proto::to_packed(builder));
+  }
   for (const auto& name : dirty_nodes_) {
     auto it = nodes_.find(name);
     if (it != nodes_.end()) persist_node(it->second);
@@ -616,6 +664,7 @@ Result<void> Ingest::commit() {
   }
   uncommitted_.clear();
   dirty_comms_.clear();  // kept on failure: written again with the next commit
+  dirty_members_.clear();
   dirty_nodes_.clear();
   return {};
 }

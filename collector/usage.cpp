@@ -540,7 +540,16 @@ const std::map<std::string, UsageLedger::Totals>& UsageLedger::totals(TenantKey 
 void UsageLedger::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
   auto member = comm.members.find(rank);
   if (member == comm.members.end()) return;
-  Usage& usage = record_usage_[{minute_of(record.issue_ns), member->second.node, member->second.pid}];
+  uint64_t minute = minute_of(record.issue_ns);
+  if (last_usage_.member != &member->second || last_usage_.minute != minute || !last_usage_.usage ||
+      last_usage_.pid != member->second.pid || last_usage_.node != member->second.node) {
+    last_usage_.usage = &record_usage_[{minute, member->second.node, member->second.pid}];
+    last_usage_.member = &member->second;
+    last_usage_.minute = minute;
+    last_usage_.pid = member->second.pid;
+    last_usage_.node = member->second.node;
+  }
+  Usage& usage = *last_usage_.usage;
   usage.collectives += 1;
   usage.bytes += static_cast<double>(proto::record_bytes(record));
   if (record.return_ns > record.issue_ns) usage.collective_s += static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
@@ -592,6 +601,7 @@ void UsageLedger::fold_records() {
     add_usage(minute_s * kNs, node, process ? Identity::of(*process) : Identity{}, usage);
   }
   record_usage_.clear();
+  last_usage_ = LastUsage{};
   for (const auto& [key, wait] : pending_waits_) {
     const auto& [hash, last, minute_s] = key;
     auto comm = ingest_.comms().find(hash);

@@ -213,6 +213,14 @@ class UsageLedger final : public RecordObserver {
   std::map<uint64_t, CommTrack> comms_;
   // The record path only adds up, cheaply; tick() attributes. By (minute, node, pid):
   std::map<std::tuple<uint64_t, std::string, uint32_t>, Usage> record_usage_;
+  // The entry the last record went to: a block's records share it (cleared with record_usage_).
+  struct LastUsage {
+    const MemberState* member = nullptr;
+    uint64_t minute = 0;
+    uint32_t pid = 0;
+    std::string node;
+    Usage* usage = nullptr;
+  } last_usage_;
   // By (comm, late rank, minute): seconds the others waited on it.
   struct PendingWait {
     double seconds = 0;

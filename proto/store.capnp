@@ -22,6 +22,17 @@ struct StoredComm {
   ended @8 :Bool;
 }
 
+# How far one member of a communicator has got, written with every commit
+# that moved it (column family "progress", key: comm hash, rank): a big
+# communicator's members and their counters are then not re-serialised
+# whole at each commit. On restore it overrides the counters in StoredComm.
+struct StoredProgress {
+  records @0 :UInt64;
+  lastSeq @1 :Int64;
+  lastIssueNs @2 :UInt64;
+  commLastNs @3 :UInt64;   # the communicator's last activity when written
+}
+
 struct StoredNode {
   node @0 :Text;
   lastContactNs @1 :UInt64;

@@ -239,7 +239,7 @@ void Detector::complete(const CommState& comm, CommDetect& state, Instance& inst
       stats.blamed_until = std::max(stats.blamed_until, t[r]);
     }
     stats.delay_ns.push_back(delay);
-    if (stats.over > 0 || book_.open_finding(straggler_of(comm.hash, r).key()))
+    if (stats.over > 0 || stats.open)
       stats.gpu_ns_lost += static_cast<double>(delay) * (n - 1);
     while (stats.delay_ns.size() > options_.straggler_window) stats.delay_ns.pop_front();
     if (r == last && n > 1 && lateness_samples_.size() < kMaxLatenessSamples)
@@ -289,6 +289,7 @@ void Detector::score(CommDetect& state, uint64_t now_ns) {
       RankStats& stats = state.ranks[r];
       int64_t own = v[r] - reference;
       stats.lateness_ns.push_back(own);
+      stats.fresh = false;
       while (stats.lateness_ns.size() > options_.straggler_window) stats.lateness_ns.pop_front();
       if (stats.first_ns.size() < options_.baseline_samples) {
         stats.first_ns.push_back(own);
@@ -317,16 +318,25 @@ std::vector<double> Detector::take_lateness_samples() {
   return out;
 }
 
+const NodeState* Detector::node_named(const std::string& name) const {
+  // Nodes are never forgotten by the ingest: the pointer stays good.
+  if (last_node_ && last_node_->name == name) return last_node_;
+  auto it = ingest_.nodes().find(name);
+  if (it == ingest_.nodes().end()) return nullptr;
+  last_node_ = &it->second;
+  return last_node_;
+}
+
 const ProcessHealth* Detector::health_of(const MemberState& member) const {
-  auto node = ingest_.nodes().find(member.node);
-  if (node == ingest_.nodes().end()) return nullptr;
-  auto health = node->second.health.find(member.pid);
-  return health == node->second.health.end() ? nullptr : &health->second;
+  const NodeState* node = node_named(member.node);
+  if (!node) return nullptr;
+  auto health = node->health.find(member.pid);
+  return health == node->health.end() ? nullptr : &health->second;
 }
 
 uint64_t Detector::clock_uncertainty(const std::string& node) const {
-  auto it = ingest_.nodes().find(node);
-  return it == ingest_.nodes().end() ? UINT64_MAX / 4 : it->second.clock.uncertainty_ns();
+  const NodeState* it = node_named(node);
+  return it ? it->clock.uncertainty_ns() : UINT64_MAX / 4;
 }
 
 std::string Detector::describe_rank(const CommState& comm, int32_t rank, uint64_t now_ns) const {
@@ -443,8 +453,13 @@ void Detector::evaluate(uint64_t now_ns) {
   // The open hangs and mismatches by communicator, gathered once: asking the
   // book per communicator costs (communicators x open findings).
   std::map<uint64_t, std::vector<const Finding*>> open_by_comm;
-  for (const Finding* f : book_.open())
+  std::map<uint64_t, std::set<int32_t>> open_stragglers;
+  open_lost_.clear();
+  for (const Finding* f : book_.open()) {
     if (f->kind == FindingKind::hang || f->kind == FindingKind::mismatch) open_by_comm[f->comm].push_back(f);
+    if (f->kind == FindingKind::straggler && !f->ranks.empty()) open_stragglers[f->comm].insert(f->ranks.front());
+    if (f->kind == FindingKind::node_lost && !f->nodes.empty()) open_lost_.insert(f->nodes.front());
+  }
   static const std::vector<const Finding*> kNone;
   peer_cache_.clear();
   // Nodes whose agent has been silent for longer than a few heartbeats (or
@@ -467,7 +482,8 @@ void Detector::evaluate(uint64_t now_ns) {
     auto open = open_by_comm.find(hash);
     evaluate_hang(comm, state, now_ns, open == open_by_comm.end() ? kNone : open->second);
     score(state, now_ns);
-    evaluate_stragglers(comm, state, now_ns);
+    auto stragglers = open_stragglers.find(hash);
+    evaluate_stragglers(comm, state, now_ns, stragglers == open_stragglers.end() ? nullptr : &stragglers->second);
   }
   evaluate_nodes(now_ns);
 }
@@ -594,54 +610,78 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   book_.raise(std::move(f), now_ns);
 }
 
-void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns) {
+void Detector::refresh_statistics(RankStats& stats) const {
+  // Lateness over the rank's own baseline (its structural lateness since it
+  // was first seen), with the standard error of its median (robust: 1.4826
+  // x MAD for sigma).
+  bool learnt = stats.first_ns.size() >= options_.baseline_samples;
+  stats.sorted_ns.assign(stats.lateness_ns.begin(), stats.lateness_ns.end());
+  for (int64_t& l : stats.sorted_ns) l -= learnt ? stats.baseline_ns : 0;
+  std::sort(stats.sorted_ns.begin(), stats.sorted_ns.end());
+  stats.median_ns = median(stats.sorted_ns);
+  std::vector<int64_t> dev;
+  dev.reserve(stats.sorted_ns.size());
+  for (int64_t x : stats.sorted_ns) dev.push_back(std::llabs(x - stats.median_ns));
+  double sigma = 1.4826 * static_cast<double>(median(dev));
+  double se = 1.2533 * sigma / std::sqrt(static_cast<double>(stats.sorted_ns.size()));
+  // A baseline learnt as zero (no structure: most ranks) adds no error of its own.
+  double se_b = learnt && stats.baseline_ns > 0 ? stats.baseline_se_ns : 0.0;
+  stats.se_ns = std::sqrt(se * se + se_b * se_b);
+  stats.fresh = true;
+}
+
+void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                                   const std::set<int32_t>* open_ranks) {
   const int32_t n = comm.nranks;
   if (n < 2 || state.completed_ns.size() < 2) return;
   double period = static_cast<double>(state.completed_ns.back() - state.completed_ns.front()) /
                   static_cast<double>(state.completed_ns.size() - 1);
   double window = static_cast<double>(state.completed_ns.back() - state.completed_ns.front());
   // The two largest clock uncertainties among the members' nodes: a rank is
-  // compared with the others, so both clocks' errors add up.
-  std::vector<uint64_t> uncertainty(n, 0);
-  for (const auto& [rank, m] : comm.members)
-    if (rank >= 0 && rank < n) uncertainty[rank] = clock_uncertainty(m.node);
-  // The largest uncertainty among the others is the largest overall, or the
-  // second largest for the rank that holds the largest: O(n), not O(n^2).
+  // compared with the others, so both clocks' errors add up. Looked up only
+  // when some rank is near its threshold.
+  std::vector<uint64_t> uncertainty;
   int32_t top = 0;
-  for (int32_t r = 1; r < n; ++r)
-    if (uncertainty[r] > uncertainty[top]) top = r;
   uint64_t second = 0;
-  for (int32_t r = 0; r < n; ++r)
-    if (r != top) second = std::max(second, uncertainty[r]);
+  auto uncertainties = [&] {
+    uncertainty.assign(n, 0);
+    for (const auto& [rank, m] : comm.members)
+      if (rank >= 0 && rank < n) uncertainty[rank] = clock_uncertainty(m.node);
+    // The largest uncertainty among the others is the largest overall, or the
+    // second largest for the rank that holds the largest: O(n), not O(n^2).
+    for (int32_t r = 1; r < n; ++r)
+      if (uncertainty[r] > uncertainty[top]) top = r;
+    for (int32_t r = 0; r < n; ++r)
+      if (r != top) second = std::max(second, uncertainty[r]);
+  };
   for (int32_t r = 0; r < n; ++r) {
     RankStats& stats = state.ranks[r];
+    bool is_open = open_ranks && open_ranks->count(r) > 0;
+    stats.open = is_open;
+    if (stats.lateness_ns.size() < options_.straggler_min_samples) continue;
+    if (!stats.fresh) refresh_statistics(stats);
+    // The threshold: the median must exceed lateness_z standard errors, the
+    // floor, and the clocks' uncertainty. Under it without the clocks, a
+    // rank with no open finding is plainly not late: nothing more to do.
+    double floor = std::max({static_cast<double>(options_.min_lateness_ns), options_.relative_lateness * period,
+                             options_.lateness_z * stats.se_ns});
+    int64_t lateness = stats.median_ns;
+    if (!is_open && static_cast<double>(lateness) <= floor) {
+      stats.over = 0;
+      stats.gpu_ns_lost = 0;
+      continue;
+    }
+    if (uncertainty.empty()) uncertainties();
     Finding key_probe = straggler_of(comm.hash, r);
     std::string key = key_probe.key();
-    const Finding* open = book_.open_finding(key);
-    if (stats.lateness_ns.size() < options_.straggler_min_samples) continue;
+    const Finding* open = is_open ? book_.open_finding(key) : nullptr;
     uint64_t others_unc = r == top ? second : uncertainty[top];
-    // Lateness over the rank's own baseline (its structural lateness since
-    // it was first seen), judged against its own noise: the median of the
-    // window must exceed lateness_z standard errors of that median (robust:
-    // 1.4826 x MAD for sigma), the floor, and the clocks' uncertainty.
     bool learnt = stats.first_ns.size() >= options_.baseline_samples;
-    std::vector<int64_t> excess;
-    excess.reserve(stats.lateness_ns.size());
-    for (int64_t l : stats.lateness_ns) excess.push_back(l - (learnt ? stats.baseline_ns : 0));
-    int64_t lateness = median(excess);
-    std::vector<int64_t> dev;
-    dev.reserve(excess.size());
-    for (int64_t x : excess) dev.push_back(std::llabs(x - lateness));
-    double sigma = 1.4826 * static_cast<double>(median(dev));
-    double se = 1.2533 * sigma / std::sqrt(static_cast<double>(excess.size()));
-    // A baseline learnt as zero (no structure: most ranks) adds no error of its own.
-    double se_b = learnt && stats.baseline_ns > 0 ? stats.baseline_se_ns : 0.0;
-    double se_total = std::sqrt(se * se + se_b * se_b);
-    double threshold = std::max({static_cast<double>(options_.min_lateness_ns), options_.relative_lateness * period,
-                                 options_.lateness_z * se_total}) +
-                       static_cast<double>(uncertainty[r]) + static_cast<double>(others_unc);
-    size_t late = std::count_if(excess.begin(), excess.end(),
-                                [&](int64_t l) { return static_cast<double>(l) > threshold / 2; });
+    const std::vector<int64_t>& excess = stats.sorted_ns;
+    double threshold = floor + static_cast<double>(uncertainty[r]) + static_cast<double>(others_unc);
+    size_t late = static_cast<size_t>(
+        excess.end() - std::upper_bound(excess.begin(), excess.end(), threshold / 2,
+                                        [](double t, int64_t l) { return t < static_cast<double>(l); }));
     bool over = static_cast<double>(lateness) > threshold && late * 4 >= excess.size() * 3;
     bool under = static_cast<double>(lateness) < threshold / 2;
     stats.over = over ? stats.over + 1 : 0;
@@ -651,6 +691,7 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     }
     if (open && stats.under >= options_.close_after) {
       book_.resolve(key, now_ns);
+      stats.open = false;
       stats.gpu_ns_lost = 0;
       continue;
     }
@@ -697,6 +738,7 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
                std::to_string(options_.baseline_samples) + " collectives).";
     if (!context.empty()) f.detail += "\nWhy: " + context + ".";
     book_.raise(std::move(f), now_ns);
+    stats.open = true;
   }
 }
 
@@ -726,16 +768,20 @@ void Detector::evaluate_nodes(uint64_t now_ns) {
   for (const auto& [name, node] : ingest_.nodes()) {
     // After a restart, a node's last contact is at least our own start.
     uint64_t heard = std::max(node.last_contact_ns, ingest_.started_ns());
-    Finding f;
-    f.kind = FindingKind::node_lost;
-    f.nodes = {name};
-    std::string key = f.key();
     bool silent = now_ns > heard && now_ns - heard > options_.node_lost_timeout_ns;
     if (!silent) {
-      book_.resolve(key, now_ns);
+      if (open_lost_.count(name)) {
+        Finding f;
+        f.kind = FindingKind::node_lost;
+        f.nodes = {name};
+        book_.resolve(f.key(), now_ns);
+      }
       folded_told_.erase(name);
       continue;
     }
+    Finding f;
+    f.kind = FindingKind::node_lost;
+    f.nodes = {name};
     if (!gathered) {
       for (const auto& [hash, comm] : ingest_.comms()) {
         if (comm.ended) continue;

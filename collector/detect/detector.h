@@ -78,6 +78,14 @@ class Detector final : public RecordObserver {
     double baseline_se_ns = 0;        // its standard error
     std::deque<uint64_t> delay_ns;    // how much later the instance completed because of this rank
     int over = 0, under = 0;          // hysteresis counters
+    bool open = false;                // a straggler finding is open for it (as of the last evaluation)
+    // Statistics of the window, worked out again only after a new value
+    // (an evaluation without one reads them: at 8,192 ranks, two medians
+    // per rank and evaluation were most of the collector's time).
+    bool fresh = false;
+    int64_t median_ns = 0;            // median lateness over the baseline
+    double se_ns = 0;                 // its standard error (baseline's included)
+    std::vector<int64_t> sorted_ns;   // the window's lateness over the baseline, sorted
     double gpu_ns_lost = 0;           // since its straggler finding opened
     int64_t blamed_until = 0;         // delays are counted once: back-to-back collectives overlap
   };
@@ -124,7 +132,10 @@ class Detector final : public RecordObserver {
   bool fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks);
   void evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
                      const std::vector<const Finding*>& open_of_comm);
-  void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns);
+  void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                           const std::set<int32_t>* open_ranks);
+  void refresh_statistics(RankStats& stats) const;
+  const NodeState* node_named(const std::string& name) const;
   void evaluate_nodes(uint64_t now_ns);
   void resolve_comm(uint64_t comm, uint64_t now_ns);
 
@@ -144,11 +155,14 @@ class Detector final : public RecordObserver {
   std::set<std::string> silent_;                     // this evaluation's silent nodes
   std::map<std::string, std::set<uint64_t>> folded_;  // silent node -> comms whose hang it explains
   std::map<std::string, size_t> folded_told_;         // lost node -> comms its finding said it explains
+  std::set<std::string> open_lost_;                   // nodes with an open node_lost finding, this evaluation
   struct PeerShares {
     bool known = false;
     double running = 0, waiting = 0, off_cpu = 0;
   };
   mutable std::map<uint64_t, PeerShares> peer_cache_;  // per communicator, this evaluation
+  // The node looked up last: a communicator's members come node by node.
+  mutable const NodeState* last_node_ = nullptr;
   std::vector<double> lateness_samples_;
 };
 

@@ -2,6 +2,7 @@
 // The collector's RocksDB: one column family per kind of data.
 //   records: (comm, lane, rank, seq) -> one NCCL call, times on the cluster clock
 //   comms:   comm -> StoredComm (job, members, lanes)
+//   progress: (comm, rank) -> StoredProgress (that member's counters)
 //   nodes:   node -> StoredNode
 //   findings: id -> StoredFinding
 //   usage:   the usage ledger's rows (collector/usage.h), keys made there
@@ -73,27 +74,36 @@ class WriteSet {
  public:
   void put_record(const StoredRecord& record);
   void put_comm(uint64_t comm, std::string value);
+  void put_progress(uint64_t comm, int32_t rank, std::string value);
   void put_node(const std::string& node, std::string value);
   void put_finding(uint64_t id, std::string value);
   void put_usage(const std::string& key, std::string value);
   void delete_usage(const std::string& key);
-  size_t records() const { return records_; }
-  bool empty() const { return batch_.Count() == 0; }
+  size_t records() const { return records_.size(); }
+  bool empty() const { return batch_.Count() == 0 && records_.empty(); }
 
  private:
   friend class TimelineStore;
   WriteSet(rocksdb::ColumnFamilyHandle* records, rocksdb::ColumnFamilyHandle* comms, rocksdb::ColumnFamilyHandle* nodes,
-           rocksdb::ColumnFamilyHandle* findings, rocksdb::ColumnFamilyHandle* usage)
+           rocksdb::ColumnFamilyHandle* findings, rocksdb::ColumnFamilyHandle* usage,
+           rocksdb::ColumnFamilyHandle* progress)
       : records_family_(records), comms_family_(comms), nodes_family_(nodes), findings_family_(findings),
-        usage_family_(usage) {}
+        usage_family_(usage), progress_family_(progress) {}
   rocksdb::ColumnFamilyHandle* records_family_;
   rocksdb::ColumnFamilyHandle* comms_family_;
   rocksdb::ColumnFamilyHandle* nodes_family_;
   rocksdb::ColumnFamilyHandle* findings_family_;
   rocksdb::ColumnFamilyHandle* usage_family_;
+  rocksdb::ColumnFamilyHandle* progress_family_;
   rocksdb::WriteBatch batch_;
-  size_t records_ = 0;
+  // Records go into the batch at commit, in key order: RocksDB's memtable
+  // (a skip list) then inserts each next to the one before, where records
+  // in arrival order (every rank's newest few, all over the key space) cost
+  // a search from the top each. (Encoded key, value.)
+  std::vector<std::pair<std::string, std::string>> records_;
   TimeHistogram times_;
+  uint64_t last_bucket_ = UINT64_MAX, last_bucket_count_ = 0;  // times_'s newest bucket, not yet added
+  void flush_times();
 };
 
 struct StoreOptions {
@@ -111,7 +121,7 @@ class TimelineStore {
   static Result<std::unique_ptr<TimelineStore>> open(const std::string& path, const StoreOptions& options = {});
   ~TimelineStore();
 
-  WriteSet writes() const { return WriteSet(records_, comms_, nodes_, findings_, usage_); }
+  WriteSet writes() const { return WriteSet(records_, comms_, nodes_, findings_, usage_, progress_); }
   // Writes and syncs the write-ahead log before returning: what this
   // returns ok for survives a crash, so only then is it acknowledged.
   Result<void> commit(WriteSet& writes);
@@ -122,6 +132,12 @@ class TimelineStore {
   Result<uint64_t> count(uint64_t comm, uint32_t lane, int32_t rank) const;
 
   Result<std::vector<std::string>> all_comms() const;  // values
+  struct Progress {
+    uint64_t comm;
+    int32_t rank;
+    std::string value;
+  };
+  Result<std::vector<Progress>> all_progress() const;
   Result<std::vector<std::string>> all_nodes() const;  // values
   Result<std::vector<std::string>> all_findings() const;  // values, in id order
 
@@ -159,6 +175,7 @@ class TimelineStore {
   rocksdb::ColumnFamilyHandle* nodes_ = nullptr;
   rocksdb::ColumnFamilyHandle* findings_ = nullptr;
   rocksdb::ColumnFamilyHandle* usage_ = nullptr;
+  rocksdb::ColumnFamilyHandle* progress_ = nullptr;
 };
 
 }  // namespace rankscope::collector

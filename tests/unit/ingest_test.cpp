@@ -145,10 +145,17 @@ TEST_F(IngestTest, StateSurvivesARestart) {
   ingest.on_agent_message("conn-1", hello("gpu-1"), out);
   ingest.on_agent_message("conn-1", batch(1, 0, 3), out);
   ASSERT_TRUE(ingest.commit());
+  // A later commit that moves only the member's counters (the communicator
+  // is not written whole again: its progress row is).
+  ingest.on_agent_message("conn-1", batch(2, 3, 5), out);
+  ASSERT_TRUE(ingest.commit());
   Ingest restarted(*store, clock);
   ASSERT_TRUE(restarted.restore());
   ASSERT_EQ(restarted.comms().count(0xc0ffee), 1u);
-  EXPECT_EQ(restarted.comms().at(0xc0ffee).members.at(1).last_seq, 2);
+  const MemberState& member = restarted.comms().at(0xc0ffee).members.at(1);
+  EXPECT_EQ(member.last_seq, 7);
+  EXPECT_EQ(member.records, 8u);
+  EXPECT_EQ(member.node, "gpu-1");
   EXPECT_EQ(restarted.nodes().count("gpu-1"), 1u);
 }
 
