@@ -65,7 +65,8 @@ Transport::Transport(zmq::context_t& context, const Options& options, const Cloc
       instance_id_(instance_id),
       on_clock_sample_(std::move(on_clock_sample)),
       socket_(context, zmq::socket_type::dealer),
-      spool_(std::move(spool)) {
+      spool_(std::move(spool)),
+      ack_timer_(static_cast<uint64_t>(options.ack_timeout_ms) * 1'000'000ull, kMaxAckWaitNs) {
   // What an earlier run left unacknowledged goes first, as it was (its own
   // instance id and seq: the collector recognises what it already stored).
   if (spool_) {
@@ -203,11 +204,10 @@ bool Transport::send_pending(Pending& pending) {
 
 uint64_t Transport::ack_wait_ns(const Pending& pending) const {
   // A collector that is slow, not gone, would otherwise get the same batches
-  // again every ack timeout on top of its backlog: the wait doubles with
-  // each re-send (2, 4, 8 ... s by default), up to a minute.
-  uint64_t timeout = static_cast<uint64_t>(options_.ack_timeout_ms) * 1'000'000ull;
-  uint64_t wait = timeout << std::min<uint32_t>(pending.resends, 5);
-  return std::max(timeout, std::min(wait, kMaxAckWaitNs));
+  // again every ack timeout on top of its backlog: the wait follows the acks'
+  // round trip, and doubles with each re-send (2, 4, 8 ... s by default), up
+  // to a minute.
+  return ack_timer_.wait_ns(pending.resends);
 }
 
 void Transport::send_clock_probe() {
@@ -290,7 +290,10 @@ void Transport::handle(const std::string& bytes) {
           if (!accepted_)
             RS_LOG(info, "collector %s accepted node %s (%zu batch(es) to send)", options_.collector.c_str(),
                    options_.node.c_str(), queue_.size());
-          if (!accepted_) ++welcomes_;
+          if (!accepted_) {
+            ++welcomes_;
+            ack_timer_.reset();  // a new connection: what was learnt of the old one no longer holds
+          }
           accepted_ = true;
           for (auto& pending : queue_) {  // send all again, in order (a new connection: no backing off)
             pending.last_sent_ns = 0;
@@ -311,6 +314,7 @@ void Transport::handle(const std::string& bytes) {
           return p.seq == ack.getSeq() && p.instance == ack.getInstanceId();
         });
         if (it != queue_.end()) {
+          if (it->resends == 0 && it->last_sent_ns != 0) ack_timer_.sample(now() - it->last_sent_ns);
           queued_bytes_ -= it->bytes.size();
           if (spool_) spool_->acked(it->instance, it->seq, it->ref);
           queue_.erase(it);

@@ -18,6 +18,7 @@
 #include <string>
 #include <zmq.hpp>
 
+#include "common/ack_timer.h"
 #include "common/clock.h"
 #include "node-agent/options.h"
 #include "node-agent/spool.h"
@@ -56,6 +57,8 @@ class Transport {
   uint64_t lost_records() const { return lost_records_; }
   uint64_t spool_damaged() const { return spool_ ? spool_->damage().bad_tails : 0; }
   uint64_t memory_bytes() const { return queued_bytes_; }
+  // How long a batch sent once now waits for its ack (common/ack_timer.h).
+  uint64_t ack_timeout_ns() const { return ack_timer_.timeout_ns(); }
   const Spool* spool() const { return spool_.get(); }
   zmq::socket_t& socket() { return socket_; }
 
@@ -103,6 +106,7 @@ class Transport {
   uint64_t waiting_since_ns_ = 0;     // no reply yet since then (0: a reply came)
   uint64_t last_silence_log_ns_ = 0;
   uint64_t last_reconnect_ns_ = 0;
+  AckTimer ack_timer_;
 };
 
 // A batch without its collective records and waits (same instance id and

@@ -334,6 +334,36 @@ class StepClock final : public Clock {
   uint64_t now = 1'000'000'000ull;
 };
 
+// Hello and its answer.
+void accept(FakeCollector& collector, Transport& transport) {
+  ASSERT_TRUE(testing::wait_for(
+      [&] {
+        collector.serve_within(5);
+        transport.service();
+        return transport.accepted();
+      },
+      std::chrono::seconds(10)));
+}
+
+// Turns until `until_ns` on the agent's clock: the agent does what is due,
+// and every message goes back and forth (each side has received all the
+// other sent: nothing is on its way); then `step_ns` of the agent's time
+// passes. Time never moves while a message travels, however slow the machine.
+void run_turns(FakeCollector& collector, Transport& transport, StepClock& clock, uint64_t until_ns,
+               uint64_t step_ns = 200'000'000ull) {
+  while (clock.now < until_ns) {
+    for (;;) {
+      transport.service();
+      if (transport.messages_sent() == collector.messages_in && collector.replies_out == transport.messages_received())
+        break;
+      collector.serve_within(2);
+      zmq::pollitem_t item{transport.socket().handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(2));
+    }
+    clock.now += step_ns;
+  }
+}
+
 // A collector that takes batches but never acknowledges them (too slow):
 // the agent sends the same batch again after 2 s, then waits twice as long
 // each time (4, 8, 16, 32 s), at most 60 s; a collector that asks for a new
@@ -347,37 +377,12 @@ TEST_F(SpoolTest, TheWaitForAnAckDoublesWithEachReSendAndANewConnectionStartsAfr
   collector.clock = &clock;
   collector.ack = false;
   Transport transport(context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t) {}, open());
-  ASSERT_TRUE(testing::wait_for(
-      [&] {
-        collector.serve_within(5);
-        transport.service();
-        return transport.accepted();
-      },
-      std::chrono::seconds(10)));
+  accept(collector, transport);
   uint64_t t0 = clock.now;
   transport.submit(1, batch(7, 1));
-  // A turn: the agent does what is due, and every message goes back and
-  // forth (each side has received all the other sent: nothing is on its
-  // way); then 0.2 s of the agent's time passes. Time never moves while a
-  // message travels, however slow the machine.
-  constexpr uint64_t kStep = 200'000'000ull;
-  auto run_until = [&](double seconds) {
-    while (clock.now < t0 + static_cast<uint64_t>(seconds * 1e9)) {
-      for (;;) {
-        transport.service();
-        if (transport.messages_sent() == collector.messages_in &&
-            collector.replies_out == transport.messages_received())
-          break;
-        collector.serve_within(2);
-        zmq::pollitem_t item{transport.socket().handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, std::chrono::milliseconds(2));
-      }
-      clock.now += kStep;
-    }
-  };
-  run_until(200);
+  run_turns(collector, transport, clock, t0 + 200'000'000'000ull);
   collector.ask_hello = true;  // the next re-send (at 242 s) is answered "hello first"
-  run_until(250);
+  run_turns(collector, transport, clock, t0 + 250'000'000'000ull);
   std::vector<double> at;
   for (uint64_t t : collector.times) at.push_back(static_cast<double>(t - t0) / 1e9);
   std::string seen;
@@ -395,6 +400,57 @@ TEST_F(SpoolTest, TheWaitForAnAckDoublesWithEachReSendAndANewConnectionStartsAfr
     EXPECT_EQ(instance, 7u);
     EXPECT_EQ(seq, 1u);
   }
+}
+
+TEST_F(SpoolTest, ACollectorThatAcknowledgesLateIsGivenTimeBeforeAnythingIsSentAgain) {
+  zmq::context_t context(1);
+  Options options;  // --ack-timeout-ms 2000
+  options.collector = "ipc://" + tmp.file("behind.sock");
+  StepClock clock;
+  FakeCollector collector(context, options.collector);
+  collector.clock = &clock;
+  Transport transport(context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t) {}, open());
+  accept(collector, transport);
+  EXPECT_EQ(transport.ack_timeout_ns(), 2'000'000'000ull) << "nothing learnt yet: the configured timeout";
+  // A collector working through a backlog: each batch is acknowledged 5 s
+  // after it was sent (the agent does nothing meanwhile, so it re-sends nothing).
+  for (uint64_t seq = 1; seq <= 8; ++seq) {
+    transport.submit(seq, batch(7, seq));
+    uint64_t replies = collector.replies_out;
+    ASSERT_TRUE(testing::wait_for(
+        [&] {
+          collector.serve_within(2);
+          return collector.replies_out > replies;
+        },
+        std::chrono::seconds(10)));
+    clock.now += 5'000'000'000ull;
+    // The ack is on its way: the agent looks only once it is there.
+    zmq::pollitem_t item{transport.socket().handle(), 0, ZMQ_POLLIN, 0};
+    ASSERT_EQ(zmq::poll(&item, 1, std::chrono::seconds(10)), 1);
+    uint64_t received = transport.messages_received();
+    transport.service();
+    ASSERT_GT(transport.messages_received(), received);
+  }
+  EXPECT_EQ(transport.unacked(), 0u);
+  EXPECT_EQ(collector.received.size(), 8u) << "acks that came late, but within the wait, cause no re-send";
+  uint64_t learnt = transport.ack_timeout_ns();
+  EXPECT_GT(learnt, 5'000'000'000ull) << "the wait follows the acks' round trip";
+  EXPECT_LT(learnt, 8'000'000'000ull) << "the smoothed round trip plus four times its (decaying) variation";
+
+  // Now no ack comes: the first re-send waits for the learnt time, not 2 s,
+  // and the next waits twice as long.
+  collector.ack = false;
+  collector.times.clear();
+  uint64_t t0 = clock.now;
+  transport.submit(9, batch(7, 9));
+  run_turns(collector, transport, clock, t0 + 30'000'000'000ull);
+  std::string seen;
+  for (uint64_t t : collector.times) seen += std::to_string(static_cast<double>(t - t0) / 1e9) + " ";
+  ASSERT_GE(collector.times.size(), 3u) << seen;
+  double first = static_cast<double>(collector.times[1] - collector.times[0]) / 1e9;
+  double second = static_cast<double>(collector.times[2] - collector.times[1]) / 1e9;
+  EXPECT_NEAR(first, static_cast<double>(learnt) / 1e9, 0.45) << seen;
+  EXPECT_NEAR(second, 2 * static_cast<double>(learnt) / 1e9, 0.45) << seen;
 }
 
 TEST_F(SpoolTest, AFullSpoolKeepsSummariesAndCountsTheLostRecords) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace rankscope::sim {
@@ -17,7 +18,7 @@ constexpr int64_t kBatchInterval = 100 * kMs;
 constexpr int64_t kHeartbeatInterval = 1000 * kMs;
 constexpr int64_t kProbeInterval = 1000 * kMs;
 constexpr int64_t kAckTimeout = 2000 * kMs;
-constexpr int64_t kMaxAckWait = 60'000 * kMs;  // node-agent/transport.cpp backs off the same way
+constexpr int64_t kMaxAckWait = 60'000 * kMs;
 constexpr int64_t kHelloRetry = 2000 * kMs;
 }  // namespace
 
@@ -28,7 +29,8 @@ SimAgent::SimAgent(zmq::context_t& context, const std::string& endpoint, const F
       node_(fleet.nodes()[node]),
       t0_real_(t0_real),
       rng_(seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(node) * 104729ull + 3),
-      socket_(context, zmq::socket_type::dealer) {
+      socket_(context, zmq::socket_type::dealer),
+      ack_timer_(kAckTimeout, kMaxAckWait) {
   socket_.set(zmq::sockopt::linger, 0);
   socket_.set(zmq::sockopt::immediate, 1);
   socket_.set(zmq::sockopt::sndhwm, 1000);
@@ -63,14 +65,16 @@ void SimAgent::send_hello(int64_t rel_ns) {
   ++counters_.hellos;
 }
 
-void SimAgent::send_probe(int64_t rel_ns) {
+int64_t SimAgent::now_rel() const { return static_cast<int64_t>(SystemClock::read(CLOCK_REALTIME) - t0_real_); }
+
+void SimAgent::send_probe() {
   // Network jitter on the way out: as if the probe had left earlier than it
   // did (t1 stamped before a delay); the way back is added at receipt.
   double mean = fleet_.config().probe_jitter_ms * 1e6 / 2;
   std::exponential_distribution<double> jitter(mean > 0 ? 1.0 / mean : 1e9);
   int64_t out = mean > 0 ? static_cast<int64_t>(jitter(rng_)) : 0;
   int64_t back = mean > 0 ? static_cast<int64_t>(jitter(rng_)) : 0;
-  uint64_t t1 = node_clock(rel_ns - out);
+  uint64_t t1 = node_clock(now_rel() - out);
   probe_in_flight_[t1] = back;
   while (probe_in_flight_.size() > 16) probe_in_flight_.erase(probe_in_flight_.begin());
   capnp::MallocMessageBuilder message;
@@ -312,7 +316,7 @@ void SimAgent::tick(int64_t rel_ns) {
   if (!accepted_ && (last_hello_ < 0 || rel_ns - last_hello_ > kHelloRetry)) send_hello(rel_ns);
   take_due(rel_ns);
   if (accepted_ && rel_ns - last_probe_ >= kProbeInterval) {
-    send_probe(rel_ns);
+    send_probe();
     last_probe_ = rel_ns;
   }
   if (batch_opened_ >= 0 && rel_ns - batch_opened_ >= kBatchInterval) flush(rel_ns);
@@ -327,7 +331,7 @@ void SimAgent::resend_due(int64_t rel_ns) {
   if (dead_ || !accepted_) return;
   for (auto& p : queue_)
     if (p.seq != held_seq_ && p.last_sent >= 0 &&
-        rel_ns - p.last_sent >= std::min(kAckTimeout << std::min(p.resends, 5), kMaxAckWait)) {
+        rel_ns - p.last_sent >= static_cast<int64_t>(ack_timer_.wait_ns(static_cast<uint32_t>(p.resends)))) {
       ++p.resends;
       transmit(p, rel_ns, false);
     }
@@ -364,7 +368,11 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
       case wire::CollectorMessage::HELLO_REPLY:
         if (message.getHelloReply().getAccepted()) {
           accepted_ = true;
-          for (auto& p : queue_) p.last_sent = -1;
+          ack_timer_.reset();
+          for (auto& p : queue_) {
+            p.last_sent = -1;
+            p.resends = 0;
+          }
           for (auto& p : queue_) transmit(p, rel_ns, false);
         } else {
           RS_LOG(error, "collector refused node %s: %s", node_.name.c_str(),
@@ -376,6 +384,8 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
         if (ack.getInstanceId() != node_.instance) break;
         auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.seq == ack.getSeq(); });
         if (it != queue_.end()) {
+          if (it->resends == 0 && it->last_sent >= 0 && rel_ns > it->last_sent)
+            ack_timer_.sample(static_cast<uint64_t>(rel_ns - it->last_sent));
           counters_.records_acked += it->records;
           queue_.erase(it);
           ++counters_.acked;
@@ -386,7 +396,7 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
         auto reply = message.getClockReply();
         auto probe = probe_in_flight_.find(reply.getT1());
         if (probe == probe_in_flight_.end()) break;
-        uint64_t t4 = node_clock(rel_ns + probe->second);
+        uint64_t t4 = node_clock(now_rel() + probe->second);
         probe_in_flight_.erase(probe);
         samples_.push_back({reply.getT1(), reply.getT2(), reply.getT3(), t4});
         if (batch_opened_ < 0) batch_opened_ = rel_ns;

@@ -20,6 +20,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/ack_timer.h"
 #include "proto/codec.h"
 #include "tools/sim/model.h"
 
@@ -44,6 +45,9 @@ class SimAgent {
   void service(int64_t rel_ns);
   zmq::socket_t& socket() { return socket_; }
   bool dead() const { return dead_; }
+  // A clock probe's reply is still to come: the run loop reads such sockets
+  // between the fleet's ticks, so that the reply is stamped when it came.
+  bool awaiting_probe() const { return accepted_ && !dead_ && !probe_in_flight_.empty(); }
   bool accepted() const { return accepted_; }
   size_t unacked() const { return queue_.size(); }
   const AgentCounters& counters() const { return counters_; }
@@ -76,9 +80,14 @@ class SimAgent {
   };
 
   uint64_t node_clock(int64_t rel_ns) const { return node_.clock_at(rel_ns); }
+  // True time now. A probe is stamped when it really leaves and its reply
+  // when it is really read, as an agent does: the loop's tick time is up to
+  // one pass over the whole fleet old, and at 1,024 nodes that skewed the
+  // probes (and the collector's offsets) by milliseconds.
+  int64_t now_rel() const;
   void send(const std::string& bytes);
   void send_hello(int64_t rel_ns);
-  void send_probe(int64_t rel_ns);
+  void send_probe();
   void send_heartbeat(int64_t rel_ns);
   void flush(int64_t rel_ns);
   std::string build_batch(int64_t rel_ns);
@@ -105,6 +114,7 @@ class SimAgent {
   uint64_t ringbuf_lost_ = 0;
   std::deque<Pending> queue_;
   uint64_t held_seq_ = 0;  // a batch held back, to be sent after the next one (reordering)
+  AckTimer ack_timer_;     // when to re-send, as the agent (node-agent/transport.cpp) decides it
   std::set<uint32_t> reported_dead_;
   std::map<uint32_t, uint64_t> cpu_ns_;  // per pid, simulated main-thread CPU time
   int64_t last_cpu_sample_ = 0;

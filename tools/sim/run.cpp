@@ -186,6 +186,24 @@ int run_fleet(const FleetConfig& config, const RunOptions& options) {
     for (size_t i = 0; i < items.size(); ++i)
       if (items[i].revents & ZMQ_POLLIN) polled[i]->service(now);
   };
+  // Probe replies are read as they come, between chunks of the fleet's
+  // ticks: a reply left waiting for the whole pass would read as a long way back.
+  std::vector<zmq::pollitem_t> probe_items;
+  std::vector<SimAgent*> probing;
+  auto service_probes = [&] {
+    probe_items.clear();
+    probing.clear();
+    for (auto& a : agents)
+      if (a->awaiting_probe()) {
+        probe_items.push_back({a->socket().handle(), 0, ZMQ_POLLIN, 0});
+        probing.push_back(a.get());
+      }
+    if (probe_items.empty()) return;
+    zmq::poll(probe_items.data(), probe_items.size(), std::chrono::milliseconds(0));
+    int64_t now = rel_now();
+    for (size_t i = 0; i < probe_items.size(); ++i)
+      if (probe_items[i].revents & ZMQ_POLLIN) probing[i]->service(now);
+  };
   while ((rel = rel_now()) < duration) {
     fleet.advance(rel + kLookahead, out);
     for (size_t n = 0; n < out.size(); ++n)
@@ -197,7 +215,10 @@ int run_fleet(const FleetConfig& config, const RunOptions& options) {
       while (ring.size() > kClockSamplesPerNode) ring.pop_front();
     }
     rel = rel_now();
-    for (auto& a : agents) a->tick(rel);
+    for (size_t n = 0; n < agents.size(); ++n) {
+      agents[n]->tick(rel);
+      if (n % 64 == 63) service_probes();
+    }
     service_all(2);
   }
   // The records of the last moments, and their acks.
