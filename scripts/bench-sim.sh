@@ -8,8 +8,9 @@
 #   scripts/bench-sim.sh BUILD_DIR --accuracy  the accuracy part only
 #   scripts/bench-sim.sh BUILD_DIR --live     one 8,192-rank job (1,024 nodes) with 64 stragglers,
 #                                             live: backlog, memory, findings (about 3 minutes)
-# RS_COLLECTOR=PATH runs that collector binary instead of BUILD_DIR's (a
-# baseline build: the same command then gives the before figures).
+# RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
+# runs that collector binary instead of BUILD_DIR's (a baseline build: the
+# same command then gives the before figures).
 # Every run gets a fresh collector (its own database, ports); rankscope-sim
 # drives it over its agent socket and scores it over its query socket. The
 # collector never sees the truth files.
@@ -79,7 +80,7 @@ if [ "$mode" = "--live" ]; then
   # answer the scorer.
   start_collector live
   live_start=$(date +%s)
-  live_s=120
+  live_s=${RS_LIVE_S:-120}  # RS_LIVE_S: a longer run, to see memory level off
   # The collector's memory every 15 s: bounded means it levels off.
   ( for _ in $(seq $((live_s / 15))); do
       sleep 15
