@@ -145,16 +145,24 @@ std::vector<LibraryFile> Discovery::scan(const Scope& scope) {
     RS_LOG(error, "cannot read %s: %s", proc_root_.c_str(), strerror(errno));
     return found;
   }
-  std::map<uint32_t, uint64_t> alive;
+  std::map<uint32_t, Seen> alive;
   while (dirent* entry = readdir(proc)) {
     char* end = nullptr;
     unsigned long pid = strtoul(entry->d_name, &end, 10);
     if (!end || *end != '\0' || pid == 0) continue;
+    auto seen = seen_pids_.find(pid);
+    // Known, and readdir gives the same inode: the same process (procfs
+    // makes a new inode for a new process). Its start time is not read
+    // again: that open, read and close of /proc/PID/stat for every process
+    // twice a second was half of an idle agent's CPU.
+    if (!full && seen != seen_pids_.end() && entry->d_ino != 0 && seen->second.ino == entry->d_ino) {
+      alive[pid] = seen->second;
+      continue;
+    }
     auto start = read_start_time(proc_root_, static_cast<uint32_t>(pid));
     if (!start) continue;
-    alive[pid] = *start;
-    auto seen = seen_pids_.find(pid);
-    if (!full && seen != seen_pids_.end() && seen->second == *start) continue;
+    alive[pid] = Seen{*start, entry->d_ino};
+    if (!full && seen != seen_pids_.end() && seen->second.start_time == *start) continue;
     if (!in_scope(scope, static_cast<uint32_t>(pid))) continue;
     std::string dir = proc_root_ + "/" + std::to_string(pid);
     std::ifstream maps(dir + "/maps");

@@ -68,7 +68,11 @@ class Discovery {
  private:
   std::string proc_root_;
   std::set<LibraryFile> known_;
-  std::map<uint32_t, uint64_t> seen_pids_;  // pid -> start time, maps already read
+  struct Seen {
+    uint64_t start_time;  // tells a reused pid
+    ino_t ino;            // of /proc/PID as readdir gave it: a new process gets a new one
+  };
+  std::map<uint32_t, Seen> seen_pids_;  // processes whose maps were already read
   unsigned scans_ = 0;
 };
 
