@@ -316,13 +316,14 @@ CommState& Ingest::comm_for(uint64_t hash, const std::string& node, uint32_t pid
   return comm;
 }
 
-bool Ingest::note_member(CommState& comm, int32_t rank, const std::string& node, uint32_t pid) {
+MemberState& Ingest::note_member(CommState& comm, int32_t rank, const std::string& node, uint32_t pid, bool& changed) {
   MemberState& member = comm.members[rank];
-  if (member.rank == rank && member.pid == pid && member.node == node) return false;
+  if (member.rank == rank && member.pid == pid && member.node == node) return member;
   member.rank = rank;
   member.node = node;
   member.pid = pid;
-  return true;
+  changed = true;
+  return member;
 }
 
 void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, Outbox& out) {
@@ -398,7 +399,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       comm.ended = false;
       news = true;
     }
-    news |= note_member(comm, c.getRank(), node.name, c.getPid());
+    note_member(comm, c.getRank(), node.name, c.getPid(), news);
     if (news) changed.insert(comm.hash);
   }
   for (auto a : batch.getAsyncErrors()) {
@@ -429,9 +430,8 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     bool news = false;
     CommState& comm = comm_for(block->comm_hash, node.name, block->pid, news);
     news |= comm.lanes.insert(block->lane).second;
-    news |= note_member(comm, block->rank, node.name, block->pid);
+    MemberState& member = note_member(comm, block->rank, node.name, block->pid, news);
     if (news) changed.insert(comm.hash);
-    MemberState& member = comm.members[block->rank];
     for (const auto& call : block->records) {
       StoredRecord record;
       record.key = RecordKey{block->comm_hash, block->lane, block->rank, call.seq};

@@ -214,8 +214,8 @@ class Ingest {
   // The communicator (made if new); `changed` is set when what restore
   // needs of it (members, lanes, job, size) changed.
   CommState& comm_for(uint64_t hash, const std::string& node, uint32_t pid, bool& changed);
-  // Notes rank on node/pid as a member; true if that is news.
-  static bool note_member(CommState& comm, int32_t rank, const std::string& node, uint32_t pid);
+  // The member `rank`, noted as on node/pid; `changed` is set if that is news.
+  static MemberState& note_member(CommState& comm, int32_t rank, const std::string& node, uint32_t pid, bool& changed);
   void persist_comm(const CommState& comm);
   void persist_node(const NodeState& node);
   // Writes what changed since the last commit, in the commit that

@@ -541,10 +541,9 @@ void UsageLedger::on_record(const CommState& comm, int32_t rank, uint32_t lane, 
   auto member = comm.members.find(rank);
   if (member == comm.members.end()) return;
   uint64_t minute = minute_of(record.issue_ns);
-  if (last_usage_.member != &member->second || last_usage_.minute != minute || !last_usage_.usage ||
-      last_usage_.pid != member->second.pid || last_usage_.node != member->second.node) {
+  if (!last_usage_.usage || last_usage_.minute != minute || last_usage_.pid != member->second.pid ||
+      last_usage_.node != member->second.node) {
     last_usage_.usage = &record_usage_[{minute, member->second.node, member->second.pid}];
-    last_usage_.member = &member->second;
     last_usage_.minute = minute;
     last_usage_.pid = member->second.pid;
     last_usage_.node = member->second.node;

@@ -215,7 +215,6 @@ class UsageLedger final : public RecordObserver {
   std::map<std::tuple<uint64_t, std::string, uint32_t>, Usage> record_usage_;
   // The entry the last record went to: a block's records share it (cleared with record_usage_).
   struct LastUsage {
-    const MemberState* member = nullptr;
     uint64_t minute = 0;
     uint32_t pid = 0;
     std::string node;

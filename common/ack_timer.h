@@ -47,8 +47,6 @@ class AckTimer {
     return std::max(min_ns_, std::min(wait, max_ns_));
   }
 
-  uint64_t smoothed_rtt_ns() const { return srtt_ns_; }
-
   // A new connection (a collector welcomed us anew): what was learnt of the old one no longer holds.
   void reset() { srtt_ns_ = rttvar_ns_ = 0; }
 

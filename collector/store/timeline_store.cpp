@@ -16,6 +16,7 @@ namespace {
 constexpr uint8_t kRecordVersion = 1;
 constexpr size_t kRecordPrefixSize = 8 + 4 + 4;  // (comm, lane, rank): one rank's timeline
 constexpr size_t kRecordKeySize = kRecordPrefixSize + 8;
+constexpr size_t kProgressKeySize = 8 + 4;  // (comm, rank)
 constexpr size_t kRecordValueSize = 48;
 
 void put_be(std::string& out, uint64_t value, int bytes) {
@@ -404,8 +405,9 @@ Result<std::vector<TimelineStore::Progress>> TimelineStore::all_progress() const
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), progress_));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     rocksdb::Slice key = it->key();
-    if (key.size() != 12) return make_error(Errc::storage, "a progress row has a key of " + std::to_string(key.size()) +
-                                                               " bytes, not 12: the database is damaged");
+    if (key.size() != kProgressKeySize)
+      return make_error(Errc::storage, "a progress row has a key of " + std::to_string(key.size()) + " bytes, not " +
+                                           std::to_string(kProgressKeySize) + ": the database is damaged");
     out.push_back(Progress{get_be(key.data(), 8), static_cast<int32_t>(get_be(key.data() + 8, 4)), it->value().ToString()});
   }
   if (!it->status().ok()) return storage_error("reading the members' progress", it->status());
