@@ -4,25 +4,34 @@
 //   floor  = (no-op call with a bare uprobe + uretprobe) - (no-op call)
 //   added  = (ncclAllReduce traced by rankscope-agent) - (ncclAllReduce alone)
 //
-// Each repetition measures the four loops back to back, so drift of the
-// machine (other load, frequency) hits both sides of each difference alike;
-// the report gives the median and the range over the repetitions. Then a
-// paced run issues collectives at a fixed rate with the agent attached and
-// reads the agent's CPU time from /proc, next to the same agent idle.
+// and, to tell what any tracer pays on this particular function from what
+// the agent's own work costs, the bare pair on ncclAllReduce itself.
+//
+// Every call is timed on its own; a loop is summarised by its mean and by
+// its median call. Each repetition measures the loops back to back (the
+// floor before the NCCL loops and again right after the traced one), so
+// drift of the machine hits both sides of each difference alike; the report
+// gives the median and the range over the repetitions, and the ratio per
+// repetition. Then a paced run issues collectives at a fixed rate with the
+// agent attached and reads the agent's CPU time from /proc, next to the
+// same agent idle.
 //
 // The NCCL calls are real calls into libnccl.so.2 (by default the fakenccl
-// stand-in: a one-rank communicator, a one-element in-place AllReduce, which
-// only queues work on a stream and returns). The agent is the real daemon,
-// started with --pid <this process>, sending to a real collector.
+// stand-in: a one-rank communicator, a one-element in-place AllReduce),
+// made inside a group by default (NcclLoop::time says why). The agent is
+// the real daemon, started with --pid <this process>, sending to a real
+// collector.
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
@@ -59,6 +68,8 @@ struct Options {
   uint64_t noop_calls = 20000;   // per timed no-op loop
   uint64_t nccl_calls = 20000;   // per timed NCCL loop
   uint64_t chunk = 1000;         // NCCL calls between two (untimed) stream synchronizes
+  uint64_t blocks = 20;          // blocks of the traced loop and the floor, alternated
+  bool grouped = true;           // each chunk inside ncclGroupStart/ncclGroupEnd (untimed)
   uint64_t warmup = 1000;        // untimed calls before each timed loop
   double paced_rate = 10000;     // collective calls per second in the paced run
   double paced_seconds = 10;
@@ -96,13 +107,15 @@ class NoopProbes {
     if (skel_) bench_noop__destroy(skel_);
   }
 
-  // As the agent does: by file and symbol, for every process (pid -1).
-  Result<void> attach(const char* function) {
+  // As the agent does: by file and symbol, for every process (pid -1). The
+  // library is bench/noop.c's unless one is named.
+  Result<void> attach(const char* function, const std::string& library = {}) {
+    const std::string& file = library.empty() ? library_ : library;
     LIBBPF_OPTS(bpf_uprobe_opts, entry, .retprobe = false, .func_name = function);
     LIBBPF_OPTS(bpf_uprobe_opts, ret, .retprobe = true, .func_name = function);
-    entry_ = bpf_program__attach_uprobe_opts(skel_->progs.noop_enter, -1, library_.c_str(), 0, &entry);
+    entry_ = bpf_program__attach_uprobe_opts(skel_->progs.noop_enter, -1, file.c_str(), 0, &entry);
     if (!entry_) return make_error(Errc::system, "uprobe on " + std::string(function) + ": " + std::strerror(errno));
-    return_ = bpf_program__attach_uprobe_opts(skel_->progs.noop_return, -1, library_.c_str(), 0, &ret);
+    return_ = bpf_program__attach_uprobe_opts(skel_->progs.noop_return, -1, file.c_str(), 0, &ret);
     if (!return_) return make_error(Errc::system, "uretprobe on " + std::string(function) + ": " + std::strerror(errno));
     return {};
   }
@@ -120,14 +133,57 @@ class NoopProbes {
   std::string library_;
 };
 
-// ns per call of `calls` calls of a no-op function.
-double time_noop(NoopFunction function, uint64_t calls) {
+// One timed loop: every call's own time (one clock read per call, so the
+// intervals tile the loop), summarised two ways. The mean is what the loop
+// cost per call, everything included; the median is the typical call,
+// untouched by the rare call that wakes a thread, takes a page fault or
+// loses its CPU to another VM on the host.
+struct LoopTime {
+  double mean = 0, median = 0;
+  double switches = 0;  // context switches of this process per call (NCCL loops)
+};
+
+class CallTimes {
+ public:
+  void reserve(uint64_t calls) { ns_.reserve(ns_.size() + calls); }
+  void add(uint64_t ns) { ns_.push_back(ns); }
+  void add_switches(uint64_t n) { switches_ += n; }
+  LoopTime summary() const {
+    LoopTime t;
+    if (ns_.empty()) return t;
+    uint64_t sum = 0;
+    for (uint64_t v : ns_) sum += v;
+    std::vector<uint64_t> sorted = ns_;
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    t.mean = static_cast<double>(sum) / static_cast<double>(ns_.size());
+    t.median = static_cast<double>(sorted[sorted.size() / 2]);
+    t.switches = static_cast<double>(switches_) / static_cast<double>(ns_.size());
+    return t;
+  }
+
+ private:
+  std::vector<uint64_t> ns_;
+  uint64_t switches_ = 0;
+};
+
+// `calls` calls of a no-op function, each timed, added to `times`.
+void time_noop_into(CallTimes& times, NoopFunction function, uint64_t calls) {
+  times.reserve(calls);
   uint64_t sink = 0;
-  uint64_t start = monotonic_ns();
-  for (uint64_t i = 0; i < calls; ++i) sink = function(sink);
-  uint64_t elapsed = monotonic_ns() - start;
+  uint64_t last = monotonic_ns();
+  for (uint64_t i = 0; i < calls; ++i) {
+    sink = function(sink);
+    uint64_t now = monotonic_ns();
+    times.add(now - last);
+    last = now;
+  }
   if (sink != calls) std::abort();  // the calls were made
-  return static_cast<double>(elapsed) / static_cast<double>(calls);
+}
+
+LoopTime time_noop(NoopFunction function, uint64_t calls) {
+  CallTimes times;
+  time_noop_into(times, function, calls);
+  return times.summary();
 }
 
 // ---------------------------------------------------------------- BPF program time
@@ -171,6 +227,36 @@ std::optional<double> ns_per_run(const std::map<uint32_t, ProgCounters>& before,
   return std::nullopt;
 }
 
+// Every other program that ran between the two snapshots (the agent's
+// scheduler tracepoints, fired by the calls' own wakeups and switches, and
+// anything else on the machine), per call of the loop.
+struct OtherProgram {
+  std::string name;
+  double runs_per_call = 0, ns_per_call = 0;
+};
+
+std::vector<OtherProgram> other_programs(const std::map<uint32_t, ProgCounters>& before,
+                                         const std::map<uint32_t, ProgCounters>& after,
+                                         const std::vector<std::string>& except, uint64_t calls) {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_name;  // runs, ns
+  for (const auto& [id, end] : after) {
+    bool excepted = false;
+    for (const auto& name : except) excepted = excepted || name.compare(0, 15, end.name) == 0;
+    if (excepted) continue;
+    auto start = before.find(id);
+    uint64_t runs = end.runs - (start == before.end() ? 0 : start->second.runs);
+    uint64_t run_ns = end.run_ns - (start == before.end() ? 0 : start->second.run_ns);
+    if (runs == 0) continue;
+    by_name[end.name].first += runs;
+    by_name[end.name].second += run_ns;
+  }
+  std::vector<OtherProgram> out;
+  for (const auto& [name, totals] : by_name)
+    out.push_back({name, static_cast<double>(totals.first) / static_cast<double>(calls),
+                   static_cast<double>(totals.second) / static_cast<double>(calls)});
+  return out;
+}
+
 // ---------------------------------------------------------------- NCCL calls
 
 // A one-rank communicator, its stream and a one-element buffer: made and
@@ -178,8 +264,10 @@ std::optional<double> ns_per_run(const std::map<uint32_t, ProgCounters>& before,
 // communicator created, as it would in a job it traces from the start.
 class NcclLoop {
  public:
-  static Result<std::unique_ptr<NcclLoop>> open() {
+  // `grouped`: the timed calls are made inside a group (see time()).
+  static Result<std::unique_ptr<NcclLoop>> open(bool grouped = false) {
     std::unique_ptr<NcclLoop> loop(new NcclLoop());
+    loop->grouped_ = grouped;
     ncclUniqueId id;
     if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) return nccl_error("ncclGetUniqueId", r);
     if (ncclResult_t r = ncclCommInitRank(&loop->comm_, 1, id, 0); r != ncclSuccess)
@@ -200,21 +288,49 @@ class NcclLoop {
   bool sync() { return cudaStreamSynchronize(stream_) == cudaSuccess; }
   bool call_and_sync() { return call() == ncclSuccess && sync(); }
 
-  // ns per call over `calls` calls, timed in chunks; the stream is drained
-  // between chunks, outside the timed part.
-  Result<double> time(uint64_t calls, uint64_t chunk) {
-    uint64_t timed = 0;
+  // `calls` calls, each timed, in chunks; the stream is drained between
+  // chunks, outside the timed part. Also counts the context switches of the
+  // whole process (this thread and the stream's worker) per call.
+  //
+  // Grouped, each chunk's calls are made between ncclGroupStart and
+  // ncclGroupEnd (both untimed): a call then only checks its arguments and
+  // appends itself to the group, as in NVIDIA's NCCL, and the work is
+  // queued once at ncclGroupEnd. Ungrouped, every call queues work on the
+  // stream, and fakenccl's stream is a host thread that must be woken when
+  // it has gone to sleep (a GPU needs no such wakeup). How often it has gone
+  // to sleep depends on how fast the calls come, so a traced call, slower,
+  // paid for more wakeups than an untraced one: the difference of the two
+  // loops then held a cost of the fake stream (0.06-0.09 context switches
+  // per untraced call against 0.2-0.4 per traced call; each ~2-5 µs here),
+  // and swung by ±0.5 µs from run to run. The agent's work per call is the
+  // same either way: the same probes, programs and record, with the group
+  // flag set.
+  Result<void> time_into(CallTimes& times, uint64_t calls, uint64_t chunk) {
+    times.reserve(calls);
+    uint64_t switches_before = process_switches();
     for (uint64_t done = 0; done < calls;) {
       uint64_t n = std::min(chunk, calls - done);
       uint64_t failed = 0;
-      uint64_t start = monotonic_ns();
-      for (uint64_t i = 0; i < n; ++i) failed += call() != ncclSuccess;
-      timed += monotonic_ns() - start;
+      if (grouped_ && ncclGroupStart() != ncclSuccess) return make_error(Errc::system, "ncclGroupStart failed");
+      uint64_t last = monotonic_ns();
+      for (uint64_t i = 0; i < n; ++i) {
+        failed += call() != ncclSuccess;
+        uint64_t now = monotonic_ns();
+        times.add(now - last);
+        last = now;
+      }
+      if (grouped_ && ncclGroupEnd() != ncclSuccess) return make_error(Errc::system, "ncclGroupEnd failed");
       if (failed) return make_error(Errc::system, std::to_string(failed) + " ncclAllReduce call(s) failed");
       if (!sync()) return make_error(Errc::system, "cudaStreamSynchronize failed");
       done += n;
     }
-    return static_cast<double>(timed) / static_cast<double>(calls);
+    times.add_switches(process_switches() - switches_before);
+    return {};
+  }
+  Result<LoopTime> time(uint64_t calls, uint64_t chunk) {
+    CallTimes times;
+    if (auto r = time_into(times, calls, chunk); !r) return r.error();
+    return times.summary();
   }
 
  private:
@@ -225,6 +341,13 @@ class NcclLoop {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   float* buffer_ = nullptr;
+  bool grouped_ = false;
+
+  static uint64_t process_switches() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return static_cast<uint64_t>(usage.ru_nvcsw + usage.ru_nivcsw);
+  }
 };
 
 // ---------------------------------------------------------------- daemons
@@ -418,10 +541,25 @@ struct Deployment {
 
 // ---------------------------------------------------------------- the run
 
+// One figure over the repetitions, in both summaries of a loop.
+struct Series {
+  std::vector<double> mean, median;
+  void add(const LoopTime& t) {
+    mean.push_back(t.mean);
+    median.push_back(t.median);
+  }
+  void add_difference(const LoopTime& with, const LoopTime& without) {
+    mean.push_back(with.mean - without.mean);
+    median.push_back(with.median - without.median);
+  }
+};
+
 struct Results {
-  std::vector<double> noop_bare, noop_probed, nccl_bare, nccl_agent;
-  std::vector<double> floor, added;
-  std::vector<double> stepped_bare, stepped_probed, stepped_floor;  // a first instruction that is single-stepped
+  Series noop_bare, noop_probed, nccl_bare, nccl_agent;
+  Series floor, added;
+  Series nccl_bare_pair, nccl_pair_added;  // the bare pair on ncclAllReduce itself
+  Series stepped_floor;  // a first instruction that is single-stepped
+  std::vector<double> nccl_bare_switches, nccl_agent_switches;  // per call
   uint64_t traced_calls = 0;  // NCCL collective calls made while an agent ran
   // paced run
   uint64_t paced_calls = 0;
@@ -432,6 +570,7 @@ struct Results {
   uint64_t records_stored = 0;
   // ns per call inside the BPF programs (kernel.bpf_stats, a separate pass)
   std::optional<double> prog_noop_entry, prog_noop_return, prog_agent_entry, prog_agent_return;
+  std::vector<OtherProgram> prog_others;  // during the traced NCCL loop
   std::string nccl_entry, noop_entry;  // first code bytes, before any probe
 };
 
@@ -465,7 +604,7 @@ Result<void> measure_prog_time(const Options& options, NoopProbes& probes, Child
   probes.detach();
   out.prog_noop_entry = ns_per_run(before, after, "noop_enter", options.noop_calls);
   out.prog_noop_return = ns_per_run(before, after, "noop_return", options.noop_calls);
-  auto loop = NcclLoop::open();
+  auto loop = NcclLoop::open(options.grouped);
   if (!loop) {
     close(stats);
     return loop.error();
@@ -479,6 +618,7 @@ Result<void> measure_prog_time(const Options& options, NoopProbes& probes, Child
   out.traced_calls += options.nccl_calls;
   out.prog_agent_entry = ns_per_run(before, after, "nccl_allreduce_enter", options.nccl_calls);
   out.prog_agent_return = ns_per_run(before, after, "nccl_call_return", options.nccl_calls);
+  out.prog_others = other_programs(before, after, {"nccl_allreduce_enter", "nccl_call_return"}, options.nccl_calls);
   return {};
 }
 
@@ -489,63 +629,98 @@ Result<Child> measure_calls(const Options& options, Deployment& deployment, Resu
   auto probes = NoopProbes::open();
   if (!probes) return probes.error();
   // A no-op function alone and with the bare pair on it.
-  auto probed_noop = [&](const char* name, NoopFunction function, std::vector<double>& bare,
-                         std::vector<double>& probed, std::vector<double>& difference) -> Result<void> {
+  struct NoopPair {
+    LoopTime alone, with_pair;
+  };
+  auto probed_noop = [&](const char* name, NoopFunction function) -> Result<NoopPair> {
     if (has_breakpoint(reinterpret_cast<void*>(function)))
       return make_error(Errc::system, std::string("something else has a uprobe on ") + name);
+    NoopPair pair;
     time_noop(function, options.warmup);
-    double alone = time_noop(function, options.noop_calls);
-    if (auto r = (*probes)->attach(name); !r) return r;
+    pair.alone = time_noop(function, options.noop_calls);
+    if (auto r = (*probes)->attach(name); !r) return r.error();
     if (!has_breakpoint(reinterpret_cast<void*>(function)))
       return make_error(Errc::system, std::string("the bare uprobe is not on ") + name);
     time_noop(function, options.warmup);
-    double with_pair = time_noop(function, options.noop_calls);
+    pair.with_pair = time_noop(function, options.noop_calls);
     (*probes)->detach();
-    bare.push_back(alone);
-    probed.push_back(with_pair);
-    difference.push_back(with_pair - alone);
-    return {};
+    return pair;
   };
   for (int rep = 0; rep < options.reps; ++rep) {
-    if (auto r = probed_noop("rankscope_bench_noop", &rankscope_bench_noop, out.noop_bare, out.noop_probed, out.floor);
-        !r)
-      return r.error();
-    if (auto r = probed_noop("rankscope_bench_noop_stepped", &rankscope_bench_noop_stepped, out.stepped_bare,
-                             out.stepped_probed, out.stepped_floor);
-        !r)
-      return r.error();
+    auto stepped = probed_noop("rankscope_bench_noop_stepped", &rankscope_bench_noop_stepped);
+    if (!stepped) return stepped.error();
+    out.stepped_floor.add_difference(stepped->with_pair, stepped->alone);
 
-    // ncclAllReduce alone, then traced by the agent.
-    double alone = 0, traced = 0;
+    // The no-op alone, ncclAllReduce alone and with the bare pair on it.
+    if (has_breakpoint(reinterpret_cast<void*>(&rankscope_bench_noop)))
+      return make_error(Errc::system, "something else has a uprobe on rankscope_bench_noop");
+    time_noop(&rankscope_bench_noop, options.warmup);
+    LoopTime noop_alone = time_noop(&rankscope_bench_noop, options.noop_calls);
+    LoopTime alone, bare_pair;
     // An agent that is stopping (another test's, say) takes seconds to
     // retire its uprobes: give it 30 s before calling the probe foreign.
     if (auto r = Deployment::wait_for_foreign_probes(options.nccl_lib); !r) return r.error();
     {
-      auto loop = NcclLoop::open();
+      auto loop = NcclLoop::open(options.grouped);
       if (!loop) return loop.error();
       if (auto w = (*loop)->time(options.warmup, options.chunk); !w) return w.error();
       auto t = (*loop)->time(options.nccl_calls, options.chunk);
       if (!t) return t.error();
       alone = *t;
+      // What any uprobe tracer costs on this function, before it does any work.
+      if (auto r = (*probes)->attach("ncclAllReduce", options.nccl_lib); !r) return r.error();
+      auto w = (*loop)->time(options.warmup, options.chunk);
+      auto p = w ? (*loop)->time(options.nccl_calls, options.chunk) : w;
+      (*probes)->detach();
+      if (!p) return p.error();
+      bare_pair = *p;
     }
+
+    // Traced by the agent, interleaved with the floor: the bare pair stays on
+    // the no-op function (the agent probes other functions), and blocks of
+    // the two loops alternate. This machine's trap cost jumps by a third
+    // and back within seconds (the floor measured before and after one
+    // traced loop differed so); alternating blocks put both sides of the
+    // ratio under the same jumps.
     auto agent = deployment.start_agent();
     if (!agent) return agent.error();
     Deployment::settle(*agent);
+    CallTimes traced_times, probed_times;
     {
-      auto loop = NcclLoop::open();
+      auto loop = NcclLoop::open(options.grouped);
       if (!loop) return loop.error();
       if (auto w = (*loop)->time(options.warmup, options.chunk); !w) return w.error();
+      if (auto r = (*probes)->attach("rankscope_bench_noop"); !r) return r.error();
+      if (!has_breakpoint(reinterpret_cast<void*>(&rankscope_bench_noop)))
+        return make_error(Errc::system, "the bare uprobe is not on rankscope_bench_noop");
+      time_noop(&rankscope_bench_noop, options.warmup);
       Deployment::settle(*agent);
-      auto t = (*loop)->time(options.nccl_calls, options.chunk);
-      if (!t) return t.error();
-      traced = *t;
+      for (uint64_t b = 0; b < options.blocks; ++b) {
+        time_noop_into(probed_times, &rankscope_bench_noop, options.noop_calls / options.blocks);
+        if (auto r = (*loop)->time_into(traced_times, options.nccl_calls / options.blocks, options.chunk); !r)
+          return r.error();
+      }
+      (*probes)->detach();
     }
-    out.traced_calls += options.warmup + options.nccl_calls;
-    out.nccl_bare.push_back(alone);
-    out.nccl_agent.push_back(traced);
-    out.added.push_back(traced - alone);
-    std::fprintf(stderr, "rep %d/%d: no-op %.1f ns, probed %.1f ns; ncclAllReduce %.1f ns, traced %.1f ns\n", rep + 1,
-                 options.reps, out.noop_bare.back(), out.noop_probed.back(), alone, traced);
+    LoopTime traced = traced_times.summary(), noop_probed = probed_times.summary();
+    out.noop_bare.add(noop_alone);
+    out.noop_probed.add(noop_probed);
+    out.floor.add_difference(noop_probed, noop_alone);
+    out.traced_calls += options.warmup + options.nccl_calls / options.blocks * options.blocks;
+    out.nccl_bare.add(alone);
+    out.nccl_agent.add(traced);
+    out.added.add_difference(traced, alone);
+    out.nccl_bare_pair.add(bare_pair);
+    out.nccl_pair_added.add_difference(bare_pair, alone);
+    out.nccl_bare_switches.push_back(alone.switches);
+    out.nccl_agent_switches.push_back(traced.switches);
+    std::fprintf(stderr,
+                 "rep %d/%d (median call, ns): floor %.0f; ncclAllReduce %.0f, with the bare pair %.0f, traced %.0f: "
+                 "added %.0f = %.2fx the floor; context switches per call %.3f untraced, %.3f traced\n",
+                 rep + 1, options.reps, out.floor.median.back(), alone.median,
+                 bare_pair.median, traced.median, out.added.median.back(),
+                 out.floor.median.back() > 0 ? out.added.median.back() / out.floor.median.back() : 0.0,
+                 alone.switches, traced.switches);
     if (rep + 1 == options.reps) {
       if (auto r = measure_prog_time(options, **probes, *agent, out); !r) return r.error();
       return std::move(*agent);
@@ -617,29 +792,69 @@ Result<void> measure_paced(const Options& options, Deployment& deployment, Child
   return deployment.stop_agent(agent);
 }
 
-void print_markdown(const Options& options, const Results& r) {
-  auto row = [](const char* what, const Spread& s) {
-    std::printf("| %s | %.2f | %.2f - %.2f |\n", what, s.median / 1000, s.min / 1000, s.max / 1000);
-  };
-  Spread floor = spread_of(r.floor), added = spread_of(r.added);
-  std::printf("| per call (µs) | median | range |\n| --- | --- | --- |\n");
-  row("no-op function", spread_of(r.noop_bare));
-  row("no-op function + bare uprobe/uretprobe", spread_of(r.noop_probed));
-  row("**floor** (difference)", floor);
-  row("ncclAllReduce", spread_of(r.nccl_bare));
-  row("ncclAllReduce traced by rankscope-agent", spread_of(r.nccl_agent));
-  row("**added by the agent** (difference)", added);
-  row("no-op function whose first instruction is single-stepped, + the pair, difference", spread_of(r.stepped_floor));
+// Added / floor per repetition, and the ratio of the medians over them.
+struct Ratio {
+  double of_medians = 0;
+  Spread per_rep;
+};
+Ratio ratio_of(const std::vector<double>& added, const std::vector<double>& floor) {
   std::vector<double> ratios;
-  for (size_t i = 0; i < r.floor.size() && i < r.added.size(); ++i)
-    if (r.floor[i] > 0) ratios.push_back(r.added[i] / r.floor[i]);
-  Spread ratio = spread_of(ratios);
-  std::printf("\nAdded / floor: **%.2fx** (medians; per repetition %.2f - %.2f; goal 1.2x). %d repetitions of %llu "
-              "no-op and %llu NCCL calls each. First code bytes: ncclAllReduce `%s`, rankscope_bench_noop `%s` "
-              "(both a push, which the kernel emulates).\n",
-              floor.median > 0 ? added.median / floor.median : 0.0, ratio.min, ratio.max, options.reps,
-              static_cast<unsigned long long>(options.noop_calls), static_cast<unsigned long long>(options.nccl_calls),
-              r.nccl_entry.c_str(), r.noop_entry.c_str());
+  for (size_t i = 0; i < floor.size() && i < added.size(); ++i)
+    if (floor[i] > 0) ratios.push_back(added[i] / floor[i]);
+  double f = spread_of(floor).median;
+  return {f > 0 ? spread_of(added).median / f : 0.0, spread_of(ratios)};
+}
+
+// Every per-call figure: its row in the Markdown table, its name in the JSON.
+struct Figure {
+  const char* row;
+  const char* key;
+  const Series* series;
+};
+std::vector<Figure> figures_of(const Results& r) {
+  return {{"no-op function", "noop_bare", &r.noop_bare},
+          {"no-op function + bare uprobe/uretprobe", "noop_probed", &r.noop_probed},
+          {"**floor** (difference)", "floor", &r.floor},
+          {"ncclAllReduce", "nccl_bare", &r.nccl_bare},
+          {"ncclAllReduce traced by rankscope-agent", "nccl_agent", &r.nccl_agent},
+          {"**added by the agent** (difference)", "added", &r.added},
+          {"ncclAllReduce + bare uprobe/uretprobe", "nccl_bare_pair", &r.nccl_bare_pair},
+          {"bare pair on ncclAllReduce (difference): the floor on this function", "nccl_pair_added",
+           &r.nccl_pair_added},
+          {"no-op function whose first instruction is single-stepped, + the pair, difference", "stepped_floor",
+           &r.stepped_floor}};
+}
+
+void print_markdown(const Options& options, const Results& r) {
+  auto row = [](const char* what, const Series& s) {
+    Spread mean = spread_of(s.mean), median = spread_of(s.median);
+    std::printf("| %s | %.2f | %.2f - %.2f | %.2f | %.2f - %.2f |\n", what, mean.median / 1000, mean.min / 1000,
+                mean.max / 1000, median.median / 1000, median.min / 1000, median.max / 1000);
+  };
+  std::printf("| per call (µs) | mean | range | median call | range |\n| --- | --- | --- | --- | --- |\n");
+  for (const Figure& f : figures_of(r)) row(f.row, *f.series);
+  Ratio by_median = ratio_of(r.added.median, r.floor.median), by_mean = ratio_of(r.added.mean, r.floor.mean);
+  Ratio by_function = ratio_of(r.added.median, r.nccl_pair_added.median);
+  Spread bare_switches = spread_of(r.nccl_bare_switches), agent_switches = spread_of(r.nccl_agent_switches);
+  std::printf("\nAdded / floor: **%.2fx** for the median call (the median of the per-repetition ratios, which "
+              "range %.2f - %.2f; the ratio of the medians is %.2fx; goal 1.2x); %.2fx for the mean (per repetition "
+              "%.2f - %.2f). Added / the bare pair on ncclAllReduce itself: %.2fx for the median call (per repetition "
+              "%.2f - %.2f), which sets what any uprobe tracer pays on this function apart from the agent's own "
+              "work.\n",
+              by_median.per_rep.median, by_median.per_rep.min, by_median.per_rep.max, by_median.of_medians,
+              by_mean.per_rep.median, by_mean.per_rep.min, by_mean.per_rep.max, by_function.per_rep.median,
+              by_function.per_rep.min, by_function.per_rep.max);
+  std::printf("\n%d repetitions of %llu no-op and %llu NCCL calls each, every call timed; the NCCL calls %s. "
+              "Context switches of this process per NCCL call: %.3f untraced, %.3f traced (medians over the "
+              "repetitions). First code bytes: ncclAllReduce `%s`, rankscope_bench_noop `%s` (both a push, which the "
+              "kernel emulates).\n",
+              options.reps, static_cast<unsigned long long>(options.noop_calls),
+              static_cast<unsigned long long>(options.nccl_calls),
+              options.grouped ? ("made inside groups of " + std::to_string(options.chunk) +
+                                 " (ncclGroupStart and ncclGroupEnd untimed)")
+                                    .c_str()
+                              : "made outside any group (each queues work on fakenccl's stream thread)",
+              bare_switches.median, agent_switches.median, r.nccl_entry.c_str(), r.noop_entry.c_str());
   auto ns = [](const std::optional<double>& v) { return v ? *v : 0.0; };
   if (r.prog_agent_entry && r.prog_agent_return && r.prog_noop_entry && r.prog_noop_return)
     std::printf("\nTime inside the BPF programs per call (kernel.bpf_stats, a separate untimed pass): the bare pair "
@@ -650,6 +865,22 @@ void print_markdown(const Options& options, const Results& r) {
   else
     std::printf("\nTime inside the BPF programs per call: not measured (kernel.bpf_stats unavailable, or another "
                 "program of the same name ran during the pass).\n");
+  if (!r.prog_others.empty()) {
+    double runs = 0, ns = 0;
+    std::string list;
+    for (const auto& other : r.prog_others) {
+      runs += other.runs_per_call;
+      ns += other.ns_per_call;
+      char item[160];
+      std::snprintf(item, sizeof(item), "%s`%s` %.2f runs, %.0f ns", list.empty() ? "" : "; ", other.name.c_str(),
+                    other.runs_per_call, other.ns_per_call);
+      list += item;
+    }
+    std::printf("Other BPF programs that ran during the same traced loop, per NCCL call: %.0f ns in %.2f runs (%s). "
+                "The agent's scheduler tracepoints run on the wakeups and context switches the calls cause (on either "
+                "core).\n",
+                ns, runs, list.c_str());
+  }
   std::printf("\n| paced run | calls | seconds | calls/s | agent CPU, /proc stat | agent CPU, schedstat | collector CPU |\n"
               "| --- | --- | --- | --- | --- | --- | --- |\n");
   std::printf("| agent idle | 0 | %.1f | 0 | %.2f%% | %.3f%% | |\n", options.idle_seconds, r.agent_idle_stat,
@@ -666,21 +897,23 @@ Result<void> write_json(const std::string& path, const Options& options, const R
   std::ofstream out(path);
   if (!out) return make_error(Errc::io, "cannot write " + path);
   std::map<std::string, double> values;
-  auto put = [&](const std::string& name, const std::vector<double>& xs) {
-    Spread s = spread_of(xs);
-    values[name + "_ns_median"] = s.median;
-    values[name + "_ns_min"] = s.min;
-    values[name + "_ns_max"] = s.max;
+  auto put = [&](const std::string& name, const Series& series) {
+    for (auto [summary, xs] : {std::pair{"mean", &series.mean}, std::pair{"median_call", &series.median}}) {
+      Spread s = spread_of(*xs);
+      values[name + "_" + summary + "_ns_median"] = s.median;
+      values[name + "_" + summary + "_ns_min"] = s.min;
+      values[name + "_" + summary + "_ns_max"] = s.max;
+    }
   };
-  put("noop_bare", r.noop_bare);
-  put("noop_probed", r.noop_probed);
-  put("floor", r.floor);
-  put("nccl_bare", r.nccl_bare);
-  put("nccl_agent", r.nccl_agent);
-  put("added", r.added);
-  put("stepped_floor", r.stepped_floor);
-  double floor = spread_of(r.floor).median;
-  values["added_over_floor"] = floor > 0 ? spread_of(r.added).median / floor : 0;
+  for (const Figure& f : figures_of(r)) put(f.key, *f.series);
+  values["added_over_nccl_pair"] = ratio_of(r.added.median, r.nccl_pair_added.median).per_rep.median;
+
+  values["added_over_floor"] = ratio_of(r.added.median, r.floor.median).per_rep.median;
+  values["added_over_floor_of_medians"] = ratio_of(r.added.median, r.floor.median).of_medians;
+  values["added_over_floor_mean"] = ratio_of(r.added.mean, r.floor.mean).per_rep.median;
+  values["grouped"] = options.grouped ? 1 : 0;
+  values["nccl_bare_switches_per_call"] = spread_of(r.nccl_bare_switches).median;
+  values["nccl_agent_switches_per_call"] = spread_of(r.nccl_agent_switches).median;
   values["reps"] = options.reps;
   values["paced_calls"] = static_cast<double>(r.paced_calls);
   values["paced_seconds"] = r.paced_seconds;
@@ -696,6 +929,10 @@ Result<void> write_json(const std::string& path, const Options& options, const R
   if (r.prog_noop_return) values["prog_noop_return_ns"] = *r.prog_noop_return;
   if (r.prog_agent_entry) values["prog_agent_entry_ns"] = *r.prog_agent_entry;
   if (r.prog_agent_return) values["prog_agent_return_ns"] = *r.prog_agent_return;
+  for (const auto& other : r.prog_others) {
+    values["prog_other_" + other.name + "_runs_per_call"] = other.runs_per_call;
+    values["prog_other_" + other.name + "_ns_per_call"] = other.ns_per_call;
+  }
   out << "{";
   bool first = true;
   for (const auto& [name, value] : values) {
@@ -765,10 +1002,11 @@ int main(int argc, char** argv) {
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
-    ("reps", po::value(&options.reps)->default_value(options.reps), "repetitions of the four loops")
+    ("reps", po::value(&options.reps)->default_value(options.reps), "repetitions of the loops (the floor, the NCCL call alone, with the bare pair and traced)")
     ("noop-calls", po::value(&options.noop_calls)->default_value(options.noop_calls), "calls per timed no-op loop")
     ("nccl-calls", po::value(&options.nccl_calls)->default_value(options.nccl_calls), "calls per timed NCCL loop")
     ("chunk", po::value(&options.chunk)->default_value(options.chunk), "NCCL calls between two untimed stream synchronizes")
+    ("blocks", po::value(&options.blocks)->default_value(options.blocks), "blocks the traced loop and the floor are cut into, alternated")
     ("warmup", po::value(&options.warmup)->default_value(options.warmup), "untimed calls before each timed loop")
     ("paced-rate", po::value(&options.paced_rate)->default_value(options.paced_rate), "collective calls per second in the paced run")
     ("paced-seconds", po::value(&options.paced_seconds)->default_value(options.paced_seconds), "length of the paced run")
@@ -778,6 +1016,8 @@ int main(int argc, char** argv) {
     ("agent-arg", po::value(&options.agent_args)->multitoken(), "extra flag for rankscope-agent (repeatable), e.g. --agent-arg=--cuda-waits=false")
     ("json", po::value(&options.json), "also write the figures to this file as one JSON object")
     ("keep", po::bool_switch(&options.keep), "keep the temporary folder (logs, database)")
+    ("ungrouped", "time NCCL calls made outside a group: each queues work on fakenccl's stream thread, whose "
+                  "wakeups then weigh on the difference (see NcclLoop::time)")
     ("smoke", po::bool_switch(&smoke), "a tiny run that only checks that everything works (figures meaningless)");
   // clang-format on
   po::variables_map vm;
@@ -792,6 +1032,7 @@ int main(int argc, char** argv) {
     std::cout << desc << "\n";
     return 0;
   }
+  if (vm.count("ungrouped")) options.grouped = false;
   if (smoke) {
     options.reps = 2;
     options.noop_calls = options.nccl_calls = 200;
@@ -802,9 +1043,10 @@ int main(int argc, char** argv) {
     options.idle_seconds = 0.5;
   }
   if (options.reps < 1 || options.noop_calls == 0 || options.nccl_calls == 0 || options.chunk == 0 ||
-      options.paced_rate <= 0 || options.paced_seconds <= 0 || options.paced_sync_every == 0) {
-    std::cerr << "rankscope-bench-overhead: --reps, the call counts, --chunk, --paced-rate and --paced-seconds must "
-                 "be positive\n";
+      options.paced_rate <= 0 || options.paced_seconds <= 0 || options.paced_sync_every == 0 || options.blocks == 0 ||
+      options.blocks > options.noop_calls || options.blocks > options.nccl_calls) {
+    std::cerr << "rankscope-bench-overhead: --reps, the call counts, --chunk, --blocks, --paced-rate and "
+                 "--paced-seconds must be positive, and --blocks no more than the call counts\n";
     return 2;
   }
   if (geteuid() != 0) {

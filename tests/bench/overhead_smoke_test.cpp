@@ -35,9 +35,11 @@ TEST(BenchOverhead, SmokeRunPrintsEveryFigure) {
 
   auto figures = parse_flat_json(slurp(dir.file("figures.json")));
   for (const char* name :
-       {"noop_bare_ns_median", "noop_probed_ns_median", "floor_ns_median", "floor_ns_min", "floor_ns_max",
-        "nccl_bare_ns_median", "nccl_agent_ns_median", "added_ns_median", "added_ns_min", "added_ns_max",
-        "added_over_floor", "paced_calls", "paced_seconds", "paced_rate", "agent_idle_cpu_percent_stat",
+       {"noop_bare_mean_ns_median", "noop_probed_mean_ns_median", "floor_mean_ns_median", "floor_mean_ns_min",
+        "floor_mean_ns_max", "nccl_bare_mean_ns_median", "nccl_agent_mean_ns_median", "added_mean_ns_median",
+        "added_mean_ns_min", "added_mean_ns_max", "floor_median_call_ns_median", "added_median_call_ns_median",
+        "nccl_bare_median_call_ns_median", "nccl_agent_median_call_ns_median", "added_over_floor",
+        "added_over_floor_mean", "nccl_bare_switches_per_call", "nccl_agent_switches_per_call", "paced_calls", "paced_seconds", "paced_rate", "agent_idle_cpu_percent_stat",
         "agent_paced_cpu_percent_stat", "agent_paced_cpu_percent_schedstat", "traced_calls", "records_stored",
         "prog_noop_entry_ns", "prog_noop_return_ns", "prog_agent_entry_ns", "prog_agent_return_ns"}) {
     ASSERT_TRUE(figures.count(name)) << "missing " << name << " in " << slurp(dir.file("figures.json"));
@@ -51,8 +53,9 @@ TEST(BenchOverhead, SmokeRunPrintsEveryFigure) {
   EXPECT_EQ(figures["traced_calls"], 2 * (50 + 200) + 200 + 1 + 1000);
   // Every traced call reached the collector as a record.
   EXPECT_EQ(figures["records_stored"], figures["traced_calls"]);
-  for (const char* name : {"noop_bare_ns_median", "noop_probed_ns_median", "nccl_bare_ns_median",
-                           "nccl_agent_ns_median", "paced_seconds", "agent_paced_cpu_percent_schedstat"})
+  for (const char* name : {"noop_bare_mean_ns_median", "noop_probed_mean_ns_median", "nccl_bare_mean_ns_median",
+                           "nccl_agent_mean_ns_median", "noop_probed_median_call_ns_median",
+                           "nccl_agent_median_call_ns_median", "paced_seconds", "agent_paced_cpu_percent_schedstat"})
     EXPECT_GT(figures[name], 0) << name;
 
   std::string markdown = slurp(dir.file("out.md"));
