@@ -58,7 +58,6 @@ struct {
 struct pending_call {
   __u64 entry_ns;
   __u64 comm;
-  __u64 stream;
   __u64 count;
   __u64 seq;
   __u64 comm_out;    /* ncclComm_t* to read at return (communicator creation) */
@@ -80,6 +79,15 @@ struct pending_call {
   __u8 unique_id[RS_UNIQUE_ID_BYTES];
 };
 
+/* A communicator a thread called lately, and its slot in comm_slots. */
+#define RS_THREAD_COMMS 4
+
+struct thread_comm {
+  __u64 comm;
+  __u32 slot;
+  __u32 reserved;
+};
+
 /* Per thread, in task-local storage: the NCCL API call in progress (one at a
  * time; `open` says whether it is) and the GroupStart/GroupEnd nesting. The
  * slot is made at the thread's first NCCL call, reused by every later call
@@ -89,6 +97,11 @@ struct pending_call {
  * process and scheduling rows exist. */
 struct thread_calls {
   struct pending_call call;
+  struct thread_comm recent[RS_THREAD_COMMS]; /* the communicators it called last, and their slots */
+  __u32 recent_next;  /* the entry replaced next */
+  __u32 reserved0;
+  __u64 cgroup_id;    /* the thread's cgroup, as last read */
+  __u64 cgroup_at_ns; /* when: call records reuse it for up to a second */
   __u32 group_depth;
   __u32 group_id;
   __u8 open;
@@ -109,17 +122,47 @@ struct comm_key {
   __u64 comm;
 };
 
-struct comm_state {
+/* A communicator's numbering lives in a slot of an array, named by its
+ * index in `comms` (keyed by process and ncclComm_t). A thread remembers
+ * the slots of the last few communicators it called, so a call on one of
+ * them skips the hash lookup: an array element is reached by an index
+ * check and an add, and the slot itself says whom it numbers (a slot freed
+ * or given to another communicator is seen as such). The counter is in the
+ * slot, shared by every thread of the process. */
+#define RS_COMM_SLOTS 131072
+
+struct comm_slot {
   __u64 next_seq; /* lane 0 */
-  __u64 epoch;    /* creation time: tells a reused ncclComm_t address apart */
+  __u64 epoch;    /* creation time: tells a reused ncclComm_t address apart; 0: created before the agent saw it */
+  __u64 comm;
+  __u32 pid;      /* 0: free */
+  __u32 reserved;
 };
 
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 131072);
+  __uint(max_entries, RS_COMM_SLOTS);
   __type(key, struct comm_key);
-  __type(value, struct comm_state);
+  __type(value, __u32); /* index in comm_slots */
 } comms SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, RS_COMM_SLOTS);
+  __type(key, __u32);
+  __type(value, struct comm_slot);
+} comm_slots SEC(".maps");
+
+/* Slots given back (communicator destroyed, process gone), reused first. */
+struct {
+  __uint(type, BPF_MAP_TYPE_QUEUE);
+  __uint(max_entries, RS_COMM_SLOTS);
+  __type(value, __u32);
+} free_comm_slots SEC(".maps");
+
+/* Slots never used yet start here (64 bits: failed takes past the end
+ * never wrap it around). */
+__u64 comm_slots_taken = 0;
 
 struct p2p_key {
   __u32 pid;
@@ -213,10 +256,11 @@ static __always_inline __u64 args__stack(struct pt_regs *ctx, int slot)
   return value;
 }
 
-static __always_inline void header__fill_no_name(struct rs_event_header *hdr, __u64 pid_tgid, __u16 kind)
+static __always_inline void header__fill_cgroup(struct rs_event_header *hdr, __u64 pid_tgid, __u16 kind, __u64 ts_ns,
+                                                __u64 cgroup_id)
 {
-  hdr->ts_ns = bpf_ktime_get_ns();
-  hdr->cgroup_id = bpf_get_current_cgroup_id();
+  hdr->ts_ns = ts_ns;
+  hdr->cgroup_id = cgroup_id;
   hdr->pid = pid_tgid >> 32;
   hdr->tid = (__u32)pid_tgid;
   hdr->kind = kind;
@@ -226,7 +270,7 @@ static __always_inline void header__fill_no_name(struct rs_event_header *hdr, __
 
 static __always_inline void header__fill(struct rs_event_header *hdr, __u64 pid_tgid, __u16 kind)
 {
-  header__fill_no_name(hdr, pid_tgid, kind);
+  header__fill_cgroup(hdr, pid_tgid, kind, bpf_ktime_get_ns(), bpf_get_current_cgroup_id());
   bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
 }
 
@@ -265,7 +309,7 @@ static __always_inline struct thread_calls *thread__slot(__u64 pid_tgid, bool cr
  * (a lower stack pointer) and while it runs; an entry from the same depth or
  * above, or long after, is a new call: the old one is counted as a lost
  * return and the slot starts afresh. */
-static __always_inline struct pending_call *pending__open(struct pt_regs *ctx, __u64 pid_tgid, __u8 op)
+static __always_inline struct thread_calls *pending__open(struct pt_regs *ctx, __u64 pid_tgid, __u8 op)
 {
   struct thread_calls *t = thread__slot(pid_tgid, true);
   if (!t)
@@ -287,52 +331,146 @@ static __always_inline struct pending_call *pending__open(struct pt_regs *ctx, _
     t->sched_noted = 1;
   }
   t->open = 1;
+  /* Only what every call sets or reads; the fields of the communicator
+   * calls are cleared by init__enter, off the collectives' path. */
   p->entry_ns = bpf_ktime_get_ns();
   p->entry_sp = sp;
-  p->comm = 0;
-  p->stream = 0;
-  p->count = 0;
   p->seq = 0;
-  p->comm_out = 0;
-  p->parent_comm = 0;
-  p->peer = -1;
-  p->nranks = 0;
-  p->rank = 0;
-  p->color = 0;
-  p->key = 0;
   p->lane = 0;
   p->group_id = 0;
   p->nested = 0;
   p->op = op;
-  p->datatype = 0;
-  p->redop = 0;
   p->flags = 0;
   if (t->group_depth > 0) {
     p->flags = RS_CALL_IN_GROUP;
     p->group_id = t->group_id;
   }
-  return p;
+  return t;
 }
 
-static __always_inline void seq__assign(struct pending_call *p, __u32 pid)
+/* A slot no communicator uses, or -1 when all are taken. */
+static __always_inline __s64 slot__take(void)
 {
-  struct comm_key key = {.pid = pid, .comm = p->comm};
-  struct comm_state *state = bpf_map_lookup_elem(&comms, &key);
-  if (!state) {
-    /* A communicator created before the agent attached (or its creation was
-     * lost): number from here and say so. */
-    struct comm_state fresh = {};
-    if (bpf_map_update_elem(&comms, &key, &fresh, BPF_NOEXIST) && bpf_map_update_elem(&comms, &key, &fresh, BPF_ANY)) {
+  __u32 index;
+  if (bpf_map_pop_elem(&free_comm_slots, &index) == 0)
+    return index;
+  __u64 fresh = __sync_fetch_and_add(&comm_slots_taken, 1);
+  return fresh < RS_COMM_SLOTS ? (__s64)fresh : -1;
+}
+
+static __always_inline void slot__give_back(__u32 index)
+{
+  struct comm_slot *slot = bpf_map_lookup_elem(&comm_slots, &index);
+  if (!slot)
+    return;
+  slot->pid = 0;
+  slot->comm = 0;
+  bpf_map_push_elem(&free_comm_slots, &index, 0);
+}
+
+/* The slot numbering (pid, comm), made for it when it has none: a
+ * communicator met first in a call (created before the agent attached, or
+ * its creation lost) is numbered from here with epoch 0. With `restart`
+ * (its creation seen), numbering starts again from 0 at `epoch`. */
+static __always_inline struct comm_slot *comm__slot(__u32 pid, __u64 comm, bool restart, __u64 epoch,
+                                                    __u32 *slot_index)
+{
+  struct comm_key key = {.pid = pid, .comm = comm};
+  __u32 *mapped = bpf_map_lookup_elem(&comms, &key);
+  __u32 index;
+  struct comm_slot *slot;
+  if (mapped) {
+    index = *mapped;
+    slot = bpf_map_lookup_elem(&comm_slots, &index);
+    if (!slot)
+      return NULL;
+  } else {
+    __s64 taken = slot__take();
+    if (taken < 0) {
       drops__count(RS_DROP_MAP_FULL);
-      return;
+      return NULL;
     }
-    state = bpf_map_lookup_elem(&comms, &key);
-    if (!state)
-      return;
-    p->flags |= RS_CALL_UNKNOWN_COMM;
-  } else if (state->epoch == 0) {
-    p->flags |= RS_CALL_UNKNOWN_COMM;
+    index = (__u32)taken;
+    slot = bpf_map_lookup_elem(&comm_slots, &index);
+    if (!slot)
+      return NULL;
+    slot->next_seq = 0;
+    slot->epoch = epoch;
+    slot->comm = comm;
+    slot->pid = pid;
+    if (bpf_map_update_elem(&comms, &key, &index, BPF_NOEXIST)) {
+      /* Another thread mapped it first (or the table is full): use its. */
+      slot__give_back(index);
+      mapped = bpf_map_lookup_elem(&comms, &key);
+      if (!mapped) {
+        drops__count(RS_DROP_MAP_FULL);
+        return NULL;
+      }
+      index = *mapped;
+      slot = bpf_map_lookup_elem(&comm_slots, &index);
+      if (!slot)
+        return NULL;
+    } else {
+      *slot_index = index;
+      return slot;
+    }
   }
+  if (restart) {
+    slot->next_seq = 0;
+    slot->epoch = epoch;
+    slot->comm = comm;
+    slot->pid = pid;
+  }
+  *slot_index = index;
+  return slot;
+}
+
+/* Forgets (pid, comm): its slot is given back. */
+static __always_inline void comm__forget(__u32 pid, __u64 comm)
+{
+  struct comm_key key = {.pid = pid, .comm = comm};
+  __u32 *mapped = bpf_map_lookup_elem(&comms, &key);
+  if (!mapped)
+    return;
+  __u32 index = *mapped;
+  bpf_map_delete_elem(&comms, &key);
+  slot__give_back(index);
+}
+
+/* The slot of the communicator of this call: from the thread's recent ones
+ * when it is there and still numbers it, else from `comms` (and remembered). */
+static __always_inline struct comm_slot *comm__slot_for_call(struct thread_calls *t, __u32 pid, __u64 comm)
+{
+  for (int i = 0; i < RS_THREAD_COMMS; i++) {
+    if (t->recent[i].comm != comm)
+      continue;
+    __u32 index = t->recent[i].slot;
+    struct comm_slot *slot = bpf_map_lookup_elem(&comm_slots, &index);
+    if (slot && slot->pid == pid && slot->comm == comm)
+      return slot;
+    break;
+  }
+  __u32 index = 0;
+  struct comm_slot *slot = comm__slot(pid, comm, false, 0, &index);
+  if (slot) {
+    __u32 i = t->recent_next % RS_THREAD_COMMS;
+    t->recent_next = i + 1;
+    if (i < RS_THREAD_COMMS) {
+      t->recent[i].comm = comm;
+      t->recent[i].slot = index;
+    }
+  }
+  return slot;
+}
+
+static __always_inline void seq__assign(struct thread_calls *t, __u32 pid)
+{
+  struct pending_call *p = &t->call;
+  struct comm_slot *state = comm__slot_for_call(t, pid, p->comm);
+  if (!state)
+    return;
+  if (state->epoch == 0)
+    p->flags |= RS_CALL_UNKNOWN_COMM;
   if (p->lane == 0) {
     p->seq = __sync_fetch_and_add(&state->next_seq, 1);
     return;
@@ -351,23 +489,26 @@ static __always_inline void seq__assign(struct pending_call *p, __u32 pid)
   p->seq = __sync_fetch_and_add(next, 1);
 }
 
-/* Common body of every collective and point-to-point entry probe. */
+/* Common body of every collective and point-to-point entry probe. The
+ * stream argument is not read: nothing downstream uses it, and as the
+ * seventh argument of most collectives it sits on the stack, where reading
+ * it was a third of this probe's time. */
 static __always_inline int call__enter(struct pt_regs *ctx, __u8 op, __u64 count, __u64 datatype, __u64 redop,
-                                       __s32 peer, __u64 comm, __u64 stream)
+                                       __s32 peer, __u64 comm)
 {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
-  struct pending_call *p = pending__open(ctx, pid_tgid, op);
-  if (!p)
+  struct thread_calls *t = pending__open(ctx, pid_tgid, op);
+  if (!t)
     return 0;
+  struct pending_call *p = &t->call;
   p->count = count;
   p->datatype = (__u8)datatype;
   p->redop = (__u8)redop;
   p->peer = peer;
   p->comm = comm;
-  p->stream = stream;
   if (op == RS_OP_SEND || op == RS_OP_RECV)
     p->lane = RS_P2P_LANE(peer, op == RS_OP_RECV);
-  seq__assign(p, pid_tgid >> 32);
+  seq__assign(t, pid_tgid >> 32);
   return 0;
 }
 
@@ -376,7 +517,7 @@ SEC("uprobe")
 int BPF_KPROBE(nccl_allreduce_enter)
 {
   return call__enter(ctx, RS_OP_ALLREDUCE, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), -1,
-                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+                     PT_REGS_PARM6(ctx));
 }
 
 /* ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream) */
@@ -384,7 +525,7 @@ SEC("uprobe")
 int BPF_KPROBE(nccl_reducescatter_enter)
 {
   return call__enter(ctx, RS_OP_REDUCESCATTER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), -1,
-                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+                     PT_REGS_PARM6(ctx));
 }
 
 /* ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream) */
@@ -392,7 +533,7 @@ SEC("uprobe")
 int BPF_KPROBE(nccl_reduce_enter)
 {
   return call__enter(ctx, RS_OP_REDUCE, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx),
-                     (__s32)PT_REGS_PARM6(ctx), args__stack(ctx, 0), args__stack(ctx, 1));
+                     (__s32)PT_REGS_PARM6(ctx), args__stack(ctx, 0));
 }
 
 /* ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream) */
@@ -400,7 +541,7 @@ SEC("uprobe")
 int BPF_KPROBE(nccl_broadcast_enter)
 {
   return call__enter(ctx, RS_OP_BROADCAST, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, (__s32)PT_REGS_PARM5(ctx),
-                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+                     PT_REGS_PARM6(ctx));
 }
 
 /* ncclGather / ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream) */
@@ -408,14 +549,14 @@ SEC("uprobe")
 int BPF_KPROBE(nccl_gather_enter)
 {
   return call__enter(ctx, RS_OP_GATHER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, (__s32)PT_REGS_PARM5(ctx),
-                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+                     PT_REGS_PARM6(ctx));
 }
 
 SEC("uprobe")
 int BPF_KPROBE(nccl_scatter_enter)
 {
   return call__enter(ctx, RS_OP_SCATTER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, (__s32)PT_REGS_PARM5(ctx),
-                     PT_REGS_PARM6(ctx), args__stack(ctx, 0));
+                     PT_REGS_PARM6(ctx));
 }
 
 /* ncclBcast(buff, count, datatype, root, comm, stream) */
@@ -423,23 +564,21 @@ SEC("uprobe")
 int BPF_KPROBE(nccl_bcast_enter)
 {
   return call__enter(ctx, RS_OP_BCAST, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0, (__s32)PT_REGS_PARM4(ctx),
-                     PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+                     PT_REGS_PARM5(ctx));
 }
 
 /* ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream) */
 SEC("uprobe")
 int BPF_KPROBE(nccl_allgather_enter)
 {
-  return call__enter(ctx, RS_OP_ALLGATHER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, -1, PT_REGS_PARM5(ctx),
-                     PT_REGS_PARM6(ctx));
+  return call__enter(ctx, RS_OP_ALLGATHER, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, -1, PT_REGS_PARM5(ctx));
 }
 
 /* ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream) */
 SEC("uprobe")
 int BPF_KPROBE(nccl_alltoall_enter)
 {
-  return call__enter(ctx, RS_OP_ALLTOALL, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, -1, PT_REGS_PARM5(ctx),
-                     PT_REGS_PARM6(ctx));
+  return call__enter(ctx, RS_OP_ALLTOALL, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0, -1, PT_REGS_PARM5(ctx));
 }
 
 /* ncclSend(sendbuff, count, datatype, peer, comm, stream) */
@@ -447,7 +586,7 @@ SEC("uprobe")
 int BPF_KPROBE(nccl_send_enter)
 {
   return call__enter(ctx, RS_OP_SEND, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0, (__s32)PT_REGS_PARM4(ctx),
-                     PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+                     PT_REGS_PARM5(ctx));
 }
 
 /* ncclRecv(recvbuff, count, datatype, peer, comm, stream) */
@@ -455,13 +594,29 @@ SEC("uprobe")
 int BPF_KPROBE(nccl_recv_enter)
 {
   return call__enter(ctx, RS_OP_RECV, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), 0, (__s32)PT_REGS_PARM4(ctx),
-                     PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
+                     PT_REGS_PARM5(ctx));
 }
 
-/* Common body of the communicator-creation entry probes. */
+/* Common body of the communicator entry probes (creation, destruction,
+ * errors): the fields a collective's entry sets are cleared here. */
 static __always_inline struct pending_call *init__enter(struct pt_regs *ctx, __u8 op)
 {
-  return pending__open(ctx, bpf_get_current_pid_tgid(), op);
+  struct thread_calls *t = pending__open(ctx, bpf_get_current_pid_tgid(), op);
+  if (!t)
+    return NULL;
+  struct pending_call *p = &t->call;
+  p->comm = 0;
+  p->count = 0;
+  p->comm_out = 0;
+  p->parent_comm = 0;
+  p->peer = -1;
+  p->nranks = 0;
+  p->rank = 0;
+  p->color = 0;
+  p->key = 0;
+  p->datatype = 0;
+  p->redop = 0;
+  return p;
 }
 
 /* ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank).
@@ -576,20 +731,30 @@ int BPF_KPROBE(nccl_group_end_enter)
   return 0;
 }
 
-static __always_inline void emit__call(struct pending_call *p, __u64 pid_tgid, __s32 result)
+/* How long a thread's cgroup id, read once, stands for it in its call
+ * records. The collector takes a process's cgroup from its first record;
+ * a process moved to another cgroup is seen in this time. */
+#define RS_CGROUP_REREAD_NS 1000000000ull
+
+static __always_inline void emit__call(struct thread_calls *t, __u64 pid_tgid, __s32 result)
 {
+  struct pending_call *p = &t->call;
+  __u64 now = bpf_ktime_get_ns();
+  if (now - t->cgroup_at_ns > RS_CGROUP_REREAD_NS) {
+    t->cgroup_id = bpf_get_current_cgroup_id();
+    t->cgroup_at_ns = now;
+  }
   struct rs_call_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
   if (!e) {
     drops__count(RS_DROP_RINGBUF_FULL);
     return;
   }
   /* The hot record: the thread's name is left out (the agent reads the
-   * process's from /proc once). */
-  header__fill_no_name(&e->hdr, pid_tgid, RS_EV_CALL);
+   * process's from /proc once), the cgroup id is the thread's last read. */
+  header__fill_cgroup(&e->hdr, pid_tgid, RS_EV_CALL, now, t->cgroup_id);
   __builtin_memset(e->hdr.comm, 0, sizeof(e->hdr.comm));
   e->entry_ns = p->entry_ns;
   e->comm = p->comm;
-  e->stream = p->stream;
   e->count = p->count;
   e->seq = p->seq;
   e->peer = p->peer;
@@ -612,10 +777,8 @@ static __always_inline void emit__comm_init(struct pending_call *p, __u64 pid_tg
   if (result == 0 && comm) {
     /* Start numbering the new communicator; a stale entry at the same
      * address (a destroyed communicator's memory reused) is replaced. */
-    struct comm_key key = {.pid = pid_tgid >> 32, .comm = comm};
-    struct comm_state fresh = {.next_seq = 0, .epoch = bpf_ktime_get_ns()};
-    if (bpf_map_update_elem(&comms, &key, &fresh, BPF_ANY))
-      drops__count(RS_DROP_MAP_FULL);
+    __u32 index;
+    comm__slot(pid_tgid >> 32, comm, true, bpf_ktime_get_ns(), &index);
   }
   struct rs_comm_init_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
   if (!e) {
@@ -639,8 +802,7 @@ static __always_inline void emit__comm_init(struct pending_call *p, __u64 pid_tg
 
 static __always_inline void emit__comm_end(struct pending_call *p, __u64 pid_tgid, __s32 result)
 {
-  struct comm_key key = {.pid = pid_tgid >> 32, .comm = p->comm};
-  bpf_map_delete_elem(&comms, &key);
+  comm__forget(pid_tgid >> 32, p->comm);
   struct rs_comm_end_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
   if (!e) {
     drops__count(RS_DROP_RINGBUF_FULL);
@@ -670,10 +832,8 @@ static __always_inline void emit__comm_init_all(struct pending_call *p, __u64 pi
     if (p->comm_out)
       bpf_probe_read_user(&comm, sizeof(comm), (void *)(p->comm_out + 8 * (__u64)i));
     if (result == 0 && comm) {
-      struct comm_key key = {.pid = pid_tgid >> 32, .comm = comm};
-      struct comm_state fresh = {.next_seq = 0, .epoch = bpf_ktime_get_ns()};
-      if (bpf_map_update_elem(&comms, &key, &fresh, BPF_ANY))
-        drops__count(RS_DROP_MAP_FULL);
+      __u32 index;
+      comm__slot(pid_tgid >> 32, comm, true, bpf_ktime_get_ns(), &index);
     }
     struct rs_comm_init_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
     if (!e) {
@@ -747,7 +907,7 @@ int BPF_KRETPROBE(nccl_call_return, long ret)
     emit__async_error(p, pid_tgid, result);
     break;
   default:
-    emit__call(p, pid_tgid, result);
+    emit__call(t, pid_tgid, result);
     break;
   }
   t->open = 0;
@@ -1042,10 +1202,12 @@ int BPF_PROG(tcp_retransmit, const struct sock *sk, const struct sk_buff *skb)
 /* bpf_for_each_map_elem callbacks: drop the exiting process's entries, so
  * that the tables hold live processes only (a rank killed inside a call, or
  * one that never destroyed its communicators, would otherwise stay). */
-static long exit__drop_comm(struct bpf_map *map, struct comm_key *key, void *value, __u32 *tgid)
+static long exit__drop_comm(struct bpf_map *map, struct comm_key *key, __u32 *slot_index, __u32 *tgid)
 {
-  if (key->pid == *tgid)
+  if (key->pid == *tgid) {
+    slot__give_back(*slot_index);
     bpf_map_delete_elem(map, key);
+  }
   return 0;
 }
 

@@ -94,7 +94,6 @@ struct rs_call_event {
   struct rs_event_header hdr;
   __u64 entry_ns;
   __u64 comm;     /* ncclComm_t, local to the process */
-  __u64 stream;   /* cudaStream_t */
   __u64 count;    /* element count as passed (sendcount for AllGather, recvcount for ReduceScatter) */
   __u64 seq;      /* per (process, communicator, lane), from 0, numbered in BPF */
   __s32 peer;     /* root or peer; -1 when the call has none */
@@ -224,7 +223,7 @@ static_assert(sizeof(struct rs_exit_event) == 56 + 72, "rs_exit_event layout");
 static_assert(sizeof(struct rs_wait_event) == 72, "rs_wait_event layout");
 static_assert(sizeof(struct rs_open_wait) == 32, "rs_open_wait layout");
 static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");
-static_assert(sizeof(struct rs_call_event) == 112, "rs_call_event layout");
+static_assert(sizeof(struct rs_call_event) == 104, "rs_call_event layout");
 static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");
 static_assert(sizeof(struct rs_comm_end_event) == 72, "rs_comm_end_event layout");
 #else
@@ -237,7 +236,7 @@ _Static_assert(sizeof(struct rs_exit_event) == 56 + 72, "rs_exit_event layout");
 _Static_assert(sizeof(struct rs_wait_event) == 72, "rs_wait_event layout");
 _Static_assert(sizeof(struct rs_open_wait) == 32, "rs_open_wait layout");
 _Static_assert(sizeof(struct rs_event_header) == 48, "rs_event_header layout");
-_Static_assert(sizeof(struct rs_call_event) == 112, "rs_call_event layout");
+_Static_assert(sizeof(struct rs_call_event) == 104, "rs_call_event layout");
 _Static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");
 _Static_assert(sizeof(struct rs_comm_end_event) == 72, "rs_comm_end_event layout");
 #endif

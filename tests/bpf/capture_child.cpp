@@ -205,6 +205,34 @@ int churn(long count) {
   return 0;
 }
 
+// Calls that test the numbering of communicators: one communicator called
+// from two threads in turn, then more communicators in rotation than a
+// thread remembers, then one destroyed and another made (which may reuse its
+// address). The tests expect, per communicator, 0, 1, 2... in call order.
+int rotate() {
+  Buffers b;
+  auto all_reduce = [&](ncclComm_t comm) {
+    check(ncclAllReduce(b.send, b.recv, 4, ncclFloat32, ncclSum, comm, b.stream), "ncclAllReduce");
+  };
+  constexpr int kComms = 6;
+  ncclComm_t comms[kComms];
+  for (auto& comm : comms) comm = solo_comm();
+  all_reduce(comms[0]);
+  std::thread other([&] { all_reduce(comms[0]); });
+  other.join();
+  all_reduce(comms[0]);
+  for (int round = 0; round < 2; ++round)
+    for (auto& comm : comms) all_reduce(comm);
+  check(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
+  check(ncclCommDestroy(comms[1]), "ncclCommDestroy");
+  comms[1] = solo_comm();
+  all_reduce(comms[1]);
+  all_reduce(comms[0]);
+  check(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
+  for (auto& comm : comms) check(ncclCommDestroy(comm), "ncclCommDestroy");
+  return 0;
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -216,7 +244,8 @@ int run(int argc, char** argv) {
   if (mode == "peer-death" && argc == 5) return peer_death(std::atoi(argv[2]), argv[3], argv[4]);
   if (mode == "busy" && argc == 3) return busy(std::atoi(argv[2]));
   if (mode == "churn" && argc == 3) return churn(std::atol(argv[2]));
-  std::fprintf(stderr, "usage: rankscope-capture-child group|split R N IDFILE|initall|setenv|peer-death R IDFILE DIR|busy S|churn N\n");
+  if (mode == "rotate") return rotate();
+  std::fprintf(stderr, "usage: rankscope-capture-child group|split R N IDFILE|initall|setenv|peer-death R IDFILE DIR|busy S|churn N|rotate\n");
   return 64;
 }
 

@@ -202,6 +202,45 @@ TEST_F(CaptureTest, ThreeCollectivesInOneGroupAreMarkedAsOneGroup) {
   EXPECT_EQ(p.wait(std::chrono::seconds(20)), 0) << logs();
 }
 
+// Sequence numbers are per communicator, whichever thread calls it: a
+// thread remembers the last few communicators it called (bpf/nccl.bpf.c),
+// and neither another thread's calls, nor more communicators than it
+// remembers, nor one destroyed and another made in its place may shift them.
+TEST_F(CaptureTest, EachCommunicatorIsNumberedInCallOrderAcrossThreadsAndManyCommunicators) {
+  Process p = child({"rotate"});
+  // 3 calls on the first communicator, 2 rounds over 6, then 2 more.
+  constexpr size_t kCalls = 3 + 2 * 6 + 2;
+  ASSERT_TRUE(tracer_->pump_until([&] { return tracer_->of<rs_call_event>(p.pid()).size() >= kCalls; },
+                                  std::chrono::seconds(20)))
+      << logs();
+  auto calls = tracer_->of<rs_call_event>(p.pid());
+  ASSERT_EQ(calls.size(), kCalls);
+  std::vector<uint64_t> comms;  // in order of first call
+  std::map<uint64_t, std::vector<uint64_t>> seqs;
+  for (const auto& c : calls) {
+    EXPECT_FALSE(c.flags & RS_CALL_UNKNOWN_COMM) << "every communicator was created while traced";
+    if (!seqs.count(c.comm)) comms.push_back(c.comm);
+    seqs[c.comm].push_back(c.seq);
+  }
+  // The first communicator: 3 calls (two threads), 2 in the rounds, 1 last.
+  EXPECT_EQ(seqs[comms[0]], (std::vector<uint64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_NE(calls[0].hdr.tid, calls[1].hdr.tid) << "the second call is made by another thread";
+  // The other five: 2 calls each in the rounds.
+  ASSERT_GE(comms.size(), 6u);
+  for (size_t i = 1; i < 6; ++i) {
+    std::vector<uint64_t> want{0, 1};
+    // The communicator made after the second was destroyed may have its
+    // address: then its call restarts the numbering there.
+    if (comms.size() == 6 && i == 1) want.push_back(0);
+    EXPECT_EQ(seqs[comms[i]], want) << "communicator " << i;
+  }
+  if (comms.size() == 7) {
+    EXPECT_EQ(seqs[comms[6]], (std::vector<uint64_t>{0})) << "the new communicator";
+  }
+  release_children();
+  EXPECT_EQ(p.wait(std::chrono::seconds(20)), 0) << logs();
+}
+
 TEST_F(CaptureTest, SplitChildrenCarryTheSameHashOnEveryMember) {
   constexpr int kRanks = 4;
   std::vector<Process> ranks;
