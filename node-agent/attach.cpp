@@ -7,6 +7,7 @@
 #include <libelf.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
@@ -301,6 +302,17 @@ NcclProbes::TableSizes NcclProbes::table_sizes() const {
   out.comms = count_keys(skel_->maps.comms);
   out.p2p = count_keys(skel_->maps.p2p_seqs);
   out.waits = count_keys(skel_->maps.waits);
+  // comm_slots is an array: the slots past the ones ever taken are unused.
+  uint64_t taken = skel_->bss ? skel_->bss->comm_slots_taken : 0;
+  uint32_t slots = bpf_map__max_entries(skel_->maps.comm_slots);
+  out.comm_slots_made = static_cast<size_t>(std::min<uint64_t>(taken, slots));
+  struct {
+    uint64_t next_seq, epoch, comm;
+    uint32_t pid, reserved;
+  } slot{};  // struct comm_slot in bpf/nccl.bpf.c
+  for (uint32_t i = 0; i < out.comm_slots_made; ++i)
+    if (bpf_map__lookup_elem(skel_->maps.comm_slots, &i, sizeof(i), &slot, sizeof(slot), 0) == 0 && slot.pid != 0)
+      ++out.comm_slots;
   return out;
 }
 

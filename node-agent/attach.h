@@ -73,6 +73,8 @@ class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/ncc
   // Entries in every per-process table, all processes together.
   struct TableSizes {
     size_t processes = 0, threads = 0, comms = 0, p2p = 0, waits = 0;
+    size_t comm_slots = 0;        // counter slots numbering a communicator now
+    size_t comm_slots_made = 0;   // slots ever taken fresh (the others were given back and reused)
   };
   TableSizes table_sizes() const;
   // Waits on the GPU in progress right now: (pid_tgid, wait).

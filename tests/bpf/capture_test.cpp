@@ -523,6 +523,9 @@ TEST_F(CaptureTest, AgentMemoryStaysBoundedOverAThousandProcessesAndAHundredThou
   EXPECT_EQ(tables.comms, 0u);
   EXPECT_EQ(tables.p2p, 0u);
   EXPECT_EQ(tables.waits, 0u);
+  EXPECT_EQ(tables.comm_slots, 0u) << "every communicator's counter slot was given back";
+  // Slots are reused: far fewer were ever made than communicators created.
+  EXPECT_LE(tables.comm_slots_made, static_cast<size_t>(kConcurrent) * 4 + 4);
   auto drops = tracer_->probes().drops();
   EXPECT_EQ(drops.ringbuf_full + drops.map_full, 0u);
   // 900 processes and 90,000 communicators after the baseline: the heap may
