@@ -368,6 +368,14 @@ static __always_inline void slot__give_back(__u32 index)
   bpf_map_push_elem(&free_comm_slots, &index, 0);
 }
 
+static __always_inline void slot__start(struct comm_slot *slot, __u32 pid, __u64 comm, __u64 epoch)
+{
+  slot->next_seq = 0;
+  slot->epoch = epoch;
+  slot->comm = comm;
+  slot->pid = pid;
+}
+
 /* The slot numbering (pid, comm), made for it when it has none: a
  * communicator met first in a call (created before the agent attached, or
  * its creation lost) is numbered from here with epoch 0. With `restart`
@@ -379,12 +387,7 @@ static __always_inline struct comm_slot *comm__slot(__u32 pid, __u64 comm, bool 
   __u32 *mapped = bpf_map_lookup_elem(&comms, &key);
   __u32 index;
   struct comm_slot *slot;
-  if (mapped) {
-    index = *mapped;
-    slot = bpf_map_lookup_elem(&comm_slots, &index);
-    if (!slot)
-      return NULL;
-  } else {
+  if (!mapped) {
     __s64 taken = slot__take();
     if (taken < 0) {
       drops__count(RS_DROP_MAP_FULL);
@@ -394,33 +397,25 @@ static __always_inline struct comm_slot *comm__slot(__u32 pid, __u64 comm, bool 
     slot = bpf_map_lookup_elem(&comm_slots, &index);
     if (!slot)
       return NULL;
-    slot->next_seq = 0;
-    slot->epoch = epoch;
-    slot->comm = comm;
-    slot->pid = pid;
-    if (bpf_map_update_elem(&comms, &key, &index, BPF_NOEXIST)) {
-      /* Another thread mapped it first (or the table is full): use its. */
-      slot__give_back(index);
-      mapped = bpf_map_lookup_elem(&comms, &key);
-      if (!mapped) {
-        drops__count(RS_DROP_MAP_FULL);
-        return NULL;
-      }
-      index = *mapped;
-      slot = bpf_map_lookup_elem(&comm_slots, &index);
-      if (!slot)
-        return NULL;
-    } else {
+    slot__start(slot, pid, comm, epoch);
+    if (bpf_map_update_elem(&comms, &key, &index, BPF_NOEXIST) == 0) {
       *slot_index = index;
       return slot;
     }
+    /* Another thread mapped it first (or the table is full): use its. */
+    slot__give_back(index);
+    mapped = bpf_map_lookup_elem(&comms, &key);
+    if (!mapped) {
+      drops__count(RS_DROP_MAP_FULL);
+      return NULL;
+    }
   }
-  if (restart) {
-    slot->next_seq = 0;
-    slot->epoch = epoch;
-    slot->comm = comm;
-    slot->pid = pid;
-  }
+  index = *mapped;
+  slot = bpf_map_lookup_elem(&comm_slots, &index);
+  if (!slot)
+    return NULL;
+  if (restart)
+    slot__start(slot, pid, comm, epoch);
   *slot_index = index;
   return slot;
 }
