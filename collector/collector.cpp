@@ -28,6 +28,15 @@ namespace {
 // commit that lets many agents share one fsync.
 constexpr int kMaxMessagesPerCommit = 512;
 constexpr int kAgentReceiveHighWaterMark = 128;  // messages per agent connection
+constexpr int kQueryReceiveHighWaterMark = 16;   // requests per query connection
+// The largest frame either socket reads (ZMQ_MAXMSGSIZE): libzmq checks a
+// frame's length before it allocates it, on every frame, CurveZMQ handshake
+// included, so a peer that is not on the allow-list cannot make the
+// collector buffer more than this. An agent's batch holds 100 ms of calls:
+// kilobytes, a few megabytes in a storm of calls; a query request is a few
+// hundred bytes.
+constexpr int64_t kMaxAgentMessageBytes = 16ll << 20;
+constexpr int64_t kMaxQueryMessageBytes = 64ll << 10;
 // How often the hang, straggler and node-lost detectors look at the picture.
 constexpr uint64_t kEvaluationIntervalNs = 500'000'000ull;
 // Resolved findings still handed to the Alertmanager client (it repeats a resolution once).
@@ -74,6 +83,12 @@ std::optional<Received> receive(zmq::socket_t& socket) {
   return received;
 }
 
+// Whose rate budget a message spends: its CurveZMQ key's (what the ZAP
+// handler bound it to), else (--insecure) its connection's.
+std::string limit_key(const Received& message) {
+  return message.user_id.empty() ? "connection " + message.routing_id : "key " + message.user_id;
+}
+
 // Mirrors the collector's state into the Prometheus metrics.
 class MetricsExport {
  public:
@@ -102,6 +117,7 @@ class MetricsExport {
       metrics_.set_node_drops(name, "spool_damaged", node.drops.spool_damaged);
       metrics_.set_node_drops(name, "lost_return", node.drops.lost_returns);
       metrics_.set_node_bad_messages(name, node.bad_messages);
+      metrics_.set_node_refused_claims(name, node.refused_claims);
     }
     for (const auto& [hash, comm] : ingest.comms()) {
       std::string hex = hex64(hash);
@@ -200,6 +216,9 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   // bounded queue (re-sent in order). A thousand agents then hold at most
   // ~128k messages here, not whatever a fleet can push.
   agents.set(zmq::sockopt::rcvhwm, kAgentReceiveHighWaterMark);
+  queries.set(zmq::sockopt::rcvhwm, kQueryReceiveHighWaterMark);
+  agents.set(zmq::sockopt::maxmsgsize, kMaxAgentMessageBytes);
+  queries.set(zmq::sockopt::maxmsgsize, kMaxQueryMessageBytes);
   // Started before the sockets bind, so no handshake ever finds it missing.
   std::unique_ptr<ZapHandler> zap;
   if (options.insecure) {
@@ -260,7 +279,9 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       auto message = receive(agents);
       if (!message) break;
       if (!options.insecure && message->user_id.empty()) continue;  // never: the ZAP handler names every key
-      if (!agent_limit.admit(message->routing_id, message->payload.size(), clock.monotonic_ns())) {
+      // Budgets are per key (the node the ZAP handler bound it to), not per
+      // connection: a key that opens many connections shares one budget.
+      if (!agent_limit.admit(limit_key(*message), message->payload.size(), clock.monotonic_ns())) {
         ingest.on_throttled(message->routing_id, message->user_id,
                             std::to_string(message->payload.size()) + " bytes over --max-messages-per-s " +
                                 std::to_string(options.max_messages_per_s) + " or --max-bytes-per-s " +
@@ -304,7 +325,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
 
     while (auto request = receive(queries)) {
-      if (!query_limit.admit(request->routing_id, request->payload.size(), clock.monotonic_ns())) {
+      if (!query_limit.admit(limit_key(*request), request->payload.size(), clock.monotonic_ns())) {
         ++query_throttled;
         query_throttle_log.report(request->user_id.empty() ? "a query client" : request->user_id,
                                   "query over the rate limit, dropped", clock.realtime_ns());

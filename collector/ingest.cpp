@@ -122,6 +122,7 @@ Result<void> Ingest::restore() {
         member.records = m.getRecords();
         member.last_seq = m.getLastSeq();
         member.last_issue_ns = m.getLastIssueNs();
+        member.ended = m.getEnded();
         comm.members[member.rank] = member;
       }
       comms_[comm.hash] = std::move(comm);
@@ -198,10 +199,20 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
       return;
     }
     NodeState& node = nodes_[known->second];
+    if (!key_node.empty() && key_node != node.name) {
+      // A connection's messages are its key's: the routing id only says
+      // which Hello they follow (a peer that reuses another's routing id
+      // is still bound by its own key).
+      std::string what = "a message of node " + key_node + "'s key on the connection of node " + node.name;
+      if (NodeState* keyed = this->node(key_node)) refuse_claim(*keyed, what);
+      else bad_message(nullptr, what);
+      out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::NEED_HELLO, "say hello first"));
+      return;
+    }
     node.last_contact_ns = received_ns;
     switch (message.which()) {
       case wire::AgentMessage::BATCH:
-        on_batch(node, routing_id, message.getBatch(), out);
+        on_batch(node, routing_id, message.getBatch(), bytes.size(), out);
         counters_.batch_bytes += bytes.size();
         break;
       case wire::AgentMessage::HEARTBEAT: on_heartbeat(node, message.getHeartbeat()); break;
@@ -228,6 +239,12 @@ void Ingest::bad_message(NodeState* node, const std::string& what) {
   ++counters_.bad_messages;
   if (node) ++node->bad_messages;
   bad_log_.report(node ? "node " + node->name : "an unidentified agent", what, clock_.realtime_ns());
+}
+
+void Ingest::refuse_claim(NodeState& node, const std::string& what) {
+  ++counters_.refused_claims;
+  ++node.refused_claims;
+  refused_log_.report("node " + node.name, "refused: " + what, clock_.realtime_ns());
 }
 
 void Ingest::on_throttled(const std::string& routing_id, const std::string& key_node, const std::string& why) {
@@ -316,24 +333,48 @@ CommState& Ingest::comm_for(uint64_t hash, const std::string& node, uint32_t pid
   return comm;
 }
 
-MemberState& Ingest::note_member(CommState& comm, int32_t rank, const std::string& node, uint32_t pid, bool& changed) {
+MemberState* Ingest::claim_member(NodeState& node, CommState& comm, int32_t rank, uint32_t pid, bool& changed,
+                                  const char* what) {
+  auto it = comm.members.find(rank);
+  if (it != comm.members.end()) {
+    MemberState& member = it->second;
+    if (member.pid == pid && member.node == node.name) return &member;
+    // NCCL ranks are not handed over: a rank of a live communicator is one
+    // process for its whole life. Another claim is a forgery (or a bug).
+    refuse_claim(node, std::string(what) + " as rank " + std::to_string(rank) + " of comm " + hex64(comm.hash) +
+                           " (pid " + std::to_string(pid) + "), a rank bound to node " + member.node + " pid " +
+                           std::to_string(member.pid));
+    return nullptr;
+  }
+  if (comm.nranks > 0 && rank >= comm.nranks) {
+    refuse_claim(node, std::string(what) + " as rank " + std::to_string(rank) + " of comm " + hex64(comm.hash) +
+                           ", which has " + std::to_string(comm.nranks) + " ranks");
+    return nullptr;
+  }
+  size_t on_node = 0;
+  for (const auto& [r, m] : comm.members) on_node += m.node == node.name ? 1 : 0;
+  if (on_node >= kMaxMembersPerNode) {
+    refuse_claim(node, std::string(what) + ": node already has " + std::to_string(on_node) + " ranks of comm " +
+                           hex64(comm.hash) + " (at most " + std::to_string(kMaxMembersPerNode) + " per node)");
+    return nullptr;
+  }
   MemberState& member = comm.members[rank];
-  if (member.rank == rank && member.pid == pid && member.node == node) return member;
   member.rank = rank;
-  member.node = node;
+  member.node = node.name;
   member.pid = pid;
   changed = true;
-  return member;
+  return &member;
 }
 
-void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, Outbox& out) {
+void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, size_t wire_bytes,
+                      Outbox& out) {
   capnp::MallocMessageBuilder ack_builder;
   auto ack = ack_builder.initRoot<wire::CollectorMessage>().initAck();
   ack.setInstanceId(batch.getInstanceId());
   ack.setSeq(batch.getSeq());
   std::string ack_bytes = proto::to_packed(ack_builder);
 
-  if (auto valid = check_batch(batch); !valid) {
+  if (auto valid = check_batch(batch, wire_bytes); !valid) {
     // Refused whole and not acknowledged: no agent sends this.
     bad_message(&node, "batch " + std::to_string(batch.getSeq()) + " refused: " + valid.error().message);
     out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, valid.error().message));
@@ -341,9 +382,14 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   }
   if (auto window = node.acked.find(batch.getInstanceId());
       window != node.acked.end() && window->second.contains(batch.getSeq())) {
-    // Re-sent (our ack was lost or late): already durable, say so again.
+    // Re-sent (our ack was lost or late): say so again once it is durable.
+    // Its first copy may be in this very commit round, not yet written: then
+    // the ack waits for the commit like the first one's (on failure both are dropped).
     ++counters_.duplicate_batches;
-    out.now.emplace_back(routing_id, std::move(ack_bytes));
+    bool pending = std::any_of(uncommitted_.begin(), uncommitted_.end(), [&](const Uncommitted& u) {
+      return u.seq == batch.getSeq() && u.instance == batch.getInstanceId() && u.node == node.name;
+    });
+    (pending ? out.after_commit : out.now).emplace_back(routing_id, std::move(ack_bytes));
     return;
   }
 
@@ -386,8 +432,24 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       continue;
     }
     bool news = false;
+    if (auto known = comms_.find(c.getCommHash());
+        known != comms_.end() && c.getNranks() > 0 && known->second.nranks > 0 &&
+        known->second.nranks != c.getNranks()) {
+      // The first announcement binds the size: every vector sized by it
+      // (detectors, ledger) stays right, and no member can grow or shrink it.
+      refuse_claim(node, "comm " + hex64(c.getCommHash()) + " announced with " + std::to_string(c.getNranks()) +
+                             " ranks; it was announced with " + std::to_string(known->second.nranks));
+      continue;
+    }
     CommState& comm = comm_for(c.getCommHash(), node.name, c.getPid(), news);
-    if (c.getNranks() > 0 && comm.nranks != c.getNranks()) {
+    if (c.getNranks() > 0 && comm.nranks <= 0) {
+      bool fits = true;
+      for (const auto& [r, m] : comm.members) fits &= r < c.getNranks();
+      if (!fits) {
+        refuse_claim(node, "comm " + hex64(comm.hash) + " announced with " + std::to_string(c.getNranks()) +
+                               " ranks, fewer than the ranks it already has");
+        continue;
+      }
       comm.nranks = c.getNranks();
       news = true;
     }
@@ -395,11 +457,17 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       comm.origin = c.getOrigin();
       news = true;
     }
-    if (comm.ended) {
+    MemberState* member = claim_member(node, comm, c.getRank(), c.getPid(), news, "an announcement");
+    if (member && member->ended) {
+      // The same process announcing it again (a collector welcoming a restarted agent... ):
+      // it holds the communicator.
+      member->ended = false;
+      news = true;
+    }
+    if (member && comm.ended) {
       comm.ended = false;
       news = true;
     }
-    note_member(comm, c.getRank(), node.name, c.getPid(), news);
     if (news) changed.insert(comm.hash);
   }
   for (auto a : batch.getAsyncErrors()) {
@@ -415,9 +483,27 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   for (auto e : batch.getCommEnds()) {
     auto it = comms_.find(e.getCommHash());
     if (it == comms_.end()) continue;
-    // Ended once every member that reported it has destroyed it; one end is enough to note it.
-    if (!it->second.ended) changed.insert(it->first);
-    it->second.ended = true;
+    CommState& comm = it->second;
+    // A process ends its own membership; the communicator is over once every
+    // member has ended it (a member that dies without ending it is the hang
+    // detector's, which sees the process gone).
+    bool mine = false;
+    for (auto& [rank, member] : comm.members) {
+      if (member.node != node.name || member.pid != e.getPid()) continue;
+      mine = true;
+      if (!member.ended) changed.insert(comm.hash);
+      member.ended = true;
+    }
+    if (!mine) {
+      refuse_claim(node, "an end of comm " + hex64(comm.hash) + " by pid " + std::to_string(e.getPid()) +
+                             ", not a member of it on this node");
+      continue;
+    }
+    bool all = std::all_of(comm.members.begin(), comm.members.end(), [](const auto& m) { return m.second.ended; });
+    if (all && !comm.ended) {
+      comm.ended = true;
+      changed.insert(comm.hash);
+    }
   }
   size_t records = 0;
   for (auto columns : batch.getCollectives()) {
@@ -429,15 +515,27 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     }
     bool news = false;
     CommState& comm = comm_for(block->comm_hash, node.name, block->pid, news);
+    MemberState* claimed = claim_member(node, comm, block->rank, block->pid, news, "collectives");
+    if (!claimed) {
+      if (news) changed.insert(comm.hash);
+      continue;
+    }
+    MemberState& member = *claimed;
     news |= comm.lanes.insert(block->lane).second;
-    MemberState& member = note_member(comm, block->rank, node.name, block->pid, news);
     if (news) changed.insert(comm.hash);
+    uint64_t latest_ns = clock_.realtime_ns() + kMaxFutureNs;
+    size_t taken = 0, future = 0;
     for (const auto& call : block->records) {
       StoredRecord record;
       record.key = RecordKey{block->comm_hash, block->lane, block->rank, call.seq};
       record.call = call;
       record.call.issue_ns = node.clock.to_cluster(call.issue_ns);
       record.call.return_ns = node.clock.to_cluster(call.return_ns);
+      if (record.call.issue_ns > latest_ns || record.call.return_ns > latest_ns) {
+        ++future;
+        continue;
+      }
+      ++taken;
       record.pid = block->pid;
       pending_.put_record(record);
       if (block->lane == 0 && static_cast<int64_t>(call.seq) > member.last_seq) {
@@ -446,8 +544,11 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       }
       for (RecordObserver* observer : observers_) observer->on_record(comm, block->rank, block->lane, record.call);
     }
-    member.records += block->records.size();
-    records += block->records.size();
+    if (future)
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + std::to_string(future) + " record(s) of comm " +
+                             hex64(comm.hash) + " stamped more than an hour past the collector's clock; skipped");
+    member.records += taken;
+    records += taken;
     dirty_members_.emplace(comm.hash, block->rank);
   }
   dirty_comms_.insert(changed.begin(), changed.end());
@@ -459,11 +560,20 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       continue;
     }
     counters_.waits += block->waits.size();
+    uint64_t latest_ns = clock_.realtime_ns() + kMaxFutureNs;
+    size_t future = 0;
     for (const auto& w : block->waits) {
       if (w.result != 0) continue;
+      if (node.clock.to_cluster(w.end_ns) > latest_ns) {
+        ++future;
+        continue;
+      }
       for (RecordObserver* observer : observers_)
         observer->on_wait(node.name, block->pid, node.clock.to_cluster(w.start_ns), node.clock.to_cluster(w.end_ns));
     }
+    if (future)
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + std::to_string(future) +
+                             " wait(s) ending more than an hour past the collector's clock; skipped");
   }
 
 
@@ -590,6 +700,7 @@ void Ingest::persist_comm(const CommState& comm) {
     out.setRecords(m.records);
     out.setLastSeq(m.last_seq);
     out.setLastIssueNs(m.last_issue_ns);
+    out.setEnded(m.ended);
   }
   pending_.put_comm(comm.hash, proto::to_packed(builder));
 }

@@ -81,7 +81,12 @@ struct NodeState {
   uint64_t records = 0;
   uint32_t traced_processes = 0;
   uint64_t bad_messages = 0;     // messages, or parts of them, refused (collector/validate.h)
-  uint64_t throttled_messages = 0;  // dropped over the per-connection rate limit (collector/rate_limit.h)
+  uint64_t throttled_messages = 0;  // dropped over the per-key rate limit (collector/rate_limit.h)
+  // Claims refused because they contradict what a communicator's first
+  // announcement bound (its size, a rank's node and pid), or because the
+  // node is not a member of what it tried to change (docs/operations.md,
+  // "Threat model"). Well-formed, so not bad messages: an attack or a bug.
+  uint64_t refused_claims = 0;
   Drops drops;
   std::map<uint64_t, AckWindow> acked;  // by agent instance: batches already stored (the newest few instances)
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
@@ -102,6 +107,7 @@ struct MemberState {
   uint64_t records = 0;
   int64_t last_seq = -1;          // lane 0
   uint64_t last_issue_ns = 0;     // cluster clock
+  bool ended = false;             // its process destroyed or aborted the communicator
   std::optional<CommError> error;
 };
 
@@ -113,7 +119,7 @@ struct CommState {
   std::map<int32_t, MemberState> members;
   std::set<uint32_t> lanes;
   uint64_t first_ns = 0, last_ns = 0;
-  bool ended = false;
+  bool ended = false;  // every member ended it
 };
 
 // Who a traced process is, as its agent identified it.
@@ -145,6 +151,7 @@ struct IngestCounters {
   uint64_t duplicate_batches = 0;
   uint64_t bad_messages = 0;
   uint64_t throttled_messages = 0;
+  uint64_t refused_claims = 0;  // NodeState::refused_claims, all nodes
   uint64_t batch_bytes = 0;  // wire size of the batches stored
   uint64_t waits = 0;        // host waits on the GPU reported
 };
@@ -209,13 +216,19 @@ class Ingest {
     bool operator<(const ProcessKey& o) const { return node != o.node ? node < o.node : pid < o.pid; }
   };
   void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out, const std::string& key_node);
-  void on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, Outbox& out);
+  void on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, size_t wire_bytes,
+                Outbox& out);
   void on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat);
   // The communicator (made if new); `changed` is set when what restore
   // needs of it (members, lanes, job, size) changed.
   CommState& comm_for(uint64_t hash, const std::string& node, uint32_t pid, bool& changed);
-  // The member `rank`, noted as on node/pid; `changed` is set if that is news.
-  static MemberState& note_member(CommState& comm, int32_t rank, const std::string& node, uint32_t pid, bool& changed);
+  // The member `rank`, bound to node/pid by the first claim of it; `changed`
+  // is set if that is news. Null (and the claim counted as refused) when the
+  // rank is bound to another process, is outside the communicator's size, or
+  // would give the node more members than one host has GPUs (kMaxMembersPerNode).
+  MemberState* claim_member(NodeState& node, CommState& comm, int32_t rank, uint32_t pid, bool& changed,
+                            const char* what);
+  void refuse_claim(NodeState& node, const std::string& what);
   void persist_comm(const CommState& comm);
   void persist_node(const NodeState& node);
   // Writes what changed since the last commit, in the commit that
@@ -248,6 +261,7 @@ class Ingest {
   IngestCounters counters_;
   BadMessageLog bad_log_;
   BadMessageLog throttle_log_;
+  BadMessageLog refused_log_;
   uint64_t started_ns_;
   std::vector<RecordObserver*> observers_;
 };

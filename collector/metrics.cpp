@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstring>
 
+#include "common/format.h"
 #include "common/log.h"
 
 namespace rankscope::collector {
@@ -33,6 +34,7 @@ enum class MetricId {
   node_wall_clock_skew,
   agent_drops,
   node_bad_messages,
+  node_refused_claims,
   comm_last_sequence,
   collective_issue_lateness,
   ingest_batches,
@@ -107,6 +109,12 @@ const MetricInfo kCatalogue[] = {
      "",
      {"node"},
      "Messages from the node's agent refused, whole or in part, as unreadable, past a limit or out of range."},
+    {"rankscope_node_refused_claims_total",
+     Type::counter,
+     "",
+     {"node"},
+     "Claims from the node's agent refused because they contradict what a communicator's first announcement bound "
+     "(its size, a rank's node and process) or touch a communicator the node is not a member of."},
     {"rankscope_comm_last_sequence",
      Type::gauge,
      "",
@@ -144,7 +152,7 @@ const MetricInfo kCatalogue[] = {
      Type::counter,
      "",
      {"socket"},
-     "Messages dropped over the per-connection rate limit, by socket (agent, query)."},
+     "Messages dropped over the per-key rate limit, by socket (agent, query)."},
     {"rankscope_metrics_series_dropped_total",
      Type::counter,
      "",
@@ -291,6 +299,7 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   node_wall_clock_skew_ = &gauges(r, MetricId::node_wall_clock_skew);
   agent_drops_ = &counters(r, MetricId::agent_drops);
   node_bad_messages_ = &counters(r, MetricId::node_bad_messages);
+  node_refused_claims_ = &counters(r, MetricId::node_refused_claims);
   comm_last_sequence_ = &gauges(r, MetricId::comm_last_sequence);
   const MetricInfo& lateness = info(MetricId::collective_issue_lateness);
   issue_lateness_ =
@@ -335,7 +344,9 @@ T* Metrics::add_series(prometheus::Family<T>& family, const std::map<std::string
     return nullptr;
   }
   ++series_;
-  return &family.Add(labels);
+  std::map<std::string, std::string> valid;
+  for (const auto& [name, value] : labels) valid.emplace(name, valid_utf8(value));
+  return &family.Add(valid);
 }
 
 void Metrics::set_node_gauge(prometheus::Gauge*& gauge, prometheus::Family<prometheus::Gauge>& family,
@@ -356,8 +367,8 @@ void Metrics::set_tenant_usage(const std::string& account, double gpu_seconds, d
   TenantLast& last = tenant_last_[account];
   // The first kTenantSeries accounts keep series of their own, for good:
   // "other" then only ever grows, as a counter must.
-  std::string label = account;
-  if (!tenant_series_.count(account)) {
+  std::string label = valid_utf8(account);
+  if (!tenant_series_.count(label)) {
     if (tenant_series_.size() >= kTenantSeries) label = "other";
     if (!tenant_series_.count(label)) {
       TenantSeries& series = tenant_series_[label];
@@ -410,6 +421,12 @@ void Metrics::set_node_bad_messages(const std::string& node, uint64_t total) {
   CounterTotal& bad = nodes_[node].bad_messages;
   if (!bad.counter) bad.counter = add_series(*node_bad_messages_, {{"node", node}});
   if (bad.counter) advance(bad, total);
+}
+
+void Metrics::set_node_refused_claims(const std::string& node, uint64_t total) {
+  CounterTotal& refused = nodes_[node].refused_claims;
+  if (!refused.counter) refused.counter = add_series(*node_refused_claims_, {{"node", node}});
+  if (refused.counter) advance(refused, total);
 }
 
 void Metrics::set_comm_progress(const std::string& job, const std::string& comm_hex, int32_t rank, int64_t last_seq) {

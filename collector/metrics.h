@@ -81,6 +81,7 @@ class Metrics {
   void set_node_drops(const std::string& node, const std::string& reason, uint64_t total);
   // `total`: the collector's running count of the node's refused messages.
   void set_node_bad_messages(const std::string& node, uint64_t total);
+  void set_node_refused_claims(const std::string& node, uint64_t total);
 
   void set_comm_progress(const std::string& job, const std::string& comm_hex, int32_t rank, int64_t last_seq);
   // Removes the communicator's series (it was destroyed).
@@ -117,6 +118,7 @@ class Metrics {
     prometheus::Gauge* wall_clock_skew = nullptr;
     std::map<std::string, CounterTotal> drops;  // by reason
     CounterTotal bad_messages;
+    CounterTotal refused_claims;
   };
   struct RankSeries {
     std::string job;
@@ -149,6 +151,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* node_wall_clock_skew_;
   prometheus::Family<prometheus::Counter>* agent_drops_;
   prometheus::Family<prometheus::Counter>* node_bad_messages_;
+  prometheus::Family<prometheus::Counter>* node_refused_claims_;
   prometheus::Family<prometheus::Gauge>* comm_last_sequence_;
   struct TenantSeries {
     prometheus::Counter* gpu = nullptr;

@@ -25,6 +25,7 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
   out.setBadMessages(ingest.counters().bad_messages);
   out.setBatchBytes(ingest.counters().batch_bytes);
   out.setThrottledMessages(ingest.counters().throttled_messages);
+  out.setRefusedClaims(ingest.counters().refused_claims);
   auto nodes = out.initNodes(static_cast<unsigned>(ingest.nodes().size()));
   unsigned i = 0;
   for (const auto& [name, node] : ingest.nodes()) {
@@ -55,6 +56,7 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
     n.setClockDriftPpb(static_cast<int64_t>(node.clock.drift_ppb()));
     n.setBadMessages(node.bad_messages);
     n.setThrottledMessages(node.throttled_messages);
+    n.setRefusedClaims(node.refused_claims);
   }
 }
 

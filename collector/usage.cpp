@@ -14,7 +14,6 @@ namespace rankscope::collector {
 
 namespace {
 constexpr uint8_t kRowVersion = 1;
-constexpr size_t kMaxOpenInstances = 4096;  // incomplete collectives remembered per communicator
 constexpr uint64_t kNs = 1'000'000'000ull;
 // A process first seen this long after it started: counted from the first
 // sample, not from its start (the agent or the collector came later).
@@ -474,6 +473,11 @@ void UsageLedger::add_usage_span(uint64_t from_ns, uint64_t to_ns, const std::st
     add_usage(to_ns, node, identity, usage);
     return;
   }
+  // A minute row per minute spanned: a span of years (a hostile wait's
+  // times) would make millions. Heartbeats come every second and waits last
+  // seconds; whatever lasted longer than a day is counted in its last day.
+  constexpr uint64_t kMaxSpanNs = 24ull * 3600 * kNs;
+  if (to_ns - from_ns > kMaxSpanNs) from_ns = to_ns - kMaxSpanNs;
   double total = static_cast<double>(to_ns - from_ns);
   for (uint64_t at = from_ns; at < to_ns;) {
     uint64_t end = std::min(to_ns, (minute_of(at) + 60) * kNs);
@@ -557,20 +561,29 @@ void UsageLedger::on_record(const CommState& comm, int32_t rank, uint32_t lane, 
   // detector (by communicator and sequence number, lane 0 collectives).
   if (lane != 0 || !proto::op_is_collective(record.op) || comm.nranks <= 1 || rank < 0 || rank >= comm.nranks) return;
   CommTrack& track = comms_[comm.hash];
-  if (track.blamed_until.size() != static_cast<size_t>(comm.nranks)) track.blamed_until.assign(comm.nranks, 0);
-  Instance& instance = track.instances[record.seq];
-  if (instance.issue.empty()) instance.issue.assign(comm.nranks, 0);
-  if (instance.issue[rank] != 0) return;
-  instance.issue[rank] = std::max<uint64_t>(record.issue_ns, 1);
-  if (++instance.arrived == comm.nranks) {
-    complete(comm, track, instance);
-    track.instances.erase(record.seq);
+  auto [slot, opened] = track.instances.try_emplace(record.seq);
+  Instance& instance = slot->second;
+  if (opened) {
+    instance.issue.assign(comm.nranks, 0);
+    open_budget_.opened(comm.hash, comm.nranks);
   }
-  while (track.instances.size() > kMaxOpenInstances) track.instances.erase(track.instances.begin());
+  // Sized by the communicator's size, which the ingest binds for good; checked anyway.
+  if (static_cast<size_t>(rank) >= instance.issue.size() || instance.issue[rank] != 0) return;
+  instance.issue[rank] = std::max<uint64_t>(record.issue_ns, 1);
+  if (++instance.arrived == static_cast<int32_t>(instance.issue.size())) {
+    complete(comm, track, instance);
+    open_budget_.close(comm.hash, track.instances, slot);
+  }
+  open_budget_.enforce(comm.hash, comm.nranks, track.instances, [&](uint64_t hash) {
+    auto it = comms_.find(hash);
+    return it == comms_.end() ? nullptr : &it->second.instances;
+  });
 }
 
 void UsageLedger::complete(const CommState& comm, CommTrack& track, const Instance& instance) {
-  const int32_t n = comm.nranks;
+  const int32_t n = static_cast<int32_t>(instance.issue.size());
+  // Made when a collective completes: every rank sent a record for it.
+  if (track.blamed_until.size() != static_cast<size_t>(n)) track.blamed_until.assign(n, 0);
   int32_t last = static_cast<int32_t>(std::max_element(instance.issue.begin(), instance.issue.end()) - instance.issue.begin());
   int64_t max_others = 0;
   for (int32_t r = 0; r < n; ++r)
@@ -694,6 +707,16 @@ void UsageLedger::on_wait(const std::string& node, uint32_t pid, uint64_t start_
 
 void UsageLedger::tick(uint64_t now_ns, const FindingBook& findings) {
   fold_records();
+  // What is left open of communicators every member ended never completes.
+  for (auto it = comms_.begin(); it != comms_.end();) {
+    auto comm = ingest_.comms().find(it->first);
+    if (comm != ingest_.comms().end() && !comm->second.ended) {
+      ++it;
+      continue;
+    }
+    open_budget_.forget(it->first);
+    it = comms_.erase(it);
+  }
   take_samples(now_ns);
   hang_waste(now_ns, findings);
 }

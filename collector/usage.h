@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "collector/detect/findings.h"
+#include "collector/detect/open_budget.h"
 #include "collector/ingest.h"
 #include "collector/store/timeline_store.h"
 #include "common/result.h"
@@ -155,6 +156,8 @@ class UsageLedger final : public RecordObserver {
     double gpu_s = 0, waste_s = 0, caused_s = 0;
   };
   const std::map<std::string, Totals>& totals(TenantKey key);
+  // Memory held by open collective instances.
+  uint64_t open_bytes() const { return open_budget_.bytes(); }
 
  private:
   struct ProcessTrack {
@@ -244,6 +247,7 @@ class UsageLedger final : public RecordObserver {
   };
   std::map<std::pair<std::string, Identity>, Running> running_;
   std::map<std::string, Totals> totals_view_;
+  OpenBudget open_budget_{sizeof(uint64_t)};  // open instances: an issue time per rank
 };
 
 }  // namespace rankscope::collector

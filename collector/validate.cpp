@@ -17,7 +17,7 @@ Result<void> check_rank(const char* what, int32_t value, int32_t below) {
 }
 }  // namespace
 
-Result<void> check_batch(wire::Batch::Reader batch) {
+Result<void> check_batch(wire::Batch::Reader batch, size_t wire_bytes) {
   for (auto r : {check_length("batch: processes", batch.getProcesses().size(), kMaxListEntries),
                  check_length("batch: comms", batch.getComms().size(), kMaxListEntries),
                  check_length("batch: comm ends", batch.getCommEnds().size(), kMaxListEntries),
@@ -32,6 +32,11 @@ Result<void> check_batch(wire::Batch::Reader batch) {
   if (records > kMaxRecordsPerBatch)
     return make_error(Errc::protocol, "batch claims " + std::to_string(records) + " records and waits (limit " +
                                           std::to_string(kMaxRecordsPerBatch) + ")");
+  uint64_t allowed = kRecordsFloor + kRecordsPerWireByte * static_cast<uint64_t>(wire_bytes);
+  if (records > allowed)
+    return make_error(Errc::protocol, "batch of " + std::to_string(wire_bytes) + " bytes claims " +
+                                          std::to_string(records) + " records and waits (at most " +
+                                          std::to_string(allowed) + " for its size)");
   return {};
 }
 

@@ -26,10 +26,26 @@ inline constexpr uint32_t kMaxListEntries = 1u << 16;  // processes, comms, ends
 inline constexpr uint64_t kMaxRecordsPerBatch = 1u << 20;  // collective records and waits, all blocks together
 inline constexpr uint32_t kMaxClockSamples = 1024;     // an agent probes once a second, batches ten times that
 inline constexpr int32_t kMaxRanks = 1 << 16;          // ranks of one communicator (a rank is below it)
+// Ranks of one communicator on one node: one per GPU, and a host has at most
+// a few dozen (an NVL72 tray has 4; the largest HGX boards 8 to 16). Without
+// it one node could claim every rank of a 65,536-rank communicator.
+inline constexpr size_t kMaxMembersPerNode = 256;
+// A collective record costs an agent at least two bytes on the wire (its
+// issue-time delta and duration are never both zero words; packed Cap'n Proto
+// spends a tag byte and a data byte on a non-zero word). Columns of zeros pack
+// to almost nothing, so without this a 100-byte message could claim a million
+// records. A batch may claim this many records per byte, plus a small floor.
+inline constexpr uint64_t kRecordsPerWireByte = 2;
+inline constexpr uint64_t kRecordsFloor = 1024;
+// A record stamped this far past the collector's clock (after the node's
+// clock correction) is refused: it would stand for the newest data and move
+// the disk-cap retention's cut-off past everything real.
+inline constexpr uint64_t kMaxFutureNs = 3600'000'000'000ull;
 inline constexpr size_t kMaxNodeName = 255;
 
-// The list lengths and record counts of a batch; nothing else is read.
-Result<void> check_batch(wire::Batch::Reader batch);
+// The list lengths and record counts of a batch (against its size on the
+// wire, `wire_bytes`: kRecordsPerWireByte); nothing else is read.
+Result<void> check_batch(wire::Batch::Reader batch, size_t wire_bytes);
 Result<void> check_heartbeat(wire::Heartbeat::Reader heartbeat);
 // A communicator as a member created it: 1 <= nranks <= kMaxRanks, 0 <= rank < nranks.
 Result<void> check_comm(wire::Comm::Reader comm);

@@ -38,8 +38,40 @@ std::string format_duration_ns(int64_t ns) {
   return buf;
 }
 
-std::string json_quote(const std::string& text) {
+std::string valid_utf8(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  const size_t n = text.size();
+  auto cont = [&](size_t at) { return at < n && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80; };
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    size_t len = 0;
+    if (c < 0x80) len = 1;
+    else if (c >= 0xC2 && c <= 0xDF) len = cont(i + 1) ? 2 : 0;
+    else if (c >= 0xE0 && c <= 0xEF) {
+      unsigned char c1 = i + 1 < n ? static_cast<unsigned char>(text[i + 1]) : 0;
+      bool ok = cont(i + 1) && cont(i + 2) && !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);
+      len = ok ? 3 : 0;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      unsigned char c1 = i + 1 < n ? static_cast<unsigned char>(text[i + 1]) : 0;
+      bool ok = cont(i + 1) && cont(i + 2) && cont(i + 3) && !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
+      len = ok ? 4 : 0;
+    }
+    if (len == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(text, i, len);
+      i += len;
+    }
+  }
+  return out;
+}
+
+std::string json_quote(const std::string& raw) {
   std::string out = "\"";
+  const std::string text = valid_utf8(raw);
   for (unsigned char c : text) {
     switch (c) {
       case '"': out += "\\\""; break;

@@ -69,7 +69,8 @@ void apply_environment(const std::map<std::string, std::string>& env, ProcessIde
   // srun sets both names for a task; a batch script has neither (its cgroup says step_batch).
   if (auto* step = first_of(env, {"SLURM_STEP_ID", "SLURM_STEPID"})) identity.slurm_step = *step;
   if (auto* account = first_of(env, {"SLURM_JOB_ACCOUNT"})) identity.account = *account;
-  if (auto* user = first_of(env, {"SLURM_JOB_USER"})) identity.user = *user;
+  // SLURM_JOB_USER is not read: the user is the process's kernel uid
+  // (read_identity), which no one can set in their own environment.
   if (auto* devices = first_of(env, {"CUDA_VISIBLE_DEVICES"})) identity.visible_devices = *devices;
   // The downward API's usual names (the pod spec maps metadata.namespace
   // and metadata.name to them).
@@ -119,7 +120,11 @@ CgroupIdentity parse_cgroup_path(const std::string& path) {
   if (!id.slurm_job.empty()) {
     id.slurm_step = component_after(path, "/step_");
     std::string uid = component_after(path, "/uid_");
-    if (!uid.empty() && uid.find_first_not_of("0123456789") == std::string::npos) id.slurm_uid = std::stoll(uid);
+    // from_chars, not stoll: a cgroup named uid_<20 digits> (anyone may make
+    // one under a delegated subtree) must not throw out of the agent.
+    int64_t value = -1;
+    auto [end, ec] = std::from_chars(uid.data(), uid.data() + uid.size(), value);
+    if (!uid.empty() && ec == std::errc() && end == uid.data() + uid.size() && value >= 0) id.slurm_uid = value;
   }
   // Kubernetes: /kubepods/burstable/pod<uid>/<container> (cgroupfs driver) or
   // /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/
@@ -354,24 +359,34 @@ std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint3
     }
     if (identity.cgroup_path.empty()) identity.cgroup_path = v1;
     CgroupIdentity from_cgroup = parse_cgroup_path(identity.cgroup_path);
-    if (identity.job.empty()) identity.job = from_cgroup.slurm_job;
+    // The cgroup is Slurm's (slurmstepd made it and put the task in it); the
+    // environment is the user's own. Where they disagree the cgroup wins, and
+    // the account the environment named goes with the job it lied about.
+    if (!from_cgroup.slurm_job.empty() && identity.job != from_cgroup.slurm_job) {
+      if (!identity.job.empty()) identity.account.clear();
+      identity.job = from_cgroup.slurm_job;
+      identity.slurm_step.clear();
+    }
     if (identity.slurm_step.empty()) identity.slurm_step = from_cgroup.slurm_step;
     identity.slurm_uid = from_cgroup.slurm_uid;
     identity.pod_uid = from_cgroup.pod_uid;
     identity.container_id = from_cgroup.container_id;
     identity.container_runtime = from_cgroup.container_runtime;
   }
-  if (!container_state_root.empty() && !identity.container_id.empty() &&
-      (identity.pod_namespace.empty() || identity.pod_name.empty())) {
+  if (!container_state_root.empty() && !identity.container_id.empty()) {
+    // The container runtime's record of the pod wins over the downward API's
+    // variables, which the process's own environment can say anything in.
     PodNames names = read_pod_names(container_state_root, identity.container_id);
-    if (identity.pod_namespace.empty()) identity.pod_namespace = names.pod_namespace;
-    if (identity.pod_name.empty()) identity.pod_name = names.pod_name;
+    if (!names.pod_namespace.empty()) identity.pod_namespace = names.pod_namespace;
+    if (!names.pod_name.empty()) identity.pod_name = names.pod_name;
   }
-  if (identity.user.empty()) {
+  {
+    identity.user.clear();
     passwd entry{};
     passwd* found = nullptr;
     char buf[1024];
     if (getpwuid_r(identity.uid, &entry, buf, sizeof(buf), &found) == 0 && found) identity.user = found->pw_name;
+    else identity.user = "uid " + std::to_string(identity.uid);
   }
   return identity;
 }

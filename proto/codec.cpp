@@ -151,10 +151,16 @@ Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Bat
   uint32_t prev_code = in.getFirstCode();
   for (uint32_t i = 0; i < n; ++i) {
     CallRecord& r = block.records[i];
-    uint64_t seq = prev.seq + 1 + seq_gap.value()[i];
-    uint64_t issue = prev.issue_ns + issue_delta.value()[i];
-    if (seq < prev.seq + 1 || issue < prev.issue_ns)
+    // Overflow checked before it happens. The first record's predecessor is
+    // firstSeq - 1, which wraps to 2^64-1 for firstSeq 0: only from the second
+    // record on may the previous sequence number not be the largest.
+    const uint64_t gap = seq_gap.value()[i];
+    const uint64_t next = prev.seq + 1;  // 0 after the wrap of a first record only
+    if ((i > 0 && prev.seq == UINT64_MAX) || gap > UINT64_MAX - next || issue_delta.value()[i] > UINT64_MAX - prev.issue_ns ||
+        duration.value()[i] > UINT64_MAX - (prev.issue_ns + issue_delta.value()[i]))
       return make_error(Errc::protocol, "sequence or time overflows in record " + std::to_string(i));
+    uint64_t seq = next + gap;
+    uint64_t issue = prev.issue_ns + issue_delta.value()[i];
     uint32_t c = code.value()[i] ^ prev_code;
     prev_code = c;
     r.seq = seq;

@@ -123,7 +123,8 @@ struct StatusReply {
   duplicateBatches @6 :UInt64;
   badMessages @7 :UInt64;
   batchBytes @8 :UInt64;    # packed bytes of the batches stored: wire cost = batchBytes / recordsStored
-  throttledMessages @9 :UInt64;  # agent messages dropped over the per-connection rate limit
+  throttledMessages @9 :UInt64;  # agent messages dropped over the per-key rate limit
+  refusedClaims @10 :UInt64;     # claims contradicting a communicator's binding (NodeStatus.refusedClaims)
 }
 
 struct NodeStatus {
@@ -144,7 +145,9 @@ struct NodeStatus {
   clockViolations @14 :UInt64;   # ranks seen leaving a collective before the last one arrived
   clockDriftPpb @15 :Int64;      # drift of its clock against the collector's, ns per s x 1000
   badMessages @16 :UInt64;       # its messages (or parts) refused as malformed or out of range
-  throttledMessages @17 :UInt64; # its messages dropped over the per-connection rate limit
+  throttledMessages @17 :UInt64; # its messages dropped over the per-key rate limit
+  refusedClaims @18 :UInt64;     # its claims refused: another node's rank, a communicator's size changed,
+                                 # an end of a communicator it is not a member of (docs/operations.md)
 }
 
 struct JobsReply {
@@ -185,6 +188,7 @@ struct RankInfo {
   worldSize @14 :Int32 = -1;
   podNamespace @15 :Text;   # Kubernetes, where the agent could read it ("" otherwise)
   podName @16 :Text;
+  ended @17 :Bool;          # its process destroyed or aborted the communicator
 }
 
 struct TimelineReply {

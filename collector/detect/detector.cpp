@@ -10,7 +10,6 @@
 namespace rankscope::collector {
 
 namespace {
-constexpr size_t kMaxOpenInstances = 4096;  // incomplete collectives remembered per communicator
 constexpr uint64_t kStragglerUpdateNs = 10'000'000'000ull;
 // Lateness samples held for the metrics between two takes (dropped past it when nobody takes them).
 constexpr size_t kMaxLatenessSamples = 65536;
@@ -58,9 +57,13 @@ std::string percent(double share) {
   return buf;
 }
 
+// At most kJoined of them: a communicator may have 65,536 ranks, and a
+// finding that names them all is neither readable nor small.
+constexpr size_t kJoined = 64;
 std::string join(const std::vector<int32_t>& values) {
   std::string out;
-  for (int32_t v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  for (size_t i = 0; i < values.size() && i < kJoined; ++i) out += (out.empty() ? "" : ",") + std::to_string(values[i]);
+  if (values.size() > kJoined) out += " and " + std::to_string(values.size() - kJoined) + " more";
   return out;
 }
 
@@ -102,7 +105,16 @@ uint64_t Detector::ProcHistory::base_before(uint64_t t) const {
 }
 
 Detector::ProcHistory* Detector::proc_of(const CommState& comm, CommDetect& state, int32_t rank) {
-  if (state.procs.size() != static_cast<size_t>(comm.nranks)) state.procs.assign(comm.nranks, nullptr);
+  if (state.procs.size() != static_cast<size_t>(comm.nranks)) {
+    // A rank -> history cache, sized by the communicator: made only once
+    // most members are known (a quarter), so that a claim of a huge
+    // communicator by a few processes costs lookups, not memory.
+    if (comm.members.size() * 4 < static_cast<size_t>(comm.nranks)) {
+      auto m = comm.members.find(rank);
+      return m == comm.members.end() ? nullptr : &procs_[{m->second.node, m->second.pid}];
+    }
+    state.procs.assign(comm.nranks, nullptr);
+  }
   ProcHistory*& p = state.procs[rank];
   if (!p) {
     auto m = comm.members.find(rank);
@@ -143,9 +155,10 @@ void Detector::on_record(const CommState& comm, int32_t rank, uint32_t lane, con
   }
   if (!proto::op_is_collective(record.op)) return;
   CommDetect& state = comms_[comm.hash];
-  if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
-  Instance& instance = state.instances[record.seq];
-  if (instance.issue.empty()) {
+  auto [slot, opened] = state.instances.try_emplace(record.seq);
+  Instance& instance = slot->second;
+  if (opened) {
+    open_budget_.opened(comm.hash, comm.nranks);
     instance.issue.assign(comm.nranks, 0);
     instance.signature.assign(comm.nranks, 0);
     instance.code = call_code(record);
@@ -154,7 +167,9 @@ void Detector::on_record(const CommState& comm, int32_t rank, uint32_t lane, con
     instance.first_issue_ns = record.issue_ns;
     instance.first_signature = Call{instance.code, instance.count, instance.root}.signature();
   }
-  if (instance.issue[rank] != 0) return;  // seen already
+  // Sized by the communicator's size, which the ingest binds once and for all;
+  // checked anyway, as every index here is.
+  if (static_cast<size_t>(rank) >= instance.issue.size() || instance.issue[rank] != 0) return;  // or seen already
   instance.issue[rank] = std::max<uint64_t>(record.issue_ns, 1);
   Call call{call_code(record), record.count, has_root(record.op) ? record.peer : -1};
   instance.signature[rank] = call.signature();
@@ -165,16 +180,20 @@ void Detector::on_record(const CommState& comm, int32_t rank, uint32_t lane, con
     check_mismatch(comm, record.seq, instance);
   if (instance.arrived == comm.nranks && !instance.mismatched) {
     complete(comm, state, instance);
-    state.instances.erase(record.seq);
+    open_budget_.close(comm.hash, state.instances, slot);
   }
-  while (state.instances.size() > kMaxOpenInstances) state.instances.erase(state.instances.begin());
+  open_budget_.enforce(comm.hash, comm.nranks, state.instances, [&](uint64_t hash) {
+    auto it = comms_.find(hash);
+    return it == comms_.end() ? nullptr : &it->second.instances;
+  });
 }
 
 void Detector::check_mismatch(const CommState& comm, uint64_t seq, Instance& instance) {
   // Group the ranks that arrived by what they called; the culprits are the
   // ranks outside the largest group (every rank when the largest is tied).
   std::map<uint64_t, std::vector<int32_t>> groups;
-  for (int32_t r = 0; r < comm.nranks; ++r)
+  const int32_t n = std::min<int32_t>(comm.nranks, static_cast<int32_t>(instance.issue.size()));
+  for (int32_t r = 0; r < n; ++r)
     if (instance.issue[r] != 0) groups[instance.signature[r]].push_back(r);
   if (groups.size() < 2) return;
   instance.mismatched = true;
@@ -210,7 +229,10 @@ void Detector::check_mismatch(const CommState& comm, uint64_t seq, Instance& ins
 }
 
 void Detector::complete(const CommState& comm, CommDetect& state, Instance& instance) {
-  const int32_t n = comm.nranks;
+  const int32_t n = static_cast<int32_t>(instance.issue.size());
+  // Per-rank statistics exist once a collective has completed: every rank
+  // sent a record of it, so their memory is paid for by what was received.
+  if (state.ranks.size() != static_cast<size_t>(n)) state.ranks.assign(n, RankStats{});
   std::vector<int64_t> t(instance.issue.begin(), instance.issue.end());
   int32_t last = static_cast<int32_t>(std::max_element(t.begin(), t.end()) - t.begin());
   int64_t all_median = median(t);
@@ -473,12 +495,14 @@ void Detector::evaluate(uint64_t now_ns) {
   }
   for (const auto& [hash, comm] : ingest_.comms()) {
     if (comm.ended) {
-      if (comms_.erase(hash)) resolve_comm(hash, now_ns);
+      if (comms_.erase(hash)) {
+        open_budget_.forget(hash);
+        resolve_comm(hash, now_ns);
+      }
       continue;
     }
     if (comm.nranks <= 0) continue;
     CommDetect& state = comms_[hash];
-    if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
     auto open = open_by_comm.find(hash);
     evaluate_hang(comm, state, now_ns, open == open_by_comm.end() ? kNone : open->second);
     score(state, now_ns);
@@ -496,12 +520,15 @@ void Detector::resolve_comm(uint64_t comm, uint64_t now_ns) {
 void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
                              const std::vector<const Finding*>& open_of_comm) {
   const int32_t n = comm.nranks;
-  std::vector<int64_t> last(n, -1);
+  // Over the members the ingest knows (a rank never heard of has issued
+  // nothing: -1), without a vector of the communicator's size per evaluation.
+  int64_t min_last = static_cast<int64_t>(comm.members.size()) < n ? -1 : INT64_MAX, max_last = -1;
   bool any_alive = false, any_known = false;
   uint64_t last_activity = 0;
   for (const auto& [rank, m] : comm.members) {
     if (rank < 0 || rank >= n) continue;
-    last[rank] = m.last_seq;
+    min_last = std::min(min_last, m.last_seq);
+    max_last = std::max(max_last, m.last_seq);
     last_activity = std::max(last_activity, m.last_issue_ns);
     const ProcessHealth* health = health_of(m);
     any_known |= health && health->known();
@@ -511,8 +538,11 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     resolve_comm(comm.hash, now_ns);
     return;
   }
-  int64_t min_last = *std::min_element(last.begin(), last.end());
-  int64_t max_last = *std::max_element(last.begin(), last.end());
+  if (min_last == INT64_MAX) min_last = -1;
+  auto last_of = [&](int32_t r) {
+    auto m = comm.members.find(r);
+    return m == comm.members.end() ? int64_t{-1} : m->second.last_seq;
+  };
 
   for (const Finding* f : open_of_comm) {
     std::string key = f->key();
@@ -540,7 +570,7 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     if (now_ns < reached_ns || now_ns - reached_ns < options_.hang_timeout_ns) return;
     f.seq = static_cast<int64_t>(n_seq);
     for (int32_t r = 0; r < n; ++r)
-      if (last[r] == min_last) f.ranks.push_back(r);
+      if (last_of(r) == min_last) f.ranks.push_back(r);
     // Missing ranks whose agent went silent are unseen, not hung: the
     // node_lost finding of their node tells it (and counts this one).
     if (fold_into_lost_nodes(comm, f.ranks)) return;
@@ -593,7 +623,9 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   // the culprits change, or what their processes are doing does (a rank
   // found missing that then dies: its signal belongs in the story).
   std::string states;
-  for (int32_t r : f.ranks) {
+  const size_t told = std::min(f.ranks.size(), kJoined);  // the ranks the story names one by one
+  for (size_t i = 0; i < told; ++i) {
+    int32_t r = f.ranks[i];
     auto m = comm.members.find(r);
     const ProcessHealth* health = m == comm.members.end() ? nullptr : health_of(m->second);
     states += std::to_string(r) + ":" + (health ? health->describe() : "?") + ";";
@@ -601,8 +633,9 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   const Finding* open = book_.open_finding(f.key());
   if (open && open->ranks == f.ranks && state.told[f.key()] == states) return;
   state.told[f.key()] = states;
+  for (size_t i = 0; i < told; ++i) f.detail += "\n  " + describe_rank(comm, f.ranks[i], now_ns);
+  if (f.ranks.size() > told) f.detail += "\n  ... and " + std::to_string(f.ranks.size() - told) + " more rank(s)";
   for (int32_t r : f.ranks) {
-    f.detail += "\n  " + describe_rank(comm, r, now_ns);
     auto m = comm.members.find(r);
     if (m != comm.members.end() && std::find(f.nodes.begin(), f.nodes.end(), m->second.node) == f.nodes.end())
       f.nodes.push_back(m->second.node);
@@ -633,7 +666,7 @@ void Detector::refresh_statistics(RankStats& stats) const {
 void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
                                    const std::set<int32_t>* open_ranks) {
   const int32_t n = comm.nranks;
-  if (n < 2 || state.completed_ns.size() < 2) return;
+  if (n < 2 || state.completed_ns.size() < 2 || state.ranks.size() != static_cast<size_t>(n)) return;
   double period = static_cast<double>(state.completed_ns.back() - state.completed_ns.front()) /
                   static_cast<double>(state.completed_ns.size() - 1);
   double window = static_cast<double>(state.completed_ns.back() - state.completed_ns.front());

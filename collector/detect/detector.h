@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collector/detect/findings.h"
+#include "collector/detect/open_budget.h"
 #include "collector/ingest.h"
 
 namespace rankscope::collector {
@@ -49,6 +50,9 @@ class Detector final : public RecordObserver {
   void evaluate(uint64_t now_ns);
   // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
   std::vector<double> take_lateness_samples();
+  // Memory held by open collective instances, and how many the bound dropped.
+  uint64_t open_bytes() const { return open_budget_.bytes(); }
+  uint64_t open_evicted() const { return open_budget_.evicted(); }
 
  private:
   struct Call {
@@ -164,6 +168,8 @@ class Detector final : public RecordObserver {
   // The node looked up last: a communicator's members come node by node.
   mutable const NodeState* last_node_ = nullptr;
   std::vector<double> lateness_samples_;
+  // Open instances hold two words per rank (issue time, signature).
+  OpenBudget open_budget_{2 * sizeof(uint64_t)};
 };
 
 }  // namespace rankscope::collector

@@ -1,12 +1,17 @@
-// Fuzz target: what an agent (or anything that reaches the agent port) sends
-// the collector. One input is one connection's messages (split at
-// kMessageSeparator), each fed as packed bytes through the collector's real
-// ingest path (Ingest::on_agent_message: read_packed with the wire limits,
-// hello, batch decoding and validation, heartbeats, clock probes) on a real
-// RocksDB, with the real detectors and clock refiner watching, then
-// evaluated and committed as the collector loop does. A connection that said
-// hello first is what a deep input needs, so one valid Hello always comes
-// first; the input may say hello again.
+// Fuzz target: what agents (or anything that reaches the agent port) send
+// the collector. One input is a sequence of messages (split at
+// kMessageSeparator) from two nodes, node-a and node-b, each on its own
+// connection bound to its own key as CurveZMQ binds them; each message's
+// first byte routes it (tests/fuzz/samples.h: which node, whether with the
+// other node's key, whether a commit round follows). Each goes through the
+// collector's real ingest path (Ingest::on_agent_message: read_packed with
+// the wire limits, hello, batch decoding and validation, the communicator
+// bindings, heartbeats, clock probes) on a real RocksDB, with every observer
+// watching: the detectors, the clock refiner and the usage ledger. A commit
+// round is the collector loop's: refit, evaluate, tick the ledger, persist
+// findings and ledger rows, commit. At the end a second collector restores
+// from the same database and evaluates what it restored (a crash on replay
+// would take the collector down at every restart).
 //
 // Besides the sanitizers, it checks that every reply the collector would
 // send back is itself a readable message.
@@ -19,6 +24,7 @@
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
 #include "collector/ingest.h"
+#include "collector/usage.h"
 #include "common/log.h"
 #include "proto/codec.h"
 #include "tests/fuzz/fuzz_store.h"
@@ -27,8 +33,8 @@
 using namespace rankscope;
 
 namespace {
-constexpr const char* kConnection = "fuzz-connection";
-constexpr size_t kInputsPerDatabase = 4096;
+constexpr const char* kConnections[] = {"connection-a", "connection-b"};
+constexpr size_t kInputsPerDatabase = 256;  // each input restores the database: keep it small
 
 void check_reply(const std::string& bytes) {
   auto read = proto::read_packed<proto::wire::CollectorMessage>(bytes, proto::ReadLimits{}, [](auto) {});
@@ -50,27 +56,55 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (++inputs % kInputsPerDatabase == 0) store.reset();
 
   fuzz::ManualClock clock;
-  collector::Ingest ingest(store.store(), clock);
-  collector::FindingBook findings;
-  collector::Detector detector(ingest, findings, clock, collector::DetectOptions{});
-  collector::ClockRefiner refiner(ingest);
-  ingest.add_observer(&detector);
-  ingest.add_observer(&refiner);
-
   collector::Outbox out;
-  ingest.on_agent_message(kConnection, fuzz::hello("node-a"), out);
-  std::string_view input(reinterpret_cast<const char*>(data), size);
-  for (std::string_view message : fuzz::split_messages(input)) {
-    ingest.on_agent_message(kConnection, message, out);
-    clock.now += 100'000'000;
+  {
+    collector::Ingest ingest(store.store(), clock);
+    collector::FindingBook findings;
+    collector::Detector detector(ingest, findings, clock, collector::DetectOptions{});
+    collector::ClockRefiner refiner(ingest);
+    collector::UsageLedger ledger(ingest, store.store(), collector::UsageOptions{});
+    ingest.add_observer(&detector);
+    ingest.add_observer(&refiner);
+    ingest.add_observer(&ledger);
+    auto round = [&] {
+      refiner.update();
+      detector.evaluate(clock.now);
+      ledger.tick(clock.now, findings);
+      findings.persist(ingest.pending_writes());
+      (void)ledger.persist(ingest.pending_writes(), clock.now, true);
+      (void)ingest.commit();
+    };
+
+    const char* const nodes[] = {"node-a", "node-b"};
+    ingest.on_agent_message(kConnections[0], fuzz::hello(nodes[0]), out, nodes[0]);
+    ingest.on_agent_message(kConnections[1], fuzz::hello(nodes[1], fuzz::kInstance + 1), out, nodes[1]);
+    std::string_view input(reinterpret_cast<const char*>(data), size);
+    for (std::string_view message : fuzz::split_messages(input)) {
+      if (message.empty()) continue;
+      uint8_t route = static_cast<uint8_t>(message.front());
+      message.remove_prefix(1);
+      int node = route & fuzz::kNodeB ? 1 : 0;
+      int key = route & fuzz::kOtherKey ? 1 - node : node;
+      ingest.on_agent_message(kConnections[node], message, out, nodes[key]);
+      clock.now += 100'000'000;
+      if (route & fuzz::kCommitAfter) round();
+    }
+    round();
+    clock.now += 60'000'000'000ull;  // past the hang and node-lost timeouts
+    round();
   }
-  // One turn of the collector loop: detectors, findings into the write set, commit.
-  refiner.update();
-  detector.evaluate(clock.now);
-  clock.now += 60'000'000'000ull;  // past the hang and node-lost timeouts
-  detector.evaluate(clock.now);
-  findings.persist(ingest.pending_writes());
-  (void)ingest.commit();
+  // A restart on the same database: restore, then look at what came back.
+  {
+    collector::Ingest ingest(store.store(), clock);
+    collector::FindingBook findings;
+    collector::Detector detector(ingest, findings, clock, collector::DetectOptions{});
+    collector::UsageLedger ledger(ingest, store.store(), collector::UsageOptions{});
+    if (ingest.restore() && findings.restore(store.store()) && ledger.restore()) {
+      clock.now += 1'000'000'000ull;
+      detector.evaluate(clock.now);
+      ledger.tick(clock.now, findings);
+    }
+  }
 
   for (const auto& [id, bytes] : out.now) check_reply(bytes);
   for (const auto& [id, bytes] : out.after_commit) check_reply(bytes);

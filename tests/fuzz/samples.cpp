@@ -43,7 +43,20 @@ std::string hello(const std::string& node, uint64_t instance) {
   return proto::to_packed(message);
 }
 
-std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance) {
+std::string routed(uint8_t route, const std::string& message) { return std::string(1, static_cast<char>(route)) + message; }
+
+std::string comm_end(uint64_t seq, int32_t rank, uint64_t instance) {
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  b.setInstanceId(instance);
+  b.setSeq(seq);
+  auto ends = b.initCommEnds(1);
+  ends[0].setPid(100 + static_cast<uint32_t>(rank));
+  ends[0].setCommHash(kCommHash);
+  return proto::to_packed(message);
+}
+
+std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance, int32_t nranks) {
   const uint32_t pid = 100 + static_cast<uint32_t>(rank);
   const uint64_t t0 = 2'000'000'000 + first_seq * 1'000'000;
   capnp::MallocMessageBuilder message;
@@ -67,7 +80,7 @@ std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records
   comms[0].setPid(pid);
   comms[0].setCommHash(kCommHash);
   comms[0].setRank(rank);
-  comms[0].setNranks(2);
+  comms[0].setNranks(nranks);
   comms[0].setOrigin(wire::CommOrigin::INIT_RANK);
   auto samples = b.initClockSamples(1);
   samples[0].setT1(t0);

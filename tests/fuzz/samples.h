@@ -8,11 +8,19 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "tests/support/manual_clock.h"
 
 namespace rankscope::fuzz {
 
-// Separates the agent messages of one fuzz input (one input: one connection).
+// Separates the agent messages of one fuzz input.
 inline constexpr std::string_view kMessageSeparator = "\nRS-MESSAGE\n";
+// The first byte of each message of an agent_message input says how it is
+// sent: by which of two nodes (node-a, node-b: each its own connection and
+// key), whether with the other node's key on that connection, and whether a
+// commit round (detectors, ledger, commit) follows it. The rest is the
+// message's packed bytes.
+enum Route : uint8_t { kNodeB = 1, kOtherKey = 2, kCommitAfter = 4 };
+std::string routed(uint8_t route, const std::string& message);
 
 // Splits one fuzz input into the messages it holds.
 std::vector<std::string_view> split_messages(std::string_view input);
@@ -27,7 +35,10 @@ inline constexpr uint64_t kCommHash = 0xc0ffee1234567890ull;
 std::string hello(const std::string& node, uint64_t instance = kInstance);
 // A batch of `records` collectives of `rank` (of 2) from seq `first_seq`, a
 // point-to-point lane, two ended host waits, identity and clock samples.
-std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance = kInstance);
+std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance = kInstance,
+                  int32_t nranks = 2);
+// A communicator's end by the process of `rank`.
+std::string comm_end(uint64_t seq, int32_t rank, uint64_t instance = kInstance);
 std::string heartbeat(uint32_t pid, bool alive, bool open_wait);
 std::string clock_probe(uint64_t t1);
 
@@ -39,11 +50,6 @@ std::string findings_request(bool open_only, const std::string& kind, uint32_t l
 std::string future_request();  // a newer protocol version than the collector's
 
 // A clock the test moves by hand.
-class ManualClock final : public Clock {
- public:
-  uint64_t monotonic_ns() const override { return now; }
-  uint64_t realtime_ns() const override { return now; }
-  uint64_t now = 1'800'000'000'000'000'000ull;
-};
+using ManualClock = testing::ManualClock;
 
 }  // namespace rankscope::fuzz

@@ -556,14 +556,22 @@ TEST_F(DetectTest, DestroyedCommunicatorResolvesItsFindings) {
   keep_talking(t + options.hang_timeout_ns + kSecond);
   evaluate_at(t + options.hang_timeout_ns + kSecond);
   ASSERT_EQ(open(FindingKind::hang).size(), 1u);
-  send(node_of(0), [&](auto m) {
-    auto b = m.initBatch();
-    b.setInstanceId(7);
-    b.setSeq(++batch_seq[node_of(0)]);
-    auto ends = b.initCommEnds(1);
-    ends[0].setPid(100);
-    ends[0].setCommHash(kComm);
-  });
+  // Each member ends its own membership (ncclCommDestroy in each process):
+  // the communicator is over, and its findings with it, once all have.
+  auto end = [&](int32_t rank) {
+    send(node_of(rank), [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(++batch_seq[node_of(rank)]);
+      auto ends = b.initCommEnds(1);
+      ends[0].setPid(100 + rank);
+      ends[0].setCommHash(kComm);
+    });
+  };
+  end(0);
+  evaluate_at(clock.now + kMs);
+  EXPECT_EQ(open(FindingKind::hang).size(), 1u);  // rank 1 still holds it
+  end(1);
   evaluate_at(clock.now + kMs);
   EXPECT_TRUE(book.open().empty());
 }

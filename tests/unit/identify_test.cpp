@@ -1,5 +1,6 @@
 // Identity from a fake /proc root, as launchers set it.
 #include <gtest/gtest.h>
+#include <pwd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,11 @@ std::string environ_of(std::initializer_list<std::string> entries) {
   return raw;
 }
 
+std::string user_of(uid_t uid) {
+  passwd* entry = getpwuid(uid);
+  return entry ? entry->pw_name : "uid " + std::to_string(uid);
+}
+
 TEST(Identify, SlurmEnvironmentGivesJobRankAndAccount) {
   testing::TempDir root;
   write(root.file("31/stat"), "31 (python3 (x)) S 1 31 31 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 9 0 987654 1 2 3\n");
@@ -38,9 +44,35 @@ TEST(Identify, SlurmEnvironmentGivesJobRankAndAccount) {
   EXPECT_EQ(id->local_rank, 1);
   EXPECT_EQ(id->world_size, 8);
   EXPECT_EQ(id->account, "physics");
-  EXPECT_EQ(id->user, "alice");
   EXPECT_EQ(id->uid, 1000u);
+  EXPECT_EQ(id->user, user_of(1000));  // the kernel's uid, never SLURM_JOB_USER
   EXPECT_EQ(id->visible_devices, "2,3");
+}
+
+// Anyone can start a process with SLURM_JOB_ID, SLURM_JOB_ACCOUNT and
+// SLURM_JOB_USER of their choice; the cgroup slurmstepd put the task in and
+// the kernel's uid are what identify it.
+TEST(Identify, EnvironmentCannotPoseAsAnotherJobOrUser) {
+  testing::TempDir root;
+  write(root.file("32/stat"), "32 (python3) S 1 32 32 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 9 0 5555 1 2 3\n");
+  write(root.file("32/status"), "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\n");
+  write(root.file("32/cgroup"), "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n");
+  write(root.file("32/environ"), environ_of({"SLURM_JOB_ID=99", "SLURM_STEP_ID=7", "SLURM_JOB_ACCOUNT=rich-lab",
+                                             "SLURM_JOB_USER=root"}));
+  auto id = read_identity(root.path(), 32);
+  ASSERT_TRUE(id);
+  EXPECT_EQ(id->job, "42");         // the cgroup's
+  EXPECT_EQ(id->slurm_step, "0");
+  EXPECT_EQ(id->account, "");       // named for the job it lied about: not taken
+  EXPECT_EQ(id->user, user_of(1000));
+}
+
+// Found in review: a cgroup named uid_<20 digits> made std::stoll throw out of the agent.
+TEST(Identify, HugeUidInACgroupPathIsIgnored) {
+  CgroupIdentity id = parse_cgroup_path("/slurm/uid_99999999999999999999/job_5/step_0/task_0");
+  EXPECT_EQ(id.slurm_uid, -1);
+  EXPECT_EQ(id.slurm_job, "5");
+  EXPECT_EQ(parse_cgroup_path("/slurm/uid_1000/job_5/step_0").slurm_uid, 1000);
 }
 
 TEST(Identify, TorchrunVariablesWinOverSlurmOnes) {
@@ -154,7 +186,7 @@ TEST(Identify, SlurmStepFromTheEnvironmentWinsOverTheCgroups) {
 // pod spec sets them, else from what the container runtime recorded for the
 // container the cgroup path names (containerd, CRI-O, Docker, each in its
 // own place and spelling).
-TEST(PodNames, FromTheEnvironmentFirstThenEachRuntimesAnnotations) {
+TEST(PodNames, FromEachRuntimesAnnotationsBeforeTheEnvironment) {
   ProcessIdentity from_env;
   apply_environment(parse_environ(environ_of({"POD_NAMESPACE=team-a", "POD_NAME=trainer-0"})), from_env);
   EXPECT_EQ(from_env.pod_namespace, "team-a");
@@ -187,7 +219,8 @@ TEST(PodNames, FromTheEnvironmentFirstThenEachRuntimesAnnotations) {
         R"({"annotations":{"io.kubernetes.cri.sandbox-namespace":"escaped"}})");
   EXPECT_EQ(read_pod_names(state.path(), "..").pod_namespace, "");
 
-  // Through read_identity: the cgroup names the container; the environment wins.
+  // Through read_identity: the cgroup names the container; the runtime's
+  // record wins over the environment, which the process's user writes.
   testing::TempDir root;
   write(root.file("5/stat"), "5 (train) S 1 5 5 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 9 0 333 1 2 3\n");
   write(root.file("5/cgroup"),
@@ -197,7 +230,7 @@ TEST(PodNames, FromTheEnvironmentFirstThenEachRuntimesAnnotations) {
   auto id = read_identity(root.path(), 5, state.path());
   ASSERT_TRUE(id);
   EXPECT_EQ(id->pod_namespace, "ml-prod");
-  EXPECT_EQ(id->pod_name, "from-env");
+  EXPECT_EQ(id->pod_name, "trainer-\xc3\xa9-0");
   auto without = read_identity(root.path(), 5);
   ASSERT_TRUE(without);
   EXPECT_EQ(without->pod_namespace, "");

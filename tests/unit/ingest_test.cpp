@@ -4,16 +4,12 @@
 
 #include "collector/ingest.h"
 #include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
 
 namespace rankscope::collector {
 namespace {
 
-class FixedClock final : public Clock {
- public:
-  uint64_t monotonic_ns() const override { return now; }
-  uint64_t realtime_ns() const override { return now; }
-  uint64_t now = 1'800'000'000'000'000'000ull;
-};
+using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node, uint32_t version = wire::PROTOCOL_VERSION, uint64_t instance = 99,
                   uint64_t realtime_offset_ns = 5'000'000) {

@@ -14,6 +14,7 @@
 #include "collector/retention.h"
 #include "common/curve.h"
 #include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
 
 namespace rankscope::collector {
 namespace {
@@ -137,12 +138,7 @@ TEST_F(AllowListTest, MissingDirectoryIsAClearError) {
   EXPECT_NE(r.error().message.find("is not a directory"), std::string::npos);
 }
 
-class FixedClock final : public Clock {
- public:
-  uint64_t monotonic_ns() const override { return now; }
-  uint64_t realtime_ns() const override { return now; }
-  uint64_t now = 1'800'000'000'000'000'000ull;
-};
+using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node) {
   capnp::MallocMessageBuilder message;

@@ -8,6 +8,7 @@
 #include "collector/usage.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
 
 namespace rankscope::collector {
 namespace {
@@ -15,12 +16,6 @@ namespace {
 constexpr uint64_t kS = 1'000'000'000ull;
 constexpr uint64_t kDay0 = 1'700'006'400ull;  // a UTC midnight (2023-11-15), in seconds
 
-class FixedClock final : public Clock {
- public:
-  uint64_t monotonic_ns() const override { return now; }
-  uint64_t realtime_ns() const override { return now; }
-  uint64_t now = kDay0 * kS;
-};
 
 class UsageTest : public ::testing::Test {
  protected:
@@ -66,7 +61,7 @@ class UsageTest : public ::testing::Test {
   }
 
   testing::TempDir dir;
-  FixedClock clock;
+  testing::ManualClock clock{kDay0 * kS};
   std::unique_ptr<TimelineStore> store;
   std::unique_ptr<Ingest> ingest;
   std::unique_ptr<UsageLedger> ledger;

@@ -95,19 +95,19 @@ void print_status(query::StatusReply::Reader s, bool json) {
   if (json) {
     std::printf("{\"collector_version\":%s,\"started_ns\":%llu,\"now_ns\":%llu,\"batches_stored\":%llu,"
                 "\"records_stored\":%llu,\"duplicate_batches\":%llu,\"bad_messages\":%llu,\"throttled_messages\":%llu,"
-                "\"batch_bytes\":%llu,\"nodes\":[",
+                "\"refused_claims\":%llu,\"batch_bytes\":%llu,\"nodes\":[",
                 json_quote(s.getCollectorVersion()).c_str(), (unsigned long long)s.getStartedNs(),
                 (unsigned long long)s.getNowNs(), (unsigned long long)s.getBatchesStored(),
                 (unsigned long long)s.getRecordsStored(), (unsigned long long)s.getDuplicateBatches(),
                 (unsigned long long)s.getBadMessages(), (unsigned long long)s.getThrottledMessages(),
-                (unsigned long long)s.getBatchBytes());
+                (unsigned long long)s.getRefusedClaims(), (unsigned long long)s.getBatchBytes());
     bool first = true;
     for (auto n : s.getNodes()) {
       auto d = n.getDrops();
       std::printf("%s{\"node\":%s,\"connected\":%s,\"last_contact_ns\":%llu,\"agent_version\":%s,\"instance\":\"%s\","
                   "\"batches\":%llu,\"records\":%llu,\"traced_processes\":%u,\"clock_offset_ns\":%lld,"
                   "\"clock_uncertainty_ns\":%llu,\"clock_samples\":%u,\"wall_clock_skew_ns\":%lld,\"clock_refinement_ns\":%lld,"
-                  "\"clock_drift_ppb\":%lld,\"clock_violations\":%llu,\"bad_messages\":%llu,\"throttled_messages\":%llu,\"drops\":{\"ringbuf_full\":%llu,"
+                  "\"clock_drift_ppb\":%lld,\"clock_violations\":%llu,\"bad_messages\":%llu,\"throttled_messages\":%llu,\"refused_claims\":%llu,\"drops\":{\"ringbuf_full\":%llu,"
                   "\"map_full\":%llu,\"unknown_comm\":%llu,\"nested\":%llu,\"send_queue_full\":%llu,\"lost_records\":%llu,"
                   "\"spool_damaged\":%llu,\"lost_returns\":%llu}}",
                   first ? "" : ",", json_quote(n.getNode()).c_str(), n.getConnected() ? "true" : "false",
@@ -117,7 +117,7 @@ void print_status(query::StatusReply::Reader s, bool json) {
                   (unsigned long long)n.getClockUncertaintyNs(), n.getClockSamples(), (long long)n.getWallClockSkewNs(),
                   (long long)n.getClockRefinementNs(), (long long)n.getClockDriftPpb(),
                   (unsigned long long)n.getClockViolations(), (unsigned long long)n.getBadMessages(),
-                  (unsigned long long)n.getThrottledMessages(),
+                  (unsigned long long)n.getThrottledMessages(), (unsigned long long)n.getRefusedClaims(),
                   (unsigned long long)d.getRingbufFull(), (unsigned long long)d.getMapFull(),
                   (unsigned long long)d.getUnknownComm(), (unsigned long long)d.getNested(),
                   (unsigned long long)d.getSendQueueFull(), (unsigned long long)d.getLostRecords(),
@@ -132,8 +132,12 @@ void print_status(query::StatusReply::Reader s, bool json) {
               (unsigned long long)s.getBatchesStored(), (unsigned long long)s.getRecordsStored());
   if (s.getRecordsStored() > 0)
     std::printf(", %.1f wire bytes/record", static_cast<double>(s.getBatchBytes()) / s.getRecordsStored());
-  std::printf(" (%llu re-sent batches ignored, %llu bad messages)\n\n", (unsigned long long)s.getDuplicateBatches(),
+  std::printf(" (%llu re-sent batches ignored, %llu bad messages", (unsigned long long)s.getDuplicateBatches(),
               (unsigned long long)s.getBadMessages());
+  if (s.getRefusedClaims() > 0)
+    std::printf(", %llu refused claims: a node spoke for ranks or communicators not its own",
+                (unsigned long long)s.getRefusedClaims());
+  std::printf(")\n\n");
   std::printf("%-16s %-13s %-14s %9s %10s %5s %-26s %s\n", "NODE", "AGENT", "LAST CONTACT", "BATCHES", "RECORDS",
               "PROCS", "WALL CLOCK SKEW (+/-)", "DROPS");
   for (auto n : s.getNodes()) {
@@ -149,6 +153,7 @@ void print_status(query::StatusReply::Reader s, bool json) {
     if (d.getSpoolDamaged()) drop_text += ", " + std::to_string(d.getSpoolDamaged()) + " damaged spool file(s)";
     if (d.getLostReturns())
       drop_text += ", " + std::to_string(d.getLostReturns()) + " call(s) running while the agent attached";
+    if (n.getRefusedClaims()) drop_text += ", " + std::to_string(n.getRefusedClaims()) + " refused claim(s)";
     std::printf("%-16s %-13s %-14s %9llu %10llu %5u %-26s %s\n", n.getNode().cStr(),
                 n.getConnected() ? "connected" : "disconnected", age(s.getNowNs(), n.getLastContactNs()).c_str(),
                 (unsigned long long)n.getBatches(), (unsigned long long)n.getRecords(), n.getTracedProcesses(),
