@@ -1,6 +1,7 @@
 #pragma once
-// A per-connection rate limit: two token buckets (messages and bytes) per
-// ZeroMQ routing id, refilled at the configured rates with a burst of one
+// A rate limit: two token buckets (messages and bytes) per id (the caller's
+// choice: the collector gives a connection's CurveZMQ key, so that a key
+// opening many connections shares one budget), refilled at the configured rates with a burst of one
 // second's worth. A message over either budget is dropped before it is
 // decoded, so a flooding peer costs the collector a map lookup per message
 // and never delays the others (ROUTER sockets queue and fair-queue per

@@ -69,6 +69,10 @@ void set_every_metric(Metrics& metrics) {
   metrics.set_node_clock("gpu-0", -12.5e-6, 40e-6, 25e-6, 0.003);
   metrics.set_node_drops("gpu-0", "ringbuf_full", 17);
   metrics.set_node_bad_messages("gpu-0", 3);
+  metrics.set_node_refused_claims("gpu-0", 2);
+  // A job name is whatever bytes the user gave it: invalid UTF-8 here made
+  // Prometheus refuse the whole scrape (promtool checks it below).
+  metrics.set_comm_progress("job-\xff\xfe", "00c0ffee00c0ffef", 0, 5);
   metrics.set_comm_progress("slurm-4242", "00c0ffee00c0ffee", 3, 1207);
   metrics.observe_lateness(0.0042);
   metrics.set_ingest_totals(12, 3400, 1, 2, 52000);

@@ -210,7 +210,6 @@ TEST_F(AdversaryTest, OpenInstancesOfAHugeCommunicatorAreBoundedByMemory) {
   EXPECT_LE(detector.open_bytes(), OpenBudget::kDefaultPerCommBytes);
   EXPECT_LE(ledger.open_bytes(), OpenBudget::kDefaultPerCommBytes);
   EXPECT_GT(detector.open_evicted(), 0u);
-  // Ranks' statistics are made only for collectives every rank reached: none here.
   evaluate();
   EXPECT_LE(detector.open_bytes(), OpenBudget::kDefaultPerCommBytes);
 
