@@ -105,16 +105,7 @@ uint64_t Detector::ProcHistory::base_before(uint64_t t) const {
 }
 
 Detector::ProcHistory* Detector::proc_of(const CommState& comm, CommDetect& state, int32_t rank) {
-  if (state.procs.size() != static_cast<size_t>(comm.nranks)) {
-    // A rank -> history cache, sized by the communicator: made only once
-    // most members are known (a quarter), so that a claim of a huge
-    // communicator by a few processes costs lookups, not memory.
-    if (comm.members.size() * 4 < static_cast<size_t>(comm.nranks)) {
-      auto m = comm.members.find(rank);
-      return m == comm.members.end() ? nullptr : &procs_[{m->second.node, m->second.pid}];
-    }
-    state.procs.assign(comm.nranks, nullptr);
-  }
+  if (state.procs.size() != static_cast<size_t>(comm.nranks)) state.procs.assign(comm.nranks, nullptr);
   ProcHistory*& p = state.procs[rank];
   if (!p) {
     auto m = comm.members.find(rank);
@@ -155,6 +146,7 @@ void Detector::on_record(const CommState& comm, int32_t rank, uint32_t lane, con
   }
   if (!proto::op_is_collective(record.op)) return;
   CommDetect& state = comms_[comm.hash];
+  if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
   auto [slot, opened] = state.instances.try_emplace(record.seq);
   Instance& instance = slot->second;
   if (opened) {
@@ -229,10 +221,7 @@ void Detector::check_mismatch(const CommState& comm, uint64_t seq, Instance& ins
 }
 
 void Detector::complete(const CommState& comm, CommDetect& state, Instance& instance) {
-  const int32_t n = static_cast<int32_t>(instance.issue.size());
-  // Per-rank statistics exist once a collective has completed: every rank
-  // sent a record of it, so their memory is paid for by what was received.
-  if (state.ranks.size() != static_cast<size_t>(n)) state.ranks.assign(n, RankStats{});
+  const int32_t n = static_cast<int32_t>(std::min(instance.issue.size(), state.ranks.size()));
   std::vector<int64_t> t(instance.issue.begin(), instance.issue.end());
   int32_t last = static_cast<int32_t>(std::max_element(t.begin(), t.end()) - t.begin());
   int64_t all_median = median(t);
@@ -311,8 +300,14 @@ void Detector::score(CommDetect& state, uint64_t now_ns) {
       RankStats& stats = state.ranks[r];
       int64_t own = v[r] - reference;
       stats.lateness_ns.push_back(own);
+      stats.scored_ns.push_back(c.last_ns);
       stats.fresh = false;
-      while (stats.lateness_ns.size() > options_.straggler_window) stats.lateness_ns.pop_front();
+      while (stats.lateness_ns.size() > options_.straggler_max_samples ||
+             (stats.lateness_ns.size() > options_.straggler_window &&
+              stats.scored_ns.front() + options_.straggler_window_ns < c.last_ns)) {
+        stats.lateness_ns.pop_front();
+        stats.scored_ns.pop_front();
+      }
       if (stats.first_ns.size() < options_.baseline_samples) {
         stats.first_ns.push_back(own);
         if (stats.first_ns.size() == options_.baseline_samples) {
@@ -503,6 +498,7 @@ void Detector::evaluate(uint64_t now_ns) {
     }
     if (comm.nranks <= 0) continue;
     CommDetect& state = comms_[hash];
+    if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
     auto open = open_by_comm.find(hash);
     evaluate_hang(comm, state, now_ns, open == open_by_comm.end() ? kNone : open->second);
     score(state, now_ns);
@@ -520,15 +516,12 @@ void Detector::resolve_comm(uint64_t comm, uint64_t now_ns) {
 void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
                              const std::vector<const Finding*>& open_of_comm) {
   const int32_t n = comm.nranks;
-  // Over the members the ingest knows (a rank never heard of has issued
-  // nothing: -1), without a vector of the communicator's size per evaluation.
-  int64_t min_last = static_cast<int64_t>(comm.members.size()) < n ? -1 : INT64_MAX, max_last = -1;
+  std::vector<int64_t> last(n, -1);
   bool any_alive = false, any_known = false;
   uint64_t last_activity = 0;
   for (const auto& [rank, m] : comm.members) {
     if (rank < 0 || rank >= n) continue;
-    min_last = std::min(min_last, m.last_seq);
-    max_last = std::max(max_last, m.last_seq);
+    last[rank] = m.last_seq;
     last_activity = std::max(last_activity, m.last_issue_ns);
     const ProcessHealth* health = health_of(m);
     any_known |= health && health->known();
@@ -538,11 +531,8 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     resolve_comm(comm.hash, now_ns);
     return;
   }
-  if (min_last == INT64_MAX) min_last = -1;
-  auto last_of = [&](int32_t r) {
-    auto m = comm.members.find(r);
-    return m == comm.members.end() ? int64_t{-1} : m->second.last_seq;
-  };
+  int64_t min_last = *std::min_element(last.begin(), last.end());
+  int64_t max_last = *std::max_element(last.begin(), last.end());
 
   for (const Finding* f : open_of_comm) {
     std::string key = f->key();
@@ -570,7 +560,7 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     if (now_ns < reached_ns || now_ns - reached_ns < options_.hang_timeout_ns) return;
     f.seq = static_cast<int64_t>(n_seq);
     for (int32_t r = 0; r < n; ++r)
-      if (last_of(r) == min_last) f.ranks.push_back(r);
+      if (last[r] == min_last) f.ranks.push_back(r);
     // Missing ranks whose agent went silent are unseen, not hung: the
     // node_lost finding of their node tells it (and counts this one).
     if (fold_into_lost_nodes(comm, f.ranks)) return;
@@ -666,7 +656,7 @@ void Detector::refresh_statistics(RankStats& stats) const {
 void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
                                    const std::set<int32_t>* open_ranks) {
   const int32_t n = comm.nranks;
-  if (n < 2 || state.completed_ns.size() < 2 || state.ranks.size() != static_cast<size_t>(n)) return;
+  if (n < 2 || state.completed_ns.size() < 2) return;
   double period = static_cast<double>(state.completed_ns.back() - state.completed_ns.front()) /
                   static_cast<double>(state.completed_ns.size() - 1);
   double window = static_cast<double>(state.completed_ns.back() - state.completed_ns.front());

@@ -31,7 +31,16 @@ struct DetectOptions {
   uint64_t min_lateness_ns = 2'000'000;   // never call a rank late by less than this
   double relative_lateness = 0;           // ... nor by less than this share of the collective period
   double lateness_z = 6;                  // ... nor by less than this many standard errors of its median
-  size_t straggler_window = 32;           // complete instances the lateness statistics use
+  // The lateness statistics use the instances scored in the last
+  // straggler_window_ns, at least straggler_window of them, at most
+  // straggler_max_samples (memory: 16 bytes a sample and rank). A window of
+  // time, not of a count: a job that completes hundreds of collectives
+  // between two evaluations is judged on all of its recent ones (up to the
+  // cap), not on the last 32 of them, which made every evaluation an
+  // independent small sample and the hysteresis a coin toss.
+  size_t straggler_window = 32;           // complete instances: the least the statistics use
+  uint64_t straggler_window_ns = 5'000'000'000ull;
+  size_t straggler_max_samples = 128;
   size_t straggler_min_samples = 16;
   size_t baseline_samples = 12;           // a rank's first instances: its structural lateness (baseline)
   uint64_t settle_ns = 500'000'000;       // a completed collective is scored this long after its last
@@ -77,6 +86,7 @@ class Detector final : public RecordObserver {
   };
   struct RankStats {
     std::deque<int64_t> lateness_ns;  // per complete instance: own lateness (below), against the median of the others
+    std::deque<uint64_t> scored_ns;   // ... and when that instance completed (cluster clock)
     std::vector<int64_t> first_ns;    // the first baseline_samples own lateness values
     int64_t baseline_ns = 0;          // structural lateness learnt from them (0 until learnt)
     double baseline_se_ns = 0;        // its standard error

@@ -320,8 +320,10 @@ TEST_F(DetectTest, PersistentlyLateRankIsAStragglerAndRecovers) {
   };
   // On time at first (what it learns as its baseline), then late. Instances
   // are scored once settled: evaluations come settle_ns after the last one.
+  // The window is time (straggler_window_ns, up to straggler_max_samples):
+  // late long enough that the late instances are most of it.
   for (int i = 0; i < 20; ++i) step(0);
-  for (int i = 0; i < 40; ++i) step(10 * kMs);
+  for (int i = 0; i < 80; ++i) step(10 * kMs);
   for (int i = 0; i < options.open_after; ++i) evaluate_at(t + seq * 20 * kMs + options.settle_ns + i * kMs);
   auto stragglers = open(FindingKind::straggler);
   ASSERT_EQ(stragglers.size(), 1u);
@@ -330,7 +332,8 @@ TEST_F(DetectTest, PersistentlyLateRankIsAStragglerAndRecovers) {
   EXPECT_GT(stragglers[0]->wait_share, 0.2);
   EXPECT_GT(stragglers[0]->gpu_hours_lost, 0.0);
 
-  for (int i = 0; i < 40; ++i) step(0);
+  // On time again for as long as the window: resolved.
+  for (uint64_t i = 0; i < options.straggler_max_samples; ++i) step(0);
   for (int i = 0; i < options.close_after; ++i) evaluate_at(t + seq * 20 * kMs + options.settle_ns + i * kMs);
   EXPECT_TRUE(open(FindingKind::straggler).empty());
 }
@@ -400,7 +403,8 @@ TEST_F(DetectTest, RankThatWaitedForASlowPipelinePartnerIsNotBlamed) {
     uint64_t c = ms * kMs + (r * 37 + step * 11) % 300 * 1000;
     return r == 5 && step >= 20 ? 2 * c : c;
   };
-  for (uint64_t step = 0; step < 70; ++step) {
+  // 110 steps: late for most of the lateness window (straggler_window_ns, up to straggler_max_samples).
+  for (uint64_t step = 0; step < 110; ++step) {
     std::vector<Call> list;
     for (int32_t r = 0; r < 8; ++r) ready[r] += work(r, step, 8);
     for (int32_t i = 0; i < 4; ++i) {
