@@ -108,6 +108,35 @@ TEST(Codec, AbsurdRecordCountOrCommIndexIsRefused) {
   EXPECT_NE(bad_index.error().message.find("communicator #1"), std::string::npos);
 }
 
+// Found in review: the wraparound check compared against prev + 1, which is
+// 0 once prev is 2^64-1, so a block starting at the largest sequence number
+// went on from 0 (a record keyed before every real one).
+TEST(Codec, SequenceNumbersNeverWrapAround) {
+  auto block_from = [](uint64_t first_seq, capnp::MallocMessageBuilder& message) {
+    auto batch = message.initRoot<wire::Batch>();
+    batch.initCommTable(1);
+    auto columns = batch.initCollectives(1)[0];
+    columns.setCount(2);
+    columns.setFirstSeq(first_seq);
+    columns.initSeqGap(2);
+    columns.initIssueDeltaNs(2);
+    columns.initDurationNs(2);
+    columns.initCode(2);
+    columns.initCountDelta(2);
+    columns.initPeer(2);
+    columns.initResult(2);
+    return decode_columns(columns.asReader(), batch.asReader());
+  };
+  capnp::MallocMessageBuilder at_top, at_zero;
+  auto wrapped = block_from(UINT64_MAX, at_top);
+  ASSERT_FALSE(wrapped);
+  EXPECT_NE(wrapped.error().message.find("overflows in record 1"), std::string::npos) << wrapped.error().message;
+  auto fine = block_from(0, at_zero);  // the first record's predecessor is -1: no overflow
+  ASSERT_TRUE(fine) << fine.error().message;
+  EXPECT_EQ(fine->records[0].seq, 0u);
+  EXPECT_EQ(fine->records[1].seq, 1u);
+}
+
 TEST(Codec, SparseBlocksOfThreeCallsStayCompact) {
   // Four ranks of one node, three calls each in one 100 ms batch: the header
   // of each block is paid by three records only.
