@@ -36,8 +36,16 @@ class NodeClock {
   int64_t offset_ns() const { return offset_ns_ + refinement_ns_; }
   // Drift in ns per s of node time (ppm x 1000); 0 until enough probes span time.
   double drift_ppb() const { return drift_ * 1e9; }
-  // Half the smallest recent round trip, plus the fit's residual; the seed counts as 1 s.
-  uint64_t uncertainty_ns() const { return uncertainty_ns_; }
+  // What the probes alone bound: half the smallest recent round trip, plus
+  // the fit's residual; the seed counts as 1 s.
+  uint64_t probe_uncertainty_ns() const { return uncertainty_ns_; }
+  // The bound on offset_ns(): the probes put the true offset within
+  // probe_uncertainty_ns() of their estimate, and the refinement moved the
+  // estimate away from it by |refinement_ns()|.
+  uint64_t uncertainty_ns() const {
+    uint64_t moved = static_cast<uint64_t>(refinement_ns_ < 0 ? -refinement_ns_ : refinement_ns_);
+    return uncertainty_ns_ > UINT64_MAX - moved ? UINT64_MAX : uncertainty_ns_ + moved;
+  }
   uint32_t samples() const { return static_cast<uint32_t>(window_.size()); }
   bool known() const { return known_; }
   uint64_t to_cluster(uint64_t node_ns) const;

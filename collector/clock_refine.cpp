@@ -101,7 +101,7 @@ void ClockRefiner::update() {
     if (!state) continue;
     // Within what the probes allow: they bound the offset, the collectives
     // choose inside the bound.
-    int64_t bound = static_cast<int64_t>(std::min<uint64_t>(state->clock.uncertainty_ns(), 1'000'000'000ull));
+    int64_t bound = static_cast<int64_t>(std::min<uint64_t>(state->clock.probe_uncertainty_ns(), 1'000'000'000ull));
     int64_t correction = std::clamp(t - mean, -bound, bound);
     state->clock.set_refinement(correction);
   }

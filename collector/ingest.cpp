@@ -717,7 +717,7 @@ void Ingest::persist_node(const NodeState& node) {
   stored.setRecords(node.records);
   fill_drops(node.drops, stored.initDrops());
   stored.setClockOffsetNs(node.clock.offset_ns());
-  stored.setClockUncertaintyNs(node.clock.uncertainty_ns());
+  stored.setClockUncertaintyNs(node.clock.probe_uncertainty_ns());
   stored.setClockDriftPpb(node.clock.drift_ppb());
   stored.setClockRefinementNs(node.clock.refinement_ns());
   stored.setClockReferenceNs(node.clock.reference_ns());

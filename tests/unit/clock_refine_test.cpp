@@ -125,7 +125,7 @@ TEST_F(ClockRefineTest, RefinementStaysWithinWhatTheProbesAllow) {
     step(s, 100 * kMs * (s + 1), 6 * static_cast<int64_t>(kMs));
     refiner.update();
   }
-  EXPECT_LE(std::abs(refinement("node-1")), static_cast<int64_t>(ingest.node("node-1")->clock.uncertainty_ns()));
+  EXPECT_LE(std::abs(refinement("node-1")), static_cast<int64_t>(ingest.node("node-1")->clock.probe_uncertainty_ns()));
   EXPECT_LT(refinement("node-1"), 0);
 }
 

@@ -58,6 +58,26 @@ TEST(NodeClock, RecoversDriftOfThirtyPpmWithinFiftyMicroseconds) {
   EXPECT_LT(clock.uncertainty_ns(), 200'000u);
 }
 
+TEST(NodeClock, ARefinementAgainstTheTruthStaysWithinTheReportedBound) {
+  // The refiner may move the estimate anywhere inside the probes' bound,
+  // also the wrong way (wait ends stamped late on a loaded host): the
+  // reported bound must still hold the true error.
+  SimulatedNode node{250'000'000, 0, 2'000'000};
+  NodeClock clock;
+  for (int i = 0; i < 8; ++i) clock.add(node.probe(1'000'000'000ull + i * 1'000'000'000ull));
+  uint64_t t = 9'000'000'000ull;
+  double probe_error = static_cast<double>(clock.to_cluster(t)) - static_cast<double>(node.collector_at(t));
+  int64_t probe_bound = static_cast<int64_t>(clock.probe_uncertainty_ns());
+  clock.set_refinement(probe_error >= 0 ? probe_bound : -probe_bound);  // away from the truth
+  double error = static_cast<double>(clock.to_cluster(t)) - static_cast<double>(node.collector_at(t));
+  EXPECT_GT(std::abs(error), static_cast<double>(probe_bound)) << "the probes' bound alone no longer holds";
+  EXPECT_LE(std::abs(error), static_cast<double>(clock.uncertainty_ns()));
+  EXPECT_EQ(clock.uncertainty_ns(), clock.probe_uncertainty_ns() + static_cast<uint64_t>(probe_bound));
+  NodeClock unknown;
+  unknown.set_refinement(-5);
+  EXPECT_EQ(unknown.uncertainty_ns(), UINT64_MAX) << "an unknown clock stays unknown, without overflow";
+}
+
 TEST(NodeClock, InconsistentSamplesAreIgnoredAndSeedIsUncertain) {
   NodeClock clock;
   clock.seed(1'000, 2'000'000);

@@ -143,6 +143,7 @@ int score_run(const ScoreOptions& options) {
   std::sort(seen.begin(), seen.end(), [](const SeenFinding& a, const SeenFinding& b) { return a.opened < b.opened; });
   uint64_t records_stored = 0, duplicates = 0, bad = 0, batch_bytes = 0, ringbuf_reported = 0;
   std::map<std::string, std::pair<int64_t, uint64_t>> offsets;  // node -> (offset, uncertainty)
+  std::map<std::string, int64_t> refinements;                 // node -> correction from the collectives
   {
     capnp::MallocMessageBuilder request;
     auto req = request.initRoot<query::Request>();
@@ -156,6 +157,7 @@ int score_run(const ScoreOptions& options) {
       batch_bytes = s.getBatchBytes();
       for (auto n : s.getNodes()) {
         offsets[n.getNode()] = {n.getClockOffsetNs(), n.getClockUncertaintyNs()};
+        refinements[n.getNode()] = n.getClockRefinementNs();
         ringbuf_reported += n.getDrops().getRingbufFull();
       }
     });
@@ -290,6 +292,7 @@ int score_run(const ScoreOptions& options) {
                       .add("node", node)
                       .add("error_ns", med)
                       .add("uncertainty_ns", static_cast<int64_t>(offsets[node].second))
+                      .add("refinement_ns", refinements[node])
                       .add("samples", static_cast<int64_t>(errors.size()))
                       .add("probe_jitter_ms", run.num("probe_jitter_ms"))
                       .str());
