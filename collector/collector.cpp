@@ -156,8 +156,13 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     return 2;
   }
   SystemClock clock;
-  Ingest ingest(**store, clock);
+  // One commit for every writer: the ingest first, then the findings and
+  // the ledger (collector/commit.h).
+  StoreTarget target(**store);
+  Commit commit(target);
+  Ingest ingest(**store, commit, clock);
   FindingBook findings;
+  commit.join(findings);
   for (auto restored : {ingest.restore(), findings.restore(**store)}) {
     if (!restored) {
       RS_LOG(error, "%s", restored.error().message.c_str());
@@ -179,6 +184,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     return 2;
   }
   ingest.add_observer(&ledger);
+  commit.join(ledger);
 
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<MetricsExport> metrics_export;
@@ -307,22 +313,13 @@ int run(const Options& options, const std::atomic<bool>& stop) {
         if (alertmanager) metrics->set_alert_posts(alertmanager->posts_ok(), alertmanager->posts_failed());
         metrics->set_security_totals(zap ? zap->admitted() : 0, zap ? zap->refused() : 0,
                                      ingest.counters().throttled_messages, query_throttled);
+        metrics->set_commit_totals(commit.failures(), ingest.counters().held_batches);
       }
       last_evaluation = now;
     }
-    findings.persist(ingest.pending_writes());
-    if (auto wrote = ledger.persist(ingest.pending_writes(), now); !wrote)
-      RS_LOG(error, "usage ledger: %s", wrote.error().message.c_str());
-    if (!outbox.after_commit.empty()) {
-      if (auto committed = ingest.commit(); committed) {
-        for (const auto& [id, bytes] : outbox.after_commit) send_to(agents, id, bytes, false);
-      } else {
-        RS_LOG(error, "%s; %zu batch(es) not acknowledged, agents will re-send", committed.error().message.c_str(),
-               outbox.after_commit.size());
-      }
-    } else if (auto committed = ingest.commit(); !committed) {
-      RS_LOG(error, "%s", committed.error().message.c_str());
-    }
+    if (auto committed = commit.run(now); committed) {
+      for (const auto& [id, bytes] : outbox.after_commit) send_to(agents, id, bytes, false);
+    }  // else logged by the commit; these acks are dropped, and the agents' re-sends are acknowledged by the commit that writes them
 
     while (auto request = receive(queries)) {
       if (!query_limit.admit(limit_key(*request), request->payload.size(), clock.monotonic_ns())) {
@@ -336,9 +333,9 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   }
   // What the ledger counted since its last flush.
   ledger.tick(clock.realtime_ns(), findings);
-  if (auto wrote = ledger.persist(ingest.pending_writes(), clock.realtime_ns(), true); wrote) {
-    if (auto committed = ingest.commit(); !committed) RS_LOG(error, "%s", committed.error().message.c_str());
-  }
+  if (auto committed = commit.run(clock.realtime_ns(), true); !committed)
+    RS_LOG(error, "stopping with %llu bytes not written: %s", static_cast<unsigned long long>(commit.backlog_bytes()),
+           committed.error().message.c_str());
   RS_LOG(info, "stopped");
   return 0;
 }

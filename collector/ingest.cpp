@@ -97,8 +97,10 @@ std::string ProcessInfo::gpu() const {
   return {};
 }
 
-Ingest::Ingest(TimelineStore& store, const Clock& clock)
-    : store_(store), clock_(clock), pending_(store.writes()), started_ns_(clock.realtime_ns()) {}
+Ingest::Ingest(TimelineStore& store, Commit& commit, const Clock& clock)
+    : store_(store), commit_(commit), pending_(commit.writes()), clock_(clock), started_ns_(clock.realtime_ns()) {
+  commit.join(*this);
+}
 
 Result<void> Ingest::restore() {
   auto comms = store_.all_comms();
@@ -378,6 +380,12 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     // Refused whole and not acknowledged: no agent sends this.
     bad_message(&node, "batch " + std::to_string(batch.getSeq()) + " refused: " + valid.error().message);
     out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, valid.error().message));
+    return;
+  }
+  if (commit_.holding()) {
+    // The database cannot be written and the backlog is full: not applied,
+    // not acknowledged; the agent keeps the batch and sends it again.
+    ++counters_.held_batches;
     return;
   }
   if (auto window = node.acked.find(batch.getInstanceId());
@@ -734,7 +742,7 @@ void Ingest::persist_node(const NodeState& node) {
   pending_.put_node(node.name, proto::to_packed(builder));
 }
 
-void Ingest::persist_dirty() {
+Result<void> Ingest::stage(WriteSet&, uint64_t, bool) {
   for (uint64_t hash : dirty_comms_) {
     auto it = comms_.find(hash);
     if (it != comms_.end()) persist_comm(it->second);
@@ -756,28 +764,13 @@ void Ingest::persist_dirty() {
     auto it = nodes_.find(name);
     if (it != nodes_.end()) persist_node(it->second);
   }
-}
-
-Result<void> Ingest::commit() {
-  persist_dirty();
-  if (pending_.empty()) return {};
-  auto result = store_.commit(pending_);
-  if (!result) {
-    // Nothing is acknowledged: the agents keep their batches and re-send,
-    // and those batches must then be stored, not taken for duplicates.
-    for (const auto& u : uncommitted_) {
-      auto& windows = nodes_[u.node].acked;
-      if (auto it = windows.find(u.instance); it != windows.end()) it->second.forget(u.seq);
-    }
-    uncommitted_.clear();
-    pending_ = store_.writes();
-    return result;
-  }
-  uncommitted_.clear();
-  dirty_comms_.clear();  // kept on failure: written again with the next commit
+  // Staged: a failed commit keeps them in the set and writes them again.
+  dirty_comms_.clear();
   dirty_members_.clear();
   dirty_nodes_.clear();
   return {};
 }
+
+void Ingest::committed() { uncommitted_.clear(); }
 
 }  // namespace rankscope::collector

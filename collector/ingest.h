@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collector/clock.h"
+#include "collector/commit.h"
 #include "collector/health.h"
 #include "collector/store/timeline_store.h"
 #include "collector/validate.h"
@@ -152,6 +153,7 @@ struct IngestCounters {
   uint64_t bad_messages = 0;
   uint64_t throttled_messages = 0;
   uint64_t refused_claims = 0;  // NodeState::refused_claims, all nodes
+  uint64_t held_batches = 0;    // not taken while the database could not be written (Commit::holding)
   uint64_t batch_bytes = 0;  // wire size of the batches stored
   uint64_t waits = 0;        // host waits on the GPU reported
 };
@@ -172,9 +174,12 @@ struct Outbox {
   std::vector<std::pair<std::string, std::string>> after_commit;
 };
 
-class Ingest {
+// Decodes agent messages, applies them to the cluster model, puts their
+// records into the commit's WriteSet and acknowledges each batch once the
+// commit that holds it is durable. Joins `commit` as its first participant.
+class Ingest final : public CommitParticipant {
  public:
-  Ingest(TimelineStore& store, const Clock& clock);
+  Ingest(TimelineStore& store, Commit& commit, const Clock& clock);
 
   // Reloads nodes and communicators written by an earlier run.
   Result<void> restore();
@@ -185,11 +190,17 @@ class Ingest {
   // A message of this connection dropped by the rate limit: counted for its
   // node (the key's, else the one its Hello named) and logged, rate-limited.
   void on_throttled(const std::string& routing_id, const std::string& key_node, const std::string& why);
-  // Makes everything received so far durable; on success the acks in
-  // out.after_commit may be sent, on failure they must be dropped (agents re-send).
-  Result<void> commit();
-  // Adds what else must become durable with the next commit (findings).
-  WriteSet& pending_writes() { return pending_; }
+  // The commit protocol (collector/commit.h). Staged: the communicators
+  // whose members, lanes or size changed (whole, once each), the progress
+  // of each member that moved (records, last sequence number: a small row
+  // each), and the nodes; the records went in as they were applied. An
+  // 8,192-rank communicator is touched by every batch: re-serialising it
+  // whole at every commit was a tenth of the collector's time. After a
+  // successful Commit::run the acks in out.after_commit may be sent; after
+  // a failed one they are not (agents re-send, and a re-send of a batch in
+  // the kept set is acknowledged by the commit that writes it).
+  Result<void> stage(WriteSet& writes, uint64_t now_ns, bool final) override;
+  void committed() override;
   void add_observer(RecordObserver* observer) { observers_.push_back(observer); }
   NodeState* node(const std::string& name) {
     auto it = nodes_.find(name);
@@ -231,20 +242,14 @@ class Ingest {
   void refuse_claim(NodeState& node, const std::string& what);
   void persist_comm(const CommState& comm);
   void persist_node(const NodeState& node);
-  // Writes what changed since the last commit, in the commit that
-  // acknowledges it: the communicators whose members, lanes or size changed
-  // (whole, once each), the progress of each member that moved (records,
-  // last sequence number: a small row each), and the nodes. An 8,192-rank
-  // communicator is touched by every batch: re-serialising it whole at every
-  // commit was a tenth of the collector's time.
-  void persist_dirty();
   std::string error_reply(wire::ErrorCode code, const std::string& message) const;
   // Counts (in total and for `node`, null: not identified yet) and logs, rate-limited, one bad message.
   void bad_message(NodeState* node, const std::string& what);
 
   TimelineStore& store_;
+  Commit& commit_;
+  WriteSet& pending_;  // commit_'s
   const Clock& clock_;
-  WriteSet pending_;
   std::map<std::string, NodeState> nodes_;
   std::map<std::string, std::string> node_of_connection_;  // routing id -> node name
   std::map<uint64_t, CommState> comms_;
@@ -253,9 +258,9 @@ class Ingest {
     std::string node;
     uint64_t instance, seq;
   };
-  std::vector<Uncommitted> uncommitted_;  // batches marked acked, not yet durable
+  std::vector<Uncommitted> uncommitted_;  // batches marked acked, not yet durable (kept while commits fail)
   uint64_t ack_uses_ = 0;
-  std::set<uint64_t> dirty_comms_;        // members, lanes or size changed since the last commit
+  std::set<uint64_t> dirty_comms_;        // members, lanes or size changed since the last stage
   std::set<std::pair<uint64_t, int32_t>> dirty_members_;  // (comm, rank) whose progress moved since
   std::set<std::string> dirty_nodes_;
   IngestCounters counters_;

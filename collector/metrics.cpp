@@ -42,6 +42,8 @@ enum class MetricId {
   ingest_duplicate_batches,
   ingest_bad_messages,
   ingest_bytes,
+  ingest_held_batches,
+  commit_failures,
   alertmanager_posts,
   handshakes,
   throttled_messages,
@@ -138,6 +140,16 @@ const MetricInfo kCatalogue[] = {
      {},
      "Agent messages refused as unreadable or outside the protocol."},
     {"rankscope_ingest_bytes_total", Type::counter, "bytes", {}, "Wire size of the batches stored."},
+    {"rankscope_ingest_held_batches_total",
+     Type::counter,
+     "",
+     {},
+     "Batches not taken (nor acknowledged; agents re-send them) while the database could not be written and the unwritten backlog was full."},
+    {"rankscope_commit_failures_total",
+     Type::counter,
+     "",
+     {},
+     "Commits to the database that failed; what they held is written by the next commit, and nothing of it was acknowledged."},
     {"rankscope_alertmanager_posts_total",
      Type::counter,
      "",
@@ -307,6 +319,8 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   ingest_batches_.counter = &counter(r, MetricId::ingest_batches);
   ingest_records_.counter = &counter(r, MetricId::ingest_records);
   ingest_duplicate_batches_.counter = &counter(r, MetricId::ingest_duplicate_batches);
+  ingest_held_batches_.counter = &counter(r, MetricId::ingest_held_batches);
+  commit_failures_.counter = &counter(r, MetricId::commit_failures);
   ingest_bad_messages_.counter = &counter(r, MetricId::ingest_bad_messages);
   ingest_bytes_.counter = &counter(r, MetricId::ingest_bytes);
   auto& posts = counters(r, MetricId::alertmanager_posts);
@@ -467,6 +481,11 @@ void Metrics::set_ingest_totals(uint64_t batches, uint64_t records, uint64_t dup
   advance(ingest_duplicate_batches_, duplicate_batches);
   advance(ingest_bad_messages_, bad_messages);
   advance(ingest_bytes_, batch_bytes);
+}
+
+void Metrics::set_commit_totals(uint64_t failures, uint64_t held_batches) {
+  advance(commit_failures_, failures);
+  advance(ingest_held_batches_, held_batches);
 }
 
 void Metrics::set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled,

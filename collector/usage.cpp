@@ -456,7 +456,7 @@ void UsageLedger::add_usage(uint64_t at_ns, const std::string& node, const Ident
     row.row.node = node;
     row.row.identity = identity;
     // Late data for a minute already written and forgotten: start from what is stored.
-    if (auto stored = store_.get_usage(key); stored && *stored)
+    if (auto stored = stored_usage(key); stored && *stored)
       if (auto entry = decode_ledger_entry(key, **stored); entry && !entry->waste) {
         row.row.usage = entry->usage.usage;
         row.flushed = entry->usage.usage;
@@ -502,7 +502,7 @@ void UsageLedger::add_waste(uint64_t at_ns, const WasteRow& row) {
   if (created) {
     edge.row = row;
     edge.row.gpu_s = 0;
-    if (auto stored = store_.get_usage(key); stored && *stored)
+    if (auto stored = stored_usage(key); stored && *stored)
       if (auto entry = decode_ledger_entry(key, **stored); entry && entry->waste) {
         edge.row.gpu_s = entry->edge.gpu_s;
         edge.flushed = entry->edge.gpu_s;
@@ -862,8 +862,32 @@ void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
   }
 }
 
+Result<std::optional<std::string>> UsageLedger::stored_usage(const std::string& key) const {
+  if (auto it = unsettled_.find(key); it != unsettled_.end()) return it->second;
+  return store_.get_usage(key);
+}
+
+void UsageLedger::put(WriteSet& writes, const std::string& key, std::string value) {
+  writes.put_usage(key, value);
+  unsettled_[key] = std::move(value);
+}
+
+void UsageLedger::erase(WriteSet& writes, const std::string& key) {
+  writes.delete_usage(key);
+  unsettled_[key] = std::nullopt;
+}
+
+Result<void> UsageLedger::stage(WriteSet& writes, uint64_t now_ns, bool final) {
+  auto wrote = persist(writes, now_ns, final);
+  if (!wrote) return wrote.error();
+  return {};
+}
+
+void UsageLedger::committed() { unsettled_.clear(); }
+
 Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force) {
-  if (!force && now_ns - last_flush_ns_ < options_.flush_interval_ns) return false;
+  // (A clock read earlier than the last flush is not a reason to flush.)
+  if (!force && now_ns < last_flush_ns_ + options_.flush_interval_ns) return false;
   fold_records();
   last_flush_ns_ = now_ns;
   // Minute rows are written whole; their change since the last flush goes
@@ -873,7 +897,7 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
   bool wrote = false;
   for (auto& [key, minute] : minutes_) {
     if (!minute.dirty) continue;
-    writes.put_usage(key, encode_usage_row(minute.row));
+    put(writes, key, encode_usage_row(minute.row));
     Usage delta = minute.row.usage.minus(minute.flushed);
     minute.flushed = minute.row.usage;
     minute.dirty = false;
@@ -891,7 +915,7 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
   }
   for (auto& [key, edge] : edges_) {
     if (!edge.dirty) continue;
-    writes.put_usage(key, encode_waste_row(edge.row));
+    put(writes, key, encode_waste_row(edge.row));
     double delta = edge.row.gpu_s - edge.flushed;
     edge.flushed = edge.row.gpu_s;
     edge.dirty = false;
@@ -905,40 +929,40 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
     }
   }
   for (auto& [key, row] : rollups) {
-    auto stored = store_.get_usage(key);
+    auto stored = stored_usage(key);
     if (!stored) return stored.error();
     if (*stored) {
       auto entry = decode_ledger_entry(key, **stored);
       if (!entry) return entry.error();
       row.usage.add(entry->usage.usage);
     }
-    writes.put_usage(key, encode_usage_row(row));
+    put(writes, key, encode_usage_row(row));
   }
   for (auto& [key, row] : edge_rollups) {
-    auto stored = store_.get_usage(key);
+    auto stored = stored_usage(key);
     if (!stored) return stored.error();
     if (*stored) {
       auto entry = decode_ledger_entry(key, **stored);
       if (!entry) return entry.error();
       row.gpu_s += entry->edge.gpu_s;
     }
-    writes.put_usage(key, encode_waste_row(row));
+    put(writes, key, encode_waste_row(row));
   }
   // How far the counting got, in the same commit as what it counted.
   for (auto& [key, track] : processes_) {
     if (!track.dirty || !track.seen) continue;
-    writes.put_usage(track_key(key.first, key.second), encode_track(track));
+    put(writes, track_key(key.first, key.second), encode_track(track));
     track.dirty = false;
   }
   for (const auto& key : tracks_gone_)
-    if (!processes_.count(key)) writes.delete_usage(track_key(key.first, key.second));
+    if (!processes_.count(key)) erase(writes, track_key(key.first, key.second));
   tracks_gone_.clear();
   for (const auto& key : hangs_dirty_) {
     std::string value;
     put_be(value, hang_counted_ns_[key], 8);
-    writes.put_usage(hang_key(key), value);
+    put(writes, hang_key(key), value);
   }
-  for (const auto& key : hangs_gone_) writes.delete_usage(hang_key(key));
+  for (const auto& key : hangs_gone_) erase(writes, hang_key(key));
   hangs_dirty_.clear();
   hangs_gone_.clear();
   // Minutes more than two minutes old are done (late data reloads them).

@@ -129,7 +129,7 @@ struct UsageOptions {
   uint64_t hang_timeout_ns = 30'000'000'000ull;  // hang waste counts from when the ranks started waiting
 };
 
-class UsageLedger final : public RecordObserver {
+class UsageLedger final : public RecordObserver, public CommitParticipant {
  public:
   UsageLedger(const Ingest& ingest, const TimelineStore& store, UsageOptions options);
   // What an earlier run had counted of the processes and hangs still going.
@@ -143,6 +143,11 @@ class UsageLedger final : public RecordObserver {
   // Writes what changed into `writes` once per flush interval (or now, with
   // force); returns whether it wrote.
   Result<bool> persist(WriteSet& writes, uint64_t now_ns, bool force = false);
+  // The commit protocol (collector/commit.h): persist(), forced when final.
+  // Rows staged and not yet committed are read back from memory (an hour's
+  // rollup adds to what the last flush wrote, durable or not).
+  Result<void> stage(WriteSet& writes, uint64_t now_ns, bool final) override;
+  void committed() override;
 
   // Direct entry (the rollup itself, tests and the benchmark's filler).
   void add_usage(uint64_t at_ns, const std::string& node, const Identity& identity, const Usage& usage);
@@ -196,6 +201,10 @@ class UsageLedger final : public RecordObserver {
     bool dirty = false;
   };
 
+  // A ledger row as the next commit will leave it: staged, else stored.
+  Result<std::optional<std::string>> stored_usage(const std::string& key) const;
+  void put(WriteSet& writes, const std::string& key, std::string value);
+  void erase(WriteSet& writes, const std::string& key);
   static std::string encode_track(const ProcessTrack& track);
   static std::optional<ProcessTrack> decode_track(std::string_view value);
   void complete(const CommState& comm, CommTrack& track, const Instance& instance);
@@ -248,6 +257,7 @@ class UsageLedger final : public RecordObserver {
   std::map<std::pair<std::string, Identity>, Running> running_;
   std::map<std::string, Totals> totals_view_;
   OpenBudget open_budget_{sizeof(uint64_t)};  // open instances: an issue time per rank
+  std::map<std::string, std::optional<std::string>> unsettled_;  // staged, not committed (nullopt: deleted)
 };
 
 }  // namespace rankscope::collector

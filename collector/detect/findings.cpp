@@ -150,12 +150,13 @@ size_t FindingBook::open_count(FindingKind kind) const {
   return n;
 }
 
-void FindingBook::persist(WriteSet& writes) {
+Result<void> FindingBook::stage(WriteSet& writes, uint64_t, bool) {
   for (uint64_t id : dirty_) {
     auto it = findings_.find(id);
     if (it != findings_.end()) writes.put_finding(id, encode_finding(it->second));
   }
-  dirty_.clear();
+  dirty_.clear();  // a failed commit keeps them in the set
+  return {};
 }
 
 void FindingBook::trim() {

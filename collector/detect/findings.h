@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "collector/commit.h"
 #include "collector/detect/finding.h"
 #include "collector/store/timeline_store.h"
 #include "common/result.h"
@@ -15,7 +16,7 @@
 
 namespace rankscope::collector {
 
-class FindingBook {
+class FindingBook final : public CommitParticipant {
  public:
   Result<void> restore(const TimelineStore& store);
 
@@ -33,8 +34,8 @@ class FindingBook {
   std::vector<Finding> for_alerts(uint64_t since_ns) const;
   size_t open_count(FindingKind kind) const;
 
-  // Writes what changed since the last call into `writes`.
-  void persist(WriteSet& writes);
+  // The commit protocol (collector/commit.h): what changed since the last stage.
+  Result<void> stage(WriteSet& writes, uint64_t now_ns, bool final) override;
 
  private:
   static constexpr size_t kResolvedInMemory = 10000;

@@ -129,6 +129,7 @@ Result<StoredRecord> decode_record_value(const RecordKey& key, std::string_view 
 
 void WriteSet::put_record(const StoredRecord& record) {
   records_.emplace_back(encode_record_key(record.key), encode_record_value(record.call, record.pid));
+  records_bytes_ += records_.back().first.size() + records_.back().second.size();
   // The histogram's finest bucket is about a second: the records of one
   // batch almost always fall in the same one, counted together.
   uint64_t bucket = record.call.issue_ns >> 30;
@@ -265,14 +266,25 @@ TimelineStore::~TimelineStore() {
 }
 
 Result<void> TimelineStore::commit(WriteSet& writes) {
+  if (failed_) {
+    // RocksDB stops writing after an I/O error until told to resume (once
+    // the cause, e.g. a full disk, is gone); still failing: try next time.
+    if (rocksdb::Status resumed = db_->Resume(); !resumed.ok())
+      return storage_error("resuming RocksDB after a failed write", resumed);
+    failed_ = false;
+  }
   std::sort(writes.records_.begin(), writes.records_.end());
   for (const auto& [key, value] : writes.records_) writes.batch_.Put(writes.records_family_, key, value);
   writes.records_.clear();
+  writes.records_bytes_ = 0;
   writes.flush_times();
   rocksdb::WriteOptions options;
   options.sync = true;
   rocksdb::Status status = db_->Write(options, &writes.batch_);
-  if (!status.ok()) return storage_error("writing to RocksDB", status);
+  if (!status.ok()) {
+    failed_ = true;
+    return storage_error("writing to RocksDB", status);
+  }
   writes.batch_.Clear();
   if (!writes.times_.empty()) {
     std::lock_guard lock(times_mutex_);

@@ -81,6 +81,8 @@ class WriteSet {
   void delete_usage(const std::string& key);
   size_t records() const { return records_.size(); }
   bool empty() const { return batch_.Count() == 0 && records_.empty(); }
+  // Bytes the set holds in memory (what a failing disk lets pile up).
+  uint64_t bytes() const { return batch_.GetDataSize() + records_bytes_; }
 
  private:
   friend class TimelineStore;
@@ -101,6 +103,7 @@ class WriteSet {
   // in arrival order (every rank's newest few, all over the key space) cost
   // a search from the top each. (Encoded key, value.)
   std::vector<std::pair<std::string, std::string>> records_;
+  uint64_t records_bytes_ = 0;
   TimeHistogram times_;
   uint64_t last_bucket_ = UINT64_MAX, last_bucket_count_ = 0;  // times_'s newest bucket, not yet added
   void flush_times();
@@ -123,7 +126,9 @@ class TimelineStore {
 
   WriteSet writes() const { return WriteSet(records_, comms_, nodes_, findings_, usage_, progress_); }
   // Writes and syncs the write-ahead log before returning: what this
-  // returns ok for survives a crash, so only then is it acknowledged.
+  // returns ok for survives a crash, so only then is it acknowledged. On
+  // failure `writes` keeps everything it held (written again next time),
+  // and the next call first asks RocksDB to resume from its error.
   Result<void> commit(WriteSet& writes);
 
   // The last `last` records (0: all) of one (comm, lane, rank), in seq order.
@@ -164,6 +169,7 @@ class TimelineStore {
   Result<std::vector<std::string>> all_values(rocksdb::ColumnFamilyHandle* family) const;
 
   std::string path_;
+  bool failed_ = false;  // the last commit failed: resume before the next
   std::shared_ptr<std::atomic<uint64_t>> cutoff_ = std::make_shared<std::atomic<uint64_t>>(0);
   mutable std::mutex times_mutex_;
   TimeHistogram times_;

@@ -58,7 +58,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::ManualClock clock;
   collector::Outbox out;
   {
-    collector::Ingest ingest(store.store(), clock);
+    collector::StoreTarget target(store.store());
+    collector::Commit commit(target);
+    collector::Ingest ingest(store.store(), commit, clock);
     collector::FindingBook findings;
     collector::Detector detector(ingest, findings, clock, collector::DetectOptions{});
     collector::ClockRefiner refiner(ingest);
@@ -66,13 +68,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ingest.add_observer(&detector);
     ingest.add_observer(&refiner);
     ingest.add_observer(&ledger);
+    commit.join(findings);
+    commit.join(ledger);
     auto round = [&] {
       refiner.update();
       detector.evaluate(clock.now);
       ledger.tick(clock.now, findings);
-      findings.persist(ingest.pending_writes());
-      (void)ledger.persist(ingest.pending_writes(), clock.now, true);
-      (void)ingest.commit();
+      (void)commit.run(clock.now, true);
     };
 
     const char* const nodes[] = {"node-a", "node-b"};
@@ -95,7 +97,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // A restart on the same database: restore, then look at what came back.
   {
-    collector::Ingest ingest(store.store(), clock);
+    collector::StoreTarget target(store.store());
+    collector::Commit commit(target);
+    collector::Ingest ingest(store.store(), commit, clock);
     collector::FindingBook findings;
     collector::Detector detector(ingest, findings, clock, collector::DetectOptions{});
     collector::UsageLedger ledger(ingest, store.store(), collector::UsageOptions{});

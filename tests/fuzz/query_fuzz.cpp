@@ -27,7 +27,9 @@ namespace {
 struct World {
   fuzz::FuzzStore store;
   fuzz::ManualClock clock;
-  collector::Ingest ingest{store.store(), clock};
+  collector::StoreTarget target{store.store()};
+  collector::Commit commit{target};
+  collector::Ingest ingest{store.store(), commit, clock};
   collector::FindingBook findings;
   collector::Detector detector{ingest, findings, clock, collector::DetectOptions{}};
   collector::QueryContext context{ingest, store.store(), findings, clock, 5'000'000'000ull};
@@ -45,8 +47,8 @@ struct World {
       clock.now += 31'000'000'000ull;
       detector.evaluate(clock.now);
     }
-    findings.persist(ingest.pending_writes());
-    if (auto committed = ingest.commit(); !committed) {
+    commit.join(findings);
+    if (auto committed = commit.run(clock.now); !committed) {
       fprintf(stderr, "query fuzz: %s\n", committed.error().message.c_str());
       abort();
     }

@@ -6,17 +6,18 @@
 #include <functional>
 #include <string>
 
+#include "collector/commit.h"
 #include "collector/ingest.h"
 
 namespace rankscope::testing {
 
-inline void feed(collector::Ingest& ingest, const std::string& node,
-                 const std::function<void(proto::wire::AgentMessage::Builder)>& fill) {
+inline void feed(collector::Ingest& ingest, collector::Commit& commit, const std::string& node,
+                 const std::function<void(proto::wire::AgentMessage::Builder)>& fill, uint64_t now_ns = 0) {
   capnp::MallocMessageBuilder message;
   fill(message.initRoot<proto::wire::AgentMessage>());
   collector::Outbox out;
   ingest.on_agent_message("conn-" + node, proto::to_packed(message), out);
-  EXPECT_TRUE(ingest.commit());
+  EXPECT_TRUE(commit.run(now_ns));
 }
 
 }  // namespace rankscope::testing

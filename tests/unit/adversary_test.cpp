@@ -16,6 +16,7 @@
 #include "common/format.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
+#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -112,7 +113,7 @@ class AdversaryTest : public ::testing::Test {
     uint64_t instance = static_cast<uint64_t>(node);
     std::string name = "gpu-" + std::to_string(node);
     Outbox out = say("conn-" + std::to_string(node), batch(instance, ++seq_[node], claims, calls, ends), name);
-    EXPECT_TRUE(ingest.commit());
+    EXPECT_TRUE(commit.run(clock.now));
     return out;
   }
   uint64_t refused(int node) const { return ingest.node("gpu-" + std::to_string(node))->refused_claims; }
@@ -124,7 +125,8 @@ class AdversaryTest : public ::testing::Test {
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
   FixedClock clock;
-  Ingest ingest{*store, clock};
+  testing::StoreCommit commit{*store};
+  Ingest ingest{*store, commit, clock};
   FindingBook findings;
   Detector detector{ingest, findings, clock, DetectOptions{}};
   ClockRefiner refiner{ingest};
@@ -280,7 +282,7 @@ TEST_F(AdversaryTest, ARepeatInTheSameRoundIsAcknowledgedOnlyAfterTheCommit) {
   EXPECT_EQ(first.after_commit.size(), 1u);
   EXPECT_TRUE(again.now.empty());
   EXPECT_EQ(again.after_commit.size(), 1u);
-  ASSERT_TRUE(ingest.commit());
+  ASSERT_TRUE(commit.run(clock.now));
   Outbox later = say("conn-1", bytes, "gpu-1");  // durable now: at once
   EXPECT_EQ(later.now.size(), 1u);
 }

@@ -6,6 +6,7 @@
 #include "collector/clock_refine.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
+#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -22,7 +23,7 @@ class FixedClock final : public Clock {
 class ClockRefineTest : public ::testing::Test {
  protected:
   void send(const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
-    testing::feed(ingest, node, fill);
+    testing::feed(ingest, commit, node, fill);
   }
 
   // Two nodes of two ranks; the probes say offset 0 with an uncertainty of
@@ -98,7 +99,8 @@ class ClockRefineTest : public ::testing::Test {
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
   FixedClock clock;
-  Ingest ingest{*store, clock};
+  testing::StoreCommit commit{*store};
+  Ingest ingest{*store, commit, clock};
   ClockRefiner refiner{ingest};
   std::map<std::string, uint64_t> seq_of;
 

@@ -8,6 +8,7 @@
 #include "collector/detect/detector.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
+#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -46,7 +47,7 @@ class DetectTest : public ::testing::Test {
   std::string node_of(int32_t rank) const { return "node-" + std::to_string(rank / 2); }
 
   void send(const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
-    testing::feed(ingest, node, fill);
+    testing::feed(ingest, commit, node, fill);
   }
 
   // Hello from every node, the communicator on every rank, and (if
@@ -217,7 +218,8 @@ class DetectTest : public ::testing::Test {
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
   TestClock clock;
-  Ingest ingest{*store, clock};
+  testing::StoreCommit commit{*store};
+  Ingest ingest{*store, commit, clock};
   FindingBook book;
   DetectOptions options;
   std::unique_ptr<Detector> detector;
@@ -615,8 +617,8 @@ TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
   evaluate_at(t + options.hang_timeout_ns + kSecond);
   ASSERT_EQ(open(FindingKind::hang).size(), 1u);
   const Finding before = *open(FindingKind::hang)[0];
-  book.persist(ingest.pending_writes());
-  ASSERT_TRUE(ingest.commit());
+  commit.join(book);
+  ASSERT_TRUE(commit.run(clock.now));
 
   // A new collector on the same database: the same open finding, same id,
   // and it still resolves on its own.
@@ -628,7 +630,8 @@ TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
   EXPECT_EQ(open_after[0]->ranks, before.ranks);
   EXPECT_EQ(open_after[0]->detail, before.detail);
   EXPECT_EQ(open_after[0]->opened_ns, before.opened_ns);
-  Ingest ingest_after(*store, clock);
+  testing::StoreCommit commit_after{*store};
+  Ingest ingest_after(*store, commit_after, clock);
   ASSERT_TRUE(ingest_after.restore());
   Detector detector_after(ingest_after, restarted, clock, options);
   ingest_after.add_observer(&detector_after);

@@ -12,6 +12,7 @@
 #include "collector/ingest.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
+#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -79,7 +80,8 @@ class HostileInputTest : public ::testing::Test {
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
   FixedClock clock;
-  Ingest ingest{*store, clock};
+  testing::StoreCommit commit{*store};
+  Ingest ingest{*store, commit, clock};
   FindingBook findings;
   Detector detector{ingest, findings, clock, DetectOptions{}};
   ClockRefiner refiner{ingest};

@@ -5,6 +5,7 @@
 #include "collector/ingest.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
+#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -66,7 +67,8 @@ class IngestTest : public ::testing::Test {
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
   FixedClock clock;
-  Ingest ingest{*store, clock};
+  testing::StoreCommit commit{*store};
+  Ingest ingest{*store, commit, clock};
 };
 
 TEST_F(IngestTest, BatchBeforeHelloIsAnsweredWithNeedHello) {
@@ -83,7 +85,7 @@ TEST_F(IngestTest, AckComesOnlyAfterCommitAndReSendsChangeNothing) {
   ingest.on_agent_message("conn-1", batch(1, 0, 5), out);
   ASSERT_EQ(out.after_commit.size(), 1u);
   EXPECT_EQ(kind_of(out.after_commit[0].second), wire::CollectorMessage::ACK);
-  ASSERT_TRUE(ingest.commit());
+  ASSERT_TRUE(commit.run(0));
   EXPECT_EQ(*store->count(0xc0ffee, 0, 1), 5u);
 
   Outbox again;
@@ -91,7 +93,7 @@ TEST_F(IngestTest, AckComesOnlyAfterCommitAndReSendsChangeNothing) {
   ASSERT_EQ(again.now.size(), 1u);
   EXPECT_EQ(kind_of(again.now[0].second), wire::CollectorMessage::ACK);
   EXPECT_TRUE(again.after_commit.empty());
-  ASSERT_TRUE(ingest.commit());
+  ASSERT_TRUE(commit.run(0));
   EXPECT_EQ(*store->count(0xc0ffee, 0, 1), 5u);
   EXPECT_EQ(ingest.counters().records_stored, 5u);
   EXPECT_EQ(ingest.counters().duplicate_batches, 1u);
@@ -107,7 +109,7 @@ TEST_F(IngestTest, RecordsAreStoredOnTheCollectorClock) {
   Outbox out;
   ingest.on_agent_message("conn-1", hello("gpu-1"), out);  // seeds offset realtime - monotonic = 5 ms
   ingest.on_agent_message("conn-1", batch(1, 0, 1), out);
-  ASSERT_TRUE(ingest.commit());
+  ASSERT_TRUE(commit.run(0));
   auto records = store->tail(0xc0ffee, 0, 1, 0);
   ASSERT_TRUE(records);
   ASSERT_EQ(records->size(), 1u);
@@ -140,12 +142,13 @@ TEST_F(IngestTest, StateSurvivesARestart) {
   Outbox out;
   ingest.on_agent_message("conn-1", hello("gpu-1"), out);
   ingest.on_agent_message("conn-1", batch(1, 0, 3), out);
-  ASSERT_TRUE(ingest.commit());
+  ASSERT_TRUE(commit.run(0));
   // A later commit that moves only the member's counters (the communicator
   // is not written whole again: its progress row is).
   ingest.on_agent_message("conn-1", batch(2, 3, 5), out);
-  ASSERT_TRUE(ingest.commit());
-  Ingest restarted(*store, clock);
+  ASSERT_TRUE(commit.run(0));
+  testing::StoreCommit restarted_commit{*store};
+  Ingest restarted(*store, restarted_commit, clock);
   ASSERT_TRUE(restarted.restore());
   ASSERT_EQ(restarted.comms().count(0xc0ffee), 1u);
   const MemberState& member = restarted.comms().at(0xc0ffee).members.at(1);
@@ -160,10 +163,11 @@ TEST_F(IngestTest, StoredBatchesAreKnownAfterARestartOfTheCollectorAndOfTheAgent
   ingest.on_agent_message("conn-1", hello("gpu-1"), out);
   ingest.on_agent_message("conn-1", batch(1, 0, 3), out);
   ingest.on_agent_message("conn-1", batch(2, 3, 3), out);
-  ASSERT_TRUE(ingest.commit());
+  ASSERT_TRUE(commit.run(0));
 
   // The collector is killed before the acks left; it restarts, the agent says hello again and re-sends.
-  Ingest restarted(*store, clock);
+  testing::StoreCommit restarted_commit{*store};
+  Ingest restarted(*store, restarted_commit, clock);
   ASSERT_TRUE(restarted.restore());
   Outbox again;
   restarted.on_agent_message("conn-2", hello("gpu-1", wire::PROTOCOL_VERSION, 99, 9'000'000), again);
@@ -177,7 +181,7 @@ TEST_F(IngestTest, StoredBatchesAreKnownAfterARestartOfTheCollectorAndOfTheAgent
   restarted.on_agent_message("conn-3", batch(1, 0, 3, 99), again);
   restarted.on_agent_message("conn-3", batch(3, 6, 2, 99), again);
   restarted.on_agent_message("conn-3", batch(1, 8, 2, 100), again);
-  ASSERT_TRUE(restarted.commit());
+  ASSERT_TRUE(restarted_commit.run(0));
   EXPECT_EQ(restarted.counters().duplicate_batches, 2u);
   EXPECT_EQ(restarted.counters().records_stored, 4u);
   EXPECT_EQ(restarted.comms().at(0xc0ffee).members.at(1).records, 10u);
@@ -188,7 +192,8 @@ TEST_F(IngestTest, StoredBatchesAreKnownAfterARestartOfTheCollectorAndOfTheAgent
   EXPECT_EQ(records->back().call.issue_ns, 2'000u + 100u + 5'000'000u);
 
   // And the windows of both instances survive another restart.
-  Ingest third(*store, clock);
+  testing::StoreCommit third_commit{*store};
+  Ingest third(*store, third_commit, clock);
   ASSERT_TRUE(third.restore());
   Outbox last;
   third.on_agent_message("conn-4", hello("gpu-1", wire::PROTOCOL_VERSION, 100), last);

@@ -15,6 +15,7 @@
 #include "common/curve.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
+#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -170,7 +171,8 @@ TEST(KeyBinding, HelloForAnotherNodeIsRefusedAndCounted) {
   auto store = TimelineStore::open(dir.file("db"));
   ASSERT_TRUE(store);
   FixedClock clock;
-  Ingest ingest(**store, clock);
+  testing::StoreCommit commit{**store};
+  Ingest ingest(**store, commit, clock);
   Outbox own;
   ingest.on_agent_message("c1", hello("node-1"), own, "node-1");
   EXPECT_TRUE(answer(own).accepted);
@@ -193,7 +195,8 @@ TEST(KeyBinding, ThrottledMessagesAreCountedForTheirNode) {
   auto store = TimelineStore::open(dir.file("db"));
   ASSERT_TRUE(store);
   FixedClock clock;
-  Ingest ingest(**store, clock);
+  testing::StoreCommit commit{**store};
+  Ingest ingest(**store, commit, clock);
   Outbox out;
   ingest.on_agent_message("c1", hello("node-1"), out, "node-1");
   ingest.on_throttled("c1", "node-1", "test");

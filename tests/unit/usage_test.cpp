@@ -9,6 +9,7 @@
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
+#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -28,13 +29,16 @@ class UsageTest : public ::testing::Test {
   // A collector run on the store: its ingest and its ledger (anew after a restart).
   void start_collector() {
     ledger.reset();
-    ingest = std::make_unique<Ingest>(*store, clock);
+    ingest.reset();
+    commit = std::make_unique<testing::StoreCommit>(*store);
+    ingest = std::make_unique<Ingest>(*store, *commit, clock);
     ledger = std::make_unique<UsageLedger>(*ingest, *store, UsageOptions{});
     ingest->add_observer(ledger.get());
+    commit->join(*ledger);
   }
   // node-0's agent (instance 7) says hello, its clock at 0 on kDay0.
   void hello() {
-    testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
+    testing::feed(*ingest, *commit, "node-0", [&](wire::AgentMessage::Builder m) {
       auto h = m.initHello();
       h.setProtocolVersion(wire::PROTOCOL_VERSION);
       h.setNode("node-0");
@@ -43,11 +47,10 @@ class UsageTest : public ::testing::Test {
       h.setRealtimeNs(kDay0 * kS);
     });
   }
+  // Everything the ledger counted, written now (as when the collector stops).
   void flush() {
-    WriteSet writes = store->writes();
-    auto wrote = ledger->persist(writes, clock.now, true);
-    ASSERT_TRUE(wrote) << wrote.error().message;
-    ASSERT_TRUE(store->commit(writes));
+    auto committed = commit->run(clock.now, true);
+    ASSERT_TRUE(committed) << committed.error().message;
   }
   Report report(uint64_t since_s, uint64_t until_s, TenantKey by, const std::string& job = "") {
     auto r = make_report(*store, since_s, until_s, by, job);
@@ -63,6 +66,7 @@ class UsageTest : public ::testing::Test {
   testing::TempDir dir;
   testing::ManualClock clock{kDay0 * kS};
   std::unique_ptr<TimelineStore> store;
+  std::unique_ptr<testing::StoreCommit> commit;
   std::unique_ptr<Ingest> ingest;
   std::unique_ptr<UsageLedger> ledger;
 };
@@ -247,7 +251,7 @@ TEST_F(UsageTest, WasteIsChargedToWhoWaitedAndOwedToTheCause) {
 // GPUs it selected; CPU-seconds are the kernel's count while it lives and
 // the BPF counters' growth up to its exit.
 TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
-  auto send = [&](const std::function<void(wire::AgentMessage::Builder)>& fill) { testing::feed(*ingest, "node-0", fill); };
+  auto send = [&](const std::function<void(wire::AgentMessage::Builder)>& fill) { testing::feed(*ingest, *commit, "node-0", fill); };
   hello();
   send([&](auto m) {
     auto b = m.initBatch();
@@ -321,7 +325,7 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
 TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
   uint64_t seq = 0;
   auto identities = [&](uint64_t start_of_101) {
-    testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
+    testing::feed(*ingest, *commit, "node-0", [&](wire::AgentMessage::Builder m) {
       auto b = m.initBatch();
       b.setInstanceId(7);
       b.setSeq(++seq);
@@ -335,7 +339,7 @@ TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
     });
   };
   auto beat = [&](uint64_t at_s, uint64_t cpu_s) {
-    testing::feed(*ingest, "node-0", [&](wire::AgentMessage::Builder m) {
+    testing::feed(*ingest, *commit, "node-0", [&](wire::AgentMessage::Builder m) {
       auto hb = m.initHeartbeat();
       hb.setInstanceId(7);
       hb.setMonotonicNs(at_s * kS);
@@ -389,7 +393,7 @@ TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
   constexpr uint64_t kComm = 0xabcdef0123456789ull;
   std::map<std::string, uint64_t> seqs;
   auto send = [&](const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
-    testing::feed(*ingest, node, fill);
+    testing::feed(*ingest, *commit, node, fill);
   };
   for (int32_t rank = 0; rank < 2; ++rank) {
     std::string node = "node-" + std::to_string(rank);

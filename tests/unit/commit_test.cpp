@@ -1,0 +1,271 @@
+// The one commit protocol (collector/commit.h) when the database cannot be
+// written: every writer (ingest, findings, usage ledger) keeps what it
+// staged, nothing is acknowledged until it is durable, a batch the agent
+// re-sends meanwhile is not applied or counted again, and a full backlog
+// stops intake instead of growing without bound.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "collector/commit.h"
+#include "collector/detect/findings.h"
+#include "collector/ingest.h"
+#include "collector/report.h"
+#include "collector/usage.h"
+#include "proto/records.h"
+#include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
+
+namespace rankscope::collector {
+namespace {
+
+namespace wire = proto::wire;
+constexpr uint64_t kS = 1'000'000'000ull;
+constexpr uint64_t kDay0 = 1'780'000'000ull - 1'780'000'000ull % 86'400;
+constexpr uint64_t kComm = 0x5eed5eed5eed5eedull;
+
+// The real store behind a disk that can be full: a commit then fails and
+// writes nothing, as RocksDB does when its log cannot be written.
+class FullableDisk final : public CommitTarget {
+ public:
+  explicit FullableDisk(TimelineStore& store) : store_(store) {}
+  WriteSet writes() const override { return store_.writes(); }
+  Result<void> commit(WriteSet& writes) override {
+    if (full) {
+      ++refused;
+      return Error{Errc::storage, "writing to RocksDB: IO error: No space left on device (test disk)"};
+    }
+    return store_.commit(writes);
+  }
+  bool full = false;
+  int refused = 0;
+
+ private:
+  TimelineStore& store_;
+};
+
+class CommitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto opened = TimelineStore::open(dir.file("db"));
+    ASSERT_TRUE(opened) << opened.error().message;
+    store = std::move(*opened);
+    disk = std::make_unique<FullableDisk>(*store);
+  }
+  // The collector's writers on one commit, as collector::run joins them.
+  void start(uint64_t max_backlog_bytes = Commit::kMaxBacklogBytes) {
+    commit = std::make_unique<Commit>(*disk, max_backlog_bytes);
+    ingest = std::make_unique<Ingest>(*store, *commit, clock);
+    ledger = std::make_unique<UsageLedger>(*ingest, *store, UsageOptions{});
+    ingest->add_observer(ledger.get());
+    commit->join(findings);
+    commit->join(*ledger);
+  }
+  Outbox say(int rank, const std::function<void(wire::AgentMessage::Builder)>& fill) {
+    capnp::MallocMessageBuilder message;
+    fill(message.initRoot<wire::AgentMessage>());
+    Outbox out;
+    ingest->on_agent_message("conn-" + std::to_string(rank), proto::to_packed(message), out);
+    return out;
+  }
+  // node-<rank>'s agent: hello, then its process (job-1, an account per
+  // rank) and its membership of the 2-rank communicator in batch 1.
+  void join(int rank) {
+    std::string node = "node-" + std::to_string(rank);
+    say(rank, [&](auto m) {
+      auto h = m.initHello();
+      h.setProtocolVersion(wire::PROTOCOL_VERSION);
+      h.setNode(node);
+      h.setInstanceId(7);
+    });
+    say(rank, [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(1);
+      auto procs = b.initProcesses(1);
+      procs[0].setPid(100 + rank);
+      procs[0].setJob("job-1");
+      procs[0].setAccount(rank == 0 ? "physics" : "chem");
+      auto comms = b.initComms(1);
+      comms[0].setPid(100 + rank);
+      comms[0].setCommHash(kComm);
+      comms[0].setRank(rank);
+      comms[0].setNranks(2);
+      auto samples = b.initClockSamples(1);
+      samples[0].setT1(1000);
+      samples[0].setT2(1050);
+      samples[0].setT3(1060);
+      samples[0].setT4(1110);
+    });
+  }
+  // Batch `seq` of node-<rank>: 10 AllReduce calls from t0, rank 1 50 ms late at each.
+  Outbox calls(int rank, uint64_t seq, uint64_t t0) {
+    proto::ColumnBlock block;
+    block.pid = 100 + static_cast<uint32_t>(rank);
+    block.comm_hash = kComm;
+    block.rank = rank;
+    for (uint64_t i = 0; i < 10; ++i) {
+      proto::CallRecord r;
+      r.seq = (seq - 2) * 10 + i;
+      r.issue_ns = t0 + i * kS + (rank == 1 ? 50'000'000ull : 0);
+      r.return_ns = r.issue_ns + 1000;
+      r.op = RS_OP_ALLREDUCE;
+      r.datatype = 7;  // float32
+      r.count = 1024;
+      block.records.push_back(r);
+    }
+    return say(rank, [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(seq);
+      proto::encode_collectives({&block}, b);
+    });
+  }
+  const ReportLine* line(const Report& r, const std::string& tenant) {
+    for (const auto& l : r.rows)
+      if (l.tenant == tenant) return &l;
+    return nullptr;
+  }
+
+  testing::TempDir dir;
+  testing::ManualClock clock{kDay0 * kS};
+  std::unique_ptr<TimelineStore> store;
+  std::unique_ptr<FullableDisk> disk;
+  std::unique_ptr<Commit> commit;
+  std::unique_ptr<Ingest> ingest;
+  FindingBook findings;
+  std::unique_ptr<UsageLedger> ledger;
+};
+
+TEST_F(CommitTest, AFailedCommitLosesNothingAndAReSentBatchIsCountedOnce) {
+  start();
+  join(0);
+  join(1);
+  ASSERT_TRUE(commit->run(clock.now));
+
+  // The disk fills. Both agents send their calls; a finding opens; the
+  // ledger's flush comes due: all of it is staged into a commit that fails.
+  disk->full = true;
+  uint64_t t0 = kDay0 * kS + 120 * kS;
+  Outbox first0 = calls(0, 2, t0), first1 = calls(1, 2, t0);
+  EXPECT_EQ(first0.after_commit.size() + first1.after_commit.size(), 2u) << "acks wait for the commit";
+  Finding straggler;
+  straggler.kind = FindingKind::straggler;
+  straggler.job = "job-1";
+  straggler.comm = kComm;
+  straggler.ranks = {1};
+  straggler.summary = "rank 1 is late";
+  uint64_t id = findings.raise(straggler, t0 + 10 * kS).id;
+  clock.now = t0 + 20 * kS;
+  ledger->tick(clock.now, findings);
+  auto failed = commit->run(clock.now);
+  ASSERT_FALSE(failed) << "the disk is full";
+  EXPECT_NE(failed.error().message.find("No space left"), std::string::npos) << failed.error().message;
+  EXPECT_TRUE(commit->failing());
+  EXPECT_EQ(*store->count(kComm, 0, 0), 0u) << "nothing reached the database";
+
+  // No ack reached the agents: they re-send. The batches are already
+  // applied (and waiting to be written): not applied or counted again,
+  // acknowledged by the commit that writes them.
+  Outbox again0 = calls(0, 2, t0), again1 = calls(1, 2, t0);
+  EXPECT_EQ(ingest->counters().duplicate_batches, 2u);
+  EXPECT_EQ(again0.after_commit.size() + again1.after_commit.size(), 2u) << "acked only once durable";
+  EXPECT_TRUE(again0.now.empty() && again1.now.empty()) << "not acked before the commit";
+  clock.now += 10 * kS;
+  ledger->tick(clock.now, findings);
+  EXPECT_FALSE(commit->run(clock.now)) << "still full";
+
+  // Space again: the next commit writes everything that was staged.
+  disk->full = false;
+  clock.now += 10 * kS;
+  ledger->tick(clock.now, findings);
+  ASSERT_TRUE(commit->run(clock.now, true));
+  EXPECT_FALSE(commit->failing());
+  EXPECT_EQ(commit->failures(), 2u);
+  EXPECT_EQ(*store->count(kComm, 0, 0), 10u);
+  EXPECT_EQ(*store->count(kComm, 0, 1), 10u);
+  EXPECT_EQ(ingest->counters().records_stored, 20u) << "the re-sent records were not counted again";
+  EXPECT_EQ(ingest->comms().at(kComm).members.at(1).records, 10u);
+
+  // The finding and the ledger's rows survive, each counted once.
+  FindingBook reread;
+  ASSERT_TRUE(reread.restore(*store));
+  ASSERT_NE(reread.open_finding(straggler.key()), nullptr) << "the finding staged in the failed commit is stored";
+  EXPECT_EQ(reread.open_finding(straggler.key())->id, id);
+  auto r = make_report(*store, kDay0, kDay0 + 3600, TenantKey::account, "");
+  ASSERT_TRUE(r) << r.error().message;
+  const ReportLine* physics = line(*r, "physics");
+  const ReportLine* chem = line(*r, "chem");
+  ASSERT_NE(physics, nullptr);
+  ASSERT_NE(chem, nullptr);
+  EXPECT_DOUBLE_EQ(physics->usage.collectives, 10) << "each call counted once, not once per delivery";
+  EXPECT_DOUBLE_EQ(chem->usage.collectives, 10);
+  EXPECT_NEAR(physics->waste_s, 0.5, 1e-6) << "10 waits of 50 ms, once";
+  EXPECT_NEAR(chem->caused_s, 0.5, 1e-6);
+
+  // A restarted collector reads the same counts back.
+  Commit after(*disk);
+  Ingest restarted(*store, after, clock);
+  ASSERT_TRUE(restarted.restore());
+  EXPECT_EQ(restarted.comms().at(kComm).members.at(0).records, 10u);
+  EXPECT_EQ(restarted.node("node-1")->records, 10u);
+}
+
+TEST_F(CommitTest, RollupsAddUpAcrossAFailedCommit) {
+  // The hour and day rows add each flush's change to what the last flush
+  // wrote: after a failed commit that is in memory, not in the database.
+  start();
+  join(0);
+  join(1);
+  ASSERT_TRUE(commit->run(clock.now));
+  uint64_t t0 = kDay0 * kS + 120 * kS;
+  calls(0, 2, t0);
+  calls(1, 2, t0);
+  clock.now = t0 + 20 * kS;
+  ledger->tick(clock.now, findings);
+  disk->full = true;
+  ASSERT_FALSE(commit->run(clock.now, true));
+  disk->full = false;
+  calls(0, 3, t0 + 60 * kS);
+  calls(1, 3, t0 + 60 * kS);
+  clock.now = t0 + 80 * kS;
+  ledger->tick(clock.now, findings);
+  ASSERT_TRUE(commit->run(clock.now, true));
+  // The hour's row (read when the range is whole hours) holds both flushes.
+  auto r = make_report(*store, kDay0, kDay0 + 3600, TenantKey::account, "");
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_NE(line(*r, "physics"), nullptr);
+  EXPECT_DOUBLE_EQ(line(*r, "physics")->usage.collectives, 20);
+}
+
+TEST_F(CommitTest, AFullBacklogStopsIntakeUntilTheDiskIsBack) {
+  start(/*max_backlog_bytes=*/1);
+  join(0);
+  join(1);
+  ASSERT_TRUE(commit->run(clock.now));
+  uint64_t t0 = kDay0 * kS + 120 * kS;
+  disk->full = true;
+  calls(0, 2, t0);
+  ASSERT_FALSE(commit->run(clock.now));
+  EXPECT_TRUE(commit->holding());
+
+  // Over the backlog: not taken, not acknowledged, not counted.
+  Outbox held = calls(0, 3, t0 + 60 * kS);
+  EXPECT_TRUE(held.after_commit.empty() && held.now.empty()) << "no ack: the agent keeps it and re-sends";
+  EXPECT_EQ(ingest->counters().held_batches, 1u);
+  EXPECT_EQ(ingest->counters().batches_stored, 3u) << "two batches of 1 and one of calls";
+
+  disk->full = false;
+  ASSERT_TRUE(commit->run(clock.now));
+  EXPECT_FALSE(commit->holding());
+  Outbox taken = calls(0, 3, t0 + 60 * kS);  // the agent's re-send
+  EXPECT_EQ(taken.after_commit.size(), 1u);
+  ASSERT_TRUE(commit->run(clock.now));
+  EXPECT_EQ(*store->count(kComm, 0, 0), 20u);
+  EXPECT_EQ(ingest->counters().duplicate_batches, 0u) << "the held batch was never applied";
+}
+
+}  // namespace
+}  // namespace rankscope::collector
