@@ -172,18 +172,19 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   DetectOptions detect_options;
   detect_options.hang_timeout_ns = options.hang_timeout_ns();
   detect_options.node_lost_timeout_ns = options.node_lost_timeout_ns();
-  Detector detector(ingest, findings, clock, detect_options);
-  ingest.add_observer(&detector);
+  // Records go to the matcher (first), the clock refiner and the ledger;
+  // the matcher's events to the detector and the ledger.
+  CollectiveMatcher matcher(ingest);
+  Detector detector(ingest, matcher, findings, clock, detect_options);
   ClockRefiner refiner(ingest);
   ingest.add_observer(&refiner);
   UsageOptions usage_options;
   usage_options.hang_timeout_ns = options.hang_timeout_ns();
-  UsageLedger ledger(ingest, **store, usage_options);
+  UsageLedger ledger(ingest, matcher, **store, usage_options);
   if (auto restored = ledger.restore(); !restored) {
     RS_LOG(error, "%s", restored.error().message.c_str());
     return 2;
   }
-  ingest.add_observer(&ledger);
   commit.join(ledger);
 
   std::unique_ptr<Metrics> metrics;
@@ -303,6 +304,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
       refiner.update();
+      matcher.sweep(ingest.comms());
       detector.evaluate(now);
       ledger.tick(now, findings);
       if (alertmanager) alertmanager->sync(findings.for_alerts(now - kAlertResolvedWindowNs), now);

@@ -385,8 +385,11 @@ Result<void> scan_ledger(const TimelineStore& store, uint64_t since_s, uint64_t 
 
 // ---------------------------------------------------------------- the ledger
 
-UsageLedger::UsageLedger(const Ingest& ingest, const TimelineStore& store, UsageOptions options)
-    : ingest_(ingest), store_(store), options_(options) {}
+UsageLedger::UsageLedger(Ingest& ingest, CollectiveMatcher& matcher, const TimelineStore& store, UsageOptions options)
+    : ingest_(ingest), store_(store), options_(options) {
+  ingest.add_observer(this);
+  matcher.subscribe(*this);
+}
 
 double UsageLedger::gpus_of(const ProcessInfo* process) const {
   // A traced process loaded NCCL or the CUDA runtime: it holds the devices it
@@ -556,39 +559,21 @@ void UsageLedger::on_record(const CommState& comm, int32_t rank, uint32_t lane, 
   usage.collectives += 1;
   usage.bytes += static_cast<double>(proto::record_bytes(record));
   if (record.return_ns > record.issue_ns) usage.collective_s += static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
-
-  // Waiting for the last rank to arrive: the same matching as the straggler
-  // detector (by communicator and sequence number, lane 0 collectives).
-  if (lane != 0 || !proto::op_is_collective(record.op) || comm.nranks <= 1 || rank < 0 || rank >= comm.nranks) return;
-  CommTrack& track = comms_[comm.hash];
-  auto [slot, opened] = track.instances.try_emplace(record.seq);
-  Instance& instance = slot->second;
-  if (opened) {
-    instance.issue.assign(comm.nranks, 0);
-    open_budget_.opened(comm.hash, comm.nranks);
-  }
-  // Sized by the communicator's size, which the ingest binds for good; checked anyway.
-  if (static_cast<size_t>(rank) >= instance.issue.size() || instance.issue[rank] != 0) return;
-  instance.issue[rank] = std::max<uint64_t>(record.issue_ns, 1);
-  if (++instance.arrived == static_cast<int32_t>(instance.issue.size())) {
-    complete(comm, track, instance);
-    open_budget_.close(comm.hash, track.instances, slot);
-  }
-  open_budget_.enforce(comm.hash, comm.nranks, track.instances, [&](uint64_t hash) {
-    auto it = comms_.find(hash);
-    return it == comms_.end() ? nullptr : &it->second.instances;
-  });
 }
 
-void UsageLedger::complete(const CommState& comm, CommTrack& track, const Instance& instance) {
-  const int32_t n = static_cast<int32_t>(instance.issue.size());
+void UsageLedger::on_complete(const CollectiveComplete& done) {
+  const CommState& comm = done.comm;
+  const std::vector<uint64_t>& issue = done.issue;
+  const int32_t n = static_cast<int32_t>(issue.size());
+  if (n <= 1) return;
+  CommTrack& track = comms_[comm.hash];
   // Made when a collective completes: every rank sent a record for it.
   if (track.blamed_until.size() != static_cast<size_t>(n)) track.blamed_until.assign(n, 0);
-  int32_t last = static_cast<int32_t>(std::max_element(instance.issue.begin(), instance.issue.end()) - instance.issue.begin());
+  int32_t last = static_cast<int32_t>(std::max_element(issue.begin(), issue.end()) - issue.begin());
   int64_t max_others = 0;
   for (int32_t r = 0; r < n; ++r)
-    if (r != last) max_others = std::max<int64_t>(max_others, static_cast<int64_t>(instance.issue[r]));
-  int64_t t_last = static_cast<int64_t>(instance.issue[last]);
+    if (r != last) max_others = std::max<int64_t>(max_others, static_cast<int64_t>(issue[r]));
+  int64_t t_last = static_cast<int64_t>(issue[last]);
   // Back-to-back collectives wait for the same late arrival: counted once.
   int64_t from = std::max(max_others, track.blamed_until[last]);
   track.blamed_until[last] = std::max(track.blamed_until[last], t_last);
@@ -714,7 +699,6 @@ void UsageLedger::tick(uint64_t now_ns, const FindingBook& findings) {
       ++it;
       continue;
     }
-    open_budget_.forget(it->first);
     it = comms_.erase(it);
   }
   take_samples(now_ns);

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "collector/detect/findings.h"
-#include "collector/detect/open_budget.h"
+#include "collector/match/matcher.h"
 #include "collector/ingest.h"
 #include "collector/store/timeline_store.h"
 #include "common/result.h"
@@ -129,14 +129,19 @@ struct UsageOptions {
   uint64_t hang_timeout_ns = 30'000'000'000ull;  // hang waste counts from when the ranks started waiting
 };
 
-class UsageLedger final : public RecordObserver, public CommitParticipant {
+// A record observer for what each process did (calls, bytes, time in
+// collectives and waits), a match listener for whom it waited on.
+class UsageLedger final : public RecordObserver, public MatchListener, public CommitParticipant {
  public:
-  UsageLedger(const Ingest& ingest, const TimelineStore& store, UsageOptions options);
+  // Takes `ingest`'s records and `matcher`'s completed collectives.
+  UsageLedger(Ingest& ingest, CollectiveMatcher& matcher, const TimelineStore& store, UsageOptions options);
   // What an earlier run had counted of the processes and hangs still going.
   Result<void> restore();
 
   void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) override;
   void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
+  // The waiting at a collective is owed to its last arrival.
+  void on_complete(const CollectiveComplete& done) override;
   // Takes the processes' new heartbeat samples (GPU, CPU and off-CPU time)
   // and the open hangs' waiting; `now_ns` on the cluster clock.
   void tick(uint64_t now_ns, const FindingBook& findings);
@@ -161,8 +166,6 @@ class UsageLedger final : public RecordObserver, public CommitParticipant {
     double gpu_s = 0, waste_s = 0, caused_s = 0;
   };
   const std::map<std::string, Totals>& totals(TenantKey key);
-  // Memory held by open collective instances.
-  uint64_t open_bytes() const { return open_budget_.bytes(); }
 
  private:
   struct ProcessTrack {
@@ -177,13 +180,8 @@ class UsageLedger final : public RecordObserver, public CommitParticipant {
     uint64_t start_time = 0;        // the process's (/proc/PID/stat): a pid reused is another process
     bool dirty = false;             // changed since the last flush
   };
-  struct Instance {
-    std::vector<uint64_t> issue;
-    int32_t arrived = 0;
-  };
   struct CommTrack {
-    std::map<uint64_t, Instance> instances;
-    std::vector<int64_t> blamed_until;
+    std::vector<int64_t> blamed_until;  // by rank: waiting on it counted up to here
   };
   struct Cached {
     std::string value_key;
@@ -207,7 +205,6 @@ class UsageLedger final : public RecordObserver, public CommitParticipant {
   void erase(WriteSet& writes, const std::string& key);
   static std::string encode_track(const ProcessTrack& track);
   static std::optional<ProcessTrack> decode_track(std::string_view value);
-  void complete(const CommState& comm, CommTrack& track, const Instance& instance);
   // Moves what the record path gathered (per process, per late rank) into the rows.
   void fold_records();
   double gpus_of(const ProcessInfo* process) const;
@@ -256,7 +253,6 @@ class UsageLedger final : public RecordObserver, public CommitParticipant {
   };
   std::map<std::pair<std::string, Identity>, Running> running_;
   std::map<std::string, Totals> totals_view_;
-  OpenBudget open_budget_{sizeof(uint64_t)};  // open instances: an issue time per rank
   std::map<std::string, std::optional<std::string>> unsettled_;  // staged, not committed (nullopt: deleted)
 };
 

@@ -17,29 +17,9 @@ constexpr size_t kMaxLatenessSamples = 65536;
 // looks back settle_ns plus one evaluation), at most this many.
 constexpr size_t kProcExchanges = 1024;
 constexpr uint64_t kProcHistoryNs = 5'000'000'000ull;
-constexpr size_t kMaxPendingPairs = 65536;  // Send/Recv halves waiting for their other half, per communicator
 constexpr size_t kMaxSettling = 1024;       // complete instances waiting to be scored, per communicator
 // An agent heartbeats every second: silent for this long, its ranks are unseen.
 constexpr uint64_t kUnseenNs = 3'000'000'000ull;
-
-uint32_t call_code(const proto::CallRecord& r) {
-  return static_cast<uint32_t>(r.op) | static_cast<uint32_t>(r.datatype) << 8 | static_cast<uint32_t>(r.redop) << 16;
-}
-
-bool has_root(uint8_t op) {
-  return op == RS_OP_BROADCAST || op == RS_OP_BCAST || op == RS_OP_REDUCE || op == RS_OP_GATHER ||
-         op == RS_OP_SCATTER;
-}
-
-std::string describe_call(uint32_t code, uint64_t count, int32_t root) {
-  uint8_t op = static_cast<uint8_t>(code);
-  std::string text = proto::op_name(op) + " " + std::to_string(count) + " x " +
-                     proto::datatype_name(static_cast<uint8_t>(code >> 8));
-  if (op == RS_OP_ALLREDUCE || op == RS_OP_REDUCE || op == RS_OP_REDUCESCATTER)
-    text += " " + proto::redop_name(static_cast<uint8_t>(code >> 16));
-  if (has_root(op)) text += " root " + std::to_string(root);
-  return text;
-}
 
 int64_t median(std::vector<int64_t> values) {
   if (values.empty()) return 0;
@@ -79,8 +59,11 @@ Finding straggler_of(uint64_t comm, int32_t rank) {
 }
 }  // namespace
 
-Detector::Detector(const Ingest& ingest, FindingBook& book, const Clock& clock, DetectOptions options)
-    : ingest_(ingest), book_(book), clock_(clock), options_(options) {}
+Detector::Detector(const Ingest& ingest, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
+                   DetectOptions options)
+    : ingest_(ingest), matcher_(matcher), book_(book), clock_(clock), options_(options) {
+  matcher.subscribe(*this);
+}
 
 void Detector::ProcHistory::add(uint64_t arrival, uint64_t release) {
   exchanges.emplace_back(arrival, release);
@@ -115,94 +98,37 @@ Detector::ProcHistory* Detector::proc_of(const CommState& comm, CommDetect& stat
   return p;
 }
 
-void Detector::on_p2p(const CommState& comm, CommDetect& state, int32_t rank, uint32_t lane,
-                      const proto::CallRecord& record) {
-  // Lane 1 + 2 * peer + (1 for Recv): the k-th Send from s to d pairs with
-  // the k-th Recv on d from s. The pair completes when both are posted.
-  int32_t peer = static_cast<int32_t>((lane - 1) / 2);
-  bool recv = ((lane - 1) & 1) != 0;
-  if (peer < 0 || peer >= comm.nranks || peer == rank) return;
-  auto key = recv ? std::make_tuple(peer, rank, static_cast<uint64_t>(record.seq))
-                  : std::make_tuple(rank, peer, static_cast<uint64_t>(record.seq));
-  auto it = state.p2p.find(key);
-  if (it == state.p2p.end()) {
-    state.p2p[key] = PendingPair{record.issue_ns, recv ? 1u : 0u};
-    while (state.p2p.size() > kMaxPendingPairs) state.p2p.erase(state.p2p.begin());
-    return;
-  }
-  if (it->second.proc == (recv ? 1u : 0u)) return;  // the same side again (a re-sent record)
-  uint64_t other = it->second.issue_ns;
-  state.p2p.erase(it);
-  uint64_t release = std::max(other, static_cast<uint64_t>(record.issue_ns));
-  if (ProcHistory* mine = proc_of(comm, state, rank)) mine->add(record.issue_ns, release);
-  if (ProcHistory* theirs = proc_of(comm, state, peer)) theirs->add(other, release);
-}
-
-void Detector::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
-  if (comm.nranks <= 0 || rank < 0 || rank >= comm.nranks) return;
-  if (lane != 0) {
-    if (record.op == RS_OP_SEND || record.op == RS_OP_RECV) on_p2p(comm, comms_[comm.hash], rank, lane, record);
-    return;
-  }
-  if (!proto::op_is_collective(record.op)) return;
+Detector::CommDetect& Detector::state_of(const CommState& comm) {
   CommDetect& state = comms_[comm.hash];
   if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
-  auto [slot, opened] = state.instances.try_emplace(record.seq);
-  Instance& instance = slot->second;
-  if (opened) {
-    open_budget_.opened(comm.hash, comm.nranks);
-    instance.issue.assign(comm.nranks, 0);
-    instance.signature.assign(comm.nranks, 0);
-    instance.code = call_code(record);
-    instance.count = record.count;
-    instance.root = has_root(record.op) ? record.peer : -1;
-    instance.first_issue_ns = record.issue_ns;
-    instance.first_signature = Call{instance.code, instance.count, instance.root}.signature();
-  }
-  // Sized by the communicator's size, which the ingest binds once and for all;
-  // checked anyway, as every index here is.
-  if (static_cast<size_t>(rank) >= instance.issue.size() || instance.issue[rank] != 0) return;  // or seen already
-  instance.issue[rank] = std::max<uint64_t>(record.issue_ns, 1);
-  Call call{call_code(record), record.count, has_root(record.op) ? record.peer : -1};
-  instance.signature[rank] = call.signature();
-  instance.distinct.emplace(instance.signature[rank], call);
-  instance.arrived += 1;
-  instance.first_issue_ns = std::min(instance.first_issue_ns, record.issue_ns);
-  if (instance.signature[rank] != instance.first_signature || instance.mismatched)
-    check_mismatch(comm, record.seq, instance);
-  if (instance.arrived == comm.nranks && !instance.mismatched) {
-    complete(comm, state, instance);
-    open_budget_.close(comm.hash, state.instances, slot);
-  }
-  open_budget_.enforce(comm.hash, comm.nranks, state.instances, [&](uint64_t hash) {
-    auto it = comms_.find(hash);
-    return it == comms_.end() ? nullptr : &it->second.instances;
-  });
+  return state;
 }
 
-void Detector::check_mismatch(const CommState& comm, uint64_t seq, Instance& instance) {
-  // Group the ranks that arrived by what they called; the culprits are the
-  // ranks outside the largest group (every rank when the largest is tied).
-  std::map<uint64_t, std::vector<int32_t>> groups;
-  const int32_t n = std::min<int32_t>(comm.nranks, static_cast<int32_t>(instance.issue.size()));
-  for (int32_t r = 0; r < n; ++r)
-    if (instance.issue[r] != 0) groups[instance.signature[r]].push_back(r);
-  if (groups.size() < 2) return;
-  instance.mismatched = true;
+void Detector::on_pair(const PairComplete& pair) {
+  // The pair is released when both sides are posted.
+  CommDetect& state = comms_[pair.comm.hash];
+  uint64_t release = std::max(pair.send_issue_ns, pair.recv_issue_ns);
+  if (ProcHistory* sender = proc_of(pair.comm, state, pair.sender)) sender->add(pair.send_issue_ns, release);
+  if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver)) receiver->add(pair.recv_issue_ns, release);
+}
+
+void Detector::on_mismatch(const CollectiveMismatch& mismatch) {
+  // The culprits are the ranks outside the largest group of ranks that
+  // made the same call (every rank when the largest is tied).
+  const CommState& comm = mismatch.comm;
   size_t largest = 0, tied = 0;
-  for (const auto& [sig, ranks] : groups) largest = std::max(largest, ranks.size());
-  for (const auto& [sig, ranks] : groups) tied += ranks.size() == largest ? 1 : 0;
+  for (const auto& [call, ranks] : mismatch.groups) largest = std::max(largest, ranks.size());
+  for (const auto& [call, ranks] : mismatch.groups) tied += ranks.size() == largest ? 1 : 0;
   Finding f;
   f.kind = FindingKind::mismatch;
   f.job = comm.job;
   f.comm = comm.hash;
-  f.seq = static_cast<int64_t>(seq);
+  f.seq = static_cast<int64_t>(mismatch.seq);
   std::string calls;
-  for (const auto& [sig, ranks] : groups) {
+  for (const auto& [call, ranks] : mismatch.groups) {
     if (tied > 1 || ranks.size() < largest) f.ranks.insert(f.ranks.end(), ranks.begin(), ranks.end());
-    const Call& call = instance.distinct.at(sig);
     calls += (calls.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") + join(ranks) +
-             " called " + describe_call(call.code, call.count, call.root);
+             " called " + call.describe();
   }
   std::sort(f.ranks.begin(), f.ranks.end());
   if (const Finding* open = book_.open_finding(f.key()); open && open->ranks == f.ranks) return;
@@ -213,16 +139,18 @@ void Detector::check_mismatch(const CommState& comm, uint64_t seq, Instance& ins
       f.nodes.push_back(m->second.node);
   }
   f.summary = "mismatch in job " + comm.job + ", comm " + short_comm(comm.hash) + " at collective #" +
-              std::to_string(seq) + ": " + calls;
+              std::to_string(mismatch.seq) + ": " + calls;
   f.detail = f.summary + ".\nNCCL requires every rank to issue the same collectives in the same order; this job "
                          "will hang or corrupt data at this point. Culprit rank(s): " + join(f.ranks) + ".";
   for (int32_t r : f.ranks) f.detail += "\n  " + describe_rank(comm, r, now);
   book_.raise(std::move(f), now);
 }
 
-void Detector::complete(const CommState& comm, CommDetect& state, Instance& instance) {
-  const int32_t n = static_cast<int32_t>(std::min(instance.issue.size(), state.ranks.size()));
-  std::vector<int64_t> t(instance.issue.begin(), instance.issue.end());
+void Detector::on_complete(const CollectiveComplete& done) {
+  const CommState& comm = done.comm;
+  CommDetect& state = state_of(comm);
+  const int32_t n = static_cast<int32_t>(std::min(done.issue.size(), state.ranks.size()));
+  std::vector<int64_t> t(done.issue.begin(), done.issue.end());
   int32_t last = static_cast<int32_t>(std::max_element(t.begin(), t.end()) - t.begin());
   int64_t all_median = median(t);
   int64_t max_others = INT64_MIN;
@@ -258,7 +186,7 @@ void Detector::complete(const CommState& comm, CommDetect& state, Instance& inst
   }
   state.completed_ns.push_back(static_cast<uint64_t>(t[last]));
   while (state.completed_ns.size() > options_.straggler_window + 1) state.completed_ns.pop_front();
-  state.done.push_back(Completed{instance.issue, static_cast<uint64_t>(t[last])});
+  state.done.push_back(Completed{done.issue, static_cast<uint64_t>(t[last])});
   while (state.done.size() > kMaxSettling) state.done.pop_front();
 }
 
@@ -490,15 +418,11 @@ void Detector::evaluate(uint64_t now_ns) {
   }
   for (const auto& [hash, comm] : ingest_.comms()) {
     if (comm.ended) {
-      if (comms_.erase(hash)) {
-        open_budget_.forget(hash);
-        resolve_comm(hash, now_ns);
-      }
+      if (comms_.erase(hash)) resolve_comm(hash, now_ns);
       continue;
     }
     if (comm.nranks <= 0) continue;
-    CommDetect& state = comms_[hash];
-    if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
+    CommDetect& state = state_of(comm);
     auto open = open_by_comm.find(hash);
     evaluate_hang(comm, state, now_ns, open == open_by_comm.end() ? kNone : open->second);
     score(state, now_ns);
@@ -554,9 +478,9 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   if (min_last < max_last) {
     // Some ranks reached N = min_last + 1, the others never entered it.
     uint64_t n_seq = static_cast<uint64_t>(min_last + 1);
-    auto instance = state.instances.lower_bound(n_seq);
-    if (instance == state.instances.end()) return;
-    uint64_t reached_ns = instance->second.first_issue_ns;
+    auto [instance_seq, instance] = matcher_.open_from(comm.hash, n_seq);
+    if (!instance) return;
+    uint64_t reached_ns = instance->first_issue_ns;
     if (now_ns < reached_ns || now_ns - reached_ns < options_.hang_timeout_ns) return;
     f.seq = static_cast<int64_t>(n_seq);
     for (int32_t r = 0; r < n; ++r)
@@ -564,10 +488,8 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     // Missing ranks whose agent went silent are unseen, not hung: the
     // node_lost finding of their node tells it (and counts this one).
     if (fold_into_lost_nodes(comm, f.ranks)) return;
-    std::string call = instance->first == n_seq
-                           ? describe_call(instance->second.code, instance->second.count, instance->second.root)
-                           : "the next collective";
-    std::string op = proto::op_name(static_cast<uint8_t>(instance->second.code));
+    std::string call = instance_seq == n_seq ? instance->first.describe() : "the next collective";
+    std::string op = proto::op_name(instance->first.op());
     f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank" +
                 (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + " never entered " + op + " #" +
                 std::to_string(n_seq) + "; " + std::to_string(n - static_cast<int>(f.ranks.size())) +

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "collector/detect/findings.h"
-#include "collector/detect/open_budget.h"
+#include "collector/match/matcher.h"
 #include "collector/ingest.h"
 
 namespace rankscope::collector {
@@ -50,40 +50,22 @@ struct DetectOptions {
   uint64_t context_window_ns = 10'000'000'000ull;  // host context looked at for explanations
 };
 
-class Detector final : public RecordObserver {
+// Hears the matcher's events (subscribes in its constructor) and reads the
+// model of nodes, communicators and processes.
+class Detector final : public MatchListener {
  public:
-  Detector(const Ingest& ingest, FindingBook& book, const Clock& clock, DetectOptions options);
+  Detector(const Ingest& ingest, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
+           DetectOptions options);
 
-  void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) override;
+  void on_complete(const CollectiveComplete& done) override;
+  void on_mismatch(const CollectiveMismatch& mismatch) override;
+  void on_pair(const PairComplete& pair) override;
   // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
   // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
   std::vector<double> take_lateness_samples();
-  // Memory held by open collective instances, and how many the bound dropped.
-  uint64_t open_bytes() const { return open_budget_.bytes(); }
-  uint64_t open_evicted() const { return open_budget_.evicted(); }
 
  private:
-  struct Call {
-    uint32_t code;   // op | datatype << 8 | redop << 16
-    uint64_t count;
-    int32_t root;    // -1 for collectives without one
-    uint64_t signature() const {
-      return (static_cast<uint64_t>(code) << 32) ^ (count * 0x9e3779b97f4a7c15ull) ^ static_cast<uint32_t>(root);
-    }
-  };
-  struct Instance {
-    uint32_t code = 0;       // op | datatype | redop of the first arrival
-    uint64_t count = 0;
-    int32_t root = -1;
-    uint64_t first_signature = 0;
-    std::map<uint64_t, Call> distinct;  // the different calls made at this sequence number, by signature
-    uint64_t first_issue_ns = 0;
-    std::vector<uint64_t> issue;      // by rank; 0: not yet
-    std::vector<uint64_t> signature;  // by rank: what it called (op, type, count, root)
-    int32_t arrived = 0;
-    bool mismatched = false;
-  };
   struct RankStats {
     std::deque<int64_t> lateness_ns;  // per complete instance: own lateness (below), against the median of the others
     std::deque<uint64_t> scored_ns;   // ... and when that instance completed (cluster clock)
@@ -119,24 +101,17 @@ class Detector final : public RecordObserver {
     std::vector<uint64_t> issue;  // by rank
     uint64_t last_ns = 0;         // the last arrival
   };
-  struct PendingPair {
-    uint64_t issue_ns = 0;
-    uint64_t proc = 0;
-  };
   struct CommDetect {
-    std::map<uint64_t, Instance> instances;  // incomplete ones, by seq
     std::deque<Completed> done;              // complete, not yet scored (settling)
     std::vector<ProcHistory*> procs;         // by rank; null: member not known yet
-    std::map<std::tuple<int32_t, int32_t, uint64_t>, PendingPair> p2p;  // (sender, receiver, seq): one side seen
     std::deque<uint64_t> completed_ns;       // completion (last arrival) times, for the period
     std::vector<RankStats> ranks;
     std::set<std::string> all_inside;        // keys of open hangs where every rank is inside
     std::map<std::string, std::string> told;  // open hang key -> the culprits' process states it told
   };
 
-  void check_mismatch(const CommState& comm, uint64_t seq, Instance& instance);
-  void complete(const CommState& comm, CommDetect& state, Instance& instance);
-  void on_p2p(const CommState& comm, CommDetect& state, int32_t rank, uint32_t lane, const proto::CallRecord& record);
+  // The communicator's detection state, its per-rank statistics sized.
+  CommDetect& state_of(const CommState& comm);
   ProcHistory* proc_of(const CommState& comm, CommDetect& state, int32_t rank);
   // Own lateness of each settled complete instance into the ranks' windows.
   void score(CommDetect& state, uint64_t now_ns);
@@ -161,6 +136,7 @@ class Detector final : public RecordObserver {
   uint64_t clock_uncertainty(const std::string& node) const;
 
   const Ingest& ingest_;
+  CollectiveMatcher& matcher_;
   FindingBook& book_;
   const Clock& clock_;
   DetectOptions options_;
@@ -178,8 +154,6 @@ class Detector final : public RecordObserver {
   // The node looked up last: a communicator's members come node by node.
   mutable const NodeState* last_node_ = nullptr;
   std::vector<double> lateness_samples_;
-  // Open instances hold two words per rank (issue time, signature).
-  OpenBudget open_budget_{2 * sizeof(uint64_t)};
 };
 
 }  // namespace rankscope::collector

@@ -62,16 +62,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     collector::Commit commit(target);
     collector::Ingest ingest(store.store(), commit, clock);
     collector::FindingBook findings;
-    collector::Detector detector(ingest, findings, clock, collector::DetectOptions{});
+    collector::CollectiveMatcher matcher(ingest);
+    collector::Detector detector(ingest, matcher, findings, clock, collector::DetectOptions{});
     collector::ClockRefiner refiner(ingest);
-    collector::UsageLedger ledger(ingest, store.store(), collector::UsageOptions{});
-    ingest.add_observer(&detector);
+    collector::UsageLedger ledger(ingest, matcher, store.store(), collector::UsageOptions{});
     ingest.add_observer(&refiner);
-    ingest.add_observer(&ledger);
     commit.join(findings);
     commit.join(ledger);
     auto round = [&] {
       refiner.update();
+      matcher.sweep(ingest.comms());
       detector.evaluate(clock.now);
       ledger.tick(clock.now, findings);
       (void)commit.run(clock.now, true);
@@ -101,8 +101,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     collector::Commit commit(target);
     collector::Ingest ingest(store.store(), commit, clock);
     collector::FindingBook findings;
-    collector::Detector detector(ingest, findings, clock, collector::DetectOptions{});
-    collector::UsageLedger ledger(ingest, store.store(), collector::UsageOptions{});
+    collector::CollectiveMatcher matcher(ingest);
+    collector::Detector detector(ingest, matcher, findings, clock, collector::DetectOptions{});
+    collector::UsageLedger ledger(ingest, matcher, store.store(), collector::UsageOptions{});
     if (ingest.restore() && findings.restore(store.store()) && ledger.restore()) {
       clock.now += 1'000'000'000ull;
       detector.evaluate(clock.now);

@@ -31,11 +31,11 @@ struct World {
   collector::Commit commit{target};
   collector::Ingest ingest{store.store(), commit, clock};
   collector::FindingBook findings;
-  collector::Detector detector{ingest, findings, clock, collector::DetectOptions{}};
+  collector::CollectiveMatcher matcher{ingest};
+  collector::Detector detector{ingest, matcher, findings, clock, collector::DetectOptions{}};
   collector::QueryContext context{ingest, store.store(), findings, clock, 5'000'000'000ull};
 
   World() {
-    ingest.add_observer(&detector);
     collector::Outbox out;
     ingest.on_agent_message("conn-a", fuzz::hello("node-a", 1), out);
     ingest.on_agent_message("conn-b", fuzz::hello("node-b", 2), out);

@@ -96,9 +96,7 @@ std::string batch(uint64_t instance, uint64_t seq, const std::vector<Claim>& cla
 class AdversaryTest : public ::testing::Test {
  protected:
   AdversaryTest() {
-    ingest.add_observer(&detector);
     ingest.add_observer(&refiner);
-    ingest.add_observer(&ledger);
     say("conn-1", hello("gpu-1", 1), "gpu-1");
     say("conn-2", hello("gpu-2", 2), "gpu-2");
   }
@@ -118,6 +116,7 @@ class AdversaryTest : public ::testing::Test {
   }
   uint64_t refused(int node) const { return ingest.node("gpu-" + std::to_string(node))->refused_claims; }
   void evaluate() {
+    matcher.sweep(ingest.comms());
     detector.evaluate(clock.now);
     ledger.tick(clock.now, findings);
   }
@@ -128,9 +127,10 @@ class AdversaryTest : public ::testing::Test {
   testing::StoreCommit commit{*store};
   Ingest ingest{*store, commit, clock};
   FindingBook findings;
-  Detector detector{ingest, findings, clock, DetectOptions{}};
+  CollectiveMatcher matcher{ingest};
+  Detector detector{ingest, matcher, findings, clock, DetectOptions{}};
   ClockRefiner refiner{ingest};
-  UsageLedger ledger{ingest, *store, UsageOptions{}};
+  UsageLedger ledger{ingest, matcher, *store, UsageOptions{}};
   std::map<int, uint64_t> seq_;
 };
 
@@ -203,17 +203,17 @@ TEST_F(AdversaryTest, ANodeClaimsAtMostAHostsWorthOfRanks) {
   EXPECT_EQ(refused(1), 300 - kMaxMembersPerNode);
 }
 
-// 4,096 open single-rank instances of a 65,536-rank communicator cost ~4 GiB
-// in the detector and ~2 GiB in the ledger: a loop of 4,096 calls.
+// 4,096 open single-rank instances of a 65,536-rank communicator would cost
+// ~4 GiB in the matcher (once for the detector and the ledger): a loop of
+// 4,096 calls.
 TEST_F(AdversaryTest, OpenInstancesOfAHugeCommunicatorAreBoundedByMemory) {
   from(1, {{kComm, 10, 0, 65'536}}, {});
   for (int b = 0; b < 8; ++b) from(1, {}, {{kComm, 10, 0, static_cast<uint64_t>(b) * 512, 512}});
   EXPECT_EQ(ingest.counters().records_stored, 4096u);
-  EXPECT_LE(detector.open_bytes(), OpenBudget::kDefaultPerCommBytes);
-  EXPECT_LE(ledger.open_bytes(), OpenBudget::kDefaultPerCommBytes);
-  EXPECT_GT(detector.open_evicted(), 0u);
+  EXPECT_LE(matcher.open_bytes(), OpenBudget::kDefaultPerCommBytes);
+  EXPECT_GT(matcher.open_evicted(), 0u);
   evaluate();
-  EXPECT_LE(detector.open_bytes(), OpenBudget::kDefaultPerCommBytes);
+  EXPECT_LE(matcher.open_bytes(), OpenBudget::kDefaultPerCommBytes);
 
   // Across communicators: the total stays under its bound, and a small job's
   // open collectives are not what gives way.
@@ -223,8 +223,7 @@ TEST_F(AdversaryTest, OpenInstancesOfAHugeCommunicatorAreBoundedByMemory) {
     from(1, {{kComm + c, 10, 0, 65'536}}, {});
     from(1, {}, {{kComm + c, 10, 0, 0, 512}});
   }
-  EXPECT_LE(detector.open_bytes(), OpenBudget::kDefaultTotalBytes);
-  EXPECT_LE(ledger.open_bytes(), OpenBudget::kDefaultTotalBytes);
+  EXPECT_LE(matcher.open_bytes(), OpenBudget::kDefaultTotalBytes);
   from(2, {{kSmall, 21, 1, 2}}, {{kSmall, 21, 1, 0, 3}});  // its other rank: the three complete
   std::vector<double> lateness = detector.take_lateness_samples();
   EXPECT_EQ(lateness.size(), 3u);

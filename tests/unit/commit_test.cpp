@@ -58,8 +58,8 @@ class CommitTest : public ::testing::Test {
   void start(uint64_t max_backlog_bytes = Commit::kMaxBacklogBytes) {
     commit = std::make_unique<Commit>(*disk, max_backlog_bytes);
     ingest = std::make_unique<Ingest>(*store, *commit, clock);
-    ledger = std::make_unique<UsageLedger>(*ingest, *store, UsageOptions{});
-    ingest->add_observer(ledger.get());
+    matcher = std::make_unique<CollectiveMatcher>(*ingest);
+    ledger = std::make_unique<UsageLedger>(*ingest, *matcher, *store, UsageOptions{});
     commit->join(findings);
     commit->join(*ledger);
   }
@@ -135,6 +135,7 @@ class CommitTest : public ::testing::Test {
   std::unique_ptr<FullableDisk> disk;
   std::unique_ptr<Commit> commit;
   std::unique_ptr<Ingest> ingest;
+  std::unique_ptr<CollectiveMatcher> matcher;
   FindingBook findings;
   std::unique_ptr<UsageLedger> ledger;
 };

@@ -40,8 +40,7 @@ class DetectTest : public ::testing::Test {
   void SetUp() override {
     options.hang_timeout_ns = 5 * kSecond;
     options.node_lost_timeout_ns = 10 * kSecond;
-    detector = std::make_unique<Detector>(ingest, book, clock, options);
-    ingest.add_observer(detector.get());
+    detector = std::make_unique<Detector>(ingest, matcher, book, clock, options);
   }
 
   std::string node_of(int32_t rank) const { return "node-" + std::to_string(rank / 2); }
@@ -220,6 +219,7 @@ class DetectTest : public ::testing::Test {
   TestClock clock;
   testing::StoreCommit commit{*store};
   Ingest ingest{*store, commit, clock};
+  CollectiveMatcher matcher{ingest};
   FindingBook book;
   DetectOptions options;
   std::unique_ptr<Detector> detector;
@@ -633,8 +633,8 @@ TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
   testing::StoreCommit commit_after{*store};
   Ingest ingest_after(*store, commit_after, clock);
   ASSERT_TRUE(ingest_after.restore());
-  Detector detector_after(ingest_after, restarted, clock, options);
-  ingest_after.add_observer(&detector_after);
+  CollectiveMatcher matcher_after(ingest_after);
+  Detector detector_after(ingest_after, matcher_after, restarted, clock, options);
   Finding next;
   next.kind = FindingKind::hang;
   next.comm = kComm;

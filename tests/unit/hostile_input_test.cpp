@@ -70,7 +70,6 @@ bool is_error(const std::string& bytes) {
 class HostileInputTest : public ::testing::Test {
  protected:
   HostileInputTest() {
-    ingest.add_observer(&detector);
     ingest.add_observer(&refiner);
     Outbox out;
     ingest.on_agent_message("conn-1", hello("gpu-1"), out);
@@ -83,7 +82,8 @@ class HostileInputTest : public ::testing::Test {
   testing::StoreCommit commit{*store};
   Ingest ingest{*store, commit, clock};
   FindingBook findings;
-  Detector detector{ingest, findings, clock, DetectOptions{}};
+  CollectiveMatcher matcher{ingest};
+  Detector detector{ingest, matcher, findings, clock, DetectOptions{}};
   ClockRefiner refiner{ingest};
 };
 

@@ -29,11 +29,12 @@ class UsageTest : public ::testing::Test {
   // A collector run on the store: its ingest and its ledger (anew after a restart).
   void start_collector() {
     ledger.reset();
+    matcher.reset();
     ingest.reset();
     commit = std::make_unique<testing::StoreCommit>(*store);
     ingest = std::make_unique<Ingest>(*store, *commit, clock);
-    ledger = std::make_unique<UsageLedger>(*ingest, *store, UsageOptions{});
-    ingest->add_observer(ledger.get());
+    matcher = std::make_unique<CollectiveMatcher>(*ingest);
+    ledger = std::make_unique<UsageLedger>(*ingest, *matcher, *store, UsageOptions{});
     commit->join(*ledger);
   }
   // node-0's agent (instance 7) says hello, its clock at 0 on kDay0.
@@ -68,6 +69,7 @@ class UsageTest : public ::testing::Test {
   std::unique_ptr<TimelineStore> store;
   std::unique_ptr<testing::StoreCommit> commit;
   std::unique_ptr<Ingest> ingest;
+  std::unique_ptr<CollectiveMatcher> matcher;
   std::unique_ptr<UsageLedger> ledger;
 };
 
