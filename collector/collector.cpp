@@ -330,7 +330,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
                                   "query over the rate limit, dropped", clock.realtime_ns());
         continue;
       }
-      send_to(queries, request->routing_id, answer_query(request->payload, query_context), true);
+      send_to(queries, request->routing_id, answer_query(request->payload, query_context, request->user_id), true);
     }
   }
   // What the ledger counted since its last flush.

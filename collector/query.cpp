@@ -184,7 +184,7 @@ Result<void> answer_findings(const QueryContext& ctx, query::FindingsQuery::Read
 }
 }  // namespace
 
-std::string answer_query(std::string_view request, const QueryContext& ctx) {
+std::string answer_query(std::string_view request, const QueryContext& ctx, const std::string& client) {
   capnp::MallocMessageBuilder builder;
   auto reply = builder.initRoot<query::Reply>();
   auto read = proto::read_packed<query::Request>(request, proto::ReadLimits{1 << 20, 1 << 16, 8}, [&](auto req) {
@@ -225,6 +225,18 @@ std::string answer_query(std::string_view request, const QueryContext& ctx) {
           reply.setReport(report.asReader());
         else
           reply.setError(result.error().message);
+        break;
+      }
+      case query::Request::ACK: {
+        auto ack = req.getAck();
+        std::string by = valid_utf8(std::string(ack.getBy()).substr(0, 256));
+        if (by.empty()) by = "unnamed";
+        by += client.empty() ? " (no key: --insecure)" : " (key " + client + ")";
+        auto acknowledged = ctx.findings.acknowledge(ack.getId(), by, ctx.clock.realtime_ns());
+        if (acknowledged)
+          fill_finding(*acknowledged, reply.initAck());
+        else
+          reply.setError(acknowledged.error().message);
         break;
       }
       default: reply.setError("this collector does not know that request; upgrade it"); break;

@@ -14,12 +14,14 @@ namespace rankscope::collector {
 struct QueryContext {
   const Ingest& ingest;
   const TimelineStore& store;
-  const FindingBook& findings;
+  FindingBook& findings;  // read, and closed by an acknowledgement
   const Clock& clock;
   uint64_t liveness_ns;  // a node heard from within this window is "connected"
 };
 
-// Decodes one request and returns the packed reply (an error reply for bad input).
-std::string answer_query(std::string_view request, const QueryContext& context);
+// Decodes one request and returns the packed reply (an error reply for bad
+// input). `client`: who asks, as the query socket knows it (its CurveZMQ
+// key's name; "" with --insecure), recorded with an acknowledgement.
+std::string answer_query(std::string_view request, const QueryContext& context, const std::string& client = "");
 
 }  // namespace rankscope::collector

@@ -17,7 +17,17 @@ struct Request {
     timeline @3 :TimelineQuery;
     findings @4 :FindingsQuery;
     report @5 :ReportQuery;
+    ack @6 :AckRequest;
   }
+}
+
+# Closes a finding: an operator has seen it. A mismatch stays open until
+# this (NCCL moving past a mismatched call may have corrupted data); any
+# other finding may be closed this way too, and opens again as a new finding
+# if its condition is still there.
+struct AckRequest {
+  id @0 :UInt64;
+  by @1 :Text;              # who says so, as the client tells it (the collector adds the client's key)
 }
 
 # Usage and cost per tenant over a time range, from the usage ledger
@@ -49,6 +59,7 @@ struct Reply {
     timeline @3 :TimelineReply;
     findings @4 :FindingsReply;
     report @5 :ReportReply;
+    ack @6 :Finding;          # the finding as it now stands
   }
 }
 
@@ -111,6 +122,8 @@ struct Finding {
   latenessS @12 :Float64;   # straggler: persistent lateness
   waitShare @13 :Float64;   # straggler: share of the time the others waited for it
   gpuHoursLost @14 :Float64;# straggler: GPU-hours the others spent waiting
+  acknowledgedNs @15 :UInt64;  # 0: not acknowledged (rankscope ack)
+  acknowledgedBy @16 :Text;
 }
 
 struct StatusReply {

@@ -18,6 +18,8 @@ constexpr size_t kMaxLatenessSamples = 65536;
 constexpr size_t kProcExchanges = 1024;
 constexpr uint64_t kProcHistoryNs = 5'000'000'000ull;
 constexpr size_t kMaxSettling = 1024;       // complete instances waiting to be scored, per communicator
+// The note a mismatch finding gets when the job goes on past it.
+constexpr const char* kWentOn = "Every rank went on past this collective by";
 // An agent heartbeats every second: silent for this long, its ranks are unseen.
 constexpr uint64_t kUnseenNs = 3'000'000'000ull;
 
@@ -433,8 +435,10 @@ void Detector::evaluate(uint64_t now_ns) {
 }
 
 void Detector::resolve_comm(uint64_t comm, uint64_t now_ns) {
+  // A mismatch outlives its job: only an operator closes it.
   for (const Finding* f : book_.open())
-    if (f->comm == comm && f->kind != FindingKind::node_lost) book_.resolve(f->key(), now_ns);
+    if (f->comm == comm && f->kind != FindingKind::node_lost && f->kind != FindingKind::mismatch)
+      book_.resolve(f->key(), now_ns);
 }
 
 void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
@@ -461,8 +465,19 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   for (const Finding* f : open_of_comm) {
     std::string key = f->key();
     bool inside = state.all_inside.count(key) > 0;
+    if (f->kind == FindingKind::mismatch) {
+      // Never resolved by itself: NCCL moving past a mismatched call can
+      // mean corrupted data. Said once when every rank went on past it.
+      if (min_last > f->seq && f->detail.find(kWentOn) == std::string::npos) {
+        Finding told = *f;
+        told.detail += std::string("\n") + kWentOn + " " + format_time_ns(last_activity) +
+                       ": what it computed since may be corrupt. This finding stays open until acknowledged "
+                       "(rankscope ack " + std::to_string(f->id) + ").";
+        book_.raise(std::move(told), now_ns);
+      }
+      continue;
+    }
     bool progressed = inside ? max_last > f->seq : min_last >= f->seq;
-    if (f->kind == FindingKind::mismatch) progressed = min_last > f->seq;
     if (progressed) {
       state.all_inside.erase(key);
       state.told.erase(key);

@@ -29,6 +29,8 @@ struct Finding {
   double lateness_s = 0;         // persistent lateness against its peers
   double wait_share = 0;         // share of the job's time the others spent waiting for it
   double gpu_hours_lost = 0;     // GPU-hours the others spent waiting, since the finding opened
+  uint64_t acknowledged_ns = 0;  // an operator closed it (rankscope ack); 0: not
+  std::string acknowledged_by;
 
   bool open() const { return resolved_ns == 0; }
   // The identity of the condition: one open finding per key.

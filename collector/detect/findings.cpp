@@ -34,6 +34,8 @@ void fill_finding(const Finding& f, proto::query::Finding::Builder out) {
   out.setLatenessS(f.lateness_s);
   out.setWaitShare(f.wait_share);
   out.setGpuHoursLost(f.gpu_hours_lost);
+  out.setAcknowledgedNs(f.acknowledged_ns);
+  out.setAcknowledgedBy(f.acknowledged_by);
 }
 
 Result<Finding> decode_finding(const std::string& bytes) {
@@ -55,6 +57,8 @@ Result<Finding> decode_finding(const std::string& bytes) {
     f.lateness_s = in.getLatenessS();
     f.wait_share = in.getWaitShare();
     f.gpu_hours_lost = in.getGpuHoursLost();
+    f.acknowledged_ns = in.getAcknowledgedNs();
+    f.acknowledged_by = in.getAcknowledgedBy();
   });
   if (!read) return read.error();
   if (!kind_ok) return make_error(Errc::storage, "stored finding " + std::to_string(f.id) + " has an unknown kind");
@@ -117,6 +121,26 @@ void FindingBook::resolve(const std::string& key, uint64_t now_ns) {
   RS_LOG(info, "finding #%llu resolved: %s", static_cast<unsigned long long>(f.id), f.summary.c_str());
   open_.erase(it);
   trim();
+}
+
+Result<Finding> FindingBook::acknowledge(uint64_t id, const std::string& by, uint64_t now_ns) {
+  auto it = findings_.find(id);
+  if (it == findings_.end())
+    return Error{Errc::not_found, "no finding #" + std::to_string(id) +
+                                      " in memory (the collector keeps every open finding and the newest " +
+                                      std::to_string(kResolvedInMemory) + " resolved ones)"};
+  Finding& f = it->second;
+  if (f.acknowledged_ns == 0) {
+    f.acknowledged_ns = now_ns;
+    f.acknowledged_by = by;
+    f.updated_ns = now_ns;
+    dirty_.insert(id);
+    RS_LOG(info, "finding #%llu acknowledged by %s", static_cast<unsigned long long>(id), by.c_str());
+  }
+  Finding now = f;
+  if (f.open()) resolve(f.key(), now_ns);  // may trim: `f` is not used after
+  if (auto kept = findings_.find(id); kept != findings_.end()) now = kept->second;
+  return now;
 }
 
 const Finding* FindingBook::open_finding(const std::string& key) const {

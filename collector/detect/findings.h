@@ -25,6 +25,9 @@ class FindingBook final : public CommitParticipant {
   const Finding& raise(Finding f, uint64_t now_ns);
   // Resolves the open finding with this key, if any.
   void resolve(const std::string& key, uint64_t now_ns);
+  // An operator has seen finding `id`: marked acknowledged (once) and
+  // resolved if open; the finding as it now stands, or not_found.
+  Result<Finding> acknowledge(uint64_t id, const std::string& by, uint64_t now_ns);
   const Finding* open_finding(const std::string& key) const;
 
   std::vector<const Finding*> open() const;

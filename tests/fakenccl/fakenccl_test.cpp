@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -184,8 +185,48 @@ TEST(FakeNccl, TrainingRanksAllReduceExactSums) {
   auto ranks = launch(dir, 4, {FAKENCCL_TRAIN, "--id-file", dir.file("id"), "--steps", "30", "--check", "--quiet"});
   for (auto& rank : ranks) {
     EXPECT_EQ(rank->waitExit(), 0) << rank->err();
-    EXPECT_NE(rank->out().find("30 steps, 90 collectives"), std::string::npos) << rank->out();
+    EXPECT_NE(rank->out().find("30 steps, 90 NCCL calls"), std::string::npos) << rank->out();
     EXPECT_NE(rank->out().find("check ok"), std::string::npos) << rank->out();
+  }
+}
+
+// Every --pattern of fakenccl-train on 4 ranks: the calls each rank makes,
+// from its --record file (op -> count).
+TEST(FakeNccl, EveryTrainingPatternMakesItsCalls) {
+  struct Want {
+    std::string pattern;
+    std::map<std::string, int> calls;  // per rank over 8 steps
+  };
+  const std::vector<Want> wants = {
+      {"ddp", {{"AllReduce", 24}}},
+      {"sync-each", {{"AllReduce", 24}}},
+      {"jitter", {{"AllReduce", 24}}},
+      {"accum", {{"AllReduce", 6}}},  // 3 buckets every 4th step
+      {"fsdp", {{"AllGather", 800}, {"ReduceScatter", 800}}},
+      // 2 stages x 2 replicas, 4 micro-batches: each rank sends and receives
+      // 4 a step; the stage's buckets across replicas and one over all ranks.
+      {"pipeline", {{"Send", 32}, {"Recv", 32}, {"AllReduce", 32}, {"CommSplit", 1}}},
+      // 2 x 4 layers inside the group, 3 buckets across groups.
+      {"tp-dp", {{"AllReduce", 88}, {"CommSplit", 2}}},
+  };
+  for (const auto& want : wants) {
+    SCOPED_TRACE(want.pattern);
+    TempDir dir;
+    std::vector<std::unique_ptr<RankProcess>> ranks;
+    for (int rank = 0; rank < 4; ++rank)
+      ranks.push_back(std::make_unique<RankProcess>(
+          dir, std::to_string(rank), rank, 4,
+          std::vector<std::string>{FAKENCCL_TRAIN, "--id-file", dir.file("id"), "--pattern", want.pattern, "--steps",
+                                   "8", "--compute-iters", "20000", "--record", dir.file("calls." + std::to_string(rank)),
+                                   "--quiet"}));
+    for (int rank = 0; rank < 4; ++rank) {
+      ASSERT_EQ(ranks[rank]->waitExit(), 0) << ranks[rank]->err();
+      std::map<std::string, int> made;
+      std::istringstream lines(readFile(dir.file("calls." + std::to_string(rank))));
+      std::string index, op, rest;
+      while (lines >> index >> op && std::getline(lines, rest)) made[op] += 1;
+      for (const auto& [op, count] : want.calls) EXPECT_EQ(made[op], count) << op << " on rank " << rank;
+    }
   }
 }
 
@@ -243,7 +284,7 @@ TEST(FakeNccl, StoppedRankBlocksOthersUntilContinued) {
   victim.signal(SIGCONT);
   for (auto& rank : ranks) {
     EXPECT_EQ(rank->waitExit(), 0) << rank->err();
-    EXPECT_NE(rank->out().find("200 steps, 600 collectives"), std::string::npos);
+    EXPECT_NE(rank->out().find("200 steps, 600 NCCL calls"), std::string::npos);
     EXPECT_NE(rank->out().find("check ok"), std::string::npos);
   }
 }

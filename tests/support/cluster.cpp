@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 namespace rankscope::testing {
@@ -141,7 +142,7 @@ std::vector<SeenNode> TestDeployment::nodes() {
   return out;
 }
 
-int64_t TestDeployment::min_progress() {
+int64_t TestDeployment::progress(bool active_only) {
   capnp::MallocMessageBuilder request;
   auto req = request.initRoot<proto::query::Request>();
   req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
@@ -151,14 +152,21 @@ int64_t TestDeployment::min_progress() {
   auto result = client_.ask(request, [&](proto::query::Reply::Reader reply) {
     for (auto job : reply.getJobs().getJobs())
       for (auto comm : job.getComms()) {
-        if (comm.getRanks().size() < static_cast<unsigned>(comm.getNranks())) lowest = -1;
+        int64_t most = -1, least = INT64_MAX;
         for (auto rank : comm.getRanks()) {
-          lowest = std::min(lowest, rank.getLastSeq());
+          most = std::max(most, rank.getLastSeq());
+          least = std::min(least, rank.getLastSeq());
           any = true;
         }
+        if (active_only && most < 0) continue;
+        if (comm.getRanks().size() < static_cast<unsigned>(comm.getNranks())) least = -1;
+        lowest = std::min(lowest, least);
       }
   });
   return result && any ? lowest : -1;
 }
+
+int64_t TestDeployment::min_progress() { return progress(false); }
+int64_t TestDeployment::min_active_progress() { return progress(true); }
 
 }  // namespace rankscope::testing

@@ -54,6 +54,9 @@ class TestDeployment {
   std::vector<SeenNode> nodes();
   // Lowest last sequence number over the ranks of every communicator (-1: none yet).
   int64_t min_progress();
+  // The same over the communicators that carry collectives only (a world
+  // communicator a job only splits from has none).
+  int64_t min_active_progress();
   void stop_agent(int node) { agents_.at(node).signal(SIGKILL); }
   // SIGKILLs the collector (nothing flushed), then starts it again on the
   // same database and ports after `away`; its log goes on in collector.log.
@@ -69,6 +72,7 @@ class TestDeployment {
   TestKeys& keys() { return keys_; }
 
  private:
+  int64_t progress(bool active_only);
   void start(const NetnsCluster* cluster, int nodes, const DeploymentOptions& options);
 
   const TempDir& dir_;

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "collector/detect/detector.h"
+#include "collector/query.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
 #include "tests/support/store_commit.h"
@@ -310,6 +311,77 @@ TEST_F(DetectTest, MismatchIsReportedAsSoonAsBothCallsAreKnown) {
   calls({{0, 2, t + 2 * kMs, RS_OP_ALLREDUCE, 1024}, {1, 2, t + 2 * kMs, RS_OP_ALLREDUCE, 2048}});
   auto sizes = open(FindingKind::mismatch);
   ASSERT_EQ(sizes.size(), 2u) << "a different byte count at the same sequence is a mismatch too";
+}
+
+// NCCL moving past a mismatched call may have corrupted data: the finding
+// stays open when the job goes on and when it ends, until acknowledged
+// (through the query API, as `rankscope ack ID` does).
+TEST_F(DetectTest, AMismatchStaysOpenUntilAcknowledged) {
+  start(4);
+  uint64_t t = clock.now;
+  instance(0, t);
+  calls({{0, 1, t + kMs}, {1, 1, t + kMs}, {2, 1, t + kMs, RS_OP_ALLGATHER}, {3, 1, t + kMs}});
+  ASSERT_EQ(open(FindingKind::mismatch).size(), 1u);
+  uint64_t id = open(FindingKind::mismatch)[0]->id;
+  for (uint64_t seq = 2; seq < 6; ++seq) instance(seq, t + seq * 10 * kMs);  // every rank goes on
+  keep_talking(t + kSecond);
+  evaluate_at(t + kSecond);
+  auto still = open(FindingKind::mismatch);
+  ASSERT_EQ(still.size(), 1u) << "the job moving on does not resolve it";
+  EXPECT_NE(still[0]->detail.find("went on past this collective"), std::string::npos) << still[0]->detail;
+  EXPECT_NE(still[0]->detail.find("rankscope ack " + std::to_string(id)), std::string::npos) << still[0]->detail;
+
+  // An operator acknowledges it over the query API.
+  QueryContext context{ingest, *store, book, clock, 5 * kSecond};
+  capnp::MallocMessageBuilder request;
+  auto req = request.initRoot<proto::query::Request>();
+  req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+  auto ack = req.initAck();
+  ack.setId(id);
+  ack.setBy("alice");
+  std::string reply = answer_query(proto::to_packed(request), context, "ops-laptop");
+  bool acked = false;
+  ASSERT_TRUE(proto::read_packed<proto::query::Reply>(reply, proto::ReadLimits{}, [&](proto::query::Reply::Reader r) {
+    ASSERT_EQ(r.which(), proto::query::Reply::ACK) << (r.isError() ? std::string(r.getError()) : "");
+    EXPECT_EQ(r.getAck().getId(), id);
+    EXPECT_NE(r.getAck().getResolvedNs(), 0u);
+    EXPECT_EQ(std::string(r.getAck().getAcknowledgedBy()), "alice (key ops-laptop)");
+    acked = true;
+  }));
+  EXPECT_TRUE(acked);
+  EXPECT_TRUE(open(FindingKind::mismatch).empty());
+
+  // An unknown id is a clear error.
+  ack.setId(id + 1000);
+  reply = answer_query(proto::to_packed(request), context, "ops-laptop");
+  ASSERT_TRUE(proto::read_packed<proto::query::Reply>(reply, proto::ReadLimits{}, [&](proto::query::Reply::Reader r) {
+    ASSERT_TRUE(r.isError());
+    EXPECT_NE(std::string(r.getError()).find("no finding #" + std::to_string(id + 1000)), std::string::npos)
+        << std::string(r.getError());
+  }));
+}
+
+TEST_F(DetectTest, AMismatchOutlivesItsJob) {
+  start(4);
+  uint64_t t = clock.now;
+  calls({{0, 0, t}, {1, 0, t}, {2, 0, t, RS_OP_ALLGATHER}, {3, 0, t}});
+  ASSERT_EQ(open(FindingKind::mismatch).size(), 1u);
+  keep_talking(t + kMs);
+  evaluate_at(t + kMs);  // the detector knows the communicator
+  for (int32_t r = 0; r < 4; ++r) {  // every member ends it: the job is over
+    send(node_of(r), [&](auto m) {
+      auto b = m.initBatch();
+      b.setInstanceId(7);
+      b.setSeq(++batch_seq[node_of(r)]);
+      auto ends = b.initCommEnds(1);
+      ends[0].setPid(100 + r);
+      ends[0].setCommHash(kComm);
+    });
+  }
+  ASSERT_TRUE(ingest.comms().at(kComm).ended);
+  keep_talking(t + 2 * kSecond);
+  evaluate_at(t + 2 * kSecond);
+  EXPECT_EQ(open(FindingKind::mismatch).size(), 1u) << "ended communicators resolve their hangs, not a mismatch";
 }
 
 TEST_F(DetectTest, PersistentlyLateRankIsAStragglerAndRecovers) {

@@ -1,5 +1,8 @@
 // rankscope: the command line for the collector.
 #include <boost/program_options.hpp>
+#include <unistd.h>
+
+#include <charconv>
 #include <chrono>
 #include <tuple>
 #include <cstdio>
@@ -34,6 +37,8 @@ const char* kUsage =
     "  findings [--open] [--kind K] hangs, mismatches, stragglers and lost nodes, newest first\n"
     "  hangs                        open hangs (findings --open --kind hang)\n"
     "  stragglers                   open stragglers (findings --open --kind straggler)\n"
+    "  ack ID                       close finding ID: you have seen it. A mismatch stays open until\n"
+    "                               acknowledged; another finding whose condition persists opens again\n"
     "  report --by KEY [--since T] [--until T] [--price-per-gpu-hour P] [--csv]\n"
     "                               GPU-hours, CPU, waste and cost per tenant; KEY: account,\n"
     "                               user, job, namespace, pod, cgroup or node\n"
@@ -262,52 +267,59 @@ std::string upper(std::string text) {
   return text;
 }
 
+std::string finding_json(query::Finding::Reader f) {
+  std::string ranks, nodes;
+  for (auto rank : f.getRanks()) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
+  for (auto node : f.getNodes()) nodes += (nodes.empty() ? "" : ",") + json_quote(node);
+  std::string seq = f.getSeq() < 0 ? "null" : std::to_string(f.getSeq());
+  std::string comm = f.getComm() == 0 ? "null" : "\"" + hex64(f.getComm()) + "\"";
+  std::string resolved = f.getResolvedNs() == 0 ? "null" : json_quote(format_time_ns(f.getResolvedNs()));
+  std::string acknowledged = f.getAcknowledgedNs() == 0 ? "null" : json_quote(format_time_ns(f.getAcknowledgedNs()));
+  std::string by = f.getAcknowledgedNs() == 0 ? "null" : json_quote(f.getAcknowledgedBy());
+  char figures[128];
+  std::snprintf(figures, sizeof(figures), "\"lateness_s\":%.6f,\"wait_share\":%.4f,\"gpu_hours_lost\":%.6f",
+                f.getLatenessS(), f.getWaitShare(), f.getGpuHoursLost());
+  return "{\"id\":" + std::to_string(f.getId()) + ",\"kind\":" + json_quote(f.getKind()) +
+         ",\"job\":" + json_quote(f.getJob()) + ",\"comm\":" + comm + ",\"seq\":" + seq + ",\"ranks\":[" + ranks +
+         "],\"nodes\":[" + nodes + "],\"opened_at\":" + json_quote(format_time_ns(f.getOpenedNs())) +
+         ",\"resolved_at\":" + resolved + ",\"opened_ns\":" + std::to_string(f.getOpenedNs()) +
+         ",\"resolved_ns\":" + std::to_string(f.getResolvedNs()) + ",\"acknowledged_at\":" + acknowledged +
+         ",\"acknowledged_by\":" + by + ",\"summary\":" + json_quote(f.getSummary()) +
+         ",\"detail\":" + json_quote(f.getDetail()) + "," + figures + "}";
+}
+
+void print_finding(query::Finding::Reader f, uint64_t now_ns) {
+  std::string state = f.getResolvedNs() == 0
+                          ? "OPEN for " + format_duration_ns(static_cast<int64_t>(now_ns - f.getOpenedNs()))
+                          : "resolved at " + format_time_ns(f.getResolvedNs()) + " after " +
+                                format_duration_ns(static_cast<int64_t>(f.getResolvedNs() - f.getOpenedNs()));
+  if (f.getAcknowledgedNs() != 0)
+    state += ", acknowledged at " + format_time_ns(f.getAcknowledgedNs()) + " by " + std::string(f.getAcknowledgedBy());
+  std::printf("#%llu %s  %s  (opened %s)\n", (unsigned long long)f.getId(), upper(f.getKind()).c_str(), state.c_str(),
+              format_time_ns(f.getOpenedNs()).c_str());
+  std::string detail = f.getDetail();
+  size_t start = 0;
+  while (start <= detail.size()) {
+    size_t end = detail.find('\n', start);
+    if (end == std::string::npos) end = detail.size();
+    std::printf("    %s\n", detail.substr(start, end - start).c_str());
+    start = end + 1;
+  }
+  std::printf("\n");
+}
+
 void print_findings(query::FindingsReply::Reader r, bool json) {
   if (json) {
-    std::printf("[");
-    bool first = true;
-    for (auto f : r.getFindings()) {
-      std::string ranks, nodes;
-      for (auto rank : f.getRanks()) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
-      for (auto node : f.getNodes()) nodes += (nodes.empty() ? "" : ",") + json_quote(node);
-      std::string seq = f.getSeq() < 0 ? "null" : std::to_string(f.getSeq());
-      std::string comm = f.getComm() == 0 ? "null" : "\"" + hex64(f.getComm()) + "\"";
-      std::string resolved = f.getResolvedNs() == 0 ? "null" : json_quote(format_time_ns(f.getResolvedNs()));
-      std::printf("%s{\"id\":%llu,\"kind\":%s,\"job\":%s,\"comm\":%s,\"seq\":%s,\"ranks\":[%s],\"nodes\":[%s],"
-                  "\"opened_at\":%s,\"resolved_at\":%s,\"opened_ns\":%llu,\"resolved_ns\":%llu,\"summary\":%s,"
-                  "\"detail\":%s,\"lateness_s\":%.6f,\"wait_share\":%.4f,\"gpu_hours_lost\":%.6f}",
-                  first ? "" : ",", (unsigned long long)f.getId(), json_quote(f.getKind()).c_str(),
-                  json_quote(f.getJob()).c_str(), comm.c_str(), seq.c_str(), ranks.c_str(), nodes.c_str(),
-                  json_quote(format_time_ns(f.getOpenedNs())).c_str(), resolved.c_str(),
-                  (unsigned long long)f.getOpenedNs(), (unsigned long long)f.getResolvedNs(),
-                  json_quote(f.getSummary()).c_str(), json_quote(f.getDetail()).c_str(), f.getLatenessS(),
-                  f.getWaitShare(), f.getGpuHoursLost());
-      first = false;
-    }
-    std::printf("]\n");
+    std::string out = "[";
+    for (auto f : r.getFindings()) out += (out.size() > 1 ? "," : "") + finding_json(f);
+    std::printf("%s]\n", out.c_str());
     return;
   }
   if (r.getFindings().size() == 0) {
     std::printf("no findings\n");
     return;
   }
-  for (auto f : r.getFindings()) {
-    std::string state = f.getResolvedNs() == 0
-                            ? "OPEN for " + format_duration_ns(static_cast<int64_t>(r.getNowNs() - f.getOpenedNs()))
-                            : "resolved at " + format_time_ns(f.getResolvedNs()) + " after " +
-                                  format_duration_ns(static_cast<int64_t>(f.getResolvedNs() - f.getOpenedNs()));
-    std::printf("#%llu %s  %s  (opened %s)\n", (unsigned long long)f.getId(), upper(f.getKind()).c_str(),
-                state.c_str(), format_time_ns(f.getOpenedNs()).c_str());
-    std::string detail = f.getDetail();
-    size_t start = 0;
-    while (start <= detail.size()) {
-      size_t end = detail.find('\n', start);
-      if (end == std::string::npos) end = detail.size();
-      std::printf("    %s\n", detail.substr(start, end - start).c_str());
-      start = end + 1;
-    }
-    std::printf("\n");
-  }
+  for (auto f : r.getFindings()) print_finding(f, r.getNowNs());
 }
 
 }  // namespace
@@ -321,6 +333,7 @@ int main(int argc, char** argv) {
   bool json = false, open_only = false;
   std::string kind;
   std::string since, until, output;
+  std::string ack_id;
   rankscope::cli::ReportArgs report;
   rankscope::cli::ExportArgs export_args;
   std::string home = env_or("HOME", "");
@@ -355,10 +368,11 @@ int main(int argc, char** argv) {
     ("name", po::value(&name), "keygen: the node an agent key speaks for (its --node), or a client's name")
     ("out", po::value(&out), "keygen: write OUT.key and OUT.pub")
     ("force", po::bool_switch(&force), "keygen: replace existing files")
-    ("command", po::value(&command), "status | jobs | timeline | findings | hangs | stragglers | report | export | keygen");
+    ("command", po::value(&command), "status | jobs | timeline | findings | hangs | stragglers | ack | report | export | keygen")
+    ("id", po::value(&ack_id), "ack: the finding's id (rankscope findings lists them)");
   // clang-format on
   po::positional_options_description positional;
-  positional.add("command", 1);
+  positional.add("command", 1).add("id", 1);
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
@@ -452,6 +466,17 @@ int main(int argc, char** argv) {
     auto f = req.initFindings();
     f.setOpenOnly(open_only || command != "findings");
     f.setKind(command == "hangs" ? "hang" : command == "stragglers" ? "straggler" : kind);
+  } else if (command == "ack") {
+    uint64_t id = 0;
+    auto [end, ec] = std::from_chars(ack_id.data(), ack_id.data() + ack_id.size(), id);
+    if (ack_id.empty() || ec != std::errc() || end != ack_id.data() + ack_id.size() || id == 0) {
+      std::cerr << "rankscope ack: give the id of a finding (`rankscope findings` lists them), e.g. rankscope ack 12\n";
+      return 2;
+    }
+    auto a = req.initAck();
+    a.setId(id);
+    const char* user = std::getenv("USER");
+    a.setBy(user && *user ? user : ("uid " + std::to_string(getuid())).c_str());
   } else {
     std::cerr << "rankscope: unknown command '" << command << "'\n\n" << kUsage;
     return 2;
@@ -466,6 +491,10 @@ int main(int argc, char** argv) {
       case query::Reply::JOBS: print_jobs(reply.getJobs(), json); break;
       case query::Reply::TIMELINE: print_timeline(reply.getTimeline(), json); break;
       case query::Reply::FINDINGS: print_findings(reply.getFindings(), json); break;
+      case query::Reply::ACK:
+        if (json) std::printf("%s\n", finding_json(reply.getAck()).c_str());
+        else print_finding(reply.getAck(), reply.getAck().getUpdatedNs());
+        break;
       default: std::cerr << "rankscope: the collector answered with something this CLI does not know\n"; break;
     }
   });
