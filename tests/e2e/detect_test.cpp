@@ -168,7 +168,8 @@ TEST_F(DetectE2E, StoppedRankIsNamedInAHangWithinTimeoutPlusTwoSeconds) {
   EXPECT_EQ(hangs[0].nodes, std::vector<std::string>{deployment->node_name(victim / 2)});
   EXPECT_NE(hangs[0].detail.find("stopped"), std::string::npos) << hangs[0].detail;
   double seconds = static_cast<double>(hangs[0].opened_ns - stopped_ns) / 1e9;
-  EXPECT_LE(seconds, 2.0 + 2.0) << "hang timeout 2 s; found after " << seconds << " s";
+  EXPECT_LE(seconds, 2.0 + 2.0) << "hang timeout 2 s; found after " << seconds << " s\n" << hangs[0].detail << "\n"
+                                << dump(*deployment, dir);
   RecordProperty("hang_detected_after_s", std::to_string(seconds));
 
   // The alert reaches Alertmanager, the metrics say so and pass promtool.

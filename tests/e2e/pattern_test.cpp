@@ -27,12 +27,19 @@ struct Case {
   Slowed slowed;
 };
 
+const char* slowed_name(Slowed slowed) {
+  const char* how[] = {"healthy", "hogs", "quota"};
+  return how[static_cast<int>(slowed)];
+}
+
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string name = info.param.pattern;
   std::replace(name.begin(), name.end(), '-', '_');
-  const char* how[] = {"healthy", "hogs", "quota"};
-  return name + "_" + how[static_cast<int>(info.param.slowed)];
+  return name + "_" + slowed_name(info.param.slowed);
 }
+
+// How gtest (and so ctest's test names) print a case.
+void PrintTo(const Case& c, std::ostream* out) { *out << c.pattern << " " << slowed_name(c.slowed); }
 
 // The cgroup v1 cpu controller, or cgroup v2 where the cpu controller is there.
 struct CpuController {
