@@ -6,6 +6,8 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -205,9 +207,17 @@ void WriteSet::put_finding(uint64_t id, std::string value) {
   batch_.Put(findings_family_, key, value);
 }
 
+uint64_t free_space_reserve(const StoreOptions& options) {
+  uint64_t memtables = options.memtable_bytes;
+  // With a disk cap the memtables are two buffers of cap / 16 at most (open() below).
+  if (options.max_disk_bytes) memtables = std::min(memtables, 2 * std::clamp<uint64_t>(options.max_disk_bytes / 16, 256 << 10, 64 << 20));
+  return memtables + (16ull << 20);
+}
+
 Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& path, const StoreOptions& store_options) {
   std::unique_ptr<TimelineStore> store(new TimelineStore());
   store->path_ = path;
+  store->reserve_bytes_ = free_space_reserve(store_options);
   rocksdb::Options options;
   options.create_if_missing = true;
   options.create_missing_column_families = true;
@@ -266,6 +276,14 @@ TimelineStore::~TimelineStore() {
 }
 
 Result<void> TimelineStore::commit(WriteSet& writes) {
+  if (struct statvfs fs; statvfs(path_.c_str(), &fs) == 0) {
+    uint64_t free = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+    if (free < reserve_bytes_)
+      return Error{Errc::storage, "the database's filesystem (" + path_ + ") has " + std::to_string(free >> 20) +
+                                      " MiB free, under the " + std::to_string(reserve_bytes_ >> 20) +
+                                      " MiB RocksDB needs for its log and memtable flushes; not writing until there "
+                                      "is room (free space, lower --db-memory-mb, or set --max-disk-bytes)"};
+  }
   if (failed_) {
     // RocksDB stops writing after an I/O error until told to resume (once
     // the cause, e.g. a full disk, is gone); still failing: try next time.

@@ -119,6 +119,13 @@ struct StoreOptions {
   uint64_t memtable_bytes = 256ull << 20;
 };
 
+// Room a commit wants free on the database's filesystem: what RocksDB may
+// write before it can free anything (its memtables, flushed, and its log),
+// plus slack. Debian's RocksDB aborts the process when a log write meets a
+// full disk, so the store stops short of it: a commit with less free fails
+// like an I/O error (kept and written again once there is room).
+uint64_t free_space_reserve(const StoreOptions& options);
+
 class TimelineStore {
  public:
   static Result<std::unique_ptr<TimelineStore>> open(const std::string& path, const StoreOptions& options = {});
@@ -170,6 +177,7 @@ class TimelineStore {
 
   std::string path_;
   bool failed_ = false;  // the last commit failed: resume before the next
+  uint64_t reserve_bytes_ = 0;  // free_space_reserve()
   std::shared_ptr<std::atomic<uint64_t>> cutoff_ = std::make_shared<std::atomic<uint64_t>>(0);
   mutable std::mutex times_mutex_;
   TimeHistogram times_;

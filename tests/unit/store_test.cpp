@@ -1,5 +1,8 @@
 // The timeline store on a real RocksDB in a temporary folder.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "collector/store/timeline_store.h"
 #include "tests/support/harness.h"
@@ -82,6 +85,41 @@ TEST(TimelineStore, UnopenableDatabaseIsAClearError) {
   auto store = TimelineStore::open("/proc/version/db");
   ASSERT_FALSE(store);
   EXPECT_NE(store.error().message.find("/proc/version/db"), std::string::npos);
+}
+
+// A full disk: Debian's RocksDB aborts the process when its log cannot be
+// written, so the store stops short of the disk's end. Here a real small
+// filesystem (a tmpfs the test mounts) filled by another file.
+TEST(TimelineStore, AFilesystemWithoutRoomIsAnErrorNotACrashAndWritesResumeOnceFreed) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root: run the suite as root (sudo make test)";
+  testing::TempDir dir;
+  std::string mount = dir.file("small");
+  std::filesystem::create_directory(mount);
+  ASSERT_EQ(testing::run_command("mount -t tmpfs -o size=48m tmpfs " + mount), 0);
+  struct Unmount {
+    std::string path;
+    ~Unmount() { testing::run_command("umount " + path); }
+  } unmount{mount};
+  StoreOptions options;
+  options.max_disk_bytes = 8ull << 20;  // small memtables: a reserve that fits the small disk
+  ASSERT_LT(free_space_reserve(options), 40ull << 20);
+  auto store = TimelineStore::open(mount + "/db", options);
+  ASSERT_TRUE(store) << store.error().message;
+  WriteSet writes = (*store)->writes();
+  for (uint64_t seq = 0; seq < 100; ++seq) writes.put_record(record(0xf11, 0, seq));
+  ASSERT_TRUE((*store)->commit(writes));
+
+  // Another file takes the disk down to less than the reserve.
+  ASSERT_EQ(testing::run_command("dd if=/dev/zero of=" + mount + "/filler bs=64k 2>/dev/null; true"), 0);
+  for (uint64_t seq = 100; seq < 200; ++seq) writes.put_record(record(0xf11, 0, seq));
+  auto full = (*store)->commit(writes);
+  ASSERT_FALSE(full) << "no room: the commit fails (the process is still here to say so)";
+  EXPECT_NE(full.error().message.find("MiB free"), std::string::npos) << full.error().message;
+  EXPECT_EQ(*(*store)->count(0xf11, 0, 0), 100u);
+
+  std::filesystem::remove(mount + "/filler");
+  ASSERT_TRUE((*store)->commit(writes)) << "room again: what the failed commit held is written";
+  EXPECT_EQ(*(*store)->count(0xf11, 0, 0), 200u);
 }
 
 }  // namespace
