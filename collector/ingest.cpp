@@ -70,12 +70,6 @@ void AckWindow::insert(uint64_t seq) {
   while (above.size() > kMaxAbove) above.erase(above.begin());
 }
 
-void AckWindow::forget(uint64_t seq) {
-  if (above.erase(seq) || seq > through || seq == 0) return;
-  for (uint64_t s = seq + 1; s <= through && above.size() < kMaxAbove; ++s) above.insert(s);
-  through = seq - 1;
-}
-
 std::string ProcessInfo::gpu() const {
   std::vector<std::string> devices;
   size_t start = 0;

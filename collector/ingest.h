@@ -41,7 +41,6 @@ struct AckWindow {
   uint64_t last_used = 0;  // order of use, for keeping the newest instances
   bool contains(uint64_t seq) const { return (seq >= 1 && seq <= through) || above.count(seq) > 0; }
   void insert(uint64_t seq);
-  void forget(uint64_t seq);
 };
 
 // One cgroup's use of a node (from the heartbeats' CgroupUsage).

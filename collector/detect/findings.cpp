@@ -137,10 +137,8 @@ Result<Finding> FindingBook::acknowledge(uint64_t id, const std::string& by, uin
     dirty_.insert(id);
     RS_LOG(info, "finding #%llu acknowledged by %s", static_cast<unsigned long long>(id), by.c_str());
   }
-  Finding now = f;
-  if (f.open()) resolve(f.key(), now_ns);  // may trim: `f` is not used after
-  if (auto kept = findings_.find(id); kept != findings_.end()) now = kept->second;
-  return now;
+  if (f.open()) resolve(f.key(), now_ns);  // trims only what is written: `id` is dirty, it stays
+  return findings_.at(id);
 }
 
 const Finding* FindingBook::open_finding(const std::string& key) const {

@@ -207,10 +207,15 @@ void WriteSet::put_finding(uint64_t id, std::string value) {
   batch_.Put(findings_family_, key, value);
 }
 
+namespace {
+// With a disk cap: a memtable, and a table file, are a sixteenth of it.
+uint64_t sixteenth_of_cap(uint64_t cap) { return std::clamp<uint64_t>(cap / 16, 256 << 10, 64 << 20); }
+constexpr int kCappedMemtables = 2;
+}  // namespace
+
 uint64_t free_space_reserve(const StoreOptions& options) {
   uint64_t memtables = options.memtable_bytes;
-  // With a disk cap the memtables are two buffers of cap / 16 at most (open() below).
-  if (options.max_disk_bytes) memtables = std::min(memtables, 2 * std::clamp<uint64_t>(options.max_disk_bytes / 16, 256 << 10, 64 << 20));
+  if (options.max_disk_bytes) memtables = std::min<uint64_t>(memtables, kCappedMemtables * sixteenth_of_cap(options.max_disk_bytes));
   return memtables + (16ull << 20);
 }
 
@@ -231,10 +236,10 @@ Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& pa
   if (uint64_t cap = store_options.max_disk_bytes) {
     // Memtables and the write-ahead log are on disk (or will be) before any
     // compaction can free space: keep them a small share of the cap.
-    options.write_buffer_size = std::clamp<uint64_t>(cap / 16, 256 << 10, 64 << 20);
-    options.max_write_buffer_number = 2;
+    options.write_buffer_size = sixteenth_of_cap(cap);
+    options.max_write_buffer_number = kCappedMemtables;
     options.max_total_wal_size = std::clamp<uint64_t>(cap / 8, 1 << 20, 256 << 20);
-    options.target_file_size_base = std::clamp<uint64_t>(cap / 16, 256 << 10, 64 << 20);
+    options.target_file_size_base = sixteenth_of_cap(cap);
     options.max_bytes_for_level_base = std::clamp<uint64_t>(cap / 4, 1 << 20, 512 << 20);
   }
   // One writer (the ingest thread): the memtable-insert hints below need it.
