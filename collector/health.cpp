@@ -3,6 +3,7 @@
 #include "common/format.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace rankscope::collector {
@@ -28,6 +29,11 @@ CpuShares ProcessHealth::shares(uint64_t window_ns) const {
   out.running = delta(last.cpu_ns, first->cpu_ns) / span;
   out.waiting = delta(last.runqueue_ns, first->runqueue_ns) / span;
   out.known = true;
+  out.quota_millicpus = last.cpu_quota_millicpus;
+  if (double periods = delta(last.cpu_periods, first->cpu_periods); periods > 0) {
+    out.throttled_periods = std::min(1.0, delta(last.cpu_throttled_periods, first->cpu_throttled_periods) / periods);
+    out.throttled = std::min(1.0, delta(last.cpu_throttled_ns, first->cpu_throttled_ns) / span);
+  }
   if (last.host_known && first->host_known) {
     // The counters sum over the calling threads: shares are per thread.
     double per_thread = span * std::max<uint32_t>(1, last.threads);
@@ -48,6 +54,16 @@ std::string percent(double share) {
   int p = static_cast<int>(share * 100 + 0.5);
   return std::to_string(std::clamp(p, 0, 100)) + "%";
 }
+// "; its cgroup's CPU quota (0.15 CPUs) throttled it in 85% of its periods,
+// 84% of the time": the cause a run-queue wait does not show (a throttled
+// cgroup's threads are not runnable while throttled).
+std::string throttling(const CpuShares& s) {
+  if (s.throttled_periods <= 0) return {};
+  char quota[48] = "";
+  if (s.quota_millicpus > 0) snprintf(quota, sizeof(quota), " (%.2f CPUs)", s.quota_millicpus / 1000.0);
+  return std::string("; its cgroup's CPU quota") + quota + " throttled it in " + percent(s.throttled_periods) +
+         " of the quota's periods, " + percent(s.throttled) + " of the time";
+}
 }  // namespace
 
 std::string ProcessHealth::describe_cpu(uint64_t window_ns) const {
@@ -62,12 +78,12 @@ std::string ProcessHealth::describe_cpu(uint64_t window_ns) const {
   std::string span = format_duration_ns(last.sample_ns - first->sample_ns);
   if (!s.host)
     return "its main thread ran " + percent(s.running) + " and waited for a CPU " + percent(s.waiting) + " of the last " +
-           span;
+           span + throttling(s);
   std::string text = "off-CPU " + percent(s.off_cpu) + " of the last " + span + " (waiting for a CPU " +
                      percent(s.waiting) + ", on block I/O " + percent(s.iowait) + "), preempted " +
                      std::to_string(s.involuntary_switches) + " times";
   if (s.major_faults) text += ", " + std::to_string(s.major_faults) + " major page faults";
-  return text;
+  return text + throttling(s);
 }
 
 std::string ProcessHealth::describe() const {

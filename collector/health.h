@@ -24,6 +24,9 @@ struct HealthSample {
   uint64_t on_cpu_ns = 0, off_cpu_ns = 0, host_runqueue_ns = 0, iowait_ns = 0;
   uint64_t involuntary_switches = 0, major_faults = 0;
   uint32_t threads = 1;
+  // Its cgroup's CPU quota and throttling (cumulative; 0 unknown).
+  uint64_t cpu_periods = 0, cpu_throttled_periods = 0, cpu_throttled_ns = 0;
+  uint32_t cpu_quota_millicpus = 0;
 };
 
 struct CpuShares {
@@ -36,6 +39,11 @@ struct CpuShares {
   double iowait = 0;    // share of wall time asleep on block I/O
   uint64_t involuntary_switches = 0, major_faults = 0;  // in the window
   double process_cpus = 0;  // CPUs the whole process used on average
+  // Its cgroup's CPU quota over the window: the share of enforcement periods
+  // in which the cgroup ran out of quota, and of wall time it was throttled.
+  uint32_t quota_millicpus = 0;
+  double throttled_periods = 0;
+  double throttled = 0;
 };
 
 // A host thread of the process blocked on the GPU (cudaStreamSynchronize...).

@@ -637,6 +637,10 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     sample.stat_cpu_ns = p.getProcessCpuNs();
     sample.exit_status = p.getExitStatus();
     sample.exit_signal = p.getExitSignal();
+    sample.cpu_periods = p.getCpuPeriods();
+    sample.cpu_throttled_periods = p.getCpuThrottledPeriods();
+    sample.cpu_throttled_ns = p.getCpuThrottledNs();
+    sample.cpu_quota_millicpus = p.getCpuQuotaMillicpus();
     if (p.hasHost()) {
       auto h = p.getHost();
       sample.host_known = true;

@@ -322,6 +322,83 @@ std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t 
   return sample;
 }
 
+CgroupMounts read_cgroup_mounts(const std::string& mountinfo_path) {
+  // "36 35 0:31 / /sys/fs/cgroup/cpu,cpuacct rw,... shared:14 - cgroup cgroup rw,cpu,cpuacct"
+  CgroupMounts mounts;
+  auto text = read_file(mountinfo_path);
+  if (!text) return mounts;
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    size_t dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream before(line.substr(0, dash)), after(line.substr(dash + 3));
+    std::string id, parent, devices, root, point, type, source, options;
+    if (!(before >> id >> parent >> devices >> root >> point) || !(after >> type >> source >> options)) continue;
+    if (root != "/") continue;  // a bind mount of a subtree: not the hierarchy's root
+    if (type == "cgroup2" && mounts.unified.empty()) mounts.unified = point;
+    if (type != "cgroup" || !mounts.cpu_v1.empty()) continue;
+    std::istringstream list(options);
+    std::string option;
+    while (std::getline(list, option, ','))
+      if (option == "cpu") mounts.cpu_v1 = point;
+  }
+  return mounts;
+}
+
+std::optional<CpuThrottling> read_cpu_throttling(const std::string& proc_root, uint32_t pid, const CgroupMounts& mounts) {
+  auto cgroups = read_file(proc_root + "/" + std::to_string(pid) + "/cgroup");
+  if (!cgroups) return std::nullopt;
+  // The v1 cpu hierarchy's line ("4:cpu,cpuacct:/path"), else v2's ("0::/path").
+  std::string dir;
+  bool v2 = false;
+  std::istringstream lines(*cgroups);
+  std::string line;
+  while (std::getline(lines, line)) {
+    size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
+    if (path.find("..") != std::string::npos) continue;
+    if (controllers.empty() && line.rfind("0::", 0) == 0) {
+      if (dir.empty() && !mounts.unified.empty()) dir = mounts.unified + path, v2 = true;
+      continue;
+    }
+    std::istringstream list(controllers);
+    std::string controller;
+    while (std::getline(list, controller, ','))
+      if (controller == "cpu" && !mounts.cpu_v1.empty()) dir = mounts.cpu_v1 + path, v2 = false;
+  }
+  if (dir.empty()) return std::nullopt;
+  auto stat = read_file(dir + "/cpu.stat");
+  if (!stat) return std::nullopt;
+  CpuThrottling out;
+  std::istringstream fields(*stat);
+  std::string key;
+  uint64_t value = 0;
+  while (fields >> key >> value) {
+    if (key == "nr_periods") out.periods = value;
+    else if (key == "nr_throttled") out.throttled_periods = value;
+    else if (key == "throttled_time") out.throttled_ns = value;        // v1: ns
+    else if (key == "throttled_usec") out.throttled_ns = value * 1000;  // v2: us
+  }
+  int64_t quota = -1, period = 0;
+  if (v2) {
+    // cpu.max: "max 100000" or "15000 100000" (us)
+    if (auto max = read_file(dir + "/cpu.max")) {
+      std::istringstream words(*max);
+      std::string q;
+      words >> q >> period;
+      if (q != "max") quota = std::strtoll(q.c_str(), nullptr, 10);
+    }
+  } else {
+    if (auto q = read_file(dir + "/cpu.cfs_quota_us")) quota = std::strtoll(q->c_str(), nullptr, 10);
+    if (auto p = read_file(dir + "/cpu.cfs_period_us")) period = std::strtoll(p->c_str(), nullptr, 10);
+  }
+  if (quota > 0 && period > 0)
+    out.quota_millicpus = static_cast<uint32_t>(std::min<int64_t>(quota * 1000 / period, UINT32_MAX));
+  return out;
+}
+
 std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid,
                                              const std::string& container_state_root) {
   ProcessIdentity identity;

@@ -83,6 +83,25 @@ struct ProcessSample {
 // Reads the process's scheduling state; nullopt if it is gone.
 std::optional<ProcessSample> read_sample(const std::string& proc_root, uint32_t pid);
 
+// Where the cpu controller is mounted: cgroup v1's hierarchy with "cpu"
+// among its controllers, and the cgroup v2 (unified) mount ("" where none).
+struct CgroupMounts {
+  std::string cpu_v1, unified;
+};
+// From a mountinfo file (proc(5)); the agent's own: /proc/self/mountinfo.
+CgroupMounts read_cgroup_mounts(const std::string& mountinfo_path);
+// The CPU quota of a process's cgroup and how often it throttled the
+// cgroup (cgroup v1: cpu.cfs_quota_us, cpu.cfs_period_us, cpu.stat
+// throttled_time; v2: cpu.max, cpu.stat throttled_usec), counters
+// cumulative. nullopt: not in a cgroup of the cpu controller, or unreadable.
+struct CpuThrottling {
+  uint64_t periods = 0;            // enforcement periods that have elapsed
+  uint64_t throttled_periods = 0;  // ... in which the cgroup ran out of quota
+  uint64_t throttled_ns = 0;       // total time it was throttled
+  uint32_t quota_millicpus = 0;    // its quota in thousandths of a CPU; 0: no quota
+};
+std::optional<CpuThrottling> read_cpu_throttling(const std::string& proc_root, uint32_t pid, const CgroupMounts& mounts);
+
 // Reads a whole small file; nullopt if it cannot be opened.
 std::optional<std::string> read_file(const std::string& path);
 

@@ -35,6 +35,7 @@ Summariser::Summariser(std::string proc_root, std::string node, int64_t clock_of
                        std::string container_state_root)
     : proc_root_(std::move(proc_root)),
       container_state_root_(std::move(container_state_root)),
+      cgroup_mounts_(read_cgroup_mounts("/proc/self/mountinfo")),
       node_(std::move(node)),
       clock_offset_ns_(clock_offset_ns) {}
 
@@ -426,6 +427,12 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
     out.setCpuNs(sample->cpu_ns);
     out.setRunqueueNs(sample->runqueue_ns);
     out.setProcessCpuNs(sample->process_cpu_ns);
+    if (auto cpu = read_cpu_throttling(proc_root_, pid, cgroup_mounts_)) {
+      out.setCpuPeriods(cpu->periods);
+      out.setCpuThrottledPeriods(cpu->throttled_periods);
+      out.setCpuThrottledNs(cpu->throttled_ns);
+      out.setCpuQuotaMillicpus(cpu->quota_millicpus);
+    }
     if (host)
       if (auto counters = host(pid)) set_host(out.initHost(), *counters);
   }

@@ -98,6 +98,7 @@ class Summariser {
 
   std::string proc_root_;
   std::string container_state_root_;
+  CgroupMounts cgroup_mounts_;  // the agent's own view, where processes' cpu cgroups are read
   std::string node_;
   int64_t clock_offset_ns_;
   std::map<uint32_t, ProcessEntry> processes_;

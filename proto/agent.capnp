@@ -242,6 +242,12 @@ struct ProcessHealth {
   exitSignal @7 :Int32;     # when a signal killed it: the signal number
   host @8 :HostCounters;    # unset when the agent runs without host-context probes
   processCpuNs @9 :UInt64;  # /proc/PID/stat utime + stime: all threads, as the kernel accounts CPU time (0: unknown)
+  # Its cgroup's CPU quota and throttling (cgroup v1 cpu.stat, cpu.cfs_quota_us;
+  # v2 cpu.stat, cpu.max), cumulative; all 0 when unknown or not in a cpu cgroup.
+  cpuPeriods @10 :UInt64;          # nr_periods
+  cpuThrottledPeriods @11 :UInt64; # nr_throttled
+  cpuThrottledNs @12 :UInt64;      # throttled_time (v1), throttled_usec x 1000 (v2)
+  cpuQuotaMillicpus @13 :UInt32;   # the quota in thousandths of a CPU; 0: none
 }
 
 # NTP-style probe: t1 (agent send, agent clock); the collector answers with

@@ -28,9 +28,12 @@ rs_cli timeline --comm "${comm:0:8}" --last 1
 say "rankscope findings   (a healthy job: nothing to say)"
 rs_cli findings
 
-say "phase 2, a straggler: rank 5 shares its CPU with 12 stress-ng hogs (taskset: ranks on CPU 0, rank 5 and the hogs on CPU 1)"
-RS_CPU_OF="*:0 5:1" rs_job_start 2 8 demo-training --steps 1000000 --compute-iters 2000000 --bucket-elems 16384 --quiet
+say "phase 2, a straggler: a job of another shape (each AllReduce followed by a synchronize and a host copy); after 40 healthy steps rank 5 shares its CPU with 12 stress-ng hogs (taskset: ranks on CPU 0, rank 5 and the hogs on CPU 1)"
+RS_CPU_OF="*:0 5:1" rs_job_start 2 8 demo-training --pattern sync-each --steps 1000000 --compute-iters 2000000 --bucket-elems 16384 --quiet
 job_pids=("${rank_pids[@]}")
+# Healthy for 40 steps first: what a rank does from its first collectives
+# on is its structure (docs/detection.md), a slowdown that appears is a fault.
+rs_wait_records $((8 * 100 * 3 + 8 * 3 * 40)) 60
 taskset -c 1 stress-ng --cpu 12 --timeout 300s --quiet &
 hog=$!
 rs_pids+=("$hog")

@@ -113,9 +113,9 @@ rs_job() {
   fi
 }
 
-# rs_wait_records N: until the collector has stored at least N records.
+# rs_wait_records N [SECONDS]: until the collector has stored at least N records (10 s at most by default).
 rs_wait_records() {
-  for _ in $(seq 100); do
+  for _ in $(seq $((${2:-10} * 10))); do
     local stored
     stored=$(rs_cli status --json | grep -o '"records_stored":[0-9]*' | cut -d: -f2)
     [ "${stored:-0}" -ge "$1" ] && return 0

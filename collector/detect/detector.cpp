@@ -17,7 +17,10 @@ constexpr size_t kMaxLatenessSamples = 65536;
 // looks back settle_ns plus one evaluation), at most this many.
 constexpr size_t kProcExchanges = 1024;
 constexpr uint64_t kProcHistoryNs = 5'000'000'000ull;
-constexpr size_t kMaxSettling = 1024;       // complete instances waiting to be scored, per communicator
+// Complete instances waiting to be scored, per communicator: this many
+// bytes of them, and at least kMinSettling.
+constexpr size_t kSettlingBytes = 16u << 20;
+constexpr size_t kMinSettling = 1024;
 // The note a mismatch finding gets when the job goes on past it.
 constexpr const char* kWentOn = "Every rank went on past this collective by";
 // An agent heartbeats every second: silent for this long, its ranks are unseen.
@@ -35,7 +38,7 @@ int64_t median(std::vector<int64_t> values) {
 
 std::string percent(double share) {
   char buf[16];
-  snprintf(buf, sizeof(buf), "%.0f%%", share * 100);
+  snprintf(buf, sizeof(buf), share < 0.1 ? "%.1f%%" : "%.0f%%", share * 100);
   return buf;
 }
 
@@ -74,19 +77,34 @@ void Detector::ProcHistory::add(uint64_t arrival, uint64_t release) {
     exchanges.pop_front();
 }
 
-uint64_t Detector::ProcHistory::base_before(uint64_t t) const {
+void Detector::ProcHistory::add_issue(uint64_t issue) {
+  // Batches of different communicators interleave: keep time order.
+  auto at = issues.end();
+  while (at != issues.begin() && *(at - 1) > issue) --at;
+  issues.insert(at, issue);
+  while (issues.size() > kProcExchanges || (issues.front() + kProcHistoryNs < issues.back() && issues.size() > 1))
+    issues.pop_front();
+}
+
+std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_before(uint64_t t) const {
   // The latest release over the exchanges before t (the calls of one group,
   // a Send/Recv to each pipeline neighbour, are all waited for). If the
   // host issued t before its latest exchange completed, it ran ahead (back
   // to back buckets, asynchronous calls): nothing held it, and its lateness
-  // is carried, not its own to measure afresh: unknown (0).
+  // is carried, not its own to measure afresh.
   uint64_t base = 0, latest_arrival = 0, latest_release = 0;
   for (const auto& [arrival, release] : exchanges) {
     if (arrival >= t) continue;
     if (arrival >= latest_arrival) latest_arrival = arrival, latest_release = release;
     if (release <= t) base = std::max(base, release);
   }
-  return latest_release > t ? 0 : base;
+  // A call after the latest known exchange: an exchange whose release is not
+  // known (a Send whose Recv never arrived). The release before it would
+  // make everything since look like its own time.
+  auto later = std::lower_bound(issues.begin(), issues.end(), t);
+  if (later != issues.begin() && *(later - 1) > latest_arrival) return {Release::unknown, 0};
+  if (latest_arrival == 0 || latest_release > t || base == 0) return {Release::ahead, 0};
+  return {Release::known, base};
 }
 
 Detector::ProcHistory* Detector::proc_of(const CommState& comm, CommDetect& state, int32_t rank) {
@@ -102,7 +120,10 @@ Detector::ProcHistory* Detector::proc_of(const CommState& comm, CommDetect& stat
 
 Detector::CommDetect& Detector::state_of(const CommState& comm) {
   CommDetect& state = comms_[comm.hash];
-  if (state.ranks.size() != static_cast<size_t>(comm.nranks)) state.ranks.assign(comm.nranks, RankStats{});
+  if (!state.waits || state.waits->nranks() != comm.nranks) {
+    state.waits = std::make_unique<WaitAttribution>(comm.nranks, options_.straggler);
+    state.ranks.assign(comm.nranks, RankStats{});
+  }
   return state;
 }
 
@@ -112,6 +133,11 @@ void Detector::on_pair(const PairComplete& pair) {
   uint64_t release = std::max(pair.send_issue_ns, pair.recv_issue_ns);
   if (ProcHistory* sender = proc_of(pair.comm, state, pair.sender)) sender->add(pair.send_issue_ns, release);
   if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver)) receiver->add(pair.recv_issue_ns, release);
+}
+
+void Detector::on_issue(const CommState& comm, int32_t rank, uint64_t issue_ns) {
+  CommDetect& state = comms_[comm.hash];
+  if (ProcHistory* p = proc_of(comm, state, rank)) p->add_issue(issue_ns);
 }
 
 void Detector::on_mismatch(const CollectiveMismatch& mismatch) {
@@ -151,112 +177,69 @@ void Detector::on_mismatch(const CollectiveMismatch& mismatch) {
 void Detector::on_complete(const CollectiveComplete& done) {
   const CommState& comm = done.comm;
   CommDetect& state = state_of(comm);
-  const int32_t n = static_cast<int32_t>(std::min(done.issue.size(), state.ranks.size()));
-  std::vector<int64_t> t(done.issue.begin(), done.issue.end());
-  int32_t last = static_cast<int32_t>(std::max_element(t.begin(), t.end()) - t.begin());
-  int64_t all_median = median(t);
-  int64_t max_others = INT64_MIN;
+  const int32_t n = static_cast<int32_t>(done.issue.size());
+  if (n < 2) return;
+  int32_t last = static_cast<int32_t>(std::max_element(done.issue.begin(), done.issue.end()) - done.issue.begin());
+  // Every member was free to go on from here: the exchange's release.
   for (int32_t r = 0; r < n; ++r)
-    if (r != last) max_others = std::max(max_others, t[r]);
-  for (int32_t r = 0; r < n; ++r) {
-    int64_t reference = all_median;
-    if (n < 8) {
-      std::vector<int64_t> others;
-      for (int32_t o = 0; o < n; ++o)
-        if (o != r) others.push_back(t[o]);
-      reference = median(others);
-    }
-    RankStats& stats = state.ranks[r];
-    // Every member was free to go on from here: the exchange's release.
-    if (ProcHistory* p = proc_of(comm, state, r)) p->add(static_cast<uint64_t>(t[r]), static_cast<uint64_t>(t[last]));
-    // What-if: had this rank arrived with the others, the collective would
-    // have started when the last of them arrived. Collectives issued back to
-    // back (the buckets of one step) wait for the same late arrival: each
-    // stretch of waiting is counted once.
-    uint64_t delay = 0;
-    if (r == last && n > 1) {
-      int64_t from = std::max(max_others, stats.blamed_until);
-      delay = t[r] > from ? static_cast<uint64_t>(t[r] - from) : 0;
-      stats.blamed_until = std::max(stats.blamed_until, t[r]);
-    }
-    stats.delay_ns.push_back(delay);
-    if (stats.over > 0 || stats.open)
-      stats.gpu_ns_lost += static_cast<double>(delay) * (n - 1);
-    while (stats.delay_ns.size() > options_.straggler_window) stats.delay_ns.pop_front();
-    if (r == last && n > 1 && lateness_samples_.size() < kMaxLatenessSamples)
-      lateness_samples_.push_back(static_cast<double>(t[r] - reference) / 1e9);
+    if (ProcHistory* p = proc_of(comm, state, r)) p->add(done.issue[r], done.issue[last]);
+  // The last arrival's lateness against the median of the others, for the lateness histogram.
+  if (lateness_samples_.size() < kMaxLatenessSamples) {
+    std::vector<int64_t> others;
+    for (int32_t r = 0; r < n; ++r)
+      if (r != last) others.push_back(static_cast<int64_t>(done.issue[r]));
+    lateness_samples_.push_back(static_cast<double>(static_cast<int64_t>(done.issue[last]) - median(others)) / 1e9);
   }
-  state.completed_ns.push_back(static_cast<uint64_t>(t[last]));
-  while (state.completed_ns.size() > options_.straggler_window + 1) state.completed_ns.pop_front();
-  state.done.push_back(Completed{done.issue, static_cast<uint64_t>(t[last])});
-  while (state.done.size() > kMaxSettling) state.done.pop_front();
+  if (!state.margin) refresh_margins(comm, state);  // its first instance before its first evaluation
+  state.done.push_back(Completed{done.issue, done.issue[last], state.margin});
+  // A job completing thousands of collectives a second (FSDP's per-layer
+  // calls) fills the settling queue within settle_ns: past its budget the
+  // oldest is scored early (its exchanges have mostly arrived), not dropped.
+  const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
+  while (state.done.size() > cap) score_front(state);
 }
 
 void Detector::score(CommDetect& state, uint64_t now_ns) {
-  // A rank's own lateness is how much longer it took from the moment it was
+  while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) score_front(state);
+}
+
+void Detector::score_front(CommDetect& state) {
+  // Blame is judged on each rank's own duration: from the moment it was
   // free to go on (the release of its previous exchange: a collective or a
-  // Send/Recv pair) to this arrival than the others took from theirs. A rank
-  // that waited for someone else (a slowed pipeline partner, a slow rank of
-  // another communicator) was released late and is not to blame for it; the
-  // rank that arrived last there took long from its own release, and is.
-  // Where a member's release is unknown, plain arrival lateness is used.
-  while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) {
-    const Completed& c = state.done.front();
-    const int32_t n = static_cast<int32_t>(c.issue.size());
-    if (n != static_cast<int32_t>(state.ranks.size())) {
-      state.done.pop_front();
-      continue;
-    }
+  // Send/Recv pair) to this arrival. A rank that waited for someone else
+  // (a slowed pipeline partner, a slow rank of another communicator) was
+  // released late and is not to blame for it; the rank that arrived last
+  // there took long from its own release, and is. Where a member's release
+  // is unknown, plain arrival times are used.
+  const Completed& c = state.done.front();
+  const size_t n = c.issue.size();
+  // Without margins from when it completed, how far apart its arrivals
+  // really were is unknown: not scored.
+  if (n == state.ranks.size() && c.margin && state.margin && c.margin->size() == n && state.margin->size() == n) {
     std::vector<int64_t> v(c.issue.begin(), c.issue.end());
-    bool durations = state.procs.size() == static_cast<size_t>(n);
-    for (int32_t r = 0; r < n && durations; ++r) {
-      uint64_t base = state.procs[r] ? state.procs[r]->base_before(c.issue[r]) : 0;
-      if (base == 0) durations = false;
+    bool durations = true, unknown = state.procs.size() != n;
+    for (size_t r = 0; r < n && !unknown; ++r) {
+      if (!state.procs[r]) {
+        unknown = true;
+        break;
+      }
+      auto [release, base] = state.procs[r]->base_before(c.issue[r]);
+      if (release == ProcHistory::Release::unknown) unknown = true;
+      else if (release == ProcHistory::Release::ahead) durations = false;
       else v[r] = static_cast<int64_t>(c.issue[r] - base);
     }
-    if (!durations) v.assign(c.issue.begin(), c.issue.end());
-    int64_t all_median = median(v);
-    for (int32_t r = 0; r < n; ++r) {
-      // Against the median of the *other* ranks, so that with two ranks the
-      // late one is late by the whole gap. Past 8 ranks one rank moves the
-      // median by at most one neighbour: the plain median will do.
-      int64_t reference = all_median;
-      if (n < 8) {
-        std::vector<int64_t> others;
-        for (int32_t o = 0; o < n; ++o)
-          if (o != r) others.push_back(v[o]);
-        reference = median(others);
-      }
-      RankStats& stats = state.ranks[r];
-      int64_t own = v[r] - reference;
-      stats.lateness_ns.push_back(own);
-      stats.scored_ns.push_back(c.last_ns);
-      stats.fresh = false;
-      while (stats.lateness_ns.size() > options_.straggler_max_samples ||
-             (stats.lateness_ns.size() > options_.straggler_window &&
-              stats.scored_ns.front() + options_.straggler_window_ns < c.last_ns)) {
-        stats.lateness_ns.pop_front();
-        stats.scored_ns.pop_front();
-      }
-      if (stats.first_ns.size() < options_.baseline_samples) {
-        stats.first_ns.push_back(own);
-        if (stats.first_ns.size() == options_.baseline_samples) {
-          // Structural lateness, present since the rank was first seen (the
-          // slower last pipeline stage): the median of its first instances,
-          // taken toward zero by three standard errors so that noise is
-          // never learnt as structure.
-          int64_t m = median(stats.first_ns);
-          std::vector<int64_t> dev;
-          for (int64_t x : stats.first_ns) dev.push_back(std::llabs(x - m));
-          double sigma = 1.4826 * static_cast<double>(median(dev));
-          stats.baseline_se_ns = 1.2533 * sigma / std::sqrt(static_cast<double>(stats.first_ns.size()));
-          double shrunk = std::max(0.0, static_cast<double>(m) - 3 * stats.baseline_se_ns);
-          stats.baseline_ns = static_cast<int64_t>(shrunk);
-        }
-      }
+    // A member whose last exchange is not known: its own time cannot be
+    // told from time it spent waiting for that exchange. Not scored.
+    if (unknown) {
+      state.done.pop_front();
+      return;
     }
-    state.done.pop_front();
+    if (!durations) v.assign(c.issue.begin(), c.issue.end());
+    state.scratch.resize(n);
+    for (size_t r = 0; r < n; ++r) state.scratch[r] = std::max((*c.margin)[r], (*state.margin)[r]);
+    state.waits->add(v, c.issue, state.scratch, c.last_ns);
   }
+  state.done.pop_front();
 }
 
 std::vector<double> Detector::take_lateness_samples() {
@@ -427,6 +410,7 @@ void Detector::evaluate(uint64_t now_ns) {
     CommDetect& state = state_of(comm);
     auto open = open_by_comm.find(hash);
     evaluate_hang(comm, state, now_ns, open == open_by_comm.end() ? kNone : open->second);
+    refresh_margins(comm, state);
     score(state, now_ns);
     auto stragglers = open_stragglers.find(hash);
     evaluate_stragglers(comm, state, now_ns, stragglers == open_stragglers.end() ? nullptr : &stragglers->second);
@@ -570,135 +554,96 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   book_.raise(std::move(f), now_ns);
 }
 
-void Detector::refresh_statistics(RankStats& stats) const {
-  // Lateness over the rank's own baseline (its structural lateness since it
-  // was first seen), with the standard error of its median (robust: 1.4826
-  // x MAD for sigma).
-  bool learnt = stats.first_ns.size() >= options_.baseline_samples;
-  stats.sorted_ns.assign(stats.lateness_ns.begin(), stats.lateness_ns.end());
-  for (int64_t& l : stats.sorted_ns) l -= learnt ? stats.baseline_ns : 0;
-  std::sort(stats.sorted_ns.begin(), stats.sorted_ns.end());
-  stats.median_ns = median(stats.sorted_ns);
-  std::vector<int64_t> dev;
-  dev.reserve(stats.sorted_ns.size());
-  for (int64_t x : stats.sorted_ns) dev.push_back(std::llabs(x - stats.median_ns));
-  double sigma = 1.4826 * static_cast<double>(median(dev));
-  double se = 1.2533 * sigma / std::sqrt(static_cast<double>(stats.sorted_ns.size()));
-  // A baseline learnt as zero (no structure: most ranks) adds no error of its own.
-  double se_b = learnt && stats.baseline_ns > 0 ? stats.baseline_se_ns : 0.0;
-  stats.se_ns = std::sqrt(se * se + se_b * se_b);
-  stats.fresh = true;
+void Detector::refresh_margins(const CommState& comm, CommDetect& state) const {
+  // A rank is compared with the others: its clock's error and the largest
+  // of theirs add up. The largest among the others is the largest overall,
+  // or the second largest for the rank that holds the largest: O(n).
+  const int32_t n = comm.nranks;
+  std::vector<uint64_t> u(n, UINT64_MAX / 4);
+  for (const auto& [rank, m] : comm.members)
+    if (rank >= 0 && rank < n) u[rank] = clock_uncertainty(m.node);
+  int32_t top = 0;
+  for (int32_t r = 1; r < n; ++r)
+    if (u[r] > u[top]) top = r;
+  uint64_t second = 0;
+  for (int32_t r = 0; r < n; ++r)
+    if (r != top) second = std::max(second, u[r]);
+  auto margin = std::make_shared<std::vector<uint64_t>>(n);
+  for (int32_t r = 0; r < n; ++r) (*margin)[r] = std::min(UINT64_MAX / 2, u[r] + (r == top ? second : u[top]));
+  state.margin = std::move(margin);
 }
 
 void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
                                    const std::set<int32_t>* open_ranks) {
   const int32_t n = comm.nranks;
-  if (n < 2 || state.completed_ns.size() < 2) return;
-  double period = static_cast<double>(state.completed_ns.back() - state.completed_ns.front()) /
-                  static_cast<double>(state.completed_ns.size() - 1);
-  double window = static_cast<double>(state.completed_ns.back() - state.completed_ns.front());
-  // The two largest clock uncertainties among the members' nodes: a rank is
-  // compared with the others, so both clocks' errors add up. Looked up only
-  // when some rank is near its threshold.
-  std::vector<uint64_t> uncertainty;
-  int32_t top = 0;
-  uint64_t second = 0;
-  auto uncertainties = [&] {
-    uncertainty.assign(n, 0);
-    for (const auto& [rank, m] : comm.members)
-      if (rank >= 0 && rank < n) uncertainty[rank] = clock_uncertainty(m.node);
-    // The largest uncertainty among the others is the largest overall, or the
-    // second largest for the rank that holds the largest: O(n), not O(n^2).
-    for (int32_t r = 1; r < n; ++r)
-      if (uncertainty[r] > uncertainty[top]) top = r;
-    for (int32_t r = 0; r < n; ++r)
-      if (r != top) second = std::max(second, uncertainty[r]);
-  };
+  if (n < 2) return;
+  std::vector<Standing> standings = state.waits->standings();
   for (int32_t r = 0; r < n; ++r) {
     RankStats& stats = state.ranks[r];
+    const Standing& st = standings[r];
     bool is_open = open_ranks && open_ranks->count(r) > 0;
     stats.open = is_open;
-    if (stats.lateness_ns.size() < options_.straggler_min_samples) continue;
-    if (!stats.fresh) refresh_statistics(stats);
-    // The threshold: the median must exceed lateness_z standard errors, the
-    // floor, and the clocks' uncertainty. Under it without the clocks, a
-    // rank with no open finding is plainly not late: nothing more to do.
-    double floor = std::max({static_cast<double>(options_.min_lateness_ns), options_.relative_lateness * period,
-                             options_.lateness_z * stats.se_ns});
-    int64_t lateness = stats.median_ns;
-    if (!is_open && static_cast<double>(lateness) <= floor) {
-      stats.over = 0;
-      stats.gpu_ns_lost = 0;
-      continue;
-    }
-    if (uncertainty.empty()) uncertainties();
+    state.waits->set_open(r, is_open);
+    stats.under = st.under ? stats.under + 1 : 0;
     Finding key_probe = straggler_of(comm.hash, r);
-    std::string key = key_probe.key();
-    const Finding* open = is_open ? book_.open_finding(key) : nullptr;
-    uint64_t others_unc = r == top ? second : uncertainty[top];
-    bool learnt = stats.first_ns.size() >= options_.baseline_samples;
-    const std::vector<int64_t>& excess = stats.sorted_ns;
-    double threshold = floor + static_cast<double>(uncertainty[r]) + static_cast<double>(others_unc);
-    size_t late = static_cast<size_t>(
-        excess.end() - std::upper_bound(excess.begin(), excess.end(), threshold / 2,
-                                        [](double t, int64_t l) { return t < static_cast<double>(l); }));
-    bool over = static_cast<double>(lateness) > threshold && late * 4 >= excess.size() * 3;
-    bool under = static_cast<double>(lateness) < threshold / 2;
-    stats.over = over ? stats.over + 1 : 0;
-    stats.under = under ? stats.under + 1 : 0;
-    if (!over && !stats.over) {
-      if (!open) stats.gpu_ns_lost = 0;
-    }
-    if (open && stats.under >= options_.close_after) {
-      book_.resolve(key, now_ns);
+    if (is_open && stats.under >= options_.close_after) {
+      book_.resolve(key_probe.key(), now_ns);
       stats.open = false;
-      stats.gpu_ns_lost = 0;
+      state.waits->set_open(r, false);
       continue;
     }
-    if (!open && stats.over < options_.open_after) continue;
-    double delay_in_window = 0;
-    for (uint64_t d : stats.delay_ns) delay_in_window += static_cast<double>(d);
-    // Opening: the waste already seen in the evidence window counts.
-    if (!open) stats.gpu_ns_lost = std::max(stats.gpu_ns_lost, delay_in_window * (n - 1));
-    if (open && !over) continue;  // between the thresholds: keep it open as it is
+    if (!st.over) continue;
     // Figures are refreshed every 10 s; an explanation that became available
     // is added at once. The host context is worked out only then (not for
-    // every rank over the threshold at every evaluation: at 8,192 ranks
-    // that kept the collector from keeping up).
+    // every rank over at every evaluation: at 8,192 ranks that kept the
+    // collector from keeping up).
+    std::string key = key_probe.key();
+    const Finding* open = is_open ? book_.open_finding(key) : nullptr;
     bool refresh = !open || now_ns - open->updated_ns >= kStragglerUpdateNs;
     bool unexplained = open && open->detail.find("\nWhy: ") == std::string::npos;
     if (!refresh && !unexplained) continue;
     std::string context = host_context(comm, r);
     if (!refresh && context.empty()) continue;
 
-    double delay = delay_in_window;
     Finding f = key_probe;
     f.job = comm.job;
     f.seq = -1;
-    f.lateness_s = static_cast<double>(lateness) / 1e9;
-    f.wait_share = window > 0 ? std::min(1.0, delay / window) : 0;
-    f.gpu_hours_lost = stats.gpu_ns_lost / 1e9 / 3600.0;
+    double lateness = st.lateness_ns;
+    f.lateness_s = lateness / 1e9;
+    f.wait_share = std::min(1.0, st.share);
+    // Opening: the waste already seen in the evidence counts.
+    f.gpu_hours_lost = std::max(st.gpu_ns, static_cast<double>(st.owed_ns) * (n - 1)) / 1e9 / 3600.0;
     auto m = comm.members.find(r);
     std::string where = m == comm.members.end() ? "" : " on " + m->second.node + " (pid " + std::to_string(m->second.pid) + ")";
     if (m != comm.members.end()) f.nodes.push_back(m->second.node);
-    char figures[256];
-    snprintf(figures, sizeof(figures), "arrives %s late at each collective (median of the last %zu); the other %d ranks "
-             "spent %s of the time waiting for it",
-             format_duration_ns(lateness).c_str(), stats.lateness_ns.size(), n - 1, percent(f.wait_share).c_str());
+    char figures[320];
+    snprintf(figures, sizeof(figures),
+             "held up %u of the last %zu collectives, %s late when it did; the other %d ranks spent %s of the time "
+             "waiting for it",
+             st.held, st.instances, format_duration_ns(static_cast<int64_t>(lateness)).c_str(), n - 1,
+             percent(f.wait_share).c_str());
     f.summary = "straggler in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank " + std::to_string(r) +
                 where + " " + figures;
     char cost[160];
     snprintf(cost, sizeof(cost), "GPU-hours lost waiting for it so far: %.4f (%d GPUs idle while it was late)",
              f.gpu_hours_lost, n - 1);
-    f.detail = f.summary + ".\n" + cost + ".\nThreshold: " + format_duration_ns(static_cast<int64_t>(threshold)) +
-               " (including clock uncertainty " + format_duration_ns(static_cast<int64_t>(uncertainty[r] + others_unc)) +
-               "); lateness is its own: time from when it was free to go on (the end of its previous exchange) "
-               "against the others', over its structural lateness of " +
-               format_duration_ns(learnt ? stats.baseline_ns : 0) + " (learnt from its first " +
-               std::to_string(options_.baseline_samples) + " collectives).";
+    char why[480];
+    snprintf(why, sizeof(why),
+             "Waiting owed to it: %s of the job's time over the last %s (a typical rank: %s; its own structural share: "
+             "%s), against an allowance of %s; evidence %s beyond the allowance (a finding opens at %s). Its lateness "
+             "is its own (time from when it was free to go on, the end of its previous exchange, against the others'), "
+             "less the clocks' uncertainty of %s.",
+             percent(st.share).c_str(), format_duration_ns(static_cast<int64_t>(st.window_ns)).c_str(),
+             percent(st.typical).c_str(), percent(st.baseline).c_str(), percent(st.allowance).c_str(),
+             format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
+             format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)).c_str(),
+             format_duration_ns(static_cast<int64_t>(state.margin ? (*state.margin)[r] : 0))
+                 .c_str());
+    f.detail = f.summary + ".\n" + cost + ".\n" + why;
     if (!context.empty()) f.detail += "\nWhy: " + context + ".";
     book_.raise(std::move(f), now_ns);
     stats.open = true;
+    state.waits->set_open(r, true);
   }
 }
 

@@ -6,19 +6,22 @@
 //              not, for longer than the hang timeout; or all reached it and
 //              none progresses
 //   mismatch   ranks issued different collectives at the same sequence number
-//   straggler  a rank persistently arrives late at its communicator's
-//              collectives, by more than the clock uncertainty
+//   straggler  a rank is owed a persistent, outsized share of the time its
+//              communicator's other ranks spend waiting (beyond the clocks'
+//              uncertainty)
 //   node_lost  an agent with live communicators stopped talking
 // Methods, parameters and limits: docs/detection.md.
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "collector/detect/attribution.h"
 #include "collector/detect/findings.h"
 #include "collector/match/matcher.h"
 #include "collector/ingest.h"
@@ -28,25 +31,12 @@ namespace rankscope::collector {
 struct DetectOptions {
   uint64_t hang_timeout_ns = 30'000'000'000ull;
   uint64_t node_lost_timeout_ns = 15'000'000'000ull;
-  uint64_t min_lateness_ns = 2'000'000;   // never call a rank late by less than this
-  double relative_lateness = 0;           // ... nor by less than this share of the collective period
-  double lateness_z = 6;                  // ... nor by less than this many standard errors of its median
-  // The lateness statistics use the instances scored in the last
-  // straggler_window_ns, at least straggler_window of them, at most
-  // straggler_max_samples (memory: 16 bytes a sample and rank). A window of
-  // time, not of a count: a job that completes hundreds of collectives
-  // between two evaluations is judged on all of its recent ones (up to the
-  // cap), not on the last 32 of them, which made every evaluation an
-  // independent small sample and the hysteresis a coin toss.
-  size_t straggler_window = 32;           // complete instances: the least the statistics use
-  uint64_t straggler_window_ns = 5'000'000'000ull;
-  size_t straggler_max_samples = 128;
-  size_t straggler_min_samples = 16;
-  size_t baseline_samples = 12;           // a rank's first instances: its structural lateness (baseline)
+  // Stragglers: waiting attributed to the ranks that caused it, judged
+  // over a window of time (collector/detect/attribution.h).
+  AttributionOptions straggler;
   uint64_t settle_ns = 500'000'000;       // a completed collective is scored this long after its last
                                           // arrival, when the exchanges before it have arrived too
-  int open_after = 3;                     // consecutive evaluations over the threshold to open
-  int close_after = 5;                    // ... under half of it to resolve
+  int close_after = 5;                    // consecutive evaluations within the allowance to resolve
   uint64_t context_window_ns = 10'000'000'000ull;  // host context looked at for explanations
 };
 
@@ -60,6 +50,7 @@ class Detector final : public MatchListener {
   void on_complete(const CollectiveComplete& done) override;
   void on_mismatch(const CollectiveMismatch& mismatch) override;
   void on_pair(const PairComplete& pair) override;
+  void on_issue(const CommState& comm, int32_t rank, uint64_t issue_ns) override;
   // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
   // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
@@ -67,44 +58,40 @@ class Detector final : public MatchListener {
 
  private:
   struct RankStats {
-    std::deque<int64_t> lateness_ns;  // per complete instance: own lateness (below), against the median of the others
-    std::deque<uint64_t> scored_ns;   // ... and when that instance completed (cluster clock)
-    std::vector<int64_t> first_ns;    // the first baseline_samples own lateness values
-    int64_t baseline_ns = 0;          // structural lateness learnt from them (0 until learnt)
-    double baseline_se_ns = 0;        // its standard error
-    std::deque<uint64_t> delay_ns;    // how much later the instance completed because of this rank
-    int over = 0, under = 0;          // hysteresis counters
+    int under = 0;                    // consecutive evaluations within its allowance
     bool open = false;                // a straggler finding is open for it (as of the last evaluation)
-    // Statistics of the window, worked out again only after a new value
-    // (an evaluation without one reads them: at 8,192 ranks, two medians
-    // per rank and evaluation were most of the collector's time).
-    bool fresh = false;
-    int64_t median_ns = 0;            // median lateness over the baseline
-    double se_ns = 0;                 // its standard error (baseline's included)
-    std::vector<int64_t> sorted_ns;   // the window's lateness over the baseline, sorted
-    double gpu_ns_lost = 0;           // since its straggler finding opened
-    int64_t blamed_until = 0;         // delays are counted once: back-to-back collectives overlap
   };
   // When a process's host was last free to go on: per exchange it took part
   // in (a collective instance, a matched Send/Recv pair), its own arrival and
   // the exchange's release (the last arrival).
   struct ProcHistory {
     std::deque<std::pair<uint64_t, uint64_t>> exchanges;  // (arrival, release), cluster clock
+    std::deque<uint64_t> issues;  // its calls of exchanges, complete or not, in time order
     void add(uint64_t arrival, uint64_t release);
-    // The latest point before `t` at which the process was free to go on:
-    // the latest release of an exchange it entered before `t`. 0: unknown,
-    // or it issued `t` before its latest exchange completed (the host ran
-    // ahead, so plain arrival lateness applies).
-    uint64_t base_before(uint64_t t) const;
+    void add_issue(uint64_t issue);
+    // When the process was last free to go on before `t`: the latest release
+    // of an exchange it entered before `t` (known); it issued `t` before its
+    // latest exchange completed (ahead: the host ran ahead, so plain arrival
+    // lateness applies); or its latest call before `t` belongs to an
+    // exchange not complete (its partner's records are missing or late): unknown.
+    enum class Release { known, ahead, unknown };
+    std::pair<Release, uint64_t> base_before(uint64_t t) const;
   };
   struct Completed {
     std::vector<uint64_t> issue;  // by rank
     uint64_t last_ns = 0;         // the last arrival
+    std::shared_ptr<const std::vector<uint64_t>> margin;  // the margins when it completed (null: none yet)
   };
   struct CommDetect {
     std::deque<Completed> done;              // complete, not yet scored (settling)
     std::vector<ProcHistory*> procs;         // by rank; null: member not known yet
-    std::deque<uint64_t> completed_ns;       // completion (last arrival) times, for the period
+    std::unique_ptr<WaitAttribution> waits;  // sized for the communicator
+    // By rank: the clocks' uncertainty against the others, as of the last
+    // evaluation. Records are put on the cluster clock as they arrive, with
+    // the clocks as then known: an instance keeps the margins of when it
+    // completed (a node's first seconds, before its probes, are 1 s uncertain).
+    std::shared_ptr<const std::vector<uint64_t>> margin;
+    std::vector<uint64_t> scratch;            // the margins an instance is scored with
     std::vector<RankStats> ranks;
     std::set<std::string> all_inside;        // keys of open hangs where every rank is inside
     std::map<std::string, std::string> told;  // open hang key -> the culprits' process states it told
@@ -115,6 +102,7 @@ class Detector final : public MatchListener {
   ProcHistory* proc_of(const CommState& comm, CommDetect& state, int32_t rank);
   // Own lateness of each settled complete instance into the ranks' windows.
   void score(CommDetect& state, uint64_t now_ns);
+  void score_front(CommDetect& state);
   // Nodes silent for long enough that their ranks are unseen, not hung.
   bool unseen(const std::string& node) const { return silent_.count(node) > 0; }
   // Whether a hang naming `ranks` is explained by lost nodes (then noted for their finding).
@@ -123,7 +111,8 @@ class Detector final : public MatchListener {
                      const std::vector<const Finding*>& open_of_comm);
   void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
                            const std::set<int32_t>* open_ranks);
-  void refresh_statistics(RankStats& stats) const;
+  // Each rank's clock margin (its uncertainty plus the others' largest), for this evaluation.
+  void refresh_margins(const CommState& comm, CommDetect& state) const;
   const NodeState* node_named(const std::string& name) const;
   void evaluate_nodes(uint64_t now_ns);
   void resolve_comm(uint64_t comm, uint64_t now_ns);

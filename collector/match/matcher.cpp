@@ -35,10 +35,13 @@ void CollectiveMatcher::on_record(const CommState& comm, int32_t rank, uint32_t 
   // all; every index is checked against it anyway.
   if (comm.nranks <= 0 || rank < 0 || rank >= comm.nranks) return;
   if (lane != 0) {
-    if (record.op == RS_OP_SEND || record.op == RS_OP_RECV) on_p2p(comm, comms_[comm.hash], rank, lane, record);
+    if (record.op != RS_OP_SEND && record.op != RS_OP_RECV) return;
+    for (MatchListener* listener : listeners_) listener->on_issue(comm, rank, record.issue_ns);
+    on_p2p(comm, comms_[comm.hash], rank, lane, record);
     return;
   }
   if (!proto::op_is_collective(record.op)) return;
+  for (MatchListener* listener : listeners_) listener->on_issue(comm, rank, record.issue_ns);
   on_collective(comm, comms_[comm.hash], rank, record);
 }
 

@@ -78,6 +78,9 @@ class MatchListener {
   virtual void on_complete(const CollectiveComplete& done) {}
   virtual void on_mismatch(const CollectiveMismatch& mismatch) {}
   virtual void on_pair(const PairComplete& pair) {}
+  // A rank issued a call of an exchange (a collective or either half of a
+  // Send/Recv pair) of a communicator the matcher matches; cluster clock.
+  virtual void on_issue(const CommState& comm, int32_t rank, uint64_t issue_ns) {}
 };
 
 class CollectiveMatcher final : public RecordObserver {

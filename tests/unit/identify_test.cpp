@@ -255,3 +255,58 @@ TEST(PodNames, JsonStringValuesTakesOnlyStringsAndStopsAtBrokenText) {
 
 }  // namespace
 }  // namespace rankscope::agent
+
+namespace rankscope::agent {
+namespace {
+
+// mountinfo lines as the kernel writes them (proc(5)).
+TEST(CpuThrottling, CgroupV1QuotaAndThrottlingFromTheCpuHierarchy) {
+  testing::TempDir root;
+  std::string cpu = root.file("sys/fs/cgroup/cpu,cpuacct");
+  write(root.file("mountinfo"),
+        "30 25 0:26 / " + root.file("sys/fs/cgroup/unified") + " rw,nosuid shared:5 - cgroup2 cgroup2 rw\n"
+        "36 25 0:31 / " + cpu + " rw,nosuid shared:14 - cgroup cgroup rw,cpu,cpuacct\n"
+        "37 25 0:32 / " + root.file("sys/fs/cgroup/memory") + " rw shared:15 - cgroup cgroup rw,memory\n");
+  CgroupMounts mounts = read_cgroup_mounts(root.file("mountinfo"));
+  EXPECT_EQ(mounts.cpu_v1, cpu);
+  EXPECT_EQ(mounts.unified, root.file("sys/fs/cgroup/unified"));
+  write(root.file("proc/41/cgroup"), "5:memory:/slurm/job_7\n4:cpu,cpuacct:/slurm/job_7/step_0\n0::/\n");
+  write(cpu + "/slurm/job_7/step_0/cpu.stat", "nr_periods 1200\nnr_throttled 1000\nthrottled_time 85123456789\n");
+  write(cpu + "/slurm/job_7/step_0/cpu.cfs_quota_us", "15000\n");
+  write(cpu + "/slurm/job_7/step_0/cpu.cfs_period_us", "100000\n");
+  auto t = read_cpu_throttling(root.file("proc"), 41, mounts);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->periods, 1200u);
+  EXPECT_EQ(t->throttled_periods, 1000u);
+  EXPECT_EQ(t->throttled_ns, 85123456789u);
+  EXPECT_EQ(t->quota_millicpus, 150u);
+}
+
+TEST(CpuThrottling, CgroupV2CpuMaxAndMicrosecondsNoQuotaAndNoCgroup) {
+  testing::TempDir root;
+  std::string unified = root.file("sys/fs/cgroup");
+  write(root.file("mountinfo"), "25 1 0:26 / " + unified + " rw,nosuid shared:5 - cgroup2 cgroup2 rw,nsdelegate\n");
+  CgroupMounts mounts = read_cgroup_mounts(root.file("mountinfo"));
+  EXPECT_EQ(mounts.cpu_v1, "");
+  EXPECT_EQ(mounts.unified, unified);
+  write(root.file("proc/42/cgroup"), "0::/kubepods.slice/pod-a/cri-containerd-1.scope\n");
+  std::string dir = unified + "/kubepods.slice/pod-a/cri-containerd-1.scope";
+  write(dir + "/cpu.stat", "usage_usec 9\nuser_usec 5\nsystem_usec 4\nnr_periods 50\nnr_throttled 20\nthrottled_usec 1500\n");
+  write(dir + "/cpu.max", "250000 100000\n");
+  auto t = read_cpu_throttling(root.file("proc"), 42, mounts);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->periods, 50u);
+  EXPECT_EQ(t->throttled_periods, 20u);
+  EXPECT_EQ(t->throttled_ns, 1'500'000u);
+  EXPECT_EQ(t->quota_millicpus, 2500u);
+  // No quota: "max".
+  write(dir + "/cpu.max", "max 100000\n");
+  EXPECT_EQ(read_cpu_throttling(root.file("proc"), 42, mounts)->quota_millicpus, 0u);
+  // A process gone, or a cgroup without cpu.stat: nothing, no error.
+  EXPECT_FALSE(read_cpu_throttling(root.file("proc"), 43, mounts));
+  write(root.file("proc/44/cgroup"), "0::/elsewhere\n");
+  EXPECT_FALSE(read_cpu_throttling(root.file("proc"), 44, mounts));
+}
+
+}  // namespace
+}  // namespace rankscope::agent

@@ -1,0 +1,199 @@
+#include "collector/detect/attribution.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace rankscope::collector {
+
+namespace {
+// Evidence is capped at this many times the opening level, so that a rank
+// that recovers after a long slowdown does not carry it for minutes.
+constexpr double kEvidenceCap = 4;
+}  // namespace
+
+WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
+    : nranks_(nranks), options_(options), bucket_ns_(std::max<uint64_t>(1, options.window_ns / 5)) {
+  wall_.assign(buckets_, 0);
+  count_.assign(buckets_, 0);
+  ranks_.resize(static_cast<size_t>(std::max(0, nranks)));
+  for (Rank& r : ranks_) {
+    r.owed.assign(buckets_, 0);
+    r.held.assign(buckets_, 0);
+    r.late.assign(buckets_, 0);
+  }
+}
+
+uint64_t WaitAttribution::window_wall() const { return std::accumulate(wall_.begin(), wall_.end(), uint64_t{0}); }
+
+size_t WaitAttribution::window_instances() const {
+  return std::accumulate(count_.begin(), count_.end(), size_t{0});
+}
+
+std::vector<double> WaitAttribution::shares() const {
+  double wall = static_cast<double>(window_wall());
+  std::vector<double> out(ranks_.size(), 0.0);
+  if (wall <= 0) return out;
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    out[r] = static_cast<double>(std::accumulate(ranks_[r].owed.begin(), ranks_[r].owed.end(), uint64_t{0})) / wall;
+  return out;
+}
+
+double WaitAttribution::typical(const std::vector<double>& shares, const std::vector<double>& sorted, int32_t r) {
+  auto median = [](const std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    size_t mid = v.size() / 2;
+    return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
+  };
+  // Past 8 ranks one rank moves the median of all by at most a neighbour.
+  if (shares.size() >= 8) return median(sorted);
+  std::vector<double> others;
+  for (size_t o = 0; o < shares.size(); ++o)
+    if (static_cast<int32_t>(o) != r) others.push_back(shares[o]);
+  std::sort(others.begin(), others.end());
+  return median(others);
+}
+
+void WaitAttribution::learn(const std::vector<double>& share) {
+  // Each rank's structure: the least share of a full window seen (it only falls).
+  const double wall = static_cast<double>(window_wall());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = ranks_[r];
+    double late = wall > 0 ? std::accumulate(rank.late.begin(), rank.late.end(), 0.0) / wall : 0;
+    rank.baseline = rank.learnt ? std::min(rank.baseline, share[r]) : share[r];
+    rank.late_baseline = rank.learnt ? std::min(rank.late_baseline, late) : late;
+    rank.learnt = true;
+  }
+}
+
+void WaitAttribution::close_bucket() {
+  // The bucket just filled is evidence; the window as it stands teaches
+  // each rank's structure.
+  const size_t s = slot(current_);
+  std::vector<double> share = shares();
+  std::vector<double> sorted = share;
+  std::sort(sorted.begin(), sorted.end());
+  const double cap = kEvidenceCap * static_cast<double>(options_.evidence_ns);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = ranks_[r];
+    if (!rank.learnt) continue;
+    double allowance = options_.allowance + std::max(rank.baseline, typical(share, sorted, static_cast<int32_t>(r)));
+    double x = static_cast<double>(rank.owed[s]) - allowance * static_cast<double>(wall_[s]);
+    rank.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
+    if (rank.evidence_ns == 0 && !rank.open) rank.gpu_ns = 0;
+  }
+  if (window_instances() >= options_.baseline_instances) learn(share);
+}
+
+void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
+                          const std::vector<uint64_t>& margin, uint64_t completion_ns) {
+  const size_t n = ranks_.size();
+  if (value.size() != n || arrival.size() != n || margin.size() != n || n < 2) return;
+  int64_t bucket = static_cast<int64_t>(completion_ns / bucket_ns_);
+  if (current_ < 0) {
+    current_ = bucket;
+  } else if (bucket > current_) {
+    close_bucket();
+    // The buckets between (no instance completed in them) are empty.
+    int64_t skipped = std::min<int64_t>(bucket - current_, static_cast<int64_t>(buckets_));
+    for (int64_t b = 1; b <= skipped; ++b) {
+      size_t s = slot(bucket - b + 1);
+      wall_[s] = 0;
+      count_[s] = 0;
+      for (Rank& r : ranks_) r.owed[s] = 0, r.held[s] = 0, r.late[s] = 0;
+    }
+    current_ = bucket;
+  }
+  const size_t s = slot(current_);
+  // Wall time: from the previous completion, at most a bucket (a job that
+  // pauses for a checkpoint is not waiting for anyone meanwhile).
+  if (last_completion_ > 0 && completion_ns > last_completion_)
+    wall_[s] += std::min(completion_ns - last_completion_, bucket_ns_);
+  last_completion_ = std::max(last_completion_, completion_ns);
+  count_[s] += 1;
+
+  order_.resize(n);
+  std::iota(order_.begin(), order_.end(), 0);
+  std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) { return value[a] < value[b]; });
+  // Between the arrivals at positions j-1 and j, j ranks wait, owed in
+  // equal parts to the n - j ranks not there yet (`fair`, per waiting rank:
+  // the job's time it cost); each of them kept the waiting ranks there for
+  // the whole stretch (`held`: its lateness as measured).
+  double held = 0, fair = 0;
+  for (size_t j = 1; j < n; ++j) {
+    int32_t r = order_[j];
+    double stretch = static_cast<double>(value[r] - value[order_[j - 1]]);
+    held += static_cast<double>(j) * stretch / static_cast<double>(n - 1);
+    fair += static_cast<double>(j) * stretch / static_cast<double>(n - j) / static_cast<double>(n - 1);
+    // Never late by less than min_lateness_ns, nor by less than the clocks
+    // can tell apart; what is owed is what lies beyond the clocks' margin.
+    if (fair < static_cast<double>(std::max(options_.min_lateness_ns, margin[r])) || fair <= 0) continue;
+    double owed = fair - static_cast<double>(margin[r]);
+    if (owed <= 0) continue;
+    Rank& rank = ranks_[r];
+    int64_t t = static_cast<int64_t>(arrival[r]);
+    int64_t from = std::max(t - static_cast<int64_t>(owed), rank.blamed_until);
+    rank.blamed_until = std::max(rank.blamed_until, t);
+    if (t <= from) continue;
+    uint64_t counted = static_cast<uint64_t>(t - from);
+    rank.owed[s] += counted;
+    // Held up at this one: new waiting, not the tail of a stretch counted at the previous one.
+    if (counted >= options_.min_lateness_ns) {
+      rank.held[s] += 1;
+      rank.late[s] += held;  // its lateness there, as measured (the margin only guards the decision)
+    }
+    if (rank.open || rank.evidence_ns > 0) rank.gpu_ns += static_cast<double>(counted) * static_cast<double>(n - 1);
+  }
+  // A communicator's first full window is learnt as soon as it is full, not
+  // at the end of its bucket: a slowdown that appears a second into a job
+  // is not structure.
+  if (!ranks_.empty() && !ranks_[0].learnt && window_instances() >= options_.baseline_instances) learn(shares());
+}
+
+std::vector<Standing> WaitAttribution::standings() const {
+  std::vector<double> share = shares();
+  std::vector<double> sorted = share;
+  std::sort(sorted.begin(), sorted.end());
+  const uint64_t wall = window_wall();
+  const size_t instances = window_instances();
+  const double cap = kEvidenceCap * static_cast<double>(options_.evidence_ns);
+  std::vector<Standing> out(ranks_.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const Rank& rank = ranks_[r];
+    Standing& st = out[r];
+    st.share = share[r];
+    st.typical = typical(share, sorted, static_cast<int32_t>(r));
+    st.baseline = rank.learnt ? rank.baseline : 0;
+    st.learnt = rank.learnt;
+    st.allowance = options_.allowance + std::max(st.baseline, st.typical);
+    st.owed_ns = std::accumulate(rank.owed.begin(), rank.owed.end(), uint64_t{0});
+    st.held = std::accumulate(rank.held.begin(), rank.held.end(), uint32_t{0});
+    // Per collective it held up, less its structure over the window.
+    double late = std::accumulate(rank.late.begin(), rank.late.end(), 0.0);
+    if (st.held > 0)
+      st.lateness_ns =
+          std::max(0.0, (late - (rank.learnt ? rank.late_baseline : 0) * static_cast<double>(wall)) /
+                            static_cast<double>(st.held));
+    st.instances = instances;
+    st.window_ns = wall;
+    st.gpu_ns = rank.gpu_ns;
+    // The bucket being filled counts as evidence provisionally.
+    if (current_ >= 0 && rank.learnt) {
+      size_t s = slot(current_);
+      double x = static_cast<double>(rank.owed[s]) - st.allowance * static_cast<double>(wall_[s]);
+      st.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
+    }
+    st.under = st.share <= st.allowance;
+    st.over = st.learnt && instances >= options_.min_instances &&
+              st.evidence_ns >= static_cast<double>(options_.evidence_ns) && !st.under &&
+              st.share >= options_.outsized * st.typical;
+  }
+  return out;
+}
+
+void WaitAttribution::set_open(int32_t rank, bool open) {
+  if (rank < 0 || static_cast<size_t>(rank) >= ranks_.size()) return;
+  ranks_[rank].open = open;
+  if (!open && ranks_[rank].evidence_ns == 0) ranks_[rank].gpu_ns = 0;
+}
+
+}  // namespace rankscope::collector

@@ -1,0 +1,112 @@
+#pragma once
+// Waiting attributed to the ranks that caused it, per communicator: the
+// straggler detector's evidence, and the source of a straggler finding's
+// lateness, wait share and GPU-hours (so that cost and detection agree).
+//
+// At each complete exchange every member waits from its own arrival to the
+// last one. Between two consecutive arrivals the ranks already there wait,
+// and that waiting is owed in equal parts to the ranks not there yet. A rank
+// that arrives last alone by g is owed about g (normalised per waiting
+// rank: the job's time it cost); two ranks late together share it. Less
+// each rank's clock margin (its clock's uncertainty and the others' largest),
+// and counted once over back-to-back exchanges that wait for the same
+// stretch (buckets issued before the previous one completed).
+//
+// A rank's share is what it was owed over the window divided by the
+// window's wall time: the share of the job's time the others spent waiting
+// for it. It is a straggler when, with its structure learnt,
+//   - a CUSUM of (owed - allowance x wall time) over closed buckets of the
+//     window reaches `evidence_ns`: persistent, not one pause; the allowance
+//     is `allowance` over the larger of its structural share and a typical
+//     rank's share;
+//   - its share in the window is over its allowance and `outsized` times a
+//     typical rank's (the median share of the others): it is this rank, not
+//     the noise every rank of the job has.
+// Methods and defaults: docs/detection.md, Straggler.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace rankscope::collector {
+
+struct AttributionOptions {
+  uint64_t window_ns = 5'000'000'000ull;  // shares are judged over about this much time (5 buckets)
+  uint64_t min_lateness_ns = 2'000'000;   // late by less than this at one exchange is scheduling noise: not counted
+  size_t min_instances = 16;              // ... and only with this many instances in it
+  size_t baseline_instances = 12;         // a window this full teaches the structural share
+  double allowance = 0.02;                // share a rank may be owed over its structure or the typical rank's
+  double outsized = 3;                    // times a typical rank's share, to be this rank's and not noise
+  uint64_t evidence_ns = 250'000'000;     // owed waiting beyond the allowance that opens a finding
+};
+
+// A rank's standing: its window, its evidence and what they mean.
+struct Standing {
+  double share = 0;          // of the window's wall time, the others waited for this rank
+  double typical = 0;        // the others' median share
+  double baseline = 0;       // its structural share (the least share of a full window seen)
+  double allowance = 0;      // the share it may have before evidence grows
+  double evidence_ns = 0;    // CUSUM of owed waiting beyond the allowance
+  uint64_t owed_ns = 0;      // owed in the window
+  double lateness_ns = 0;    // its lateness: owed per instance it held up, less its structure
+  uint32_t held = 0;         // instances in the window at which it held the others up (owed from min_lateness_ns)
+  size_t instances = 0;      // instances in the window
+  uint64_t window_ns = 0;    // the window's wall time
+  bool learnt = false;       // its structural share is known
+  bool over = false;         // a straggler by the rules above
+  bool under = false;        // within its allowance
+  double gpu_ns = 0;         // owed x (members - 1) while evidence or a finding was open
+};
+
+class WaitAttribution {
+ public:
+  WaitAttribution(int32_t nranks, AttributionOptions options);
+
+  int32_t nranks() const { return nranks_; }
+  // One complete instance. value[r]: what blame is judged on (the rank's own
+  // duration from its release, or its arrival); arrival[r]: its issue time on
+  // the cluster clock; margin[r]: the clocks' uncertainty between it and the
+  // others; completion_ns: the last arrival.
+  void add(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
+           const std::vector<uint64_t>& margin, uint64_t completion_ns);
+  // Every rank's standing as of the instances added (the current bucket included).
+  std::vector<Standing> standings() const;
+  // GPU time lost is counted for a rank while its evidence grows or while its finding is open.
+  void set_open(int32_t rank, bool open);
+
+ private:
+  struct Rank {
+    std::vector<uint64_t> owed;   // by bucket slot
+    std::vector<uint32_t> held;   // by bucket slot
+    std::vector<double> late;     // by bucket slot: its lateness at the instances it held up
+    double evidence_ns = 0;
+    double baseline = 0;       // its structural share
+    double late_baseline = 0;  // ... and lateness as measured per unit of wall time, learnt alike
+    bool learnt = false;
+    bool open = false;
+    int64_t blamed_until = 0;
+    double gpu_ns = 0;
+  };
+  size_t slot(int64_t bucket) const { return static_cast<size_t>(bucket) % buckets_; }
+  // The window's totals (slots of the last `buckets_` buckets) and each rank's share.
+  uint64_t window_wall() const;
+  size_t window_instances() const;
+  std::vector<double> shares() const;
+  // The median share of the ranks other than r (of all ranks past 8).
+  static double typical(const std::vector<double>& shares, const std::vector<double>& sorted, int32_t r);
+  void close_bucket();
+  // Each rank's structural share and lateness from the window as it stands.
+  void learn(const std::vector<double>& share);
+
+  int32_t nranks_;
+  AttributionOptions options_;
+  size_t buckets_ = 5;
+  uint64_t bucket_ns_;
+  int64_t current_ = -1;               // the bucket being filled
+  std::vector<uint64_t> wall_;         // by slot
+  std::vector<uint32_t> count_;        // by slot
+  uint64_t last_completion_ = 0;
+  std::vector<Rank> ranks_;
+  std::vector<int32_t> order_;         // scratch: ranks by value
+};
+
+}  // namespace rankscope::collector

@@ -1,0 +1,157 @@
+// Waiting attribution on its own: instances in, standings out; no store,
+// no wire.
+#include "collector/detect/attribution.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace rankscope::collector {
+namespace {
+
+constexpr uint64_t kMs = 1'000'000ull;
+constexpr uint64_t kStart = 1'000'000 * kMs;
+
+// One instance at `t`: every rank arrives at t + late(r) (values and arrivals alike).
+void instance(WaitAttribution& waits, uint64_t t, const std::vector<int64_t>& late, uint64_t margin = 0) {
+  std::vector<int64_t> value;
+  std::vector<uint64_t> arrival;
+  for (int64_t l : late) {
+    value.push_back(static_cast<int64_t>(t) + l);
+    arrival.push_back(t + static_cast<uint64_t>(l));
+  }
+  uint64_t last = *std::max_element(arrival.begin(), arrival.end());
+  waits.add(value, arrival, std::vector<uint64_t>(late.size(), margin), last);
+}
+
+TEST(WaitAttribution, TheLastArrivalAloneIsOwedItsGapAndTwoLateRanksShareTheirs) {
+  AttributionOptions options;
+  options.baseline_instances = 1000;  // nothing learnt as structure: the figures as measured
+  WaitAttribution alone(4, options), together(4, options);
+  for (int i = 0; i < 20; ++i) {
+    uint64_t t = kStart + i * 100 * kMs;
+    instance(alone, t, {0, 0, 0, 10 * kMs});
+    instance(together, t, {0, 0, 10 * kMs, 10 * kMs});
+  }
+  auto a = alone.standings();
+  // 20 instances, 19 gaps of 100 ms between completions: 1.9 s of wall time.
+  EXPECT_EQ(a[3].owed_ns, 20 * 10 * kMs);
+  EXPECT_EQ(a[3].held, 20u);
+  EXPECT_NEAR(a[3].share, 0.2 / 1.9, 1e-9);
+  EXPECT_EQ(a[0].owed_ns, 0u);
+  // Two ranks held up 2 waiting ranks for 10 ms: 20 ms of waiting, half
+  // each, over the 3 ranks that could have waited: 10/3 ms each. Each was
+  // 10 ms late (its lateness as measured).
+  auto b = together.standings();
+  EXPECT_NEAR(static_cast<double>(b[2].owed_ns), 20 * 10.0 * kMs / 3, 20.0);
+  EXPECT_NEAR(static_cast<double>(b[3].owed_ns), 20 * 10.0 * kMs / 3, 20.0);
+  EXPECT_EQ(b[2].held, 20u);
+  EXPECT_NEAR(b[2].lateness_ns, 10.0 * 2 / 3 * kMs, 1000.0) << "2 of the 3 others waited through its 10 ms";
+}
+
+TEST(WaitAttribution, ClockMarginAndSchedulingNoiseAreNotOwed) {
+  AttributionOptions options;
+  // Rank 3 is 8 ms late and the clocks cannot tell ranks apart within 9 ms:
+  // nothing. 10 ms late: what lies beyond the margin, 1 ms.
+  WaitAttribution within(4, options), beyond(4, options);
+  for (int i = 0; i < 20; ++i) {
+    instance(within, kStart + i * 100 * kMs, {0, 0, 0, 8 * kMs}, 9 * kMs);
+    instance(beyond, kStart + i * 100 * kMs, {0, 0, 0, 10 * kMs}, 9 * kMs);
+  }
+  EXPECT_EQ(within.standings()[3].owed_ns, 0u);
+  EXPECT_EQ(beyond.standings()[3].owed_ns, 20 * kMs);
+  // Rank 2 is 1.5 ms late with exact clocks: under min_lateness_ns.
+  WaitAttribution noise(4, options);
+  for (int i = 0; i < 20; ++i) instance(noise, kStart + i * 100 * kMs, {0, 0, static_cast<int64_t>(1500'000), 0});
+  EXPECT_EQ(noise.standings()[2].owed_ns, 0u);
+}
+
+TEST(WaitAttribution, BackToBackCollectivesWaitingForTheSameStretchCountItOnce) {
+  AttributionOptions options;
+  WaitAttribution waits(2, options);
+  // Three buckets issued 50 us apart, rank 1 10 ms late at each: 10.1 ms owed, not 30.
+  for (uint64_t b = 0; b < 3; ++b) instance(waits, kStart + b * 50'000, {0, 10 * kMs});
+  EXPECT_EQ(waits.standings()[1].owed_ns, 10 * kMs + 100'000);
+}
+
+TEST(WaitAttribution, AStallEveryThirdStepIsFoundWhereAMedianSeesNothing) {
+  // A CPU quota's shape: on time at two steps of three, 85 ms late at the
+  // third. The median lateness is 0; the waiting owed is a quarter of the time.
+  AttributionOptions options;
+  WaitAttribution waits(8, options);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int64_t> jitter(0, 300'000);
+  uint64_t t = kStart;
+  auto step = [&](bool slowed, int i) {
+    std::vector<int64_t> late(8);
+    for (auto& l : late) l = jitter(rng);
+    if (slowed && i % 3 == 2) late[6] += 85 * kMs;
+    instance(waits, t, late);
+    t += *std::max_element(late.begin(), late.end()) + 100 * kMs;
+  };
+  for (int i = 0; i < 70; ++i) step(false, i);  // 7 s: structure learnt, nobody owed anything
+  for (const Standing& s : waits.standings()) {
+    EXPECT_TRUE(s.learnt);
+    EXPECT_FALSE(s.over);
+  }
+  int found_after = -1;
+  for (int i = 0; i < 300 && found_after < 0; ++i) {
+    step(true, i);
+    auto st = waits.standings();
+    for (int r = 0; r < 8; ++r)
+      if (r != 6) EXPECT_FALSE(st[r].over) << "rank " << r << " at step " << i;
+    if (st[6].over) found_after = i;
+  }
+  ASSERT_GE(found_after, 0) << "never found";
+  EXPECT_LT(found_after, 30) << "found at step " << found_after;
+  for (int i = found_after + 1; i < found_after + 61; ++i) step(true, i);  // a whole window of it
+  auto st = waits.standings()[6];
+  EXPECT_NEAR(st.lateness_ns, 85.0 * kMs, 1.0 * kMs);
+  EXPECT_NEAR(st.share, 85.0 / (3 * 100 + 85), 0.03) << "85 ms owed every 3 steps of 100 ms";
+}
+
+TEST(WaitAttribution, EveryRankOfAJitteryJobIsOwedAboutTheSameAndNoneIsOutsized) {
+  // Steps vary 0.5-1.5x per rank: every rank is late by tens of milliseconds
+  // at random, far above the allowance, and typical.
+  AttributionOptions options;
+  WaitAttribution waits(4, options);
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> compute(50, 150);
+  uint64_t t = kStart;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<int64_t> late(4);
+    for (auto& l : late) l = static_cast<int64_t>(compute(rng) * kMs);
+    instance(waits, t, late);
+    t += *std::max_element(late.begin(), late.end()) + kMs;
+    for (const Standing& s : waits.standings()) ASSERT_FALSE(s.over) << "at step " << i << ": share " << s.share;
+  }
+  auto st = waits.standings();
+  EXPECT_GT(st[0].typical, options.allowance) << "the jitter is far above the allowance: the test would test nothing";
+}
+
+TEST(WaitAttribution, StructureIsLearntAndOnlyWaitingBeyondItIsEvidence) {
+  // Rank 3 is the last stage: 20 ms late at every step since the start.
+  AttributionOptions options;
+  WaitAttribution waits(4, options);
+  uint64_t t = kStart;
+  auto step = [&](int64_t extra) {
+    instance(waits, t, {0, 0, 0, 20 * kMs + extra});
+    t += 120 * kMs + static_cast<uint64_t>(extra);
+  };
+  for (int i = 0; i < 200; ++i) step(0);
+  auto st = waits.standings()[3];
+  EXPECT_NEAR(st.baseline, st.share, 0.01);
+  EXPECT_GT(st.baseline, 0.1);
+  EXPECT_FALSE(st.over);
+  // 12 ms more a step (1.1x): found.
+  bool found = false;
+  for (int i = 0; i < 250 && !found; ++i) {
+    step(12 * kMs);
+    found = waits.standings()[3].over;
+  }
+  EXPECT_TRUE(found);
+  EXPECT_NEAR(waits.standings()[3].lateness_ns, 12.0 * kMs, 3.0 * kMs);
+}
+
+}  // namespace
+}  // namespace rankscope::collector
