@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -190,7 +191,9 @@ CgroupTree::~CgroupTree() {
       }
       start = end + 1;
     }
-    rmdir(it->c_str());
+    // A killed process leaves its cgroup only once it has exited: on a busy
+    // machine (a test's CPU hogs dying) that takes a moment.
+    for (int tries = 0; rmdir(it->c_str()) != 0 && errno == EBUSY && tries < 500; ++tries) usleep(10'000);
   }
 }
 

@@ -98,8 +98,10 @@ TEST(WaitAttribution, AStallEveryThirdStepIsFoundWhereAMedianSeesNothing) {
   for (int i = 0; i < 300 && found_after < 0; ++i) {
     step(true, i);
     auto st = waits.standings();
-    for (int r = 0; r < 8; ++r)
-      if (r != 6) EXPECT_FALSE(st[r].over) << "rank " << r << " at step " << i;
+    for (int r = 0; r < 8; ++r) {
+      if (r == 6) continue;
+      EXPECT_FALSE(st[r].over) << "rank " << r << " at step " << i;
+    }
     if (st[6].over) found_after = i;
   }
   ASSERT_GE(found_after, 0) << "never found";
@@ -135,7 +137,7 @@ TEST(WaitAttribution, StructureIsLearntAndOnlyWaitingBeyondItIsEvidence) {
   WaitAttribution waits(4, options);
   uint64_t t = kStart;
   auto step = [&](int64_t extra) {
-    instance(waits, t, {0, 0, 0, 20 * kMs + extra});
+    instance(waits, t, {0, 0, 0, static_cast<int64_t>(20 * kMs) + extra});
     t += 120 * kMs + static_cast<uint64_t>(extra);
   };
   for (int i = 0; i < 200; ++i) step(0);
