@@ -582,13 +582,11 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     RankStats& stats = state.ranks[r];
     const Standing& st = standings[r];
     bool is_open = open_ranks && open_ranks->count(r) > 0;
-    stats.open = is_open;
     state.waits->set_open(r, is_open);
     stats.under = st.under ? stats.under + 1 : 0;
     Finding key_probe = straggler_of(comm.hash, r);
     if (is_open && stats.under >= options_.close_after) {
       book_.resolve(key_probe.key(), now_ns);
-      stats.open = false;
       state.waits->set_open(r, false);
       continue;
     }
@@ -642,7 +640,6 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     f.detail = f.summary + ".\n" + cost + ".\n" + why;
     if (!context.empty()) f.detail += "\nWhy: " + context + ".";
     book_.raise(std::move(f), now_ns);
-    stats.open = true;
     state.waits->set_open(r, true);
   }
 }

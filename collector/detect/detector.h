@@ -59,7 +59,6 @@ class Detector final : public MatchListener {
  private:
   struct RankStats {
     int under = 0;                    // consecutive evaluations within its allowance
-    bool open = false;                // a straggler finding is open for it (as of the last evaluation)
   };
   // When a process's host was last free to go on: per exchange it took part
   // in (a collective instance, a matched Send/Recv pair), its own arrival and
