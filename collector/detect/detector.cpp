@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <functional>
 
 #include "common/format.h"
 #include "proto/records.h"
@@ -25,6 +27,10 @@ constexpr size_t kMinSettling = 1024;
 constexpr const char* kWentOn = "Every rank went on past this collective by";
 // An agent heartbeats every second: silent for this long, its ranks are unseen.
 constexpr uint64_t kUnseenNs = 3'000'000'000ull;
+// Processes followed from one stall's missing ranks to the one holding them up.
+constexpr size_t kMaxChase = 4096;
+// Stalls folded into a hang that its detail names one by one.
+constexpr size_t kFoldedTold = 16;
 
 int64_t median(std::vector<int64_t> values) {
   if (values.empty()) return 0;
@@ -53,6 +59,11 @@ std::string join(const std::vector<int32_t>& values) {
 }
 
 std::string short_comm(uint64_t comm) { return hex64(comm).substr(0, 8); }
+
+// A process that cannot take part in anything: stopped, exited, a zombie.
+bool stuck_process(const ProcessHealth& health) {
+  return !health.alive() || health.state() == 'T' || health.state() == 't' || health.state() == 'Z';
+}
 
 // A straggler finding with only what makes its key (comm, rank).
 Finding straggler_of(uint64_t comm, int32_t rank) {
@@ -135,9 +146,18 @@ void Detector::on_pair(const PairComplete& pair) {
   if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver)) receiver->add(pair.recv_issue_ns, release);
 }
 
-void Detector::on_issue(const CommState& comm, int32_t rank, uint64_t issue_ns) {
+void Detector::on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {
   CommDetect& state = comms_[comm.hash];
-  if (ProcHistory* p = proc_of(comm, state, rank)) p->add_issue(issue_ns);
+  ProcHistory* p = proc_of(comm, state, rank);
+  if (!p) return;
+  p->add_issue(issue_ns);
+  if (issue_ns >= p->last_issue_ns) {
+    p->last_comm = comm.hash;
+    p->last_rank = rank;
+    p->last_lane = lane;
+    p->last_seq = seq;
+    p->last_issue_ns = issue_ns;
+  }
 }
 
 void Detector::on_mismatch(const CollectiveMismatch& mismatch) {
@@ -396,6 +416,8 @@ void Detector::evaluate(uint64_t now_ns) {
   // the node-lost timeout, if shorter): their ranks are unseen, not hung.
   silent_.clear();
   folded_.clear();
+  stalls_.clear();
+  inside_stalls_.clear();
   uint64_t unseen_after = std::min(options_.node_lost_timeout_ns, kUnseenNs);
   for (const auto& [name, node] : ingest_.nodes()) {
     uint64_t heard = std::max(node.last_contact_ns, ingest_.started_ns());
@@ -415,6 +437,7 @@ void Detector::evaluate(uint64_t now_ns) {
     auto stragglers = open_stragglers.find(hash);
     evaluate_stragglers(comm, state, now_ns, stragglers == open_stragglers.end() ? nullptr : &stragglers->second);
   }
+  raise_stalls(now_ns);
   evaluate_nodes(now_ns);
 }
 
@@ -470,48 +493,79 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   }
   if (max_last < 0) return;
 
-  Finding f;
+  Stall stall;
+  stall.comm = &comm;
+  stall.state = &state;
+  Finding& f = stall.finding;
   f.kind = FindingKind::hang;
   f.job = comm.job;
   f.comm = comm.hash;
+  // The detail is the summary (which folding may extend) followed by this.
+  std::string& tail = f.detail;
   if (min_last < max_last) {
     // Some ranks reached N = min_last + 1, the others never entered it.
     uint64_t n_seq = static_cast<uint64_t>(min_last + 1);
     auto [instance_seq, instance] = matcher_.open_from(comm.hash, n_seq);
     if (!instance) return;
     uint64_t reached_ns = instance->first_issue_ns;
-    if (now_ns < reached_ns || now_ns - reached_ns < options_.hang_timeout_ns) return;
+    stall.partial = true;
+    stall.since_ns = reached_ns;
+    stall.timed_out = now_ns >= reached_ns && now_ns - reached_ns >= options_.hang_timeout_ns;
     f.seq = static_cast<int64_t>(n_seq);
-    for (int32_t r = 0; r < n; ++r)
-      if (last[r] == min_last) f.ranks.push_back(r);
+    for (int32_t r = 0; r < n; ++r) {
+      if (last[r] != min_last) continue;
+      f.ranks.push_back(r);
+      if (auto m = comm.members.find(r); m != comm.members.end()) stall.missing.emplace_back(m->second.node, m->second.pid);
+    }
     // Missing ranks whose agent went silent are unseen, not hung: the
     // node_lost finding of their node tells it (and counts this one).
-    if (fold_into_lost_nodes(comm, f.ranks)) return;
+    if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;
     std::string call = instance_seq == n_seq ? instance->first.describe() : "the next collective";
     std::string op = proto::op_name(instance->first.op());
+    int others = n - static_cast<int>(f.ranks.size());
+    // Of the missing ranks, those whose process is stopped or gone are the
+    // culprits; the live ones are most often blocked behind them inside the
+    // previous collective, where host tracing cannot see it.
+    std::vector<int32_t> stuck;
+    for (int32_t r : f.ranks)
+      if (auto m = comm.members.find(r); m != comm.members.end())
+        if (const ProcessHealth* health = health_of(m->second); health && health->known() && stuck_process(*health))
+          stuck.push_back(r);
+    if (!stuck.empty() && stuck.size() < f.ranks.size()) {
+      for (int32_t r : f.ranks)
+        if (std::find(stuck.begin(), stuck.end(), r) == stuck.end()) stall.also_missing.push_back(r);
+      f.ranks = stuck;
+    }
     f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank" +
                 (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + " never entered " + op + " #" +
-                std::to_string(n_seq) + "; " + std::to_string(n - static_cast<int>(f.ranks.size())) +
-                " other rank(s) entered it from " + format_time_ns(reached_ns) + " on and wait there";
-    f.detail = f.summary + " (" + call + ").\nMissing:";
+                std::to_string(n_seq);
+    if (!stall.also_missing.empty())
+      f.summary += " and cannot progress (process stopped or exited); rank" +
+                   std::string(stall.also_missing.size() > 1 ? "s " : " ") + join(stall.also_missing) +
+                   " never entered it either (alive)";
+    f.summary += "; " + std::to_string(others) + " other rank(s) entered it from " + format_time_ns(reached_ns) +
+                 " on and wait there";
+    tail = " (" + call + ").\nMissing:";
   } else {
     // Every rank issued the same last collective and nothing moves.
     if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return;
     std::vector<int32_t> all;
     for (const auto& [rank, m] : comm.members) all.push_back(rank);
-    if (fold_into_lost_nodes(comm, all)) return;
+    if (fold_into_lost_nodes(comm, all, true)) return;
     std::vector<int32_t> stuck, busy;
     size_t in_gpu_wait = 0;
     for (const auto& [rank, m] : comm.members) {
       const ProcessHealth* health = health_of(m);
       if (!health || !health->known()) continue;
       in_gpu_wait += health->open_waits().empty() ? 0 : 1;
-      if (!health->alive() || health->state() == 'T' || health->state() == 't' || health->state() == 'Z')
+      if (stuck_process(*health))
         stuck.push_back(rank);
       else if (health->shares(options_.context_window_ns).running > 0.2)
         busy.push_back(rank);
     }
     if (stuck.empty() && !busy.empty()) return;  // ranks busy on the CPU: working, not hung
+    stall.since_ns = last_activity;
+    stall.timed_out = true;
     f.seq = max_last;
     f.ranks = stuck.empty() ? std::vector<int32_t>{} : stuck;
     if (f.ranks.empty())
@@ -527,12 +581,166 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
                   " and none has progressed since " + idle +
                   ": no rank is missing; suspect the network or a GPU (every process is alive and idle" +
                   (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
-    f.detail = f.summary + ".\nRanks:";
+    tail = ".\nRanks:";
     state.all_inside.insert(f.key());
+    inside_stalls_[{comm.hash, static_cast<uint64_t>(max_last)}] = stalls_.size();
   }
+  stalls_.push_back(std::move(stall));
+}
+
+std::vector<Detector::ProcKey> Detector::waits_for(const ProcKey& p, size_t* inside) const {
+  *inside = SIZE_MAX;
+  std::vector<ProcKey> out;
+  auto h = procs_.find(p);
+  if (h == procs_.end() || h->second.last_issue_ns == 0) return out;
+  const ProcHistory& last = h->second;
+  auto comm = ingest_.comms().find(last.last_comm);
+  if (comm == ingest_.comms().end() || comm->second.ended) return out;
+  if (last.last_lane == 0) {
+    if (auto in = inside_stalls_.find({last.last_comm, last.last_seq}); in != inside_stalls_.end()) {
+      *inside = in->second;
+      return out;
+    }
+  }
+  for (int32_t r : matcher_.awaited(last.last_comm, last.last_rank, last.last_lane, last.last_seq))
+    if (auto m = comm->second.members.find(r); m != comm->second.members.end())
+      out.emplace_back(m->second.node, m->second.pid);
+  return out;
+}
+
+void Detector::raise_stalls(uint64_t now_ns) {
+  bool any_due = false;
+  for (const Stall& s : stalls_) any_due |= s.timed_out;
+  if (!any_due) return;
+  // Of two stalls, the one whose finding tells the story: the one already
+  // open, else the one waited on longest.
+  auto better = [&](size_t a, size_t b) {
+    bool open_a = book_.open_finding(stalls_[a].finding.key()) != nullptr;
+    bool open_b = book_.open_finding(stalls_[b].finding.key()) != nullptr;
+    if (open_a != open_b) return open_a;
+    if (stalls_[a].since_ns != stalls_[b].since_ns) return stalls_[a].since_ns < stalls_[b].since_ns;
+    return a < b;
+  };
+  // The stalls that name each process as missing.
+  std::map<ProcKey, std::vector<size_t>> naming;
+  for (size_t i = 0; i < stalls_.size(); ++i)
+    for (const ProcKey& p : stalls_[i].missing) naming[p].push_back(i);
+
+  // Follow each stall's missing ranks through the exchanges they wait in,
+  // to the processes that wait in none (or to a stall every rank is
+  // inside). A stall that names one of those itself is where the job is
+  // held up; the others stall behind it.
+  std::vector<std::vector<ProcKey>> roots(stalls_.size());
+  std::vector<std::set<size_t>> insides(stalls_.size());
+  std::vector<bool> direct(stalls_.size(), true);
+  auto chase = [&](size_t i, const std::vector<ProcKey>& from) {
+    std::set<ProcKey> own(from.begin(), from.end()), seen = own;
+    std::deque<ProcKey> queue(from.begin(), from.end());
+    bool names_root = false;
+    for (size_t visited = 0; !queue.empty() && visited < kMaxChase; ++visited) {
+      ProcKey p = std::move(queue.front());
+      queue.pop_front();
+      size_t inside = SIZE_MAX;
+      std::vector<ProcKey> next = waits_for(p, &inside);
+      if (inside != SIZE_MAX) {
+        if (inside != i) insides[i].insert(inside);
+        continue;
+      }
+      if (next.empty()) {
+        names_root |= own.count(p) > 0;
+        roots[i].push_back(std::move(p));
+        continue;
+      }
+      for (auto& q : next)
+        if (seen.insert(q).second) queue.push_back(std::move(q));
+    }
+    return names_root;
+  };
+  for (size_t i = 0; i < stalls_.size(); ++i) {
+    Stall& s = stalls_[i];
+    if (s.partial) {
+      direct[i] = chase(i, s.missing) || (roots[i].empty() && insides[i].empty());
+      continue;
+    }
+    // Every rank entered its last collective and nothing moved, but none
+    // of them is in it any more: they all went on and wait elsewhere, so
+    // it stalls behind whatever holds them.
+    std::vector<ProcKey> members;
+    bool here = false, elsewhere = false;
+    for (const auto& [rank, m] : s.comm->members) {
+      members.emplace_back(m.node, m.pid);
+      size_t inside = SIZE_MAX;
+      elsewhere |= !waits_for(members.back(), &inside).empty();
+      here |= inside == i;
+      elsewhere |= inside != SIZE_MAX && inside != i;
+    }
+    if (here || !elsewhere) continue;
+    s.finding.summary = "hang in job " + s.comm->job + ", comm " + short_comm(s.comm->hash) + ": all " +
+                        std::to_string(members.size()) + " ranks went on past collective #" +
+                        std::to_string(s.finding.seq) + " and wait in other communicators; nothing has moved since " +
+                        format_time_ns(s.since_ns);
+    s.finding.ranks.clear();
+    for (const auto& [rank, m] : s.comm->members) s.finding.ranks.push_back(rank);
+    chase(i, members);
+    direct[i] = false;
+  }
+  // Stalls that name the same held-up process are one story: the best tells it.
+  std::vector<size_t> owner(stalls_.size());
+  for (size_t i = 0; i < stalls_.size(); ++i) owner[i] = i;
+  std::function<size_t(size_t)> find = [&](size_t i) { return owner[i] == i ? i : owner[i] = find(owner[i]); };
+  auto unite = [&](size_t a, size_t b) {
+    a = find(a), b = find(b);
+    if (a == b) return;
+    if (better(a, b)) owner[b] = a;
+    else owner[a] = b;
+  };
+  for (const auto& [p, named] : naming)
+    for (size_t k = 1; k < named.size(); ++k)
+      if (direct[named[0]] && direct[named[k]]) unite(named[0], named[k]);
+  // A stall behind others joins the best of the stalls it waits on.
+  for (size_t i = 0; i < stalls_.size(); ++i) {
+    if (direct[i]) continue;
+    size_t best = SIZE_MAX;
+    auto consider = [&](size_t c) {
+      c = find(c);
+      if (c != i && (best == SIZE_MAX || better(c, best))) best = c;
+    };
+    for (const ProcKey& p : roots[i])
+      if (auto named = naming.find(p); named != naming.end())
+        for (size_t c : named->second)
+          if (direct[c]) consider(c);
+    for (size_t c : insides[i])
+      if (direct[c]) consider(c);
+    if (best != SIZE_MAX) {
+      owner[i] = best;
+      continue;
+    }
+    // Held up by ranks whose agent went silent: their node's finding tells it.
+    bool all_unseen = !roots[i].empty() && insides[i].empty();
+    for (const ProcKey& p : roots[i]) all_unseen &= unseen(p.first);
+    if (all_unseen && stalls_[i].timed_out) {
+      for (const ProcKey& p : roots[i]) folded_[p.first].insert(stalls_[i].comm->hash);
+      stalls_[i].owned = true;
+    }
+  }
+  for (size_t i = 0; i < stalls_.size(); ++i) {
+    size_t o = find(i);
+    if (o == i) continue;
+    stalls_[i].owned = true;
+    stalls_[o].folded.push_back(i);
+    stalls_[o].timed_out |= stalls_[i].timed_out;
+  }
+  for (Stall& s : stalls_)
+    if (!s.owned && s.timed_out) raise_stall(s, now_ns);
+}
+
+void Detector::raise_stall(Stall& stall, uint64_t now_ns) {
+  const CommState& comm = *stall.comm;
+  Finding f = stall.finding;
   // The story is told once, when the hang is found; it is rewritten only if
-  // the culprits change, or what their processes are doing does (a rank
-  // found missing that then dies: its signal belongs in the story).
+  // the culprits change, what their processes are doing does (a rank found
+  // missing that then dies: its signal belongs in the story), or more
+  // communicators stall behind it.
   std::string states;
   const size_t told = std::min(f.ranks.size(), kJoined);  // the ranks the story names one by one
   for (size_t i = 0; i < told; ++i) {
@@ -541,11 +749,31 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     const ProcessHealth* health = m == comm.members.end() ? nullptr : health_of(m->second);
     states += std::to_string(r) + ":" + (health ? health->describe() : "?") + ";";
   }
+  states += "behind:" + std::to_string(stall.folded.size());
   const Finding* open = book_.open_finding(f.key());
-  if (open && open->ranks == f.ranks && state.told[f.key()] == states) return;
-  state.told[f.key()] = states;
+  if (open && open->ranks == f.ranks && stall.state->told[f.key()] == states) return;
+  stall.state->told[f.key()] = states;
+  if (!stall.folded.empty())
+    f.summary += "; " + std::to_string(stall.folded.size()) + " other communicator(s) stall behind it";
+  f.detail = f.summary + f.detail;
   for (size_t i = 0; i < told; ++i) f.detail += "\n  " + describe_rank(comm, f.ranks[i], now_ns);
   if (f.ranks.size() > told) f.detail += "\n  ... and " + std::to_string(f.ranks.size() - told) + " more rank(s)";
+  if (!stall.also_missing.empty()) {
+    f.detail += "\nAlso missing, alive:";
+    for (size_t i = 0; i < stall.also_missing.size() && i < kJoined; ++i)
+      f.detail += "\n  " + describe_rank(comm, stall.also_missing[i], now_ns);
+  }
+  if (!stall.folded.empty()) {
+    // Oldest first: the order the job stopped in.
+    std::vector<size_t> behind = stall.folded;
+    std::sort(behind.begin(), behind.end(),
+              [&](size_t a, size_t b) { return stalls_[a].since_ns < stalls_[b].since_ns; });
+    f.detail += "\nStalled behind it (their ranks wait on this one; not reported as separate hangs):";
+    for (size_t k = 0; k < behind.size() && k < kFoldedTold; ++k)
+      f.detail += "\n  " + stalls_[behind[k]].finding.summary;
+    if (behind.size() > kFoldedTold)
+      f.detail += "\n  ... and " + std::to_string(behind.size() - kFoldedTold) + " more communicator(s)";
+  }
   for (int32_t r : f.ranks) {
     auto m = comm.members.find(r);
     if (m != comm.members.end() && std::find(f.nodes.begin(), f.nodes.end(), m->second.node) == f.nodes.end())
@@ -644,7 +872,7 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
   }
 }
 
-bool Detector::fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks) {
+bool Detector::fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks, bool note) {
   // Folded when the ranks in question are all unseen (the missing ranks of a
   // partial hang), or, for ranks all inside, when any member is unseen (its
   // progress cannot be known).
@@ -658,7 +886,8 @@ bool Detector::fold_into_lost_nodes(const CommState& comm, const std::vector<int
   }
   bool all_inside = ranks.size() == comm.members.size() && !ranks.empty();
   if (nodes.empty() || (!all_inside && unseen_ranks < ranks.size())) return false;
-  for (const auto& node : nodes) folded_[node].insert(comm.hash);
+  if (note)
+    for (const auto& node : nodes) folded_[node].insert(comm.hash);
   return true;
 }
 

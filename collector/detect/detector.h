@@ -50,7 +50,7 @@ class Detector final : public MatchListener {
   void on_complete(const CollectiveComplete& done) override;
   void on_mismatch(const CollectiveMismatch& mismatch) override;
   void on_pair(const PairComplete& pair) override;
-  void on_issue(const CommState& comm, int32_t rank, uint64_t issue_ns) override;
+  void on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) override;
   // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
   // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
@@ -68,6 +68,13 @@ class Detector final : public MatchListener {
     std::deque<uint64_t> issues;  // its calls of exchanges, complete or not, in time order
     void add(uint64_t arrival, uint64_t release);
     void add_issue(uint64_t issue);
+    // Its latest call of an exchange (by issue time): where it is now, if
+    // that exchange has not completed.
+    uint64_t last_comm = 0;
+    int32_t last_rank = -1;
+    uint32_t last_lane = 0;
+    uint64_t last_seq = 0;
+    uint64_t last_issue_ns = 0;
     // When the process was last free to go on before `t`: the latest release
     // of an exchange it entered before `t` (known); it issued `t` before its
     // latest exchange completed (ahead: the host ran ahead, so plain arrival
@@ -96,6 +103,24 @@ class Detector final : public MatchListener {
     std::map<std::string, std::string> told;  // open hang key -> the culprits' process states it told
   };
 
+  using ProcKey = std::pair<std::string, uint32_t>;  // (node, pid)
+  // A collective some ranks wait in, found this evaluation. When a rank
+  // stops, every communicator of its job stalls behind it: the stalls whose
+  // missing ranks themselves wait in another stall are folded into the one
+  // that names the rank holding everything up.
+  struct Stall {
+    const CommState* comm = nullptr;
+    CommDetect* state = nullptr;
+    Finding finding;           // kind, job, comm, seq, ranks (missing, or stuck inside), summary
+    uint64_t since_ns = 0;     // waited on from here
+    bool partial = false;      // some ranks never entered it (else every rank is inside)
+    bool timed_out = false;    // waited on for the hang timeout
+    std::vector<ProcKey> missing;  // the processes of the missing ranks (partial)
+    std::vector<int32_t> also_missing;  // missing, alive, beside stopped or exited ones (which the finding names)
+    std::vector<size_t> folded;    // the stalls waiting on it, folded into its finding
+    bool owned = false;            // folded into another stall's finding
+  };
+
   // The communicator's detection state, its per-rank statistics sized.
   CommDetect& state_of(const CommState& comm);
   ProcHistory* proc_of(const CommState& comm, CommDetect& state, int32_t rank);
@@ -104,10 +129,17 @@ class Detector final : public MatchListener {
   void score_front(CommDetect& state);
   // Nodes silent for long enough that their ranks are unseen, not hung.
   bool unseen(const std::string& node) const { return silent_.count(node) > 0; }
-  // Whether a hang naming `ranks` is explained by lost nodes (then noted for their finding).
-  bool fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks);
+  // Whether a hang naming `ranks` is explained by lost nodes (then, with `note`, noted for their finding).
+  bool fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks, bool note);
+  // Resolves the communicator's hangs that progressed, and notes its stall, if any.
   void evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
                      const std::vector<const Finding*>& open_of_comm);
+  // Folds the stalls that wait on another into it, and raises the rest that waited long enough.
+  void raise_stalls(uint64_t now_ns);
+  void raise_stall(Stall& stall, uint64_t now_ns);
+  // The processes `p` waits for in its latest exchange (none: it is not
+  // waiting in one); `inside` is set when that exchange is a stall every rank is inside.
+  std::vector<ProcKey> waits_for(const ProcKey& p, size_t* inside) const;
   void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
                            const std::set<int32_t>* open_ranks);
   // Each rank's clock margin (its uncertainty plus the others' largest), for this evaluation.
@@ -131,6 +163,8 @@ class Detector final : public MatchListener {
   std::map<uint64_t, CommDetect> comms_;
   std::map<std::pair<std::string, uint32_t>, ProcHistory> procs_;  // by (node, pid)
   std::set<std::string> silent_;                     // this evaluation's silent nodes
+  std::vector<Stall> stalls_;                         // this evaluation's
+  std::map<std::pair<uint64_t, uint64_t>, size_t> inside_stalls_;  // (comm, seq) -> stall every rank is inside
   std::map<std::string, std::set<uint64_t>> folded_;  // silent node -> comms whose hang it explains
   std::map<std::string, size_t> folded_told_;         // lost node -> comms its finding said it explains
   std::set<std::string> open_lost_;                   // nodes with an open node_lost finding, this evaluation

@@ -36,12 +36,12 @@ void CollectiveMatcher::on_record(const CommState& comm, int32_t rank, uint32_t 
   if (comm.nranks <= 0 || rank < 0 || rank >= comm.nranks) return;
   if (lane != 0) {
     if (record.op != RS_OP_SEND && record.op != RS_OP_RECV) return;
-    for (MatchListener* listener : listeners_) listener->on_issue(comm, rank, record.issue_ns);
+    for (MatchListener* listener : listeners_) listener->on_issue(comm, rank, lane, record.seq, record.issue_ns);
     on_p2p(comm, comms_[comm.hash], rank, lane, record);
     return;
   }
   if (!proto::op_is_collective(record.op)) return;
-  for (MatchListener* listener : listeners_) listener->on_issue(comm, rank, record.issue_ns);
+  for (MatchListener* listener : listeners_) listener->on_issue(comm, rank, 0, record.seq, record.issue_ns);
   on_collective(comm, comms_[comm.hash], rank, record);
 }
 
@@ -127,6 +127,27 @@ std::pair<uint64_t, const OpenCollective*> CollectiveMatcher::open_from(uint64_t
   auto it = state->second.open.lower_bound(seq);
   if (it == state->second.open.end()) return {0, nullptr};
   return {it->first, &it->second};
+}
+
+std::vector<int32_t> CollectiveMatcher::awaited(uint64_t comm, int32_t rank, uint32_t lane, uint64_t seq) const {
+  std::vector<int32_t> ranks;
+  auto state = comms_.find(comm);
+  if (state == comms_.end()) return ranks;
+  if (lane == 0) {
+    auto it = state->second.open.find(seq);
+    if (it == state->second.open.end() || it->second.mismatched) return ranks;
+    const auto& issue = it->second.issue;
+    if (rank < 0 || static_cast<size_t>(rank) >= issue.size() || issue[rank] == 0) return ranks;
+    for (size_t r = 0; r < issue.size(); ++r)
+      if (issue[r] == 0) ranks.push_back(static_cast<int32_t>(r));
+    return ranks;
+  }
+  int32_t peer = static_cast<int32_t>((lane - 1) / 2);
+  bool recv = ((lane - 1) & 1) != 0;
+  auto key = recv ? std::make_tuple(peer, rank, seq) : std::make_tuple(rank, peer, seq);
+  auto half = state->second.p2p.find(key);
+  if (half != state->second.p2p.end() && half->second.recv == recv) ranks.push_back(peer);
+  return ranks;
 }
 
 }  // namespace rankscope::collector

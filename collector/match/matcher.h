@@ -79,8 +79,9 @@ class MatchListener {
   virtual void on_mismatch(const CollectiveMismatch& mismatch) {}
   virtual void on_pair(const PairComplete& pair) {}
   // A rank issued a call of an exchange (a collective or either half of a
-  // Send/Recv pair) of a communicator the matcher matches; cluster clock.
-  virtual void on_issue(const CommState& comm, int32_t rank, uint64_t issue_ns) {}
+  // Send/Recv pair) of a communicator the matcher matches: its lane, its
+  // sequence number on that lane, its issue time on the cluster clock.
+  virtual void on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {}
 };
 
 class CollectiveMatcher final : public RecordObserver {
@@ -101,6 +102,12 @@ class CollectiveMatcher final : public RecordObserver {
 
   // The first open instance of `comm` at or after `seq`: (its seq, it), or (0, null).
   std::pair<uint64_t, const OpenCollective*> open_from(uint64_t comm, uint64_t seq) const;
+  // The ranks that `rank`'s call at (lane, seq) of `comm` still waits for:
+  // on lane 0, the members that have not issued the open instance; for a
+  // Send or Recv, its peer while the other half is not posted. Empty when
+  // the exchange completed (or was never seen, or dropped by a bound), and
+  // for a mismatched instance (its own finding tells it).
+  std::vector<int32_t> awaited(uint64_t comm, int32_t rank, uint32_t lane, uint64_t seq) const;
   // Memory held by open instances, and how many the bound dropped.
   uint64_t open_bytes() const { return budget_.bytes(); }
   uint64_t open_evicted() const { return budget_.evicted(); }

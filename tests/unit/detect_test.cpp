@@ -292,6 +292,86 @@ TEST_F(DetectTest, StoppedProcessInsideTheCollectiveIsTheCulprit) {
   EXPECT_NE(hangs[0]->detail.find("stopped"), std::string::npos);
 }
 
+TEST_F(DetectTest, OfTheMissingRanksTheStoppedOneIsTheCulprit) {
+  // Rank 2 is stopped right after issuing #9: ranks 1 and 3 are blocked
+  // inside #9 waiting for its data (invisible to host tracing), rank 0 got
+  // through and entered #10. Three ranks never entered #10; one holds it up.
+  start(4);
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 10; ++seq) instance(seq, t + seq * 10 * kMs);
+  instance(10, t + 100 * kMs, nullptr, {1, 2, 3});
+  uint64_t due = t + 100 * kMs + options.hang_timeout_ns + kMs;
+  clock.now = due;
+  for (int32_t r = 0; r < 4; ++r) health(r, r == 2 ? 'T' : 'S', 1000, due);
+  keep_talking(due);
+  evaluate_at(due);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u) << summaries(hangs);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{2}) << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->summary.find("rank 2 never entered AllReduce #10 and cannot progress"), std::string::npos)
+      << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->summary.find("ranks 1,3 never entered it either (alive)"), std::string::npos)
+      << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->detail.find("Also missing, alive:\n  rank 1 on node node-0"), std::string::npos)
+      << hangs[0]->detail;
+}
+
+TEST_F(DetectTest, OneStoppedRankIsOneHangWithTheJobsOtherStallsFoldedIntoIt) {
+  // 8 processes, tensor-parallel pairs {0,1} {2,3} {4,5} {6,7} and
+  // data-parallel groups {0,2,4,6} {1,3,5,7}; each step a TP AllReduce, then
+  // a DP AllReduce. Process 6 stops after step 4. Its pair partner (7) waits
+  // in TP #5; the other pairs finish TP #5 and wait in DP #5, one group for
+  // process 6 itself, the other for process 7, which waits for 6. Six
+  // communicators stall; one rank holds them all.
+  start(8);
+  const uint64_t tp = kComm + 1, dp = kComm + 10;
+  for (int32_t i = 0; i < 4; ++i) register_comm(tp + i, {2 * i, 2 * i + 1});
+  for (int32_t g = 0; g < 2; ++g) register_comm(dp + g, {g, g + 2, g + 4, g + 6});
+  uint64_t t = clock.now;
+  const uint64_t stopped_after = 4;
+  for (uint64_t step = 0; step < 6; ++step) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 8; ++r) {
+      if (r == 6 && step > stopped_after) continue;
+      list.push_back({r, step, t + step * 20 * kMs + r * 1000, RS_OP_ALLREDUCE, 1024, tp + r / 2, r % 2});
+    }
+    for (int32_t r = 0; r < 8; ++r) {
+      if (r >= 6 && step > stopped_after) continue;  // 6 stopped; 7 waits in TP for it
+      list.push_back({r, step, t + step * 20 * kMs + 10 * kMs + r * 1000, RS_OP_ALLREDUCE, 1024, dp + r % 2, r / 2});
+    }
+    calls(list);
+  }
+  uint64_t due = t + 5 * 20 * kMs + 10 * kMs + options.hang_timeout_ns + kMs;
+  keep_talking(due);
+  health(6, 'T', 1000, due);
+  evaluate_at(due);
+
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u) << summaries(hangs);
+  const Finding& hang = *hangs[0];
+  const CommState& comm = ingest.comms().at(hang.comm);
+  ASSERT_EQ(hang.ranks.size(), 1u) << hang.summary;
+  EXPECT_EQ(comm.members.at(hang.ranks[0]).pid, 106u) << hang.summary;
+  EXPECT_EQ(hang.comm, tp + 3) << "the stall waited on longest: process 7 entered TP #5 first";
+  EXPECT_NE(hang.summary.find("5 other communicator(s) stall behind it"), std::string::npos) << hang.summary;
+  EXPECT_NE(hang.detail.find("stopped"), std::string::npos) << hang.detail;
+  EXPECT_NE(hang.detail.find("went on past collective #5 and wait in other communicators"), std::string::npos)
+      << hang.detail;
+
+  // It goes on: every stall clears, and the finding resolves.
+  uint64_t later = due + kSecond;
+  std::vector<Call> rest = {{6, 5, later, RS_OP_ALLREDUCE, 1024, tp + 3, 0}};
+  for (int32_t r = 6; r < 8; ++r) rest.push_back({r, 5, later + kMs, RS_OP_ALLREDUCE, 1024, dp + r % 2, r / 2});
+  for (int32_t r = 0; r < 8; ++r) {  // and the next step
+    rest.push_back({r, 6, later + 2 * kMs, RS_OP_ALLREDUCE, 1024, tp + r / 2, r % 2});
+    rest.push_back({r, 6, later + 3 * kMs, RS_OP_ALLREDUCE, 1024, dp + r % 2, r / 2});
+  }
+  calls(rest);
+  keep_talking(later + 4 * kMs);
+  evaluate_at(later + 4 * kMs);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << summaries(open(FindingKind::hang));
+}
+
 TEST_F(DetectTest, BusyRanksWithoutCollectivesAreNotAHang) {
   start(2);
   uint64_t t = clock.now;
