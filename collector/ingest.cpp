@@ -508,8 +508,9 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     }
   }
   size_t records = 0;
+  const proto::BatchFrame frame(batch);
   for (auto columns : batch.getCollectives()) {
-    auto block = proto::decode_columns(columns, batch);
+    auto block = proto::decode_columns(columns, frame);
     auto valid = block ? check_block(*block) : Result<void>(block.error());
     if (!valid) {
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; block skipped");
@@ -556,7 +557,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   dirty_comms_.insert(changed.begin(), changed.end());
   // After the collectives: a wait follows the collectives issued before it.
   for (auto columns : batch.getWaits()) {
-    auto block = proto::decode_waits(columns, batch);
+    auto block = proto::decode_waits(columns, frame);
     if (!block) {
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + block.error().message + "; waits skipped");
       continue;

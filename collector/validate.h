@@ -17,14 +17,15 @@
 #include "common/result.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
+#include "proto/limits.h"
 
 namespace rankscope::collector {
 
 namespace wire = ::rankscope::proto::wire;
 
-inline constexpr uint32_t kMaxListEntries = 1u << 16;  // processes, comms, ends, blocks, samples... per message
-inline constexpr uint64_t kMaxRecordsPerBatch = 1u << 20;  // collective records and waits, all blocks together
-inline constexpr uint32_t kMaxClockSamples = 1024;     // an agent probes once a second, batches ten times that
+using proto::kMaxClockSamples;     // proto/limits.h: the agent keeps within them too
+using proto::kMaxListEntries;
+using proto::kMaxRecordsPerBatch;
 inline constexpr int32_t kMaxRanks = 1 << 16;          // ranks of one communicator (a rank is below it)
 // Ranks of one communicator on one node: one per GPU, and a host has at most
 // a few dozen (an NVL72 tray has 4; the largest HGX boards 8 to 16). Without

@@ -187,7 +187,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
 
   // Last records out, and a short grace for their acks.
   bpf.poll(0);
-  if (!summariser.empty()) flush();
+  while (!summariser.empty()) flush();  // several batches if one cannot carry it all
   uint64_t deadline = now() + 2000 * kMs;
   while (transport.unacked() > 0 && now() < deadline) {
     transport.service();

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "common/format.h"
 #include "common/log.h"
+#include "proto/limits.h"
 
 namespace rankscope::agent {
 
@@ -262,12 +264,17 @@ bool Summariser::empty() const {
 }
 
 void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
+  // A batch carries at most what the collector accepts (proto/limits.h):
+  // one process opening 100,000 communicators must not make every batch of
+  // its node unacceptable. What does not fit stays for the next batch, in
+  // order: a communicator's records and end go with or after it.
   unsigned unsent = 0;
   for (const auto& [pid, entry] : processes_) unsent += entry.sent ? 0 : 1;
-  auto procs = batch.initProcesses(unsent);
+  auto procs = batch.initProcesses(std::min(unsent, proto::kMaxListEntries));
   unsigned i = 0;
   for (auto& [pid, entry] : processes_) {
     if (entry.sent) continue;
+    if (i == procs.size()) break;
     const ProcessIdentity& id = entry.identity;
     auto p = procs[i++];
     p.setPid(pid);
@@ -295,8 +302,9 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
     entry.sent = true;
   }
 
-  auto comms = batch.initComms(static_cast<unsigned>(new_comms_.size()));
-  for (unsigned k = 0; k < new_comms_.size(); ++k) {
+  const size_t sent_comms = std::min<size_t>(new_comms_.size(), proto::kMaxListEntries);
+  auto comms = batch.initComms(static_cast<unsigned>(sent_comms));
+  for (unsigned k = 0; k < sent_comms; ++k) {
     const auto& c = new_comms_[k];
     auto out = comms[k];
     out.setPid(c.pid);
@@ -314,46 +322,84 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
       out.setSplitKey(c.key);
     }
   }
-  new_comms_.clear();
+  new_comms_.erase(new_comms_.begin(), new_comms_.begin() + static_cast<std::ptrdiff_t>(sent_comms));
+  // Communicators announced in a later batch: their records and ends wait for it.
+  std::set<std::pair<uint32_t, uint64_t>> held;
+  for (const auto& c : new_comms_) held.emplace(c.pid, c.hash);
 
-  auto ends = batch.initCommEnds(static_cast<unsigned>(ended_comms_.size()));
-  for (unsigned k = 0; k < ended_comms_.size(); ++k) {
-    const auto& c = ended_comms_[k];
+  std::vector<PendingEnd> ends_now, ends_later;
+  for (auto& c : ended_comms_)
+    (held.count({c.pid, c.hash}) || ends_now.size() == proto::kMaxListEntries ? ends_later : ends_now).push_back(c);
+  ended_comms_ = std::move(ends_later);
+  auto ends = batch.initCommEnds(static_cast<unsigned>(ends_now.size()));
+  for (unsigned k = 0; k < ends_now.size(); ++k) {
+    const auto& c = ends_now[k];
     ends[k].setPid(c.pid);
     ends[k].setCommHash(c.hash);
     ends[k].setKind(c.abort ? wire::CommEndKind::ABORT : wire::CommEndKind::DESTROY);
     ends[k].setNs(c.ns);
     ends[k].setResult(c.result);
   }
-  ended_comms_.clear();
 
+  // Blocks in key order until the batch is full; a block larger than what
+  // is left is split (its first records now, the rest next time).
+  uint64_t records = 0;
+  std::vector<proto::ColumnBlock> parts;
   std::vector<const proto::ColumnBlock*> blocks;
-  for (const auto& [key, block] : blocks_) blocks.push_back(&block);
+  for (auto it = blocks_.begin(); it != blocks_.end();) {
+    proto::ColumnBlock& block = it->second;
+    if (held.count({block.pid, block.comm_hash})) {
+      ++it;
+      continue;
+    }
+    if (blocks.size() == proto::kMaxListEntries || records == proto::kMaxRecordsPerBatch) break;
+    uint64_t room = proto::kMaxRecordsPerBatch - records;
+    if (block.records.size() <= room) {
+      records += block.records.size();
+      parts.push_back(std::move(block));
+      it = blocks_.erase(it);
+    } else {
+      proto::ColumnBlock part = block;
+      part.records.assign(block.records.begin(), block.records.begin() + static_cast<std::ptrdiff_t>(room));
+      block.records.erase(block.records.begin(), block.records.begin() + static_cast<std::ptrdiff_t>(room));
+      records += room;
+      parts.push_back(std::move(part));
+      break;
+    }
+  }
+  for (const auto& part : parts) blocks.push_back(&part);
   proto::encode_collectives(blocks, batch);
-  blocks_.clear();
   pending_records_ = 0;
+  for (const auto& [key, block] : blocks_) pending_records_ += block.records.size();
 
-  auto samples = batch.initClockSamples(static_cast<unsigned>(clock_samples_.size()));
-  for (unsigned k = 0; k < clock_samples_.size(); ++k) {
+  const size_t sent_samples = std::min<size_t>(clock_samples_.size(), proto::kMaxClockSamples);
+  auto samples = batch.initClockSamples(static_cast<unsigned>(sent_samples));
+  for (unsigned k = 0; k < sent_samples; ++k) {
     samples[k].setT1(clock_samples_[k][0]);
     samples[k].setT2(clock_samples_[k][1]);
     samples[k].setT3(clock_samples_[k][2]);
     samples[k].setT4(clock_samples_[k][3]);
   }
-  clock_samples_.clear();
+  clock_samples_.erase(clock_samples_.begin(), clock_samples_.begin() + static_cast<std::ptrdiff_t>(sent_samples));
 
+  // Waits share the record budget with the collectives.
   std::map<std::pair<uint32_t, uint32_t>, proto::WaitBlock> wait_blocks;
-  for (const rs_wait_event& w : waits_) {
-    auto& block = wait_blocks[{w.hdr.pid, w.hdr.tid}];
+  size_t taken = 0;
+  for (; taken < waits_.size() && records < proto::kMaxRecordsPerBatch; ++taken) {
+    const rs_wait_event& w = waits_[taken];
+    auto key = std::make_pair(w.hdr.pid, w.hdr.tid);
+    if (!wait_blocks.count(key) && wait_blocks.size() == proto::kMaxListEntries) break;
+    auto& block = wait_blocks[key];
     block.pid = w.hdr.pid;
     block.tid = w.hdr.tid;
     block.waits.push_back(proto::WaitRecord{static_cast<uint8_t>(w.kind <= 3 ? w.kind : 0), w.object,
                                             shift(w.entry_ns), shift(w.hdr.ts_ns), w.result});
+    ++records;
   }
+  waits_.erase(waits_.begin(), waits_.begin() + static_cast<std::ptrdiff_t>(taken));
   std::vector<proto::WaitBlock> wait_list;
   for (auto& [key, block] : wait_blocks) wait_list.push_back(std::move(block));
   proto::encode_waits(wait_list, batch);
-  waits_.clear();
 
   auto errors = batch.initAsyncErrors(static_cast<unsigned>(async_errors_.size()));
   for (unsigned k = 0; k < async_errors_.size(); ++k) {

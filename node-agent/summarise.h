@@ -53,7 +53,8 @@ class Summariser {
 
   bool empty() const;
   size_t pending_records() const { return pending_records_; }
-  // Moves everything pending into `batch` and starts afresh.
+  // Moves what is pending into `batch`, up to what one batch may carry
+  // (proto/limits.h); the rest stays for the next (empty() says whether any).
   void fill(wire::Batch::Builder batch, const DropTotals& drops);
   // Frees entries of processes that exited (pid gone or reused); each is
   // reported once more by health() as not alive.

@@ -113,13 +113,13 @@ void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Bat
   for (size_t i = 0; i < blocks.size(); ++i) encode_block(*blocks[i], index[i], base_ns, columns[i]);
 }
 
-Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Batch::Reader batch) {
+Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, const BatchFrame& frame) {
   constexpr uint32_t kMaxRecords = 1u << 20;
   uint32_t n = in.getCount();
   if (n > kMaxRecords)
     return make_error(Errc::protocol, "column block claims " + std::to_string(n) + " records (limit " +
                                           std::to_string(kMaxRecords) + ")");
-  auto table = batch.getCommTable();
+  const auto& table = frame.table;
   if (in.getComm() >= table.size())
     return make_error(Errc::protocol, "column block refers to communicator #" + std::to_string(in.getComm()) +
                                           " of a table of " + std::to_string(table.size()));
@@ -146,7 +146,7 @@ Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Bat
   block.records.resize(n);
   CallRecord prev{};
   prev.seq = in.getFirstSeq() - 1;
-  prev.issue_ns = batch.getBaseNs() + static_cast<uint64_t>(in.getBaseOffsetNs());
+  prev.issue_ns = frame.base_ns + static_cast<uint64_t>(in.getBaseOffsetNs());
   prev.count = in.getFirstCount();
   uint32_t prev_code = in.getFirstCode();
   for (uint32_t i = 0; i < n; ++i) {
@@ -220,7 +220,7 @@ void encode_waits(const std::vector<WaitBlock>& blocks, wire::Batch::Builder bat
   }
 }
 
-Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, wire::Batch::Reader batch) {
+Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, const BatchFrame& frame) {
   constexpr uint32_t kMaxWaits = 1u << 20;
   uint32_t n = in.getCount();
   if (n > kMaxWaits) return make_error(Errc::protocol, "wait block claims " + std::to_string(n) + " waits");
@@ -241,7 +241,7 @@ Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, wire::Batch::Reader
   WaitRecord prev;
   prev.kind = in.getFirstKind();
   prev.object = in.getFirstObject();
-  prev.end_ns = batch.getBaseNs() + static_cast<uint64_t>(in.getBaseOffsetNs());
+  prev.end_ns = frame.base_ns + static_cast<uint64_t>(in.getBaseOffsetNs());
   for (uint32_t i = 0; i < n; ++i) {
     WaitRecord& w = block.waits[i];
     w.start_ns = prev.end_ns + gap.value()[i];

@@ -31,10 +31,24 @@ struct ColumnBlock {
 // Writes the blocks into the batch: its time base (the earliest issue time),
 // its table of communicator hashes, and one CollectiveColumns per block.
 void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Batch::Builder batch);
-// Decodes one block of `batch`. Checks that every column is empty or exactly
+// What the blocks of one batch share, read from it once: its table of
+// communicator hashes and its time base. (A Cap'n Proto reader charges the
+// traversal limit each time a list is got: getting the table once per block
+// made reading a batch quadratic in its size, and a batch of 65,536 blocks
+// was refused as over the limit.)
+struct BatchFrame {
+  explicit BatchFrame(wire::Batch::Reader batch) : table(batch.getCommTable()), base_ns(batch.getBaseNs()) {}
+  capnp::List<uint64_t>::Reader table;
+  uint64_t base_ns;
+};
+
+// Decodes one block of a batch. Checks that every column is empty or exactly
 // `count` long, that the comm index is in the table, and that sequence
 // numbers and times do not overflow; throws nothing.
-Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Batch::Reader batch);
+Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, const BatchFrame& frame);
+inline Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Batch::Reader batch) {
+  return decode_columns(in, BatchFrame(batch));  // one block; a loop over a batch's blocks takes one frame
+}
 
 // The ended host waits of one thread.
 struct WaitRecord {
@@ -54,7 +68,10 @@ struct WaitBlock {
 // Writes the wait blocks into the batch, relative to its time base (set by
 // encode_collectives; taken from the first wait when there was none).
 void encode_waits(const std::vector<WaitBlock>& blocks, wire::Batch::Builder batch);
-Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, wire::Batch::Reader batch);
+Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, const BatchFrame& frame);
+inline Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, wire::Batch::Reader batch) {
+  return decode_waits(in, BatchFrame(batch));
+}
 
 // Limits applied to every message read from a socket.
 struct ReadLimits {

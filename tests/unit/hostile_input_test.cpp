@@ -5,11 +5,13 @@
 // target (tests/fuzz/agent_message_fuzz.cpp) found or would find.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 
 #include "collector/clock_refine.h"
 #include "collector/detect/detector.h"
 #include "collector/ingest.h"
+#include "node-agent/summarise.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
@@ -86,6 +88,71 @@ class HostileInputTest : public ::testing::Test {
   Detector detector{ingest, matcher, findings, clock, DetectOptions{}};
   ClockRefiner refiner{ingest};
 };
+
+// One process of a user's stand-in libnccl.so opens 70,000 communicators
+// (one call each) within one batch interval. A batch carrying them all
+// would be refused whole, and re-sent for ever: the node would go dark. The
+// agent's real summariser spreads them over batches the collector takes.
+TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOverSeveralBatches) {
+  testing::TempDir proc;  // an empty /proc: the process's identity is its pid only
+  agent::Summariser summariser(proc.path(), "gpu-1", 0);
+  const uint32_t pid = 4242;
+  const uint64_t kComms = kMaxListEntries + 4464;  // 70,000
+  for (uint64_t h = 1; h <= kComms; ++h) {
+    rs_comm_init_event init{};
+    init.hdr.pid = init.hdr.tid = pid;
+    init.hdr.kind = RS_EV_COMM_INIT;
+    init.hdr.ts_ns = 1'000'000 + h;
+    init.entry_ns = init.hdr.ts_ns - 10;
+    init.comm = h;
+    init.nranks = 2;
+    init.rank = 0;
+    init.op = RS_OP_COMM_INIT_RANK;
+    std::memcpy(init.unique_id, &h, sizeof(h));  // a unique id of its own
+    summariser.on_event(init);
+    rs_call_event call{};
+    call.hdr.pid = call.hdr.tid = pid;
+    call.hdr.kind = RS_EV_CALL;
+    call.hdr.ts_ns = 2'000'000 + h * 10;
+    call.entry_ns = call.hdr.ts_ns - 5;
+    call.comm = h;
+    call.count = 1024;
+    call.peer = -1;
+    call.op = RS_OP_ALLREDUCE;
+    call.datatype = 7;
+    summariser.on_event(call);
+  }
+  rs_comm_end_event end{};
+  end.hdr.pid = end.hdr.tid = pid;
+  end.hdr.kind = RS_EV_COMM_END;
+  end.comm = kComms;  // the last one: announced in the second batch, ended no earlier
+  end.op = RS_OP_COMM_DESTROY;
+  summariser.on_event(end);
+
+  int batches = 0;
+  while (!summariser.empty()) {
+    ASSERT_LT(++batches, 10) << "the summariser does not drain";
+    capnp::MallocMessageBuilder message;
+    auto b = message.initRoot<wire::AgentMessage>().initBatch();
+    b.setInstanceId(99);
+    b.setSeq(static_cast<uint64_t>(batches));
+    summariser.fill(b, agent::DropTotals{});
+    Outbox out;
+    ingest.on_agent_message("conn-1", proto::to_packed(message), out);
+    ASSERT_TRUE(out.now.empty() || !is_error(out.now[0].second)) << "batch " << batches << " refused";
+    EXPECT_EQ(out.after_commit.size(), 1u) << "batch " << batches << " not acknowledged";
+    ASSERT_TRUE(commit.run(0));
+  }
+  EXPECT_EQ(batches, 2);
+  EXPECT_EQ(node_bad(), 0u);
+  EXPECT_EQ(ingest.comms().size(), kComms);
+  EXPECT_EQ(ingest.counters().records_stored, kComms);
+  EXPECT_TRUE(ingest.comms().rbegin()->second.ended || [&] {
+    for (const auto& [hash, comm] : ingest.comms())
+      if (comm.ended) return true;
+    return false;
+  }()) << "the end reached the collector after its communicator";
+}
 
 // Found by fuzz_agent_message (a timeout): a few hundred packed bytes named
 // millions of empty clock samples, each refitting the node's clock; the
