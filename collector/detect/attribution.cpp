@@ -9,10 +9,16 @@ namespace {
 // Evidence is capped at this many times the opening level, so that a rank
 // that recovers after a long slowdown does not carry it for minutes.
 constexpr double kEvidenceCap = 4;
+// The wall time one instance adds is at most this: a job that pauses (a
+// checkpoint, an evaluation pass) is not waiting for anyone meanwhile.
+constexpr uint64_t kMaxIntervalNs = 30'000'000'000ull;
 }  // namespace
 
 WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
-    : nranks_(nranks), options_(options), bucket_ns_(std::max<uint64_t>(1, options.window_ns / 5)) {
+    : nranks_(nranks),
+      options_(options),
+      bucket_ns_(std::max<uint64_t>(1, options.window_ns / 5)),
+      per_bucket_(std::max<size_t>(1, (options.min_instances + buckets_ - 2) / (buckets_ - 1))) {
   wall_.assign(buckets_, 0);
   count_.assign(buckets_, 0);
   ranks_.resize(static_cast<size_t>(std::max(0, nranks)));
@@ -88,26 +94,24 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
                           const std::vector<uint64_t>& margin, uint64_t completion_ns) {
   const size_t n = ranks_.size();
   if (value.size() != n || arrival.size() != n || margin.size() != n || n < 2) return;
-  int64_t bucket = static_cast<int64_t>(completion_ns / bucket_ns_);
+  // A bucket lasts at least bucket_ns and holds at least per_bucket_
+  // instances: a job of slow steps (one collective every 10 s) is judged
+  // over as many instances as a fast one, over a longer window.
   if (current_ < 0) {
-    current_ = bucket;
-  } else if (bucket > current_) {
+    current_ = 0;
+    bucket_start_ = completion_ns;
+  } else if (completion_ns >= bucket_start_ + bucket_ns_ && count_[slot(current_)] >= per_bucket_) {
     close_bucket();
-    // The buckets between (no instance completed in them) are empty.
-    int64_t skipped = std::min<int64_t>(bucket - current_, static_cast<int64_t>(buckets_));
-    for (int64_t b = 1; b <= skipped; ++b) {
-      size_t s = slot(bucket - b + 1);
-      wall_[s] = 0;
-      count_[s] = 0;
-      for (Rank& r : ranks_) r.owed[s] = 0, r.held[s] = 0, r.late[s] = 0;
-    }
-    current_ = bucket;
+    current_ += 1;
+    const size_t next = slot(current_);
+    wall_[next] = 0;
+    count_[next] = 0;
+    for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0;
+    bucket_start_ = completion_ns;
   }
   const size_t s = slot(current_);
-  // Wall time: from the previous completion, at most a bucket (a job that
-  // pauses for a checkpoint is not waiting for anyone meanwhile).
   if (last_completion_ > 0 && completion_ns > last_completion_)
-    wall_[s] += std::min(completion_ns - last_completion_, bucket_ns_);
+    wall_[s] += std::min(completion_ns - last_completion_, kMaxIntervalNs);
   last_completion_ = std::max(last_completion_, completion_ns);
   count_[s] += 1;
 

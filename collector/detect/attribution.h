@@ -30,7 +30,8 @@
 namespace rankscope::collector {
 
 struct AttributionOptions {
-  uint64_t window_ns = 5'000'000'000ull;  // shares are judged over about this much time (5 buckets)
+  uint64_t window_ns = 5'000'000'000ull;  // shares are judged over at least this much time (5 buckets),
+                                          // longer where 4 buckets would hold fewer than min_instances
   uint64_t min_lateness_ns = 2'000'000;   // late by less than this at one exchange is scheduling noise: not counted
   size_t min_instances = 16;              // ... and only with this many instances in it
   size_t baseline_instances = 12;         // a window this full teaches the structural share
@@ -100,8 +101,10 @@ class WaitAttribution {
   int32_t nranks_;
   AttributionOptions options_;
   size_t buckets_ = 5;
-  uint64_t bucket_ns_;
-  int64_t current_ = -1;               // the bucket being filled
+  uint64_t bucket_ns_;                 // a bucket lasts at least this long ...
+  size_t per_bucket_;                  // ... and holds at least this many instances
+  int64_t current_ = -1;               // the bucket being filled (counted from 0)
+  uint64_t bucket_start_ = 0;          // the completion that opened it
   std::vector<uint64_t> wall_;         // by slot
   std::vector<uint32_t> count_;        // by slot
   uint64_t last_completion_ = 0;

@@ -155,5 +155,38 @@ TEST(WaitAttribution, StructureIsLearntAndOnlyWaitingBeyondItIsEvidence) {
   EXPECT_NEAR(waits.standings()[3].lateness_ns, 12.0 * kMs, 3.0 * kMs);
 }
 
+TEST(WaitAttribution, AJobOfSlowStepsIsJudgedOverAsManyInstancesAsAFastOne) {
+  // One collective every 2 s (a large model's data-parallel AllReduce):
+  // a 5 s window would never hold the 16 instances a finding needs. The
+  // window stretches instead (4 instances a bucket at least).
+  AttributionOptions options;
+  WaitAttribution waits(8, options);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int64_t> jitter(0, 500'000);
+  uint64_t t = kStart;
+  auto step = [&](int64_t late5) {
+    std::vector<int64_t> late(8);
+    for (auto& l : late) l = jitter(rng);
+    late[5] += late5;
+    instance(waits, t, late);
+    t += 2000 * kMs;
+  };
+  for (int i = 0; i < 30; ++i) step(0);  // a minute: learnt, nobody over
+  for (const Standing& s : waits.standings()) {
+    EXPECT_TRUE(s.learnt);
+    EXPECT_FALSE(s.over);
+  }
+  int found_after = -1;
+  for (int i = 0; i < 60 && found_after < 0; ++i) {
+    step(200 * kMs);  // 10% of a step late
+    if (waits.standings()[5].over) found_after = i;
+  }
+  ASSERT_GE(found_after, 0) << "never found: instances in the window " << waits.standings()[5].instances;
+  auto st = waits.standings()[5];
+  EXPECT_GE(st.instances, options.min_instances);
+  EXPECT_GT(st.window_ns, 20 * options.window_ns / 5) << "the window spans the instances, not 5 s";
+  EXPECT_NEAR(st.lateness_ns, 200.0 * kMs, 5.0 * kMs);
+}
+
 }  // namespace
 }  // namespace rankscope::collector
