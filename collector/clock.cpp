@@ -43,7 +43,13 @@ void NodeClock::add(const ClockProbeSample& s) {
   if (s.t4 < s.t1 || s.t3 < s.t2 || (s.t4 - s.t1) < (s.t3 - s.t2)) return;
   window_.push_back(s);
   if (window_.size() > kWindow) window_.pop_front();
+  const uint64_t before = known_ ? uncertainty_ns() : UINT64_MAX;
   fit();
+  if (before != UINT64_MAX && before > uncertainty_ns()) {
+    replaced_.emplace_back(s.t3, before);
+    while (replaced_.size() > kReplaced || (!replaced_.empty() && replaced_.front().first + kReplacedNs < s.t3))
+      replaced_.pop_front();
+  }
   known_ = true;
 }
 
@@ -100,6 +106,13 @@ void NodeClock::fit() {
   residual = std::sqrt(residual / sw);
   offset_ns_ = static_cast<int64_t>(std::llround(at_reference));
   uncertainty_ns_ = best_half + static_cast<uint64_t>(residual);
+}
+
+uint64_t NodeClock::uncertainty_since(uint64_t cluster_ns) const {
+  uint64_t worst = uncertainty_ns();
+  for (auto it = replaced_.rbegin(); it != replaced_.rend() && it->first >= cluster_ns; ++it)
+    worst = std::max(worst, it->second);
+  return worst;
 }
 
 uint64_t NodeClock::to_cluster(uint64_t node_ns) const {

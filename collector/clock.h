@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <utility>
 
 namespace rankscope::collector {
 
@@ -46,6 +47,10 @@ class NodeClock {
     uint64_t moved = static_cast<uint64_t>(refinement_ns_ < 0 ? -refinement_ns_ : refinement_ns_);
     return uncertainty_ns_ > UINT64_MAX - moved ? UINT64_MAX : uncertainty_ns_ + moved;
   }
+  // The largest uncertainty_ns() of the estimates in use since `cluster_ns`
+  // (the collector's clock): records converted with an estimate a tighter
+  // probe has since replaced carry that estimate's error still.
+  uint64_t uncertainty_since(uint64_t cluster_ns) const;
   uint32_t samples() const { return static_cast<uint32_t>(window_.size()); }
   bool known() const { return known_; }
   uint64_t to_cluster(uint64_t node_ns) const;
@@ -60,6 +65,10 @@ class NodeClock {
   void fit();
 
   std::deque<ClockProbeSample> window_;
+  // Estimates replaced lately: (collector time of the probe that replaced it, its uncertainty).
+  static constexpr size_t kReplaced = 64;
+  static constexpr uint64_t kReplacedNs = 60'000'000'000ull;
+  std::deque<std::pair<uint64_t, uint64_t>> replaced_;
   uint64_t reference_ns_ = 0;  // node time the offset refers to
   int64_t offset_ns_ = 0;
   double drift_ = 0;           // d(offset)/d(node time)

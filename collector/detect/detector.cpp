@@ -27,6 +27,10 @@ constexpr size_t kMinSettling = 1024;
 constexpr const char* kWentOn = "Every rank went on past this collective by";
 // An agent heartbeats every second: silent for this long, its ranks are unseen.
 constexpr uint64_t kUnseenNs = 3'000'000'000ull;
+// How long a clock estimate's error is remembered after a better one
+// replaced it: records converted with it are scored within this (the
+// batching, the settling time and one re-send of a lost batch).
+constexpr uint64_t kMarginMemoryNs = 3'000'000'000ull;
 // Processes followed from one stall's missing ranks to the one holding them up.
 constexpr size_t kMaxChase = 4096;
 // Stalls folded into a hang that its detail names one by one.
@@ -285,8 +289,11 @@ const ProcessHealth* Detector::health_of(const MemberState& member) const {
 }
 
 uint64_t Detector::clock_uncertainty(const std::string& node) const {
+  // Records of the last few seconds may have been put on the cluster clock
+  // with an estimate a tighter probe replaced since: its error counts.
   const NodeState* it = node_named(node);
-  return it ? it->clock.uncertainty_ns() : UINT64_MAX / 4;
+  uint64_t now = clock_.realtime_ns();
+  return it ? it->clock.uncertainty_since(now > kMarginMemoryNs ? now - kMarginMemoryNs : 0) : UINT64_MAX / 4;
 }
 
 std::string Detector::describe_rank(const CommState& comm, int32_t rank, uint64_t now_ns) const {

@@ -44,6 +44,21 @@ TEST(NodeClock, RecoversOffsetFromFewProbes) {
   EXPECT_LE(std::abs(error), static_cast<double>(clock.uncertainty_ns()));
 }
 
+TEST(NodeClock, AnEstimateATighterProbeReplacedStillCountsForAWhile) {
+  // The first probe of a busy start: a 600 ms round trip, so the offset is
+  // known within 300 ms. The next is tight. Records put on the cluster
+  // clock in between carry up to 300 ms of error: whoever scores them within
+  // the next seconds must count it, though the clock is tight now.
+  NodeClock clock;
+  const uint64_t s = 1'000'000'000ull;
+  clock.add({100 * s, 1000 * s + 300'000'000, 1000 * s + 300'000'000, 100 * s + 600'000'000});
+  EXPECT_EQ(clock.uncertainty_ns(), 300'000'000u);
+  clock.add({101 * s, 1001 * s, 1001 * s, 101 * s + 100'000});
+  EXPECT_EQ(clock.uncertainty_ns(), 50'000u);
+  EXPECT_EQ(clock.uncertainty_since(995 * s), 300'000'000u) << "replaced at 1001 s: records converted before may still be scored";
+  EXPECT_EQ(clock.uncertainty_since(1002 * s), 50'000u) << "nothing was converted with it since";
+}
+
 TEST(NodeClock, RecoversDriftOfThirtyPpmWithinFiftyMicroseconds) {
   // 1 ms of probe jitter, 30 us/s of drift, five minutes of probes.
   SimulatedNode node{-3'000'000'000ll, 30.0, 1'000'000};
