@@ -527,32 +527,11 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     // Missing ranks whose agent went silent are unseen, not hung: the
     // node_lost finding of their node tells it (and counts this one).
     if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;
-    std::string call = instance_seq == n_seq ? instance->first.describe() : "the next collective";
-    std::string op = proto::op_name(instance->first.op());
-    int others = n - static_cast<int>(f.ranks.size());
-    // Of the missing ranks, those whose process is stopped or gone are the
-    // culprits; the live ones are most often blocked behind them inside the
-    // previous collective, where host tracing cannot see it.
-    std::vector<int32_t> stuck;
-    for (int32_t r : f.ranks)
-      if (auto m = comm.members.find(r); m != comm.members.end())
-        if (const ProcessHealth* health = health_of(m->second); health && health->known() && stuck_process(*health))
-          stuck.push_back(r);
-    if (!stuck.empty() && stuck.size() < f.ranks.size()) {
-      for (int32_t r : f.ranks)
-        if (std::find(stuck.begin(), stuck.end(), r) == stuck.end()) stall.also_missing.push_back(r);
-      f.ranks = stuck;
-    }
-    f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank" +
-                (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + " never entered " + op + " #" +
-                std::to_string(n_seq);
-    if (!stall.also_missing.empty())
-      f.summary += " and cannot progress (process stopped or exited); rank" +
-                   std::string(stall.also_missing.size() > 1 ? "s " : " ") + join(stall.also_missing) +
-                   " never entered it either (alive)";
-    f.summary += "; " + std::to_string(others) + " other rank(s) entered it from " + format_time_ns(reached_ns) +
-                 " on and wait there";
-    tail = " (" + call + ").\nMissing:";
+    // Told (and its culprits narrowed) only if it is raised or folded into
+    // one that is: most stalls of a busy fleet are collectives in flight.
+    stall.instance = instance;
+    stall.instance_seq = instance_seq;
+    stall.others = n - static_cast<int>(f.ranks.size());
   } else {
     // Every rank issued the same last collective and nothing moves.
     if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return;
@@ -593,6 +572,37 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     inside_stalls_[{comm.hash, static_cast<uint64_t>(max_last)}] = stalls_.size();
   }
   stalls_.push_back(std::move(stall));
+}
+
+void Detector::describe_stall(Stall& stall) const {
+  Finding& f = stall.finding;
+  if (!stall.partial || !f.summary.empty()) return;
+  const CommState& comm = *stall.comm;
+  const uint64_t n_seq = static_cast<uint64_t>(f.seq);
+  std::string call = stall.instance_seq == n_seq ? stall.instance->first.describe() : "the next collective";
+  std::string op = proto::op_name(stall.instance->first.op());
+  // Of the missing ranks, those whose process is stopped or gone are the
+  // culprits; the live ones are most often blocked behind them inside the
+  // previous collective, where host tracing cannot see it.
+  std::vector<int32_t> stuck;
+  for (int32_t r : f.ranks)
+    if (auto m = comm.members.find(r); m != comm.members.end())
+      if (const ProcessHealth* health = health_of(m->second); health && health->known() && stuck_process(*health))
+        stuck.push_back(r);
+  if (!stuck.empty() && stuck.size() < f.ranks.size()) {
+    for (int32_t r : f.ranks)
+      if (std::find(stuck.begin(), stuck.end(), r) == stuck.end()) stall.also_missing.push_back(r);
+    f.ranks = stuck;
+  }
+  f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank" +
+              (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + " never entered " + op + " #" + std::to_string(n_seq);
+  if (!stall.also_missing.empty())
+    f.summary += " and cannot progress (process stopped or exited); rank" +
+                 std::string(stall.also_missing.size() > 1 ? "s " : " ") + join(stall.also_missing) +
+                 " never entered it either (alive)";
+  f.summary += "; " + std::to_string(stall.others) + " other rank(s) entered it from " +
+               format_time_ns(stall.since_ns) + " on and wait there";
+  f.detail = " (" + call + ").\nMissing:";
 }
 
 std::vector<Detector::ProcKey> Detector::waits_for(const ProcKey& p, size_t* inside) const {
@@ -701,9 +711,14 @@ void Detector::raise_stalls(uint64_t now_ns) {
     if (better(a, b)) owner[b] = a;
     else owner[a] = b;
   };
-  for (const auto& [p, named] : naming)
-    for (size_t k = 1; k < named.size(); ++k)
-      if (direct[named[0]] && direct[named[k]]) unite(named[0], named[k]);
+  for (const auto& [p, named] : naming) {
+    size_t first = SIZE_MAX;
+    for (size_t c : named) {
+      if (!direct[c]) continue;
+      if (first == SIZE_MAX) first = c;
+      else unite(first, c);
+    }
+  }
   // A stall behind others joins the best of the stalls it waits on.
   for (size_t i = 0; i < stalls_.size(); ++i) {
     if (direct[i]) continue;
@@ -743,6 +758,8 @@ void Detector::raise_stalls(uint64_t now_ns) {
 
 void Detector::raise_stall(Stall& stall, uint64_t now_ns) {
   const CommState& comm = *stall.comm;
+  describe_stall(stall);
+  for (size_t k : stall.folded) describe_stall(stalls_[k]);
   Finding f = stall.finding;
   // The story is told once, when the hang is found; it is rewritten only if
   // the culprits change, what their processes are doing does (a rank found

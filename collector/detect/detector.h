@@ -117,6 +117,9 @@ class Detector final : public MatchListener {
     bool timed_out = false;    // waited on for the hang timeout
     std::vector<ProcKey> missing;  // the processes of the missing ranks (partial)
     std::vector<int32_t> also_missing;  // missing, alive, beside stopped or exited ones (which the finding names)
+    const OpenCollective* instance = nullptr;  // partial: the open instance at or after the stalled one
+    uint64_t instance_seq = 0;
+    int others = 0;                             // partial: the ranks that entered it
     std::vector<size_t> folded;    // the stalls waiting on it, folded into its finding
     bool owned = false;            // folded into another stall's finding
   };
@@ -137,6 +140,8 @@ class Detector final : public MatchListener {
   // Folds the stalls that wait on another into it, and raises the rest that waited long enough.
   void raise_stalls(uint64_t now_ns);
   void raise_stall(Stall& stall, uint64_t now_ns);
+  // A partial stall's culprits and story, worked out when it is told.
+  void describe_stall(Stall& stall) const;
   // The processes `p` waits for in its latest exchange (none: it is not
   // waiting in one); `inside` is set when that exchange is a stall every rank is inside.
   std::vector<ProcKey> waits_for(const ProcKey& p, size_t* inside) const;
