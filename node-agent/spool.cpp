@@ -79,6 +79,32 @@ Result<void> make_dirs(const std::string& dir) {
   return {};
 }
 
+// A file created in or removed from the spool folder is durable once the
+// folder itself is synced.
+void sync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (::fsync(fd) != 0) RS_LOG(warn, "spool %s: fsync of the folder failed: %s", dir.c_str(), errno_text().c_str());
+  ::close(fd);
+}
+
+// The spool folder must be the agent's own: a directory owned by its user
+// and writable by nobody else.
+Result<void> check_owner(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return make_error(Errc::io, "cannot stat spool folder " + dir + ": " + errno_text());
+  if (!S_ISDIR(st.st_mode)) return make_error(Errc::invalid_argument, "spool folder " + dir + " is not a directory");
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return make_error(Errc::refused, "spool folder " + dir + " is owned by uid " + std::to_string(st.st_uid) +
+                                         " with mode " + mode + ": whoever can write there can make this agent send "
+                                         "batches in its node's name; make it the agent's own (chown " +
+                                         std::to_string(::geteuid()) + " " + dir + "; chmod 0700 " + dir + ")");
+  }
+  return {};
+}
+
 // "0000000000000001.seg" -> 1; 0 for any other name.
 uint64_t segment_number(const char* name) {
   std::string text(name);
@@ -114,8 +140,9 @@ std::string Spool::path(uint64_t segment) const {
 Result<std::unique_ptr<Spool>> Spool::open(const std::string& dir, const Limits& limits) {
   if (dir.empty() || dir[0] != '/') return make_error(Errc::invalid_argument, "spool folder must be an absolute path");
   if (auto made = make_dirs(dir); !made) return made.error();
+  if (auto owned = check_owner(dir); !owned) return owned.error();
   std::string lock_path = dir + "/lock";
-  int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (lock_fd < 0) return make_error(Errc::io, "cannot open " + lock_path + ": " + errno_text());
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     ::close(lock_fd);
@@ -143,10 +170,14 @@ Result<void> Spool::load() {
   std::map<std::pair<uint64_t, uint64_t>, size_t> index;  // (instance, seq) -> found
   for (uint64_t number : numbers) {
     std::string file = path(number);
-    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return make_error(Errc::io, "cannot read spool segment " + file + ": " + errno_text());
     struct stat st {};
     ::fstat(fd, &st);
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+      ::close(fd);
+      return make_error(Errc::refused, "spool segment " + file + " is not a file of the agent's own user");
+    }
     uint64_t size = static_cast<uint64_t>(st.st_size), offset = 0;
     std::string why;
     while (offset < size) {
@@ -179,7 +210,7 @@ Result<void> Spool::load() {
       auto key = std::make_pair(h.instance, h.seq);
       if (h.kind == kBatch) {
         Found f;
-        f.batch = Recovered{h.instance, h.seq, SpoolRef{number, offset + sizeof h, h.length}, std::move(payload)};
+        f.batch = Recovered{h.instance, h.seq, SpoolRef{number, offset + sizeof h, h.length}};
         index[key] = found.size();
         found.push_back(std::move(f));
       } else if (auto it = index.find(key); it != index.end()) {
@@ -235,6 +266,7 @@ Result<void> Spool::start_segment() {
   std::string file = path(next);
   int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return make_error(Errc::io, "cannot create spool segment " + file + ": " + errno_text());
+  sync_dir(dir_);
   active_fd_ = fd;
   active_ = next;
   segments_[next] = Segment{};
@@ -294,12 +326,19 @@ void Spool::acked(uint64_t instance, uint64_t seq, const SpoolRef& ref) {
 
 Result<std::string> Spool::read(const SpoolRef& ref) const {
   if (!segments_.count(ref.segment)) return make_error(Errc::not_found, "spool segment " + path(ref.segment) + " is gone");
-  int fd = ::open(path(ref.segment).c_str(), O_RDONLY | O_CLOEXEC);
+  if (ref.offset < sizeof(Header)) return make_error(Errc::invalid_argument, "not a spool record reference");
+  int fd = ::open(path(ref.segment).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return make_error(Errc::io, "cannot read spool segment " + path(ref.segment) + ": " + errno_text());
+  Header h{};
   std::string bytes(ref.size, '\0');
-  bool ok = read_at(fd, bytes.data(), bytes.size(), ref.offset);
+  bool ok = read_at(fd, reinterpret_cast<char*>(&h), sizeof h, ref.offset - sizeof h) &&
+            read_at(fd, bytes.data(), bytes.size(), ref.offset);
   ::close(fd);
   if (!ok) return make_error(Errc::io, "cannot read spool segment " + path(ref.segment) + ": short read");
+  if (h.magic != kMagic || h.kind != kBatch || h.length != ref.size || record_crc(h, bytes.data(), bytes.size()) != h.crc)
+    return make_error(Errc::io, "spool segment " + path(ref.segment) + ": the record at byte " +
+                                    std::to_string(ref.offset - sizeof h) +
+                                    " no longer matches its checksum (changed on disk since it was written)");
   return bytes;
 }
 
@@ -319,6 +358,8 @@ void Spool::remove_segment(uint64_t segment) {
   if (it == segments_.end()) return;
   if (::unlink(path(segment).c_str()) != 0 && errno != ENOENT)
     RS_LOG(warn, "cannot remove spool segment %s: %s", path(segment).c_str(), errno_text().c_str());
+  else
+    sync_dir(dir_);  // else a power loss may bring it back, and its batches with it
   total_bytes_ -= it->second.size;
   segments_.erase(it);
 }

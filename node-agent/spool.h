@@ -42,11 +42,12 @@ class Spool {
     uint64_t segment_bytes = 4ull << 20;    // a new segment is started past this
     uint64_t sync_interval_ns = 1'000'000'000ull;
   };
-  // A batch found at open, not acknowledged by an earlier run.
+  // A batch found at open, not acknowledged by an earlier run: where it
+  // lies (its bytes are read when it is sent; a spool of a long outage can
+  // be far larger than the agent's memory).
   struct Recovered {
     uint64_t instance = 0, seq = 0;
     SpoolRef ref;
-    std::string bytes;
   };
   // What open found wrong (counted, logged, never fatal).
   struct Damage {
@@ -55,7 +56,9 @@ class Spool {
   };
 
   // Creates `dir` if needed, takes its lock (one agent per spool), reads
-  // every segment. Fails with a message to act on (not writable, locked).
+  // every segment. Fails with a message to act on (not writable, locked,
+  // or writable by anyone but the agent's own user: whoever can write
+  // there can make the agent send batches in its node's name).
   static Result<std::unique_ptr<Spool>> open(const std::string& dir, const Limits& limits);
   ~Spool();
   Spool(const Spool&) = delete;
@@ -69,6 +72,8 @@ class Spool {
   Result<SpoolRef> append(uint64_t instance, uint64_t seq, const std::string& bytes);
   // The collector has it: the batch's segment may go.
   void acked(uint64_t instance, uint64_t seq, const SpoolRef& ref);
+  // The batch's bytes, its record's checksum checked again (the disk may
+  // have changed them since they were written or read at open).
   Result<std::string> read(const SpoolRef& ref) const;
   // While over max_bytes: the oldest segment that still holds batches, which
   // the caller should forget (then call drop_segment). nullopt: within bounds.

@@ -70,10 +70,9 @@ Transport::Transport(zmq::context_t& context, const Options& options, const Cloc
   // What an earlier run left unacknowledged goes first, as it was (its own
   // instance id and seq: the collector recognises what it already stored).
   if (spool_) {
-    for (auto& recovered : spool_->take_recovered()) {
-      queued_bytes_ += recovered.bytes.size();
-      queue_.push_back(Pending{recovered.instance, recovered.seq, std::move(recovered.bytes), recovered.ref});
-    }
+    // Their bytes stay on disk until each is sent.
+    for (auto& recovered : spool_->take_recovered())
+      queue_.push_back(Pending{recovered.instance, recovered.seq, std::string(), recovered.ref});
     enforce_bounds();
   }
   socket_.set(zmq::sockopt::linger, 0);

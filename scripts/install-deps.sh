@@ -21,7 +21,8 @@ build_pkgs=(
 )
 # slurm-wlm pulls slurmctld, slurmd and slurm-client (srun, sinfo, squeue); the
 # tests start their own munged/slurmctld/slurmd, never the system services.
-test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager slurm-wlm munge)
+# systemd: systemd-analyze verifies the shipped units (tests/deploy).
+test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager slurm-wlm munge systemd)
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in

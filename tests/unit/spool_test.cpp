@@ -96,12 +96,52 @@ TEST_F(SpoolTest, UnackedBatchesComeBackInOrderAfterARestartAndAckedOnesDoNot) {
   std::vector<uint64_t> seqs;
   for (const auto& r : recovered) {
     EXPECT_EQ(r.instance, 7u);
-    EXPECT_EQ(r.bytes, batch(7, r.seq)) << "the batch comes back byte for byte, with its own instance id and seq";
+    auto bytes = spool->read(r.ref);  // read when it is sent, not held in memory
+    ASSERT_TRUE(bytes) << bytes.error().message;
+    EXPECT_EQ(*bytes, batch(7, r.seq)) << "the batch comes back byte for byte, with its own instance id and seq";
     seqs.push_back(r.seq);
   }
   EXPECT_EQ(seqs, (std::vector<uint64_t>{1, 3, 4, 6}));
   EXPECT_EQ(spool->damage().bad_tails, 0u);
   EXPECT_TRUE(spool->take_recovered().empty()) << "handed over once";
+}
+
+TEST_F(SpoolTest, AFolderAnyoneElseCanWriteIsRefused) {
+  // Whoever can write in the spool can make the agent send batches in its
+  // node's name: a folder writable by others, or another user's, is refused.
+  fs::create_directories(dir);
+  fs::permissions(dir, fs::perms::all);  // 0777
+  auto open_writable = Spool::open(dir, limits);
+  ASSERT_FALSE(open_writable);
+  EXPECT_NE(open_writable.error().message.find("chmod 0700 " + dir), std::string::npos) << open_writable.error().message;
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace);
+  ASSERT_EQ(::chown(dir.c_str(), 65534, 65534), 0);  // nobody's
+  auto open_foreign = Spool::open(dir, limits);
+  ASSERT_FALSE(open_foreign);
+  EXPECT_NE(open_foreign.error().message.find("owned by uid 65534"), std::string::npos) << open_foreign.error().message;
+  ASSERT_EQ(::chown(dir.c_str(), ::geteuid(), ::getegid()), 0);
+  EXPECT_TRUE(Spool::open(dir, limits)) << "the agent's own, 0700";
+}
+
+TEST_F(SpoolTest, ABatchChangedOnDiskAfterItWasWrittenIsNotSent) {
+  auto spool = open();
+  ASSERT_TRUE(spool);
+  auto ref = spool->append(7, 1, batch(7, 1));
+  ASSERT_TRUE(ref) << ref.error().message;
+  ASSERT_TRUE(spool->read(*ref));
+  {
+    int fd = ::open(segment_files(dir).back().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char byte = 0;
+    off_t at = static_cast<off_t>(ref->offset + ref->size / 2);
+    ASSERT_EQ(::pread(fd, &byte, 1, at), 1);
+    byte = static_cast<char>(byte ^ 0xff);  // one byte of the payload, every bit flipped
+    ASSERT_EQ(::pwrite(fd, &byte, 1, at), 1);
+    ::close(fd);
+  }
+  auto back = spool->read(*ref);
+  ASSERT_FALSE(back);
+  EXPECT_NE(back.error().message.find("no longer matches its checksum"), std::string::npos) << back.error().message;
 }
 
 TEST_F(SpoolTest, SegmentsGoOnceEverythingInThemIsAcked) {
