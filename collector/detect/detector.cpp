@@ -31,6 +31,10 @@ constexpr uint64_t kUnseenNs = 3'000'000'000ull;
 // replaced it: records converted with it are scored within this (the
 // batching, the settling time and one re-send of a lost batch).
 constexpr uint64_t kMarginMemoryNs = 3'000'000'000ull;
+// Send/Recv halves waiting this long (or the hang timeout, if shorter) are a stall.
+constexpr uint64_t kPairStallNs = 1'000'000'000ull;
+// How a hang in Send/Recv says what is missing (and how it is told from a collective's).
+constexpr const char* kNeverPosted = " never posted ";
 // Processes followed from one stall's missing ranks to the one holding them up.
 constexpr size_t kMaxChase = 4096;
 // Stalls folded into a hang that its detail names one by one.
@@ -438,7 +442,10 @@ void Detector::evaluate(uint64_t now_ns) {
     if (comm.nranks <= 0) continue;
     CommDetect& state = state_of(comm);
     auto open = open_by_comm.find(hash);
-    evaluate_hang(comm, state, now_ns, open == open_by_comm.end() ? kNone : open->second);
+    const auto& open_of_comm = open == open_by_comm.end() ? kNone : open->second;
+    size_t stalls = stalls_.size();
+    evaluate_hang(comm, state, now_ns, open_of_comm);
+    evaluate_pairs(comm, state, now_ns, open_of_comm, stalls_.size() > stalls);
     refresh_margins(comm, state);
     score(state, now_ns);
     auto stragglers = open_stragglers.find(hash);
@@ -477,6 +484,7 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   int64_t max_last = *std::max_element(last.begin(), last.end());
 
   for (const Finding* f : open_of_comm) {
+    if (is_pair_hang(*f)) continue;  // evaluate_pairs
     std::string key = f->key();
     bool inside = state.all_inside.count(key) > 0;
     if (f->kind == FindingKind::mismatch) {
@@ -572,6 +580,77 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
     inside_stalls_[{comm.hash, static_cast<uint64_t>(max_last)}] = stalls_.size();
   }
   stalls_.push_back(std::move(stall));
+}
+
+void Detector::evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                              const std::vector<const Finding*>& open_of_comm, bool stalled) {
+  if (comm.lanes.empty() || (comm.lanes.size() == 1 && comm.lanes.count(0))) return;  // no Send/Recv
+  std::vector<CollectiveMatcher::PendingPair> pending = matcher_.pending_pairs(comm.hash, now_ns);
+  // A half whose missing peer issued anything since (in any communicator)
+  // is not waited on by a stopped rank: its match was lost before the wire
+  // (a full ring buffer), like a sequence gap of a collective.
+  pending.erase(std::remove_if(pending.begin(), pending.end(),
+                               [&](const auto& p) {
+                                 auto m = comm.members.find(p.missing);
+                                 if (m == comm.members.end()) return false;
+                                 auto h = procs_.find({m->second.node, m->second.pid});
+                                 return h != procs_.end() && h->second.last_issue_ns > p.since_ns;
+                               }),
+                pending.end());
+  // A hang in Send/Recv resolves once its missing ranks hold no half back.
+  for (const Finding* f : open_of_comm) {
+    if (!is_pair_hang(*f)) continue;
+    bool held = std::any_of(pending.begin(), pending.end(), [&](const auto& p) {
+      return std::find(f->ranks.begin(), f->ranks.end(), p.missing) != f->ranks.end();
+    });
+    if (held) continue;
+    state.told.erase(f->key());
+    book_.resolve(f->key(), now_ns);
+  }
+  if (stalled) return;  // its collectives stall: that tells it (one finding per instance key)
+  // Halves waiting for a while: a stall (raised after the hang timeout, or
+  // folded with the stalls of the job that wait on it).
+  const uint64_t after = std::min(options_.hang_timeout_ns, kPairStallNs);
+  std::vector<CollectiveMatcher::PendingPair> stuck;
+  for (const auto& p : pending)
+    if (now_ns >= p.since_ns && now_ns - p.since_ns >= after) stuck.push_back(p);
+  if (stuck.empty()) return;
+  std::sort(stuck.begin(), stuck.end(), [](const auto& a, const auto& b) { return a.since_ns < b.since_ns; });
+  Stall stall;
+  stall.comm = &comm;
+  stall.state = &state;
+  stall.partial = true;
+  stall.since_ns = stuck.front().since_ns;
+  stall.timed_out = now_ns - stall.since_ns >= options_.hang_timeout_ns;
+  Finding& f = stall.finding;
+  f.kind = FindingKind::hang;
+  f.job = comm.job;
+  f.comm = comm.hash;
+  f.seq = static_cast<int64_t>(stuck.front().k);
+  std::set<int32_t> missing, waiting;
+  for (const auto& p : stuck) missing.insert(p.missing), waiting.insert(p.waiting);
+  f.ranks.assign(missing.begin(), missing.end());
+  if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;
+  for (int32_t r : f.ranks)
+    if (auto m = comm.members.find(r); m != comm.members.end()) stall.missing.emplace_back(m->second.node, m->second.pid);
+  std::vector<int32_t> waiters(waiting.begin(), waiting.end());
+  const auto& first = stuck.front();
+  std::string head = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": ";
+  if (stuck.size() == 1)
+    f.summary = head + "rank " + std::to_string(first.missing) + kNeverPosted + "the " +
+                (first.waiting_receives ? "Send" : "Recv") + " matching rank " + std::to_string(first.waiting) +
+                "'s " + (first.waiting_receives ? "Recv" : "Send") + " #" + std::to_string(first.k) + "; rank " +
+                std::to_string(first.waiting) + " has waited for it since " + format_time_ns(first.since_ns);
+  else
+    f.summary = head + "rank" + (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + kNeverPosted + "their halves of " +
+                std::to_string(stuck.size()) + " Send/Recv pairs; rank" + (waiters.size() > 1 ? "s " : " ") +
+                join(waiters) + " have waited since " + format_time_ns(first.since_ns);
+  f.detail = ".\nMissing:";
+  stalls_.push_back(std::move(stall));
+}
+
+bool Detector::is_pair_hang(const Finding& f) {
+  return f.kind == FindingKind::hang && f.summary.find(kNeverPosted) != std::string::npos;
 }
 
 void Detector::describe_stall(Stall& stall) const {

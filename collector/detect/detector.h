@@ -137,6 +137,12 @@ class Detector final : public MatchListener {
   // Resolves the communicator's hangs that progressed, and notes its stall, if any.
   void evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
                      const std::vector<const Finding*>& open_of_comm);
+  // Resolves the communicator's Send/Recv hangs that progressed, and notes
+  // its halves waiting for their other half as a stall (unless `stalled`:
+  // its collectives already stall).
+  void evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                      const std::vector<const Finding*>& open_of_comm, bool stalled);
+  static bool is_pair_hang(const Finding& f);
   // Folds the stalls that wait on another into it, and raises the rest that waited long enough.
   void raise_stalls(uint64_t now_ns);
   void raise_stall(Stall& stall, uint64_t now_ns);

@@ -129,6 +129,18 @@ std::pair<uint64_t, const OpenCollective*> CollectiveMatcher::open_from(uint64_t
   return {it->first, &it->second};
 }
 
+std::vector<CollectiveMatcher::PendingPair> CollectiveMatcher::pending_pairs(uint64_t comm, uint64_t before_ns) const {
+  std::vector<PendingPair> out;
+  auto state = comms_.find(comm);
+  if (state == comms_.end()) return out;
+  for (const auto& [key, half] : state->second.p2p) {
+    if (half.issue_ns > before_ns) continue;
+    auto [sender, receiver, k] = key;
+    out.push_back(PendingPair{half.recv ? receiver : sender, half.recv ? sender : receiver, k, half.issue_ns, half.recv});
+  }
+  return out;
+}
+
 std::vector<int32_t> CollectiveMatcher::awaited(uint64_t comm, int32_t rank, uint32_t lane, uint64_t seq) const {
   std::vector<int32_t> ranks;
   auto state = comms_.find(comm);

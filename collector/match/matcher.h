@@ -108,6 +108,16 @@ class CollectiveMatcher final : public RecordObserver {
   // the exchange completed (or was never seen, or dropped by a bound), and
   // for a mismatched instance (its own finding tells it).
   std::vector<int32_t> awaited(uint64_t comm, int32_t rank, uint32_t lane, uint64_t seq) const;
+  // A Send or Recv posted, its other half not (yet): `waiting` posted the
+  // k-th call of the pair's direction, `missing` has not posted its match.
+  struct PendingPair {
+    int32_t waiting = -1, missing = -1;
+    uint64_t k = 0;
+    uint64_t since_ns = 0;  // when `waiting` posted it, cluster clock
+    bool waiting_receives = false;
+  };
+  // The pending halves of `comm` posted at or before `before_ns`.
+  std::vector<PendingPair> pending_pairs(uint64_t comm, uint64_t before_ns) const;
   // Memory held by open instances, and how many the bound dropped.
   uint64_t open_bytes() const { return budget_.bytes(); }
   uint64_t open_evicted() const { return budget_.evicted(); }

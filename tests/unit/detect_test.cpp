@@ -372,6 +372,49 @@ TEST_F(DetectTest, OneStoppedRankIsOneHangWithTheJobsOtherStallsFoldedIntoIt) {
   EXPECT_TRUE(open(FindingKind::hang).empty()) << summaries(open(FindingKind::hang));
 }
 
+TEST_F(DetectTest, ARankThatNeverPostsItsRecvIsAHangOfItsPipelineAndTheJobWaitsBehindIt) {
+  // Two pipelines of two stages, {0,1} and {2,3}, each its own
+  // communicator: each step stage 0 sends to stage 1, then all four ranks
+  // AllReduce (kComm). Process 1 stops after step 4: process 0's Send #5
+  // waits for a Recv that never comes, and the AllReduce #5 waits for both.
+  start(4);
+  register_comm(kComm + 1, {0, 1});
+  register_comm(kComm + 2, {2, 3});
+  uint64_t t = clock.now;
+  for (uint64_t step = 0; step < 6; ++step) {
+    std::vector<Call> list;
+    uint64_t at = t + step * 20 * kMs;
+    for (int32_t p = 0; p < 2; ++p) {
+      int32_t first = 2 * p;
+      list.push_back({first, step, at, RS_OP_SEND, 1024, kComm + 1 + p, 0, 3});  // to comm rank 1
+      if (first + 1 == 1 && step == 5) continue;                                   // stopped
+      list.push_back({first + 1, step, at + 1000, RS_OP_RECV, 1024, kComm + 1 + p, 1, 2});  // from comm rank 0
+    }
+    for (int32_t r = 0; r < 4; ++r)
+      if (step < 5 || r >= 2) list.push_back({r, step, at + 10 * kMs});
+    calls(list);
+  }
+  uint64_t due = t + 100 * kMs + options.hang_timeout_ns + kMs;
+  keep_talking(due);
+  health(1, 'T', 1000, due);
+  evaluate_at(due);
+
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u) << summaries(hangs);
+  EXPECT_EQ(hangs[0]->comm, kComm + 1);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{1});
+  EXPECT_NE(hangs[0]->summary.find("rank 1 never posted the Recv matching rank 0's Send #5"), std::string::npos)
+      << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->summary.find("1 other communicator(s) stall behind it"), std::string::npos) << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->detail.find("stopped"), std::string::npos) << hangs[0]->detail;
+
+  // The Recv comes: the pair completes, the AllReduce too; all resolve.
+  calls({{1, 5, due + kMs, RS_OP_RECV, 1024, kComm + 1, 1, 2}, {0, 5, due + 2 * kMs}, {1, 5, due + 2 * kMs}});
+  keep_talking(due + 3 * kMs);
+  evaluate_at(due + 3 * kMs);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << summaries(open(FindingKind::hang));
+}
+
 TEST_F(DetectTest, BusyRanksWithoutCollectivesAreNotAHang) {
   start(2);
   uint64_t t = clock.now;
