@@ -26,7 +26,7 @@ class SimAgreement : public ::testing::Test {
                         dir_->file("db"), "--hang-timeout-s", "3", "--node-lost-timeout-s", "3", "--insecure"},
                        {},
                        "",
-                       dir_->file("collector.log")});
+                       dir_->file("collector.log"), ""});  // stderr: with stdout
     std::string truth = dir_->file("truth.jsonl"), scores = dir_->file("scores.jsonl");
     Process sim({{bin_path("rankscope-sim"), "run", "--collector", agents, "--truth", truth, "--scenario", "mixed",
                   "--seed", "7", "--jobs", "7", "--nodes-per-job", "6", "--gpus", "4", "--pp", "2", "--step-ms", "50",
@@ -35,12 +35,12 @@ class SimAgreement : public ::testing::Test {
                   "--batch-reorder", "0.05", "--record-loss", "0.0005"},
                  {},
                  "",
-                 dir_->file("sim.log")});
+                 dir_->file("sim.log"), ""});
     sim_exit_ = sim.wait(std::chrono::seconds(60));
     Process score({{bin_path("rankscope-sim"), "score", "--query", query, "--truth", truth, "--out", scores},
                    {},
                    "",
-                   dir_->file("score.log")});
+                   dir_->file("score.log"), ""});
     score_exit_ = score.wait(std::chrono::seconds(60));
     auto lines = sim::read_json_lines(scores);
     if (lines) lines_ = new std::vector<sim::JsonObject>(std::move(*lines));
