@@ -292,12 +292,9 @@ const ProcessHealth* Detector::health_of(const MemberState& member) const {
   return health == node->health.end() ? nullptr : &health->second;
 }
 
-uint64_t Detector::clock_uncertainty(const std::string& node) const {
-  // Records of the last few seconds may have been put on the cluster clock
-  // with an estimate a tighter probe replaced since: its error counts.
+uint64_t Detector::clock_uncertainty(const std::string& node, uint64_t since_ns) const {
   const NodeState* it = node_named(node);
-  uint64_t now = clock_.realtime_ns();
-  return it ? it->clock.uncertainty_since(now > kMarginMemoryNs ? now - kMarginMemoryNs : 0) : UINT64_MAX / 4;
+  return it ? it->clock.uncertainty_since(since_ns) : UINT64_MAX / 4;
 }
 
 std::string Detector::describe_rank(const CommState& comm, int32_t rank, uint64_t now_ns) const {
@@ -889,10 +886,14 @@ void Detector::refresh_margins(const CommState& comm, CommDetect& state) const {
   // A rank is compared with the others: its clock's error and the largest
   // of theirs add up. The largest among the others is the largest overall,
   // or the second largest for the rank that holds the largest: O(n).
+  // Records of the last few seconds may have been put on the cluster clock
+  // with an estimate a tighter probe replaced since: its error counts.
+  const uint64_t now = clock_.realtime_ns();
+  const uint64_t since = now > kMarginMemoryNs ? now - kMarginMemoryNs : 0;
   const int32_t n = comm.nranks;
   std::vector<uint64_t> u(n, UINT64_MAX / 4);
   for (const auto& [rank, m] : comm.members)
-    if (rank >= 0 && rank < n) u[rank] = clock_uncertainty(m.node);
+    if (rank >= 0 && rank < n) u[rank] = clock_uncertainty(m.node, since);
   int32_t top = 0;
   for (int32_t r = 1; r < n; ++r)
     if (u[r] > u[top]) top = r;

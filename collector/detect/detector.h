@@ -164,7 +164,8 @@ class Detector final : public MatchListener {
   std::string host_context(const CommState& comm, int32_t rank) const;
   // Other cgroups that used the member's node's CPUs lately ("" if none).
   std::string busy_neighbours(const MemberState& member) const;
-  uint64_t clock_uncertainty(const std::string& node) const;
+  // The node's clock uncertainty, over the estimates it used since `since_ns`.
+  uint64_t clock_uncertainty(const std::string& node, uint64_t since_ns) const;
 
   const Ingest& ingest_;
   CollectiveMatcher& matcher_;
