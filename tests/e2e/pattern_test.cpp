@@ -80,6 +80,7 @@ class PatternE2E : public ::testing::TestWithParam<Case> {
       spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
       ranks.emplace_back(spawn);
     }
+    started = std::chrono::steady_clock::now();
   }
 
   std::string dump() {
@@ -87,14 +88,31 @@ class PatternE2E : public ::testing::TestWithParam<Case> {
     for (const auto& f : deployment->findings(false)) out += "  [" + f.kind + "] " + f.detail + "\n";
     for (int rank = 0; rank < kRanks; ++rank)
       out += "rank " + std::to_string(rank) + ": " + slurp(dir.file("rank" + std::to_string(rank) + ".log"));
+    // How fast the job went before and after the slowdown (a fault that did
+    // not slow it has no straggler to find), and whom it waited on.
+    auto now = std::chrono::steady_clock::now();
+    int64_t progress = deployment->min_active_progress();
+    if (slowed_at) {
+      double before = static_cast<double>(progress_at_slowdown) /
+                      std::chrono::duration<double>(*slowed_at - started).count();
+      double after = static_cast<double>(progress - progress_at_slowdown) /
+                     std::chrono::duration<double>(now - *slowed_at).count();
+      out += "job's collectives per second: " + std::to_string(before) + " before the slowdown, " +
+             std::to_string(after) + " after\n";
+    }
     run_command(bin_path("rankscope") + deployment->cli_flags() + "jobs > " + dir.file("jobs.txt") + " 2>&1");
-    return out + "jobs:\n" + slurp(dir.file("jobs.txt"));
+    run_command(bin_path("rankscope") + deployment->cli_flags() + "report --job pattern-job > " +
+                dir.file("report.txt") + " 2>&1");
+    return out + "jobs:\n" + slurp(dir.file("jobs.txt")) + "report:\n" + slurp(dir.file("report.txt"));
   }
 
   TempDir dir;
   NetnsCluster cluster{kNodes};
   std::unique_ptr<TestDeployment> deployment;
   std::vector<Process> ranks;
+  std::chrono::steady_clock::time_point started;
+  std::optional<std::chrono::steady_clock::time_point> slowed_at;
+  int64_t progress_at_slowdown = 0;
 };
 
 TEST_P(PatternE2E, TheSlowedRankAloneIsNamedAndAHealthyJobRaisesNothing) {
@@ -136,6 +154,8 @@ TEST_P(PatternE2E, TheSlowedRankAloneIsNamedAndAHealthyJobRaisesNothing) {
   if (c.slowed != Slowed::none) {
     std::ofstream(group + "/cgroup.procs") << ranks[kVictim].pid();
     ASSERT_NE(slurp(group + "/cgroup.procs").find(std::to_string(ranks[kVictim].pid())), std::string::npos);
+    slowed_at = std::chrono::steady_clock::now();
+    progress_at_slowdown = deployment->min_active_progress();
   }
 
   if (c.slowed == Slowed::none) {
@@ -182,6 +202,17 @@ TEST_P(PatternE2E, TheSlowedRankAloneIsNamedAndAHealthyJobRaisesNothing) {
 //     was owed 9% of the job's time (10 ms late at 1% of the collectives)
 //     and named too in a quota run: an oversubscribed core is a real cost
 //     the detector sees, which a healthy case here cannot tell from a fault;
+//   - fsdp quota: the quota throttles the rank's stream worker (fakenccl's
+//     stand-in for its GPU, in the same cgroup) as much as its host thread.
+//     fsdp's host runs ahead of its GPU, so the job waits inside the
+//     collectives: per step every rank, the slowed one included, issues its
+//     200 calls within ~10 ms and then waits 20-80 ms in
+//     cudaStreamSynchronize for the throttled worker (timelines of a run,
+//     job 1.5x slower). Issue times cannot tell whose execution is slow;
+//     what is found is the host thread's incidental lateness (9-11% of the
+//     job's time against a 5% allowance), found here in some runs and not
+//     in others. A slow GPU is for the GPU-side source (NCCL's profiler
+//     plugin, docs/detection.md);
 //   - pipeline, tp-dp: the collectives of communicators made by
 //     ncclCommSplit are not matched (their size is not derived yet,
 //     docs/architecture.md, Split communicators), so nothing is found.
@@ -189,7 +220,7 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (const char* pattern : {"ddp", "sync-each", "fsdp", "accum", "jitter"})
     for (Slowed slowed : {Slowed::none, Slowed::hogs, Slowed::quota})
-      if (!(std::string(pattern) == "fsdp" && slowed == Slowed::hogs)) out.push_back({pattern, slowed});
+      if (!(std::string(pattern) == "fsdp" && slowed != Slowed::none)) out.push_back({pattern, slowed});
   return out;
 }
 
