@@ -85,7 +85,27 @@ void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t se
   }
 }
 
+void ClockRefiner::forget_retired() {
+  // Communicators out of the live model (collector/ingest.h, retire), and
+  // the processes that were their members.
+  bool any = false;
+  for (auto it = comms_.begin(); it != comms_.end();) {
+    auto live = ingest_.comms().find(it->first);
+    bool keep = live != ingest_.comms().end() && !live->second.ended;
+    any |= !keep;
+    it = keep ? std::next(it) : comms_.erase(it);
+  }
+  if (!any) return;
+  for (auto it = members_of_.begin(); it != members_of_.end();) {
+    auto& list = it->second;
+    list.erase(std::remove_if(list.begin(), list.end(), [&](const auto& m) { return !comms_.count(m.first); }),
+               list.end());
+    it = list.empty() ? members_of_.erase(it) : std::next(it);
+  }
+}
+
 void ClockRefiner::update() {
+  forget_retired();
   std::map<std::string, int64_t> target;
   for (const auto& [node, ring] : residuals_) {
     if (ring.size() < kMinResiduals) continue;

@@ -51,6 +51,7 @@ class ClockRefiner final : public RecordObserver {
   };
 
   void complete(const CommState& comm, CommTrack& track, uint64_t seq, const Group& group);
+  void forget_retired();
   int64_t applied(const std::string& node) const;
 
   Ingest& ingest_;

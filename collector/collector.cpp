@@ -119,12 +119,19 @@ class MetricsExport {
       metrics_.set_node_bad_messages(name, node.bad_messages);
       metrics_.set_node_refused_claims(name, node.refused_claims);
     }
-    for (const auto& [hash, comm] : ingest.comms()) {
-      std::string hex = hex64(hash);
-      if (comm.ended) {
-        if (exported_comms_.erase(hash)) metrics_.forget_comm(hex);
+    // Series of communicators ended or retired go.
+    for (auto it = exported_comms_.begin(); it != exported_comms_.end();) {
+      auto live = ingest.comms().find(*it);
+      if (live != ingest.comms().end() && !live->second.ended) {
+        ++it;
         continue;
       }
+      metrics_.forget_comm(hex64(*it));
+      it = exported_comms_.erase(it);
+    }
+    for (const auto& [hash, comm] : ingest.comms()) {
+      std::string hex = hex64(hash);
+      if (comm.ended) continue;
       exported_comms_.insert(hash);
       for (const auto& [rank, member] : comm.members) metrics_.set_comm_progress(comm.job, hex, rank, member.last_seq);
     }
@@ -303,6 +310,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
+      ingest.retire(now, options.retire_after_ns());
       refiner.update();
       matcher.sweep(ingest.comms());
       detector.evaluate(now);

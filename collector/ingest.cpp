@@ -96,31 +96,56 @@ Ingest::Ingest(TimelineStore& store, Commit& commit, const Clock& clock)
   commit.join(*this);
 }
 
+namespace {
+// A communicator as stored (its members' counters as of its last full write).
+CommState comm_from(proto::store::StoredComm::Reader stored) {
+  CommState comm;
+  comm.hash = stored.getCommHash();
+  comm.job = stored.getJob();
+  comm.nranks = stored.getNranks();
+  comm.origin = stored.getOrigin();
+  comm.first_ns = stored.getFirstNs();
+  comm.last_ns = stored.getLastNs();
+  comm.ended = stored.getEnded();
+  for (auto lane : stored.getLanes()) comm.lanes.insert(lane);
+  for (auto m : stored.getMembers()) {
+    MemberState member;
+    member.rank = m.getRank();
+    member.node = m.getNode();
+    member.pid = m.getPid();
+    member.records = m.getRecords();
+    member.last_seq = m.getLastSeq();
+    member.last_issue_ns = m.getLastIssueNs();
+    member.ended = m.getEnded();
+    comm.members[member.rank] = member;
+  }
+  return comm;
+}
+
+// A member's counters from its progress row (newer than its StoredComm's).
+Result<void> apply_progress(MemberState& member, const std::string& row, uint64_t* comm_last_ns) {
+  auto read = proto::read_packed<proto::store::StoredProgress>(row, proto::ReadLimits{}, [&](auto stored) {
+    member.records = stored.getRecords();
+    member.last_seq = stored.getLastSeq();
+    member.last_issue_ns = stored.getLastIssueNs();
+    if (comm_last_ns) *comm_last_ns = std::max(*comm_last_ns, stored.getCommLastNs());
+  });
+  if (!read) return make_error(Errc::storage, "a member's stored progress is unreadable: " + read.error().message);
+  return {};
+}
+}  // namespace
+
 Result<void> Ingest::restore() {
   auto comms = store_.all_comms();
   if (!comms) return comms.error();
+  size_t retired = 0;
   for (const auto& bytes : *comms) {
     auto read = proto::read_packed<proto::store::StoredComm>(bytes, proto::ReadLimits{}, [&](auto stored) {
-      CommState comm;
-      comm.hash = stored.getCommHash();
-      comm.job = stored.getJob();
-      comm.nranks = stored.getNranks();
-      comm.origin = stored.getOrigin();
-      comm.first_ns = stored.getFirstNs();
-      comm.last_ns = stored.getLastNs();
-      comm.ended = stored.getEnded();
-      for (auto lane : stored.getLanes()) comm.lanes.insert(lane);
-      for (auto m : stored.getMembers()) {
-        MemberState member;
-        member.rank = m.getRank();
-        member.node = m.getNode();
-        member.pid = m.getPid();
-        member.records = m.getRecords();
-        member.last_seq = m.getLastSeq();
-        member.last_issue_ns = m.getLastIssueNs();
-        member.ended = m.getEnded();
-        comm.members[member.rank] = member;
+      if (stored.getRetired()) {
+        ++retired;
+        return;
       }
+      CommState comm = comm_from(stored);
       comms_[comm.hash] = std::move(comm);
     });
     if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
@@ -132,13 +157,8 @@ Result<void> Ingest::restore() {
     if (comm == comms_.end()) continue;
     auto member = comm->second.members.find(row.rank);
     if (member == comm->second.members.end()) continue;
-    auto read = proto::read_packed<proto::store::StoredProgress>(row.value, proto::ReadLimits{}, [&](auto stored) {
-      member->second.records = stored.getRecords();
-      member->second.last_seq = stored.getLastSeq();
-      member->second.last_issue_ns = stored.getLastIssueNs();
-      comm->second.last_ns = std::max(comm->second.last_ns, stored.getCommLastNs());
-    });
-    if (!read) return make_error(Errc::storage, "a member's stored progress is unreadable: " + read.error().message);
+    if (auto applied = apply_progress(member->second, row.value, &comm->second.last_ns); !applied)
+      return applied.error();
   }
   auto nodes = store_.all_nodes();
   if (!nodes) return nodes.error();
@@ -168,9 +188,102 @@ Result<void> Ingest::restore() {
     });
     if (!read) return make_error(Errc::storage, "a stored node is unreadable: " + read.error().message);
   }
+  // Each node's share of the live model, as claim_member and retire keep it.
+  for (const auto& [hash, comm] : comms_) {
+    std::set<std::string> joined;
+    for (const auto& [rank, m] : comm.members) {
+      NodeState& node = nodes_[m.node];
+      if (node.name.empty()) node.name = m.node;
+      ++node.memberships;
+      if (joined.insert(m.node).second) node.rank_slots += slots_of(comm);
+    }
+  }
   if (!comms_.empty() || !nodes_.empty())
-    RS_LOG(info, "restored %zu node(s) and %zu communicator(s) from the database", nodes_.size(), comms_.size());
+    RS_LOG(info, "restored %zu node(s) and %zu communicator(s) from the database (%zu retired ones left there)",
+           nodes_.size(), comms_.size(), retired);
   return {};
+}
+
+Result<CommState> Ingest::retired_comm(const std::string& prefix) const {
+  auto comms = store_.all_comms();
+  if (!comms) return comms.error();
+  std::optional<CommState> found;
+  bool ambiguous = false;
+  for (const auto& bytes : *comms) {
+    auto read = proto::read_packed<proto::store::StoredComm>(bytes, proto::ReadLimits{}, [&](auto stored) {
+      if (!stored.getRetired() || hex64(stored.getCommHash()).rfind(prefix, 0) != 0) return;
+      if (found) ambiguous = true;
+      found = comm_from(stored);
+    });
+    if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
+  }
+  if (ambiguous) return make_error(Errc::invalid_argument, "communicator prefix " + prefix + " is ambiguous; give more digits");
+  if (!found) return make_error(Errc::not_found, "no communicator " + prefix + " (see `rankscope jobs`)");
+  // Its members' last counters are in their progress rows.
+  auto progress = store_.all_progress();
+  if (!progress) return progress.error();
+  for (const auto& row : *progress) {
+    if (row.comm != found->hash) continue;
+    auto member = found->members.find(row.rank);
+    if (member == found->members.end()) continue;
+    if (auto applied = apply_progress(member->second, row.value, nullptr); !applied) return applied.error();
+  }
+  return std::move(*found);
+}
+
+size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
+  std::vector<uint64_t> over;
+  for (const auto& [hash, comm] : comms_) {
+    if (now_ns < comm.last_ns || now_ns - comm.last_ns < quiet_ns) continue;
+    bool alive = false;
+    for (const auto& [rank, m] : comm.members) {
+      if (comm.ended) break;
+      const NodeState* node = this->node(m.node);
+      if (!node) continue;
+      auto health = node->health.find(m.pid);
+      alive |= health != node->health.end() && health->second.known() && health->second.alive();
+      if (alive) break;
+    }
+    if (!alive) over.push_back(hash);
+  }
+  if (over.empty()) return 0;
+  for (uint64_t hash : over) {
+    auto it = comms_.find(hash);
+    const CommState& comm = it->second;
+    std::set<std::string> joined;
+    for (const auto& [rank, m] : comm.members) {
+      NodeState* node = this->node(m.node);
+      if (!node) continue;
+      node->memberships -= std::min<uint32_t>(node->memberships, 1);
+      if (joined.insert(m.node).second) node->rank_slots -= std::min(node->rank_slots, slots_of(comm));
+    }
+    persist_comm(comm, true);
+    dirty_comms_.erase(hash);
+    dirty_members_.erase(dirty_members_.lower_bound({hash, INT32_MIN}), dirty_members_.upper_bound({hash, INT32_MAX}));
+    comms_.erase(it);
+  }
+  counters_.retired_comms += over.size();
+  // Processes no live communicator has as a member, and not known alive: who
+  // they were is no longer needed.
+  std::set<ProcessKey> members;
+  for (const auto& [hash, comm] : comms_)
+    for (const auto& [rank, m] : comm.members) members.insert({m.node, m.pid});
+  for (auto it = processes_.begin(); it != processes_.end();) {
+    const NodeState* node = this->node(it->first.node);
+    auto health = node ? node->health.find(it->first.pid) : decltype(node->health.end()){};
+    bool alive = node && health != node->health.end() && health->second.known() && health->second.alive();
+    it = members.count(it->first) || alive ? std::next(it) : processes_.erase(it);
+  }
+  RS_LOG(info, "retired %zu communicator(s): over and quiet for %s; %zu live", over.size(),
+         format_duration_ns(quiet_ns).c_str(), comms_.size());
+  return over.size();
+}
+
+void Ingest::drop_if_empty(uint64_t hash) {
+  auto it = comms_.find(hash);
+  if (it == comms_.end() || !it->second.members.empty()) return;
+  comms_.erase(it);
+  dirty_comms_.erase(hash);
 }
 
 std::string Ingest::error_reply(wire::ErrorCode code, const std::string& message) const {
@@ -354,6 +467,21 @@ MemberState* Ingest::claim_member(NodeState& node, CommState& comm, int32_t rank
                            hex64(comm.hash) + " (at most " + std::to_string(kMaxMembersPerNode) + " per node)");
     return nullptr;
   }
+  if (node.memberships >= kMaxMembershipsPerNode) {
+    refuse_claim(node, std::string(what) + " as rank " + std::to_string(rank) + " of comm " + hex64(comm.hash) +
+                           ": the node's processes already hold " + std::to_string(node.memberships) +
+                           " ranks of live communicators (at most " + std::to_string(kMaxMembershipsPerNode) + ")");
+    return nullptr;
+  }
+  if (on_node == 0 && node.rank_slots + slots_of(comm) > kMaxRankSlotsPerNode) {
+    refuse_claim(node, std::string(what) + " as rank " + std::to_string(rank) + " of comm " + hex64(comm.hash) + " (" +
+                           std::to_string(slots_of(comm)) + " ranks): the node is already in live communicators of " +
+                           std::to_string(node.rank_slots) + " ranks in all (at most " +
+                           std::to_string(kMaxRankSlotsPerNode) + ")");
+    return nullptr;
+  }
+  ++node.memberships;
+  if (on_node == 0) node.rank_slots += slots_of(comm);
   MemberState& member = comm.members[rank];
   member.rank = rank;
   member.node = node.name;
@@ -452,6 +580,20 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
                                " ranks, fewer than the ranks it already has");
         continue;
       }
+      // Its nodes were charged one slot each while its size was unknown.
+      const uint64_t extra = static_cast<uint64_t>(c.getNranks()) - 1;
+      std::set<std::string> joined;
+      for (const auto& [r, m] : comm.members) joined.insert(m.node);
+      if (joined.count(node.name) && node.rank_slots + extra > kMaxRankSlotsPerNode) {
+        refuse_claim(node, "comm " + hex64(comm.hash) + " announced with " + std::to_string(c.getNranks()) +
+                               " ranks: the node is already in live communicators of " +
+                               std::to_string(node.rank_slots) + " ranks in all (at most " +
+                               std::to_string(kMaxRankSlotsPerNode) + ")");
+        drop_if_empty(comm.hash);
+        continue;
+      }
+      for (const std::string& name : joined)
+        if (NodeState* member_node = this->node(name)) member_node->rank_slots += extra;
       comm.nranks = c.getNranks();
       news = true;
     }
@@ -460,6 +602,10 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       news = true;
     }
     MemberState* member = claim_member(node, comm, c.getRank(), c.getPid(), news, "an announcement");
+    if (!member && comm.members.empty()) {
+      drop_if_empty(comm.hash);
+      continue;
+    }
     if (member && member->ended) {
       // The same process announcing it again (a collector welcoming a restarted agent... ):
       // it holds the communicator.
@@ -520,7 +666,12 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     CommState& comm = comm_for(block->comm_hash, node.name, block->pid, news);
     MemberState* claimed = claim_member(node, comm, block->rank, block->pid, news, "collectives");
     if (!claimed) {
-      if (news) changed.insert(comm.hash);
+      if (comm.members.empty()) {
+        changed.erase(comm.hash);
+        drop_if_empty(comm.hash);
+      } else if (news) {
+        changed.insert(comm.hash);
+      }
       continue;
     }
     MemberState& member = *claimed;
@@ -684,7 +835,7 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   }
 }
 
-void Ingest::persist_comm(const CommState& comm) {
+void Ingest::persist_comm(const CommState& comm, bool retired) {
   capnp::MallocMessageBuilder builder;
   auto stored = builder.initRoot<proto::store::StoredComm>();
   stored.setCommHash(comm.hash);
@@ -694,6 +845,7 @@ void Ingest::persist_comm(const CommState& comm) {
   stored.setFirstNs(comm.first_ns);
   stored.setLastNs(comm.last_ns);
   stored.setEnded(comm.ended);
+  stored.setRetired(retired);
   auto lanes = stored.initLanes(static_cast<unsigned>(comm.lanes.size()));
   unsigned i = 0;
   for (uint32_t lane : comm.lanes) lanes.set(i++, lane);

@@ -87,6 +87,10 @@ struct NodeState {
   // node is not a member of what it tried to change (docs/operations.md,
   // "Threat model"). Well-formed, so not bad messages: an attack or a bug.
   uint64_t refused_claims = 0;
+  // Its share of the live model (collector/validate.h): the sizes of the live
+  // communicators it has members in, and those members.
+  uint64_t rank_slots = 0;
+  uint32_t memberships = 0;
   Drops drops;
   std::map<uint64_t, AckWindow> acked;  // by agent instance: batches already stored (the newest few instances)
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
@@ -155,6 +159,7 @@ struct IngestCounters {
   uint64_t held_batches = 0;    // not taken while the database could not be written (Commit::holding)
   uint64_t batch_bytes = 0;  // wire size of the batches stored
   uint64_t waits = 0;        // host waits on the GPU reported
+  uint64_t retired_comms = 0;  // communicators that left the live model (Ingest::retire)
 };
 
 // Told about every collective record as it is ingested (the detectors).
@@ -200,6 +205,17 @@ class Ingest final : public CommitParticipant {
   // the kept set is acknowledged by the commit that writes it).
   Result<void> stage(WriteSet& writes, uint64_t now_ns, bool final) override;
   void committed() override;
+  // Takes out of the live model every communicator quiet for `quiet_ns` that
+  // is over: every member ended it, or none of its processes is known alive
+  // (they exited, or their agents never said). A hung job's processes are
+  // alive: its communicators stay. The observers drop what they kept of a
+  // communicator that is no longer in comms(). A retired communicator stays
+  // in the database (its timeline, `rankscope timeline`), marked retired so
+  // that a restart does not load it again. Returns how many were retired.
+  size_t retire(uint64_t now_ns, uint64_t quiet_ns);
+  // A retired communicator as stored, by hash prefix (lower-case hex), for
+  // queries of finished jobs; not_found if none, an error if ambiguous.
+  Result<CommState> retired_comm(const std::string& prefix) const;
   void add_observer(RecordObserver* observer) { observers_.push_back(observer); }
   NodeState* node(const std::string& name) {
     auto it = nodes_.find(name);
@@ -239,7 +255,11 @@ class Ingest final : public CommitParticipant {
   MemberState* claim_member(NodeState& node, CommState& comm, int32_t rank, uint32_t pid, bool& changed,
                             const char* what);
   void refuse_claim(NodeState& node, const std::string& what);
-  void persist_comm(const CommState& comm);
+  // A communicator a refused claim made, with no member: not kept.
+  void drop_if_empty(uint64_t hash);
+  // Charges `node` for a communicator it joins (or whose size became known).
+  static uint64_t slots_of(const CommState& comm) { return comm.nranks > 0 ? static_cast<uint64_t>(comm.nranks) : 1; }
+  void persist_comm(const CommState& comm, bool retired = false);
   void persist_node(const NodeState& node);
   std::string error_reply(wire::ErrorCode code, const std::string& message) const;
   // Counts (in total and for `node`, null: not identified yet) and logs, rate-limited, one bad message.

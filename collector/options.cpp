@@ -33,6 +33,7 @@ po::options_description describe(Options& options) {
     ("db", po::value(&options.db)->default_value(options.db), "RocksDB directory (created if missing)")
     ("liveness-ms", po::value(&options.liveness_ms)->default_value(options.liveness_ms), "a node silent for longer is shown as disconnected (100 ms to 24 h)")
     ("hang-timeout-s", po::value(&options.hang_timeout_s)->default_value(options.hang_timeout_s), "ranks missing from a collective for this long are a hang (1 s to a week)")
+    ("retire-after-s", po::value(&options.retire_after_s)->default_value(options.retire_after_s), "a communicator that is over (ended, or none of its processes alive) and quiet this long leaves the live model: `jobs` no longer lists it, its timeline stays (1 s to a week)")
     ("node-lost-timeout-s", po::value(&options.node_lost_timeout_s)->default_value(options.node_lost_timeout_s), "an agent silent for this long, with ranks running, is a lost node (3 s to a week)")
     ("metrics", po::value(&options.metrics), "serve Prometheus metrics on HOST:PORT (e.g. 0.0.0.0:9464)")
     ("alertmanager", po::value(&options.alertmanager), "push findings to this Alertmanager (http://HOST:PORT, API v2)")
@@ -156,6 +157,8 @@ Result<void> validate(const Options& o) {
     return make_error(Errc::invalid_argument,
                       "--hang-timeout-s must be between 1 and 604800 (a week); collectives legitimately take "
                       "milliseconds to seconds");
+  if (!(o.retire_after_s >= 1) || !(o.retire_after_s <= kMaxTimeoutS))
+    return make_error(Errc::invalid_argument, "--retire-after-s must be between 1 and 604800 (a week)");
   if (!(o.node_lost_timeout_s >= 3) || !(o.node_lost_timeout_s <= kMaxTimeoutS))
     return make_error(Errc::invalid_argument,
                       "--node-lost-timeout-s must be between 3 (agents send a heartbeat every second) and 604800 (a week)");

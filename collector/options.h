@@ -15,6 +15,9 @@ struct Options {
   uint32_t liveness_ms = 5000;                    // a node silent for longer is shown as disconnected
   double hang_timeout_s = 30;                     // ranks missing from a collective this long: a hang
   double node_lost_timeout_s = 15;                // an agent silent this long: node_lost
+  // A communicator over (ended, or no process of it alive) and quiet this
+  // long leaves the live model (Ingest::retire); its timeline stays.
+  double retire_after_s = 600;
   std::string metrics;                            // HOST:PORT for Prometheus; empty: off
   std::string alertmanager;                       // http://HOST:PORT of an Alertmanager; empty: off
   std::string log_level = "info";
@@ -35,6 +38,7 @@ struct Options {
   // The timeouts in nanoseconds; valid once validate() accepted the options.
   uint64_t hang_timeout_ns() const { return static_cast<uint64_t>(hang_timeout_s * 1e9); }
   uint64_t node_lost_timeout_ns() const { return static_cast<uint64_t>(node_lost_timeout_s * 1e9); }
+  uint64_t retire_after_ns() const { return static_cast<uint64_t>(retire_after_s * 1e9); }
   uint64_t liveness_ns() const { return static_cast<uint64_t>(liveness_ms) * 1'000'000ull; }
   // Valid once validate() accepted the options; 0: off.
   uint64_t retention_ns() const;

@@ -3,6 +3,7 @@
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "collector/report.h"
 #include "common/format.h"
@@ -125,9 +126,17 @@ Result<const CommState*> resolve_comm(const Ingest& ingest, const std::string& p
 }
 
 Result<void> answer_timeline(const QueryContext& ctx, query::TimelineQuery::Reader q, query::TimelineReply::Builder out) {
+  // A live communicator, else a retired one (a finished job's) from the database.
   auto comm = resolve_comm(ctx.ingest, q.getComm());
-  if (!comm) return comm.error();
-  const CommState& c = **comm;
+  std::optional<CommState> retired;
+  if (!comm && comm.error().code == Errc::not_found) {
+    auto stored = ctx.ingest.retired_comm(q.getComm());
+    if (!stored) return stored.error();
+    retired = std::move(*stored);
+  } else if (!comm) {
+    return comm.error();
+  }
+  const CommState& c = retired ? *retired : **comm;
   std::vector<StoredRecord> records;
   for (const auto& [rank, member] : c.members) {
     if (q.getRank() >= 0 && rank != q.getRank()) continue;

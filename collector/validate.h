@@ -31,6 +31,17 @@ inline constexpr int32_t kMaxRanks = 1 << 16;          // ranks of one communica
 // a few dozen (an NVL72 tray has 4; the largest HGX boards 8 to 16). Without
 // it one node could claim every rank of a 65,536-rank communicator.
 inline constexpr size_t kMaxMembersPerNode = 256;
+// What one node's processes may make the collector keep, whoever runs them.
+// Every observer keeps per-rank state for a communicator it tracks (sized by
+// its announced rank count), so a node is charged, per live communicator it
+// has members in, that communicator's size: its rank slots. A 65,536-rank
+// job's node has one such communicator and a few small ones; a user's stand-in
+// libnccl.so announcing communicators of 65,536 ranks in a loop reaches the
+// cap after 16, and its further claims are refused (counted). Communicators
+// leave the live model when retired (Ingest::retire), and give their slots back.
+inline constexpr uint64_t kMaxRankSlotsPerNode = uint64_t{1} << 20;
+// ... and members: one per (communicator, rank) claimed by the node's processes.
+inline constexpr uint32_t kMaxMembershipsPerNode = 1 << 16;
 // A collective record costs an agent at least two bytes on the wire (its
 // issue-time delta and duration are never both zero words; packed Cap'n Proto
 // spends a tag byte and a data byte on a non-zero word). Columns of zeros pack

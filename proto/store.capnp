@@ -20,6 +20,7 @@ struct StoredComm {
   lastNs @6 :UInt64;
   lanes @7 :List(UInt32);   # lanes seen (0: collectives; others: point-to-point)
   ended @8 :Bool;
+  retired @9 :Bool;       # out of the live model (over and quiet): kept for queries, not restored
 }
 
 # How far one member of a communicator has got, written with every commit

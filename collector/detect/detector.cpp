@@ -431,11 +431,9 @@ void Detector::evaluate(uint64_t now_ns) {
     uint64_t heard = std::max(node.last_contact_ns, ingest_.started_ns());
     if (now_ns > heard && now_ns - heard > unseen_after) silent_.insert(name);
   }
+  forget_retired(now_ns);
   for (const auto& [hash, comm] : ingest_.comms()) {
-    if (comm.ended) {
-      if (comms_.erase(hash)) resolve_comm(hash, now_ns);
-      continue;
-    }
+    if (comm.ended) continue;  // forget_retired
     if (comm.nranks <= 0) continue;
     CommDetect& state = state_of(comm);
     auto open = open_by_comm.find(hash);
@@ -450,6 +448,28 @@ void Detector::evaluate(uint64_t now_ns) {
   }
   raise_stalls(now_ns);
   evaluate_nodes(now_ns);
+}
+
+void Detector::forget_retired(uint64_t now_ns) {
+  // Communicators ended, or out of the live model (collector/ingest.h,
+  // retire): their state goes, their open findings resolve, and so does the
+  // history of the processes no communicator still tracked has as a member.
+  bool any = false;
+  for (auto it = comms_.begin(); it != comms_.end();) {
+    auto live = ingest_.comms().find(it->first);
+    if (live != ingest_.comms().end() && !live->second.ended) {
+      ++it;
+      continue;
+    }
+    resolve_comm(it->first, now_ns);
+    it = comms_.erase(it);
+    any = true;
+  }
+  if (!any) return;
+  std::set<const ProcHistory*> tracked;
+  for (const auto& [hash, state] : comms_) tracked.insert(state.procs.begin(), state.procs.end());
+  for (auto it = procs_.begin(); it != procs_.end();)
+    it = tracked.count(&it->second) ? std::next(it) : procs_.erase(it);
 }
 
 void Detector::resolve_comm(uint64_t comm, uint64_t now_ns) {

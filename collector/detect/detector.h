@@ -55,6 +55,9 @@ class Detector final : public MatchListener {
   void evaluate(uint64_t now_ns);
   // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
   std::vector<double> take_lateness_samples();
+  // What it keeps state for: communicators and processes (bounded by the live model's).
+  size_t tracked_comms() const { return comms_.size(); }
+  size_t tracked_processes() const { return procs_.size(); }
 
  private:
   struct RankStats {
@@ -125,6 +128,8 @@ class Detector final : public MatchListener {
   };
 
   // The communicator's detection state, its per-rank statistics sized.
+  // Drops the state of communicators no longer in the live model.
+  void forget_retired(uint64_t now_ns);
   CommDetect& state_of(const CommState& comm);
   ProcHistory* proc_of(const CommState& comm, CommDetect& state, int32_t rank);
   // Own lateness of each settled complete instance into the ranks' windows.

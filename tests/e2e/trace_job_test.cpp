@@ -35,7 +35,10 @@ TEST(TraceJob, CollectorHoldsExactlyTheCallsEveryRankMade) {
   TempDir dir;
   NetnsCluster cluster(kNodes);
   ASSERT_TRUE(cluster.ok()) << "could not create network namespaces";
-  TestDeployment deployment(dir, cluster, kNodes);
+  DeploymentOptions options;
+  // The job's communicator leaves the live model 3 s after its ranks ended it.
+  options.collector_args = {"--retire-after-s", "3"};
+  TestDeployment deployment(dir, cluster, kNodes, options);
   ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20)))
       << slurp(dir.file("collector.log")) << slurp(dir.file("agent-0.log"));
 
@@ -87,43 +90,54 @@ TEST(TraceJob, CollectorHoldsExactlyTheCallsEveryRankMade) {
       << slurp(dir.file("agent-0.log")) << slurp(dir.file("collector.log"));
   ASSERT_EQ(comms.size(), 1u) << "all four ranks must share one communicator hash";
 
-  capnp::MallocMessageBuilder request;
-  auto req = request.initRoot<query::Request>();
-  req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
-  auto timeline = req.initTimeline();
-  timeline.setComm(hex64(comms[0]));
-  timeline.setLast(0);
-  std::map<int, std::vector<StoredCall>> stored;
-  int32_t nranks = 0;
-  auto result = deployment.client().ask(request, [&](query::Reply::Reader reply) {
-    auto t = reply.getTimeline();
-    nranks = t.getNranks();
-    for (auto r : t.getRecords()) {
-      EXPECT_EQ(r.getLane(), 0u);
-      EXPECT_EQ(r.getResult(), 0u);
-      stored[r.getRank()].push_back(
-          StoredCall{r.getSeq(), r.getOp(), r.getDatatype(), r.getCount(), r.getBytes(), r.getNode()});
+  // Every call each rank made, as the collector holds it: while the job's
+  // communicator is live, and once it retired (from the database).
+  auto check_timeline = [&](const char* when) {
+    SCOPED_TRACE(when);
+    capnp::MallocMessageBuilder request;
+    auto req = request.initRoot<query::Request>();
+    req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+    auto timeline = req.initTimeline();
+    timeline.setComm(hex64(comms[0]));
+    timeline.setLast(0);
+    std::map<int, std::vector<StoredCall>> stored;
+    int32_t nranks = 0;
+    auto result = deployment.client().ask(request, [&](query::Reply::Reader reply) {
+      auto t = reply.getTimeline();
+      nranks = t.getNranks();
+      for (auto r : t.getRecords()) {
+        EXPECT_EQ(r.getLane(), 0u);
+        EXPECT_EQ(r.getResult(), 0u);
+        stored[r.getRank()].push_back(
+            StoredCall{r.getSeq(), r.getOp(), r.getDatatype(), r.getCount(), r.getBytes(), r.getNode()});
+      }
+    });
+    ASSERT_TRUE(result) << result.error().message;
+    EXPECT_EQ(nranks, kRanks);
+    ASSERT_EQ(stored.size(), static_cast<size_t>(kRanks));
+    for (int rank = 0; rank < kRanks; ++rank) {
+      SCOPED_TRACE("rank " + std::to_string(rank));
+      const auto& calls = stored[rank];
+      ASSERT_EQ(calls.size(), made[rank].size());
+      for (size_t i = 0; i < calls.size(); ++i) {
+        SCOPED_TRACE("call " + std::to_string(i));
+        EXPECT_EQ(calls[i].seq, i) << "sequence numbers run 0..N-1 without gaps";
+        EXPECT_EQ(proto::op_name(calls[i].op), made[rank][i].op);
+        EXPECT_EQ(calls[i].count, made[rank][i].count);
+        EXPECT_EQ(proto::datatype_name(calls[i].datatype), made[rank][i].datatype);
+        EXPECT_EQ(calls[i].bytes, made[rank][i].bytes);
+        EXPECT_EQ(calls[i].bytes, calls[i].count * proto::datatype_size(calls[i].datatype));
+        EXPECT_EQ(calls[i].node, deployment.node_name(rank / 2));
+        if (::testing::Test::HasFailure()) return;
+      }
     }
-  });
-  ASSERT_TRUE(result) << result.error().message;
-  EXPECT_EQ(nranks, kRanks);
-  ASSERT_EQ(stored.size(), static_cast<size_t>(kRanks));
-  for (int rank = 0; rank < kRanks; ++rank) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
-    const auto& calls = stored[rank];
-    ASSERT_EQ(calls.size(), made[rank].size());
-    for (size_t i = 0; i < calls.size(); ++i) {
-      SCOPED_TRACE("call " + std::to_string(i));
-      EXPECT_EQ(calls[i].seq, i) << "sequence numbers run 0..N-1 without gaps";
-      EXPECT_EQ(proto::op_name(calls[i].op), made[rank][i].op);
-      EXPECT_EQ(calls[i].count, made[rank][i].count);
-      EXPECT_EQ(proto::datatype_name(calls[i].datatype), made[rank][i].datatype);
-      EXPECT_EQ(calls[i].bytes, made[rank][i].bytes);
-      EXPECT_EQ(calls[i].bytes, calls[i].count * proto::datatype_size(calls[i].datatype));
-      EXPECT_EQ(calls[i].node, deployment.node_name(rank / 2));
-      if (::testing::Test::HasFailure()) return;
-    }
-  }
+  };
+  check_timeline("live");
+  if (::testing::Test::HasFailure()) return;
+  // Ended by every rank and quiet for --retire-after-s: no longer listed.
+  ASSERT_TRUE(wait_for([&] { return deployment.min_progress() < 0; }, std::chrono::seconds(30)))
+      << "the ended communicator is still live\n" << slurp(dir.file("collector.log"));
+  check_timeline("retired");
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 // the wire limits, hello, batch decoding and validation, the communicator
 // bindings, heartbeats, clock probes) on a real RocksDB, with every observer
 // watching: the detectors, the clock refiner and the usage ledger. A commit
-// round is the collector loop's: refit, evaluate, tick the ledger, persist
+// round is the collector loop's: retire, refit, evaluate, tick the ledger, persist
 // findings and ledger rows, commit. At the end a second collector restores
 // from the same database and evaluates what it restored (a crash on replay
 // would take the collector down at every restart).
@@ -35,6 +35,9 @@ using namespace rankscope;
 namespace {
 constexpr const char* kConnections[] = {"connection-a", "connection-b"};
 constexpr size_t kInputsPerDatabase = 256;  // each input restores the database: keep it small
+// Communicators over and quiet this long retire (the last rounds, a minute
+// on, retire what the input ended or whose processes it said exited).
+constexpr uint64_t kRetireAfterNs = 30'000'000'000ull;
 
 void check_reply(const std::string& bytes) {
   auto read = proto::read_packed<proto::wire::CollectorMessage>(bytes, proto::ReadLimits{}, [](auto) {});
@@ -70,6 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     commit.join(findings);
     commit.join(ledger);
     auto round = [&] {
+      ingest.retire(clock.now, kRetireAfterNs);
       refiner.update();
       matcher.sweep(ingest.comms());
       detector.evaluate(clock.now);

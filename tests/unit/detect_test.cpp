@@ -235,6 +235,38 @@ class DetectTest : public ::testing::Test {
   int32_t nranks = 0;
 };
 
+// A job whose processes all exited: once its communicator retires from the
+// live model, the detector keeps nothing of it, and its open findings close.
+TEST_F(DetectTest, ARetiredCommunicatorLeavesNothingInTheDetector) {
+  start(4);
+  uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 10; ++seq) instance(seq, t + seq * 10 * kMs);
+  instance(10, t + 100 * kMs, nullptr, {3});
+  keep_talking(t + 100 * kMs + options.hang_timeout_ns + kMs);
+  evaluate_at(clock.now);
+  ASSERT_EQ(open(FindingKind::hang).size(), 1u);
+  EXPECT_EQ(detector->tracked_comms(), 1u);
+  EXPECT_EQ(detector->tracked_processes(), 4u);
+  node_health({0, 1}, 'S', 1000, 1000, 0);
+  node_health({2, 3}, 'S', 1000, 1000, 0);
+  EXPECT_EQ(ingest.retire(clock.now + kSecond, kSecond), 0u) << "retired while its processes live";
+
+  for (int32_t rank = 0; rank < nranks; ++rank)
+    send(node_of(rank), [&](auto m) {
+      auto hb = m.initHeartbeat();
+      hb.setInstanceId(7);
+      auto p = hb.initProcesses(1);
+      p[0].setPid(100 + rank);
+      p[0].setAlive(false);
+      p[0].setState('X');
+    });
+  EXPECT_EQ(ingest.retire(clock.now + kSecond, kSecond), 1u);
+  evaluate_at(clock.now + kSecond);
+  EXPECT_EQ(detector->tracked_comms(), 0u);
+  EXPECT_EQ(detector->tracked_processes(), 0u);
+  EXPECT_TRUE(open(FindingKind::hang).empty());
+}
+
 TEST_F(DetectTest, HangNamesTheRankThatNeverEnteredAndResolvesWhenItDoes) {
   start(4);
   uint64_t t = clock.now;

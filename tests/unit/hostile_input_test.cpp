@@ -93,6 +93,10 @@ class HostileInputTest : public ::testing::Test {
 // (one call each) within one batch interval. A batch carrying them all
 // would be refused whole, and re-sent for ever: the node would go dark. The
 // agent's real summariser spreads them over batches the collector takes.
+// A batch carries at most kMaxListEntries communicators: the agent sends the
+// rest in the next one (never an end before its announcement), and the
+// collector takes them all, within what one node may make it keep
+// (kMaxMembershipsPerNode live memberships): the rest is refused and counted.
 TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOverSeveralBatches) {
   testing::TempDir proc;  // an empty /proc: the process's identity is its pid only
   agent::Summariser summariser(proc.path(), "gpu-1", 0);
@@ -125,7 +129,7 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
   rs_comm_end_event end{};
   end.hdr.pid = end.hdr.tid = pid;
   end.hdr.kind = RS_EV_COMM_END;
-  end.comm = kComms;  // the last one: announced in the second batch, ended no earlier
+  end.comm = 1;
   end.op = RS_OP_COMM_DESTROY;
   summariser.on_event(end);
 
@@ -145,13 +149,13 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
   }
   EXPECT_EQ(batches, 2);
   EXPECT_EQ(node_bad(), 0u);
-  EXPECT_EQ(ingest.comms().size(), kComms);
-  EXPECT_EQ(ingest.counters().records_stored, kComms);
-  EXPECT_TRUE(ingest.comms().rbegin()->second.ended || [&] {
-    for (const auto& [hash, comm] : ingest.comms())
-      if (comm.ended) return true;
-    return false;
-  }()) << "the end reached the collector after its communicator";
+  EXPECT_EQ(ingest.comms().size(), kMaxMembershipsPerNode);
+  EXPECT_EQ(ingest.counters().records_stored, kMaxMembershipsPerNode);
+  EXPECT_EQ(ingest.node("gpu-1")->memberships, kMaxMembershipsPerNode);
+  // Each communicator past the cap: its announcement and its collectives.
+  EXPECT_EQ(ingest.node("gpu-1")->refused_claims, 2 * (kComms - kMaxMembershipsPerNode));
+  EXPECT_TRUE(std::any_of(ingest.comms().begin(), ingest.comms().end(), [](const auto& c) { return c.second.ended; }))
+      << "the end reached the collector before its communicator";
 }
 
 // Found by fuzz_agent_message (a timeout): a few hundred packed bytes named

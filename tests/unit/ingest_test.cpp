@@ -205,6 +205,153 @@ TEST_F(IngestTest, StoredBatchesAreKnownAfterARestartOfTheCollectorAndOfTheAgent
 
 // (A batch whose commit failed stays in the window: the commit protocol
 // writes it with the next commit, collector/commit.h.)
+// A heartbeat of gpu-1 saying how process 10 is.
+std::string heartbeat(bool alive) {
+  capnp::MallocMessageBuilder message;
+  auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();
+  hb.setInstanceId(99);
+  auto p = hb.initProcesses(1);
+  p[0].setPid(10);
+  p[0].setAlive(alive);
+  p[0].setState(alive ? 'S' : 'X');
+  p[0].setSampleNs(5'000);
+  return proto::to_packed(message);
+}
+
+// A batch announcing communicators `first`..`first + n - 1`, each of `nranks`
+// ranks (-1: a split child's, not known yet) with process 10 as rank 0, and
+// ending `ended` of them (from `first`).
+std::string announce(uint64_t seq, uint64_t first, size_t n, int32_t nranks, size_t ended = 0,
+                     wire::CommOrigin origin = wire::CommOrigin::INIT_RANK) {
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  b.setInstanceId(99);
+  b.setSeq(seq);
+  auto comms = b.initComms(static_cast<unsigned>(n));
+  for (unsigned i = 0; i < n; ++i) {
+    comms[i].setPid(10);
+    comms[i].setCommHash(first + i);
+    comms[i].setRank(0);
+    comms[i].setNranks(nranks);
+    comms[i].setOrigin(origin);
+  }
+  auto ends = b.initCommEnds(static_cast<unsigned>(ended));
+  for (unsigned i = 0; i < ended; ++i) {
+    ends[i].setPid(10);
+    ends[i].setCommHash(first + i);
+    ends[i].setKind(wire::CommEndKind::DESTROY);
+  }
+  return proto::to_packed(message);
+}
+
+TEST_F(IngestTest, ACommunicatorWhoseProcessesExitedLeavesTheLiveModelOnceQuietAndStaysInTheDatabase) {
+  constexpr uint64_t kQuiet = 600'000'000'000ull;
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-1", batch(1, 0, 3), out);
+  ASSERT_TRUE(commit.run(0));
+  ASSERT_EQ(ingest.node("gpu-1")->memberships, 1u);
+  ASSERT_EQ(ingest.node("gpu-1")->rank_slots, 2u);
+  const uint64_t last = ingest.comms().at(0xc0ffee).last_ns;
+
+  // Its process alive: a job hung for an hour is kept, however quiet.
+  ingest.on_agent_message("conn-1", heartbeat(true), out);
+  EXPECT_EQ(ingest.retire(last + 6 * kQuiet, kQuiet), 0u);
+  ASSERT_EQ(ingest.comms().count(0xc0ffee), 1u);
+
+  ingest.on_agent_message("conn-1", heartbeat(false), out);
+  EXPECT_EQ(ingest.retire(last + kQuiet - 1, kQuiet), 0u) << "retired before it was quiet for long enough";
+  EXPECT_EQ(ingest.retire(last + kQuiet, kQuiet), 1u);
+  EXPECT_EQ(ingest.comms().count(0xc0ffee), 0u);
+  EXPECT_EQ(ingest.process("gpu-1", 10), nullptr) << "who an exited process of no live communicator was is kept";
+  EXPECT_EQ(ingest.counters().retired_comms, 1u);
+  EXPECT_EQ(ingest.node("gpu-1")->memberships, 0u);
+  EXPECT_EQ(ingest.node("gpu-1")->rank_slots, 0u);
+  ASSERT_TRUE(commit.run(0));
+
+  // A restart does not load it again; a query of its timeline still finds it.
+  testing::StoreCommit restarted_commit{*store};
+  Ingest restarted(*store, restarted_commit, clock);
+  ASSERT_TRUE(restarted.restore());
+  EXPECT_TRUE(restarted.comms().empty());
+  auto retired = restarted.retired_comm("0000000000c0f");
+  ASSERT_TRUE(retired) << retired.error().message;
+  EXPECT_EQ(retired->hash, 0xc0ffeeu);
+  EXPECT_EQ(retired->job, "job-7");
+  ASSERT_EQ(retired->members.count(1), 1u);
+  EXPECT_EQ(retired->members.at(1).records, 3u);
+  EXPECT_EQ(retired->members.at(1).last_seq, 2);
+  EXPECT_EQ(restarted.retired_comm("ff").error().code, Errc::not_found);
+}
+
+TEST_F(IngestTest, ACommunicatorEveryMemberEndedRetiresWhileItsProcessLivesOn) {
+  constexpr uint64_t kQuiet = 1'000'000'000ull;
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-1", heartbeat(true), out);
+  ingest.on_agent_message("conn-1", announce(1, 500, 2, 4, 1), out);
+  ASSERT_TRUE(commit.run(0));
+  ASSERT_TRUE(ingest.comms().at(500).ended);
+  ASSERT_FALSE(ingest.comms().at(501).ended);
+  EXPECT_EQ(ingest.retire(clock.now + kQuiet, kQuiet), 1u);
+  EXPECT_EQ(ingest.comms().count(500), 0u);
+  EXPECT_EQ(ingest.comms().count(501), 1u);
+  EXPECT_EQ(ingest.node("gpu-1")->rank_slots, 4u);
+  EXPECT_EQ(ingest.node("gpu-1")->memberships, 1u);
+}
+
+// A user's stand-in libnccl.so announcing communicators of 65,536 ranks in a
+// loop: every observer would size per-rank state for each. The node's live
+// communicators may total kMaxRankSlotsPerNode ranks; past it, claims are
+// refused and counted, until communicators retire and give their slots back.
+TEST_F(IngestTest, ANodeIsRefusedCommunicatorsPastItsRankSlotsUntilSomeRetire) {
+  constexpr int32_t kBig = 1 << 16;
+  constexpr size_t kFit = kMaxRankSlotsPerNode / kBig;  // 16
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-1", announce(1, 1000, kFit, kBig), out);
+  ASSERT_TRUE(commit.run(0));
+  EXPECT_EQ(ingest.comms().size(), kFit);
+  EXPECT_EQ(ingest.node("gpu-1")->rank_slots, kMaxRankSlotsPerNode);
+  EXPECT_EQ(ingest.node("gpu-1")->refused_claims, 0u);
+
+  ingest.on_agent_message("conn-1", announce(2, 5000, 1, kBig), out);
+  EXPECT_EQ(ingest.comms().count(5000), 0u) << "a refused claim left its communicator in the model";
+  EXPECT_EQ(ingest.node("gpu-1")->refused_claims, 1u);
+  // A small one is refused too: the cap is on the sum.
+  ingest.on_agent_message("conn-1", announce(3, 6000, 1, 2), out);
+  EXPECT_EQ(ingest.comms().count(6000), 0u);
+  EXPECT_EQ(ingest.node("gpu-1")->refused_claims, 2u);
+  ASSERT_TRUE(commit.run(0));
+
+  // The big ones end and retire: their slots come back.
+  ingest.on_agent_message("conn-1", announce(4, 1000, kFit, kBig, kFit), out);
+  ASSERT_TRUE(commit.run(0));
+  EXPECT_EQ(ingest.retire(clock.now + 1, 1), kFit);
+  EXPECT_EQ(ingest.node("gpu-1")->rank_slots, 0u);
+  ingest.on_agent_message("conn-1", announce(5, 5000, 1, kBig), out);
+  EXPECT_EQ(ingest.comms().count(5000), 1u);
+  EXPECT_EQ(ingest.node("gpu-1")->refused_claims, 2u);
+}
+
+// Slots are charged for a communicator whose size is learnt after its members
+// joined (one each until then), and so cannot be dodged that way.
+TEST_F(IngestTest, ACommunicatorSizedAfterItsMembersJoinedIsChargedItsSize) {
+  constexpr int32_t kBig = 1 << 16;
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-1", announce(1, 1000, 17, -1, 0, wire::CommOrigin::SPLIT), out);
+  ASSERT_TRUE(commit.run(0));
+  EXPECT_EQ(ingest.node("gpu-1")->rank_slots, 17u);
+  ingest.on_agent_message("conn-1", announce(2, 1000, 17, kBig), out);
+  ASSERT_TRUE(commit.run(0));
+  // 15 sized (65,535 more each); the 16th would pass the cap.
+  EXPECT_EQ(ingest.node("gpu-1")->rank_slots, 17 + 15 * static_cast<uint64_t>(kBig - 1));
+  EXPECT_EQ(ingest.comms().at(1014).nranks, kBig);
+  EXPECT_EQ(ingest.comms().at(1015).nranks, -1);
+  EXPECT_EQ(ingest.node("gpu-1")->refused_claims, 2u);
+}
+
 TEST(AckWindow, RemembersOutOfOrderBatches) {
   AckWindow window;
   for (uint64_t seq : {1, 2, 4, 5, 3, 7}) window.insert(seq);
