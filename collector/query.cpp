@@ -137,15 +137,36 @@ Result<void> answer_timeline(const QueryContext& ctx, query::TimelineQuery::Read
     return comm.error();
   }
   const CommState& c = retired ? *retired : **comm;
+  // The collector answers between batches: a reply is bounded, so that a
+  // query over every call of a big job neither stalls ingest for long nor
+  // builds a message the client cannot read. Each (rank, lane) then gives its
+  // last `per_tail`, and the reply says so.
+  uint64_t tails = 0;
+  for (const auto& [rank, member] : c.members)
+    if (q.getRank() < 0 || rank == q.getRank()) tails += c.lanes.size();
+  uint32_t per_tail = q.getLast();
+  uint32_t limited_to = 0;
+  if (tails > 0) {
+    const uint64_t fair = std::max<uint64_t>(1, kMaxTimelineRecords / tails);
+    if (per_tail == 0 || per_tail > fair) {
+      // Fewer only if the stored records would really pass the bound.
+      uint64_t stored = 0;
+      for (const auto& [rank, member] : c.members)
+        if (q.getRank() < 0 || rank == q.getRank())
+          stored += per_tail == 0 ? member.records : std::min<uint64_t>(member.records, per_tail * c.lanes.size());
+      if (stored > kMaxTimelineRecords) per_tail = limited_to = static_cast<uint32_t>(fair);
+    }
+  }
   std::vector<StoredRecord> records;
   for (const auto& [rank, member] : c.members) {
     if (q.getRank() >= 0 && rank != q.getRank()) continue;
     for (uint32_t lane : c.lanes) {
-      auto tail = ctx.store.tail(c.hash, lane, rank, q.getLast());
+      auto tail = ctx.store.tail(c.hash, lane, rank, per_tail);
       if (!tail) return tail.error();
       records.insert(records.end(), tail->begin(), tail->end());
     }
   }
+  out.setLimitedTo(limited_to);
   std::sort(records.begin(), records.end(), [](const StoredRecord& a, const StoredRecord& b) {
     return std::tie(a.key.lane, a.key.seq, a.key.rank) < std::tie(b.key.lane, b.key.seq, b.key.rank);
   });

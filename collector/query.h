@@ -11,6 +11,9 @@
 
 namespace rankscope::collector {
 
+// A timeline reply holds at most this many records (TimelineReply.limitedTo).
+inline constexpr uint64_t kMaxTimelineRecords = 262'144;
+
 struct QueryContext {
   const Ingest& ingest;
   const TimelineStore& store;

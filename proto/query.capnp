@@ -209,6 +209,10 @@ struct TimelineReply {
   job @1 :Text;
   nranks @2 :Int32;
   records @3 :List(TimelineRecord);
+  # 0: every record asked for is here. Else a reply holds at most 262,144
+  # records (the collector reads them between batches), and only the last
+  # limitedTo of each (rank, lane) are: ask for one rank for more.
+  limitedTo @4 :UInt32;
 }
 
 struct TimelineRecord {

@@ -523,6 +523,54 @@ TEST_F(DetectTest, AMismatchStaysOpenUntilAcknowledged) {
   }));
 }
 
+// A timeline query over every call of a big job is answered between
+// batches: its reply is bounded (kMaxTimelineRecords), each rank giving its
+// last calls, and says so; one rank's whole timeline still comes whole.
+TEST_F(DetectTest, ATimelineReplyIsBoundedAndSaysSo) {
+  constexpr uint64_t kCalls = 70'000;  // x 4 ranks: past the bound
+  start(4);
+  std::vector<Call> list;
+  for (uint64_t seq = 0; seq < kCalls; ++seq)
+    for (int32_t r = 0; r < 4; ++r) list.push_back({r, seq, clock.now + seq * kMs + static_cast<uint64_t>(r) * 1000});
+  calls(list);
+  QueryContext context{ingest, *store, book, clock, 5 * kSecond};
+  auto ask = [&](int32_t rank, std::map<int32_t, std::pair<uint64_t, uint64_t>>& seqs, uint32_t& limited) {
+    capnp::MallocMessageBuilder request;
+    auto req = request.initRoot<proto::query::Request>();
+    req.setProtocolVersion(proto::query::QUERY_PROTOCOL_VERSION);
+    auto t = req.initTimeline();
+    t.setComm("feedface");
+    t.setRank(rank);
+    t.setLast(0);
+    std::string reply = answer_query(proto::to_packed(request), context);
+    size_t n = 0;
+    EXPECT_TRUE(proto::read_packed<proto::query::Reply>(reply, proto::ReadLimits{}, [&](proto::query::Reply::Reader r) {
+      ASSERT_EQ(r.which(), proto::query::Reply::TIMELINE) << (r.isError() ? std::string(r.getError()) : "");
+      limited = r.getTimeline().getLimitedTo();
+      for (auto rec : r.getTimeline().getRecords()) {
+        auto [it, first] = seqs.try_emplace(rec.getRank(), rec.getSeq(), rec.getSeq());
+        it->second.first = std::min(it->second.first, rec.getSeq());
+        it->second.second = std::max(it->second.second, rec.getSeq());
+        ++n;
+      }
+    }));
+    return n;
+  };
+  std::map<int32_t, std::pair<uint64_t, uint64_t>> seqs;
+  uint32_t limited = 0;
+  EXPECT_EQ(ask(-1, seqs, limited), kMaxTimelineRecords);
+  EXPECT_EQ(limited, kMaxTimelineRecords / 4);
+  ASSERT_EQ(seqs.size(), 4u);
+  for (const auto& [rank, range] : seqs) {
+    EXPECT_EQ(range.first, kCalls - kMaxTimelineRecords / 4) << "rank " << rank << ": not its last calls";
+    EXPECT_EQ(range.second, kCalls - 1);
+  }
+  seqs.clear();
+  EXPECT_EQ(ask(2, seqs, limited), kCalls);
+  EXPECT_EQ(limited, 0u);
+  EXPECT_EQ(seqs.at(2), std::make_pair(uint64_t{0}, kCalls - 1));
+}
+
 TEST_F(DetectTest, AMismatchOutlivesItsJob) {
   start(4);
   uint64_t t = clock.now;

@@ -237,11 +237,14 @@ void print_timeline(query::TimelineReply::Reader t, bool json) {
                   json_quote(r.getNode()).c_str(), r.getPid());
       first = false;
     }
-    std::printf("]}\n");
+    std::printf("],\"limited_to\":%u}\n", t.getLimitedTo());
     return;
   }
   std::printf("comm %s  job %s  %d ranks  (times: cluster clock, UTC)\n", hex64(t.getCommHash()).c_str(),
               t.getJob().cStr(), t.getNranks());
+  if (t.getLimitedTo() > 0)
+    std::printf("(the last %u calls of each rank only: a reply holds at most 262,144; ask with --rank R for more)\n",
+                t.getLimitedTo());
   std::printf("%8s %5s %-14s %-12s %-9s %12s %-27s %10s %s\n", "SEQ", "RANK", "NODE", "OP", "TYPE", "BYTES",
               "ISSUED", "CALL", "NOTE");
   for (auto r : t.getRecords()) {

@@ -319,6 +319,11 @@ int run_export(QueryClient& client, const ExportArgs& args) {
     t.setComm(hex64(comm.hash));
     t.setLast(0);
     auto read = client.ask(request, [&](query::Reply::Reader reply) {
+      if (uint32_t limited = reply.getTimeline().getLimitedTo(); limited > 0)
+        std::fprintf(stderr,
+                     "rankscope: comm %s: the trace holds the last %u calls of each rank only (a reply holds at most "
+                     "262,144)\n",
+                     hex64(comm.hash).c_str(), limited);
       for (auto r : reply.getTimeline().getRecords()) {
         Track& track = tracks[{r.getNode(), r.getPid()}];
         track.node = r.getNode();
