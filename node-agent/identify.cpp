@@ -1,6 +1,8 @@
 #include "node-agent/identify.h"
 
+#include <fcntl.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,8 +70,8 @@ void apply_environment(const std::map<std::string, std::string>& env, ProcessIde
   if (auto* job = first_of(env, {"SLURM_JOB_ID", "RANKSCOPE_JOB_ID", "TORCHELASTIC_RUN_ID"})) identity.job = *job;
   // srun sets both names for a task; a batch script has neither (its cgroup says step_batch).
   if (auto* step = first_of(env, {"SLURM_STEP_ID", "SLURM_STEPID"})) identity.slurm_step = *step;
-  if (auto* account = first_of(env, {"SLURM_JOB_ACCOUNT"})) identity.account = *account;
-  // SLURM_JOB_USER is not read: the user is the process's kernel uid
+  // SLURM_JOB_ACCOUNT is not read: the account is Slurm's record of the job
+  // (read_slurm_account). SLURM_JOB_USER is not read: the user is the process's kernel uid
   // (read_identity), which no one can set in their own environment.
   if (auto* devices = first_of(env, {"CUDA_VISIBLE_DEVICES"})) identity.visible_devices = *devices;
   // The downward API's usual names (the pod spec maps metadata.namespace
@@ -399,8 +401,34 @@ std::optional<CpuThrottling> read_cpu_throttling(const std::string& proc_root, u
   return out;
 }
 
+std::string read_slurm_account(const std::string& jobs_dir, const std::string& job) {
+  // Slurm job ids are numbers (an array task has its own); anything else
+  // would name another path.
+  if (jobs_dir.empty() || job.empty() || job.size() > 20 || job.find_first_not_of("0123456789") != std::string::npos)
+    return {};
+  auto trusted = [](const struct stat& st) { return st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0; };
+  struct stat dir {};
+  if (lstat(jobs_dir.c_str(), &dir) != 0 || !S_ISDIR(dir.st_mode) || !trusted(dir)) return {};
+  int fd = open((jobs_dir + "/" + job).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return {};
+  struct stat file {};
+  std::string text;
+  if (fstat(fd, &file) == 0 && S_ISREG(file.st_mode) && trusted(file) && file.st_size <= 4096) {
+    text.resize(static_cast<size_t>(file.st_size));
+    ssize_t n = read(fd, text.data(), text.size());
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  close(fd);
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.rfind("account=", 0) == 0) return line.substr(8);
+  return {};
+}
+
 std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid,
-                                             const std::string& container_state_root) {
+                                             const std::string& container_state_root,
+                                             const std::string& slurm_jobs_dir) {
   ProcessIdentity identity;
   identity.pid = pid;
   auto start = read_start_time(proc_root, pid);
@@ -440,7 +468,6 @@ std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint3
     // environment is the user's own. Where they disagree the cgroup wins, and
     // the account the environment named goes with the job it lied about.
     if (!from_cgroup.slurm_job.empty() && identity.job != from_cgroup.slurm_job) {
-      if (!identity.job.empty()) identity.account.clear();
       identity.job = from_cgroup.slurm_job;
       identity.slurm_step.clear();
     }
@@ -450,6 +477,10 @@ std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint3
     identity.container_id = from_cgroup.container_id;
     identity.container_runtime = from_cgroup.container_runtime;
   }
+  // The job's account as Slurm recorded it at the job's start on this node.
+  // Without a Slurm cgroup (proctrack/linuxproc) the job id is the
+  // environment's: a user naming another job gets that job's account.
+  identity.account = read_slurm_account(slurm_jobs_dir, identity.job);
   if (!container_state_root.empty() && !identity.container_id.empty()) {
     // The container runtime's record of the pod wins over the downward API's
     // variables, which the process's own environment can say anything in.

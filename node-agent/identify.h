@@ -17,7 +17,7 @@ struct ProcessIdentity {
   uint32_t uid = 0;
   std::string user;
   std::string job;          // SLURM_JOB_ID, RANKSCOPE_JOB_ID, TORCHELASTIC_RUN_ID; "" if none
-  std::string account;      // SLURM_JOB_ACCOUNT
+  std::string account;      // the Slurm job's, as its Prolog recorded it (read_slurm_account)
   int32_t rank = -1;
   int32_t local_rank = -1;
   int32_t world_size = -1;
@@ -68,10 +68,19 @@ PodNames read_pod_names(const std::string& state_root, const std::string& contai
 // whose value is not a string is left out); what follows a syntax error is
 // not read.
 std::map<std::string, std::string> json_string_values(std::string_view json, const std::vector<std::string>& keys);
+// The Slurm account of `job` as slurmd's Prolog recorded it
+// (deploy/slurm/rankscope-prolog.sh writes `<jobs_dir>/<job>`, a line
+// `account=NAME`): "" when there is no record, or when the record or its
+// folder could have been written by anyone but root (owned by another user,
+// writable by group or others, a link, not a regular file). The account in
+// a process's environment is its user's word, and never taken.
+std::string read_slurm_account(const std::string& jobs_dir, const std::string& job);
 // Reads everything about pid under proc_root (and the pod's names under
-// container_state_root; "" skips them); nullopt if the process is gone.
+// container_state_root, the Slurm account from slurm_jobs_dir; "" skips
+// them); nullopt if the process is gone.
 std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid,
-                                             const std::string& container_state_root = "");
+                                             const std::string& container_state_root = "",
+                                             const std::string& slurm_jobs_dir = "");
 // /proc/PID/stat start time, or nullopt if the process is gone.
 std::optional<uint64_t> read_start_time(const std::string& proc_root, uint32_t pid);
 struct ProcessSample {

@@ -37,6 +37,7 @@ po::options_description describe(Options& options, uint64_t& max_unacked_mb, uin
     ("cuda-waits", po::value(&options.cuda_waits)->default_value(options.cuda_waits), "time the host's waits on the GPU (libcudart's stream, device and event synchronize)")
     ("host-context", po::value(&options.host_context)->default_value(options.host_context), "follow the scheduler for traced threads and CPU per cgroup (sched_switch, sched_wakeup) and TCP retransmits")
     ("container-state-root", po::value(&options.container_state_root)->default_value(options.container_state_root), "where /run/containerd, /run/containers and /var/lib/docker are: a Kubernetes pod's namespace and name are read from its container's annotations there")
+    ("slurm-jobs-dir", po::value(&options.slurm_jobs_dir)->default_value(options.slurm_jobs_dir), "where deploy/slurm/rankscope-prolog.sh records each Slurm job's account (root-owned; \"\": accounts not read)")
     ("setenv-probe", po::value(&options.setenv_probe)->default_value(options.setenv_probe), "see CUDA_VISIBLE_DEVICES set at run time (uprobe on libc setenv)")
     ("batch-interval-ms", po::value(&options.batch_interval_ms)->default_value(options.batch_interval_ms), "longest time a record waits before it is sent (1 ms to 60 s)")
     ("scan-interval-ms", po::value(&options.scan_interval_ms)->default_value(options.scan_interval_ms), "how often /proc is scanned for new NCCL processes and libraries (10 ms to 1 h)")

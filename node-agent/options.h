@@ -25,6 +25,9 @@ struct Options {
   // Docker): a pod's namespace and name are read from its containers'
   // annotations under this root ("/" on the host; a DaemonSet mounts it).
   std::string container_state_root = "/";
+  // Where the Slurm Prolog records each job's account (deploy/slurm/): a
+  // process's account is read there, never from its environment.
+  std::string slurm_jobs_dir = "/run/rankscope/slurm";
   uint32_t batch_interval_ms = 100;                 // a record waits at most this long before it is sent
   uint32_t scan_interval_ms = 500;                  // how often /proc is scanned for new NCCL processes
   uint32_t heartbeat_interval_ms = 1000;

@@ -43,9 +43,10 @@ class Summariser {
  public:
   // clock_offset_ns is added to every event time (tests use it to play a
   // node whose clock is off).
-  // container_state_root: where the pods' names are read ("": not read).
+  // container_state_root: where the pods' names are read ("": not read);
+  // slurm_jobs_dir: the Slurm Prolog's job records, for accounts ("": none).
   Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns,
-             std::string container_state_root = "");
+             std::string container_state_root = "", std::string slurm_jobs_dir = "");
 
   void on_event(const Event& event);
   void on_malformed() { ++malformed_; }
@@ -99,6 +100,7 @@ class Summariser {
 
   std::string proc_root_;
   std::string container_state_root_;
+  std::string slurm_jobs_dir_;
   CgroupMounts cgroup_mounts_;  // the agent's own view, where processes' cpu cgroups are read
   std::string node_;
   int64_t clock_offset_ns_;

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "tests/support/alertmanager.h"
 #include "tests/support/cluster.h"
@@ -89,18 +90,22 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
   TempDir dir;
   DeploymentOptions options;
   options.agent_args = [&](int) { return std::vector<std::string>{"--cgroup", slurm.node_cgroup()}; };
+  options.slurm_jobs_dir = slurm.jobs_dir();
   TestDeployment deployment(dir, 1, options);
   ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20))) << slurp(dir.file("agent-0.log"));
 
   // The job: an allocation of two tasks for `account`, as user nobody; a
   // first step that only runs `true` (step 0), then the training job as
-  // step 1, until the test cancels it (or --time, 2 minutes, ends it).
+  // step 1, until the test cancels it (or --time, 2 minutes, ends it). Its
+  // tasks claim another account in their environment: the account is
+  // Slurm's, as the Prolog recorded it.
   const std::string account = unique_name("acct-");
   const std::string job_name = unique_name("train-");
   const std::string work = slurm.shared_dir();
   std::string train = bin_path("fakenccl-train") + " --id-file " + work + "/nccl.id" +
                       " --steps 1000000 --compute-iters 1000000 --bucket-elems 1024 --quiet";
-  std::string steps = "srun -n1 --chdir=" + work + " true && exec srun -N1 -n2 --chdir=" + work + " " + train;
+  std::string steps = "srun -n1 --chdir=" + work + " true && exec srun -N1 -n2 --chdir=" + work +
+                      " env SLURM_JOB_ACCOUNT=someone-elses " + train;
   SpawnOptions salloc;
   salloc.argv = {"/bin/sh", "-c",
                  "cd " + work + " && exec env -u RANK -u WORLD_SIZE -u LOCAL_RANK setpriv --reuid=nobody "
@@ -158,7 +163,7 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
     EXPECT_EQ(field(r, "world_size"), "2");                      // SLURM_NTASKS
     EXPECT_EQ(field(r, "slurm_step"), "1");                      // SLURM_STEP_ID, squeue's <job>.1
     EXPECT_EQ(field(r, "user"), "nobody");                       // SLURM_JOB_USER
-    EXPECT_EQ(field(r, "account"), account);                     // SLURM_JOB_ACCOUNT
+    EXPECT_EQ(field(r, "account"), account);                     // the Prolog's record, not SLURM_JOB_ACCOUNT
     EXPECT_EQ(field(r, "node"), deployment.node_name(0));
     // The pid is a task of that step: srun's environment is in it.
     std::string environ = slurp("/proc/" + field(r, "pid") + "/environ");
@@ -194,6 +199,10 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
   EXPECT_TRUE(wait_for(
       [&] { return slurm.run("squeue -h -o %i", &left, 10) == 0 && left.empty(); }, std::chrono::seconds(30)))
       << left;
+  // The Epilog removed the job's record.
+  EXPECT_TRUE(wait_for([&] { return !std::filesystem::exists(slurm.jobs_dir() + "/" + job_id); },
+                       std::chrono::seconds(30)))
+      << slurm.logs();
 }
 
 // Two instances side by side, as parallel test runs make them: each is its

@@ -76,7 +76,8 @@ std::string in_cgroup(const std::string& cgroup, int cpu, const std::string& net
 
 // One rank of a Slurm-shaped training job: fakenccl-train in `cgroup`,
 // pinned to `cpu`, in the node's network namespace, holding one GPU (its
-// rank), with the job, account and user srun would give it.
+// rank), with the job, account and user srun would give it (the account is
+// read from the job's Prolog record, TestDeployment::slurm_prolog).
 struct SlurmRank {
   std::string cgroup, netns, job, account, user, id_file, log;
   int cpu = 0, rank = 0, world = 1;
@@ -112,6 +113,10 @@ TEST(UsageE2E, NeighbourCpuHogIsBilledForTheStragglerItMakes) {
   std::string top = unique_name("rankscope-usage-");
   std::string job_a = std::to_string(getpid()) + "1", job_b = std::to_string(getpid()) + "2";
   std::string account_a = unique_name("acct-a-"), account_b = unique_name("acct-b-");
+  // slurmd's Prolog records each job's account on the node (the ranks'
+  // SLURM_JOB_ACCOUNT is their user's word, not taken).
+  ASSERT_TRUE(deployment.slurm_prolog(job_a, account_a));
+  ASSERT_TRUE(deployment.slurm_prolog(job_b, account_b));
   CgroupTree tree;
   std::string cgroup_a = tree.make(top + "/slurm/uid_0/job_" + job_a + "/step_0");
   std::string cgroup_b = tree.make(top + "/slurm/uid_0/job_" + job_b + "/step_0");
@@ -225,6 +230,7 @@ TEST(UsageE2E, AJobRunningAcrossACollectorKillIsBilledOnceToItsAccount) {
 
   std::string job = std::to_string(getpid()) + "3";
   std::string account = unique_name("acct-restart-");
+  ASSERT_TRUE(deployment.slurm_prolog(job, account));
   CgroupTree tree;
   std::string cgroup = tree.make(unique_name("rankscope-usage-") + "/slurm/uid_0/job_" + job + "/step_0");
   std::vector<Process> ranks;

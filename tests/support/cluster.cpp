@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <thread>
 
 namespace rankscope::testing {
@@ -13,6 +14,7 @@ TestDeployment::TestDeployment(const TempDir& dir, const NetnsCluster& cluster, 
       agent_port_(free_port()),
       query_port_(free_port()),
       insecure_(options.insecure),
+      slurm_jobs_dir_(options.slurm_jobs_dir),
       keys_(dir),
       client_(query_endpoint(), 3000, options.insecure ? curve::ClientKeys{} : keys_.client()) {
   start(&cluster, nodes, options);
@@ -23,6 +25,7 @@ TestDeployment::TestDeployment(const TempDir& dir, int nodes, const DeploymentOp
       agent_port_(free_port()),
       query_port_(free_port()),
       insecure_(options.insecure),
+      slurm_jobs_dir_(options.slurm_jobs_dir),
       keys_(dir),
       client_(query_endpoint(), 3000, options.insecure ? curve::ClientKeys{} : keys_.client()) {
   start(nullptr, nodes, options);
@@ -46,6 +49,7 @@ void TestDeployment::start(const NetnsCluster* cluster, int nodes, const Deploym
                   "--collector", "tcp://127.0.0.1:" + std::to_string(agent_port_),
                   "--node",      node_name(node),
                   "--spool-dir", dir_.file("spool"),
+                  "--slurm-jobs-dir", slurm_jobs_dir(),
                   "--nccl-lib",  std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2"};
     if (cluster) agent.argv.insert(agent.argv.end(), {"--netns", cluster->path(node)});
     auto keys = insecure_ ? std::vector<std::string>{"--insecure"} : keys_.agent_args(node_name(node));
@@ -164,6 +168,14 @@ int64_t TestDeployment::progress(bool active_only) {
       }
   });
   return result && any ? lowest : -1;
+}
+
+bool TestDeployment::slurm_prolog(const std::string& job, const std::string& account) {
+  // The shipped Prolog, run as slurmd runs it: as root, the job in its environment.
+  std::string script = std::string(RANKSCOPE_SOURCE_DIR) + "/deploy/slurm/rankscope-prolog.sh";
+  return run_command("env -i RANKSCOPE_SLURM_DIR='" + slurm_jobs_dir() + "' SLURM_JOB_ID='" + job +
+                     "' SLURM_JOB_ACCOUNT='" + account + "' /bin/sh '" + script + "'") == 0 &&
+         std::filesystem::exists(slurm_jobs_dir() + "/" + job);
 }
 
 int64_t TestDeployment::min_progress() { return progress(false); }

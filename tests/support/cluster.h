@@ -23,6 +23,9 @@ struct DeploymentOptions {
   // Plaintext everywhere (collector, agents and client with --insecure);
   // by default each gets real CurveZMQ keys made in the test's folder.
   bool insecure = false;
+  // The agents' --slurm-jobs-dir ("": a folder of the test's, see
+  // TestDeployment::slurm_jobs_dir); a RealSlurm's Prolog writes to its own.
+  std::string slurm_jobs_dir;
 };
 
 // A finding as the tests read it from the query service.
@@ -67,6 +70,11 @@ class TestDeployment {
   cli::QueryClient& client() { return client_; }
   std::string node_name(int node) const { return "node-" + std::to_string(node); }
   const std::string& log_dir() const { return dir_.path(); }
+  // Where the agents read Slurm jobs' accounts (--slurm-jobs-dir), and the
+  // shipped Prolog (deploy/slurm/rankscope-prolog.sh) run there for `job`, as
+  // slurmd runs it at a job's start: true if it recorded the job.
+  std::string slurm_jobs_dir() const { return slurm_jobs_dir_.empty() ? dir_.file("slurm-jobs") : slurm_jobs_dir_; }
+  bool slurm_prolog(const std::string& job, const std::string& account);
   // Flags for the rankscope CLI: --collector, and its keys (or --insecure).
   std::string cli_flags() const;
   TestKeys& keys() { return keys_; }
@@ -82,6 +90,7 @@ class TestDeployment {
   SpawnOptions collector_spawn_;
   std::vector<Process> agents_;
   bool insecure_;
+  std::string slurm_jobs_dir_;
   TestKeys keys_;
   cli::QueryClient client_;
 };

@@ -190,6 +190,15 @@ bool RealSlurm::start() {
   int ctld_port = free_port();
   int slurmd_port = free_port();
   while (slurmd_port == ctld_port) slurmd_port = free_port();
+  // The shipped Prolog and Epilog, writing to this instance's folder (slurmd
+  // runs them as root with the job's variables only: a wrapper names it).
+  auto hook = [&](const std::string& which) {
+    std::string path = dir_.file("rankscope-" + which + ".sh");
+    std::ofstream(path) << "#!/bin/sh\nRANKSCOPE_SLURM_DIR='" << jobs_dir() << "' exec /bin/sh '" << RANKSCOPE_SOURCE_DIR
+                        << "/deploy/slurm/rankscope-" << which << ".sh'\n";
+    chmod(path.c_str(), 0755);
+    return path;
+  };
   conf_ = dir_.file("slurm.conf");
   {
     std::ofstream conf(conf_);
@@ -217,6 +226,7 @@ bool RealSlurm::start() {
          << "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
          << "SwitchType=switch/none\nMpiDefault=none\n"
          << "ReturnToService=2\n"
+         << "Prolog=" << hook("prolog") << "\nEpilog=" << hook("epilog") << "\nPrologFlags=Alloc\n"
          << hardware << " NodeAddr=127.0.0.1 State=UNKNOWN\n"
          << "PartitionName=" << partition_ << " Nodes=" << node_ << " Default=YES MaxTime=10 State=UP\n";
     if (!conf) return fail("cannot write " + conf_);

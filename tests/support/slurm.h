@@ -48,6 +48,10 @@ class RealSlurm {
   // A folder in this instance's tree that every user may write to (for
   // jobs' files and working directories).
   std::string shared_dir() const { return dir_.file("shared"); }
+  // Where its slurmd's Prolog (deploy/slurm/rankscope-prolog.sh, with
+  // PrologFlags=Alloc) records each job's account, for the agent's
+  // --slurm-jobs-dir; the Epilog removes the record.
+  std::string jobs_dir() const { return dir_.file("rankscope-jobs"); }
   // What a client (srun, salloc, sinfo, squeue) needs in its environment.
   std::map<std::string, std::string> client_env() const { return {{"SLURM_CONF", conf_}}; }
 

@@ -1,6 +1,8 @@
 // Identity from a fake /proc root, as launchers set it.
 #include <gtest/gtest.h>
 #include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -27,7 +29,20 @@ std::string user_of(uid_t uid) {
   return entry ? entry->pw_name : "uid " + std::to_string(uid);
 }
 
-TEST(Identify, SlurmEnvironmentGivesJobRankAndAccount) {
+// The folder of Slurm Prolog records (deploy/slurm/rankscope-prolog.sh), as
+// root makes it: root-owned, 0755, a file per job "account=NAME".
+std::string prolog_records(const testing::TempDir& dir, const std::map<std::string, std::string>& accounts) {
+  std::string jobs = dir.file("slurm");
+  std::filesystem::create_directories(jobs);
+  chmod(jobs.c_str(), 0755);
+  for (const auto& [job, account] : accounts) {
+    write(jobs + "/" + job, "account=" + account + "\n");
+    chmod((jobs + "/" + job).c_str(), 0644);
+  }
+  return jobs;
+}
+
+TEST(Identify, SlurmEnvironmentGivesJobAndRanksAndTheProloguesRecordTheAccount) {
   testing::TempDir root;
   write(root.file("31/stat"), "31 (python3 (x)) S 1 31 31 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 9 0 987654 1 2 3\n");
   write(root.file("31/status"), "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\n");
@@ -35,7 +50,8 @@ TEST(Identify, SlurmEnvironmentGivesJobRankAndAccount) {
         environ_of({"SLURM_JOB_ID=4711", "SLURM_STEP_ID=2", "SLURM_STEPID=2", "SLURM_PROCID=5", "SLURM_LOCALID=1",
                     "SLURM_NTASKS=8", "SLURM_JOB_ACCOUNT=physics", "SLURM_JOB_USER=alice",
                     "CUDA_VISIBLE_DEVICES=2,3"}));
-  auto id = read_identity(root.path(), 31);
+  testing::TempDir records;
+  auto id = read_identity(root.path(), 31, "", prolog_records(records, {{"4711", "physics-lab"}}));
   ASSERT_TRUE(id);
   EXPECT_EQ(id->start_time, 987654u);
   EXPECT_EQ(id->job, "4711");
@@ -43,7 +59,7 @@ TEST(Identify, SlurmEnvironmentGivesJobRankAndAccount) {
   EXPECT_EQ(id->rank, 5);
   EXPECT_EQ(id->local_rank, 1);
   EXPECT_EQ(id->world_size, 8);
-  EXPECT_EQ(id->account, "physics");
+  EXPECT_EQ(id->account, "physics-lab");  // Slurm's record, not SLURM_JOB_ACCOUNT
   EXPECT_EQ(id->uid, 1000u);
   EXPECT_EQ(id->user, user_of(1000));  // the kernel's uid, never SLURM_JOB_USER
   EXPECT_EQ(id->visible_devices, "2,3");
@@ -59,12 +75,35 @@ TEST(Identify, EnvironmentCannotPoseAsAnotherJobOrUser) {
   write(root.file("32/cgroup"), "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n");
   write(root.file("32/environ"), environ_of({"SLURM_JOB_ID=99", "SLURM_STEP_ID=7", "SLURM_JOB_ACCOUNT=rich-lab",
                                              "SLURM_JOB_USER=root"}));
-  auto id = read_identity(root.path(), 32);
+  testing::TempDir records;
+  std::string jobs = prolog_records(records, {{"42", "poor-lab"}, {"99", "rich-lab"}});
+  auto id = read_identity(root.path(), 32, "", jobs);
   ASSERT_TRUE(id);
   EXPECT_EQ(id->job, "42");         // the cgroup's
   EXPECT_EQ(id->slurm_step, "0");
-  EXPECT_EQ(id->account, "");       // named for the job it lied about: not taken
+  EXPECT_EQ(id->account, "poor-lab");  // the job's, as Slurm recorded it
   EXPECT_EQ(id->user, user_of(1000));
+  // Without a record (no Prolog installed) there is no account: the
+  // environment's is never taken.
+  EXPECT_EQ(read_identity(root.path(), 32)->account, "");
+}
+
+// A record anyone but root could have written is not Slurm's.
+TEST(Identify, AProloguesRecordOnlyRootCouldWriteIsTrusted) {
+  if (geteuid() != 0) GTEST_SKIP() << "records are trusted only when root owns them: run the suite as root";
+  testing::TempDir records;
+  std::string jobs = prolog_records(records, {{"7", "lab-a"}, {"8", "lab-b"}, {"9", "lab-c"}});
+  EXPECT_EQ(read_slurm_account(jobs, "7"), "lab-a");
+  chmod((jobs + "/8").c_str(), 0666);
+  EXPECT_EQ(read_slurm_account(jobs, "8"), "") << "a world-writable record";
+  ASSERT_EQ(chown((jobs + "/9").c_str(), 65534, 65534), 0);
+  EXPECT_EQ(read_slurm_account(jobs, "9"), "") << "a record owned by nobody";
+  std::filesystem::create_symlink(jobs + "/7", jobs + "/10");
+  EXPECT_EQ(read_slurm_account(jobs, "10"), "") << "a link";
+  EXPECT_EQ(read_slurm_account(jobs, "../slurm/7"), "") << "not a job id";
+  EXPECT_EQ(read_slurm_account(jobs, "404"), "");
+  chmod(jobs.c_str(), 0777);
+  EXPECT_EQ(read_slurm_account(jobs, "7"), "") << "a folder anyone can write to";
 }
 
 // Found in review: a cgroup named uid_<20 digits> made std::stoll throw out of the agent.
