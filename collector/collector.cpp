@@ -103,11 +103,27 @@ class MetricsExport {
       metrics_.count_opened(f->kind);
     }
     if (auto all = findings.all(); !all.empty()) newest_finding_ = std::max(newest_finding_, all.front()->id);
+    // GPU-seconds lost to open findings, per job: a straggler's as its
+    // finding counts them; a hang's, every rank of its communicator idle
+    // since it opened.
+    std::map<std::pair<FindingKind, std::string>, double> lost;
+    for (const Finding* f : findings.open()) {
+      double seconds = f->gpu_hours_lost * 3600;
+      if (f->kind == FindingKind::hang) {
+        auto comm = ingest.comms().find(f->comm);
+        int32_t ranks = comm == ingest.comms().end() ? 0 : std::max(0, comm->second.nranks);
+        seconds = now_ns > f->opened_ns ? static_cast<double>(now_ns - f->opened_ns) / 1e9 * ranks : 0;
+      }
+      if (f->kind == FindingKind::hang || f->kind == FindingKind::straggler)
+        lost[{f->kind, f->job.empty() ? "(unknown)" : f->job}] += seconds;
+    }
+    metrics_.set_findings_waste_gpu_seconds(lost);
     for (const auto& [name, node] : ingest.nodes()) {
       metrics_.set_node_clock(name, static_cast<double>(node.clock.offset_ns()) / 1e9,
                               static_cast<double>(node.clock.uncertainty_ns()) / 1e9, node.clock.drift_ppb() / 1e9,
                               static_cast<double>(node.wall_offset_ns - node.clock.offset_ns()) / 1e9);
       metrics_.set_node_up(name, node.last_contact_ns != 0 && now_ns - node.last_contact_ns < liveness_ns);
+      metrics_.set_node_unacked_batches(name, node.unacked_batches);
       metrics_.set_node_last_contact(name, static_cast<double>(node.last_contact_ns) / 1e9);
       metrics_.set_node_drops(name, "ringbuf_full", node.drops.ringbuf_full);
       metrics_.set_node_drops(name, "map_full", node.drops.map_full);

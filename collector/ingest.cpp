@@ -774,6 +774,7 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     return;
   }
   node.traced_processes = heartbeat.getTracedProcesses();
+  node.unacked_batches = heartbeat.getUnackedBatches();
   node.last_monotonic_ns = heartbeat.getMonotonicNs();
   Drops drops;
   copy_drops(heartbeat.getDrops(), drops);

@@ -80,6 +80,7 @@ struct NodeState {
   uint64_t batches = 0;
   uint64_t records = 0;
   uint32_t traced_processes = 0;
+  uint32_t unacked_batches = 0;  // the agent's, at its last heartbeat
   uint64_t bad_messages = 0;     // messages, or parts of them, refused (collector/validate.h)
   uint64_t throttled_messages = 0;  // dropped over the per-key rate limit (collector/rate_limit.h)
   // Claims refused because they contradict what a communicator's first

@@ -51,6 +51,8 @@ enum class MetricId {
   tenant_gpu,
   tenant_waste,
   tenant_caused_waste,
+  node_unacked_batches,
+  findings_waste_gpu_seconds,
   count,
 };
 
@@ -186,6 +188,18 @@ const MetricInfo kCatalogue[] = {
      "seconds",
      {"account"},
      "GPU-seconds other ranks spent waiting on an account's ranks or on its CPU use as a neighbour."},
+    {"rankscope_node_unacked_batches",
+     Type::gauge,
+     "",
+     {"node"},
+     "Batches the node's agent has sent or spooled and the collector has not acknowledged yet, at its last heartbeat "
+     "(grows while the collector falls behind or cannot write its database)."},
+    {"rankscope_findings_waste_gpu_seconds",
+     Type::gauge,
+     "seconds",
+     {"kind", "job_name"},
+     "GPU-seconds lost so far to the job's open findings of a kind (waiting on a straggler, idle in a hang); a "
+     "series goes once none of that kind is open."},
 };
 // clang-format on
 static_assert(std::size(kCatalogue) == static_cast<size_t>(MetricId::count));
@@ -336,6 +350,8 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   tenant_gpu_ = &counters(r, MetricId::tenant_gpu);
   tenant_waste_ = &counters(r, MetricId::tenant_waste);
   tenant_caused_ = &counters(r, MetricId::tenant_caused_waste);
+  node_unacked_batches_ = &gauges(r, MetricId::node_unacked_batches);
+  findings_waste_ = &gauges(r, MetricId::findings_waste_gpu_seconds);
 
   exposer_->RegisterCollectable(registry_);
   auto ports = exposer_->GetListeningPorts();
@@ -419,6 +435,29 @@ void Metrics::set_node_clock(const std::string& node, double offset_seconds, dou
 
 void Metrics::set_node_up(const std::string& node, bool up) {
   set_node_gauge(nodes_[node].up, *node_up_, node, up ? 1 : 0);
+}
+
+void Metrics::set_node_unacked_batches(const std::string& node, uint32_t batches) {
+  set_node_gauge(nodes_[node].unacked_batches, *node_unacked_batches_, node, batches);
+}
+
+void Metrics::set_findings_waste_gpu_seconds(const std::map<std::pair<FindingKind, std::string>, double>& lost) {
+  for (auto it = findings_waste_series_.begin(); it != findings_waste_series_.end();) {
+    if (lost.count(it->first)) {
+      ++it;
+      continue;
+    }
+    findings_waste_->Remove(it->second);
+    --series_;
+    it = findings_waste_series_.erase(it);
+  }
+  for (const auto& [key, hours] : lost) {
+    prometheus::Gauge*& gauge = findings_waste_series_[key];
+    if (!gauge)
+      gauge = add_series(*findings_waste_, {{"kind", finding_kind_name(key.first)}, {"job_name", key.second}});
+    if (gauge) gauge->Set(hours);
+    else findings_waste_series_.erase(key);
+  }
 }
 
 void Metrics::set_node_last_contact(const std::string& node, double unix_seconds) {

@@ -75,6 +75,11 @@ class Metrics {
                       double wall_skew_seconds);
   void set_node_up(const std::string& node, bool up);
   void set_node_last_contact(const std::string& node, double unix_seconds);
+  // What the node's agent had not had acknowledged at its last heartbeat.
+  void set_node_unacked_batches(const std::string& node, uint32_t batches);
+  // GPU-seconds lost to the open findings, by kind and job; series of pairs
+  // missing here are removed.
+  void set_findings_waste_gpu_seconds(const std::map<std::pair<FindingKind, std::string>, double>& lost);
   // `total`: the agent's running count for `reason` (ringbuf_full, map_full,
   // unknown_comm, send_queue_full); a smaller total than before means the
   // agent restarted and counts from zero again.
@@ -118,6 +123,7 @@ class Metrics {
     prometheus::Gauge* clock_uncertainty = nullptr;
     prometheus::Gauge* clock_drift = nullptr;
     prometheus::Gauge* wall_clock_skew = nullptr;
+    prometheus::Gauge* unacked_batches = nullptr;
     std::map<std::string, CounterTotal> drops;  // by reason
     CounterTotal bad_messages;
     CounterTotal refused_claims;
@@ -155,6 +161,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* node_bad_messages_;
   prometheus::Family<prometheus::Counter>* node_refused_claims_;
   prometheus::Family<prometheus::Gauge>* comm_last_sequence_;
+  prometheus::Family<prometheus::Gauge>* node_unacked_batches_;
+  prometheus::Family<prometheus::Gauge>* findings_waste_;
+  std::map<std::pair<FindingKind, std::string>, prometheus::Gauge*> findings_waste_series_;
   struct TenantSeries {
     prometheus::Counter* gpu = nullptr;
     prometheus::Counter* waste = nullptr;

@@ -79,6 +79,8 @@ void set_every_metric(Metrics& metrics) {
   metrics.set_alert_posts(5, 1);
   metrics.set_tenant_usage("physics", 7200, 360, 0);
   metrics.set_tenant_usage("(unknown)", 60, 0, 12.5);
+  metrics.set_node_unacked_batches("gpu-0", 42);
+  metrics.set_findings_waste_gpu_seconds({{{FindingKind::straggler, "slurm-4242"}, 2700}, {{FindingKind::hang, "slurm-7"}, 10800}});
 }
 
 TEST(Metrics, ExpositionPassesPromtoolAndHasEveryCatalogueMetric) {
@@ -110,6 +112,19 @@ TEST(Metrics, ExpositionPassesPromtoolAndHasEveryCatalogueMetric) {
   EXPECT_EQ(sample(exposition, "rankscope_alertmanager_posts_total{result=\"failed\"}"), 1);
   EXPECT_EQ(sample(exposition, "rankscope_tenant_gpu_seconds_total{account=\"physics\"}"), 7200);
   EXPECT_EQ(sample(exposition, "rankscope_tenant_caused_waste_gpu_seconds_total{account=\"(unknown)\"}"), 12.5);
+  EXPECT_EQ(sample(exposition, "rankscope_node_unacked_batches{node=\"gpu-0\"}"), 42);
+  EXPECT_EQ(sample(exposition, "rankscope_findings_waste_gpu_seconds{job_name=\"slurm-4242\",kind=\"straggler\"}"), 2700);
+}
+
+// A job's series goes once none of its findings of that kind is open.
+TEST(Metrics, GpuHoursOfFindingsFollowTheOpenOnes) {
+  auto metrics = Metrics::start("127.0.0.1:0");
+  ASSERT_TRUE(metrics) << metrics.error().message;
+  (*metrics)->set_findings_waste_gpu_seconds({{{FindingKind::straggler, "a"}, 1.5}, {{FindingKind::hang, "b"}, 2}});
+  (*metrics)->set_findings_waste_gpu_seconds({{{FindingKind::straggler, "a"}, 2.5}});
+  std::string exposition = scrape(**metrics);
+  EXPECT_EQ(sample(exposition, "rankscope_findings_waste_gpu_seconds{job_name=\"a\",kind=\"straggler\"}"), 2.5);
+  EXPECT_FALSE(sample(exposition, "rankscope_findings_waste_gpu_seconds{job_name=\"b\",kind=\"hang\"}"));
 }
 
 TEST(Metrics, TenantSeriesAreBoundedAndOtherOnlyGrows) {
