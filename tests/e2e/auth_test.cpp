@@ -3,7 +3,11 @@
 // both sides say --insecure, and a flooding peer throttled beside a normal
 // one. The agents here are raw ZeroMQ DEALER sockets speaking the real
 // protocol (and, where the agent's own words matter, the real agent).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -385,6 +389,69 @@ TEST(RateLimit, FloodingPeerIsThrottledAndTheOtherIsServed) {
       std::chrono::seconds(10)))
       << scraped(metrics_port, "rankscope_throttled_messages_total{socket=\"agent\"}");
   EXPECT_EQ(scraped(metrics_port, "rankscope_throttled_messages_total{socket=\"query\"}"), 0);
+}
+
+// A peer with no key at all, speaking ZMTP 3.0 over plain TCP: its greeting
+// asks for the CURVE handshake, and its first frame claims `claimed` bytes.
+// True if the collector closed the connection within `within` of the frame's
+// header (it refuses the length before it allocates the frame); false if it
+// kept waiting for the bytes.
+bool closed_at_the_header(int port, uint64_t claimed, std::chrono::milliseconds within) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return false;
+  }
+  std::string greeting(64, '\0');
+  greeting[0] = '\xff';
+  greeting[9] = '\x7f';
+  greeting[10] = 3;  // ZMTP 3.0
+  greeting.replace(12, 5, "CURVE");
+  // A long command frame (flags: command, long) of `claimed` bytes, then a few of them.
+  std::string frame(1, '\x06');
+  for (int shift = 56; shift >= 0; shift -= 8) frame += static_cast<char>((claimed >> shift) & 0xff);
+  frame += std::string(64, 'x');
+  bool sent = ::send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(greeting.size()) &&
+              ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(frame.size());
+  bool closed = false;
+  auto deadline = std::chrono::steady_clock::now() + within;
+  while (sent && !closed && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buffer[256];
+    ssize_t n = recv(fd, buffer, sizeof(buffer), 0);  // the collector's greeting, then the end
+    closed = n == 0 || (n < 0 && errno == ECONNRESET);
+  }
+  close(fd);
+  return closed;
+}
+
+// A peer without a key claims a frame larger than the socket reads
+// (ZMQ_MAXMSGSIZE: 16 MiB on the agent port, 64 KiB on the query port)
+// before any handshake: the collector drops the connection at the frame's
+// header instead of buffering it, and serves everyone else. One just under
+// the limit is kept waiting for its bytes, as any frame is.
+TEST(FrameLimit, AFrameOverTheSocketsLimitIsRefusedAtItsHeader) {
+  TempDir dir;
+  TestKeys keys(dir);
+  Collector collector(dir, &keys);
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  EXPECT_TRUE(closed_at_the_header(collector.agent_port, (16ull << 20) + 1, std::chrono::seconds(3)))
+      << "the agent port waits for a frame over 16 MiB";
+  EXPECT_TRUE(closed_at_the_header(collector.agent_port, 1ull << 40, std::chrono::seconds(3)));
+  EXPECT_TRUE(closed_at_the_header(collector.query_port, (64ull << 10) + 1, std::chrono::seconds(3)))
+      << "the query port waits for a frame over 64 KiB";
+  EXPECT_FALSE(closed_at_the_header(collector.query_port, 60ull << 10, std::chrono::milliseconds(1500)))
+      << "a frame within the limit was refused at its header: the test no longer tells the limit apart";
+  // Still up, and still serving.
+  cli::QueryClient client(endpoint(collector.query_port), 3000, keys.client());
+  EXPECT_TRUE(Collector::status(client).has_value()) << slurp(collector.log);
+  EXPECT_TRUE(collector.process->running());
 }
 
 }  // namespace
