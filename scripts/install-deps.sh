@@ -22,7 +22,11 @@ build_pkgs=(
 # slurm-wlm pulls slurmctld, slurmd and slurm-client (srun, sinfo, squeue); the
 # tests start their own munged/slurmctld/slurmd, never the system services.
 # systemd: systemd-analyze verifies the shipped units (tests/deploy).
-test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager slurm-wlm munge systemd)
+# python3, python3-yaml: the checks of the Grafana dashboard, the Kubernetes
+# manifests and Perfetto exports (kubectl, for `kubectl kustomize`, comes
+# with this machine's image, not from Debian).
+test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager slurm-wlm munge systemd python3
+  python3-yaml)
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in
