@@ -9,6 +9,7 @@
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
 #include "collector/alert/alertmanager.h"
+#include "collector/alert/drain.h"
 #include "collector/ingest.h"
 #include "collector/metrics.h"
 #include "collector/query.h"
@@ -232,6 +233,14 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     alertmanager = std::move(*created);
     RS_LOG(info, "pushing findings to the Alertmanager at %s", options.alertmanager.c_str());
   }
+  std::unique_ptr<NodeDrainer> drainer;
+  if (options.drain_after_jobs > 0) {
+    drainer = std::make_unique<NodeDrainer>(
+        DrainOptions{options.drain_after_jobs, static_cast<uint64_t>(options.drain_window_h * 3600e9),
+                     options.drain_command, options.drain_dry_run});
+    RS_LOG(info, "a node straggling in %u jobs within %.0f h will be drained with %s%s", options.drain_after_jobs,
+           options.drain_window_h, options.drain_command.c_str(), options.drain_dry_run ? " (dry run: logged only)" : "");
+  }
 
   zmq::context_t context(1);
   zmq::socket_t agents(context, zmq::socket_type::router);
@@ -332,6 +341,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       detector.evaluate(now);
       ledger.tick(now, findings);
       if (alertmanager) alertmanager->sync(findings.for_alerts(now - kAlertResolvedWindowNs), now);
+      if (drainer) drainer->evaluate(findings.all(), now);
       if (metrics_export) {
         metrics_export->update(ingest, findings, detector, now, query_context.liveness_ns);
         for (const auto& [account, totals] : ledger.totals(TenantKey::account))

@@ -34,6 +34,10 @@ po::options_description describe(Options& options) {
     ("liveness-ms", po::value(&options.liveness_ms)->default_value(options.liveness_ms), "a node silent for longer is shown as disconnected (100 ms to 24 h)")
     ("hang-timeout-s", po::value(&options.hang_timeout_s)->default_value(options.hang_timeout_s), "ranks missing from a collective for this long are a hang (1 s to a week)")
     ("retire-after-s", po::value(&options.retire_after_s)->default_value(options.retire_after_s), "a communicator that is over (ended, or none of its processes alive) and quiet this long leaves the live model: `jobs` no longer lists it, its timeline stays (1 s to a week)")
+    ("drain-after-jobs", po::value(&options.drain_after_jobs)->default_value(options.drain_after_jobs), "drain a Slurm node (scontrol update NodeName=N State=DRAIN) whose ranks straggled in this many jobs within --drain-window-h; 0: never (2 to 100)")
+    ("drain-window-h", po::value(&options.drain_window_h)->default_value(options.drain_window_h), "the window of --drain-after-jobs, in hours (and a node is drained at most once in it)")
+    ("drain-command", po::value(&options.drain_command)->default_value(options.drain_command), "the scontrol to run (found in PATH; it needs the collector host's Slurm configuration and munge)")
+    ("drain-dry-run", po::bool_switch(&options.drain_dry_run), "log the scontrol command a drain would run, and do not run it")
     ("node-lost-timeout-s", po::value(&options.node_lost_timeout_s)->default_value(options.node_lost_timeout_s), "an agent silent for this long, with ranks running, is a lost node (3 s to a week)")
     ("metrics", po::value(&options.metrics), "serve Prometheus metrics on HOST:PORT (e.g. 0.0.0.0:9464)")
     ("alertmanager", po::value(&options.alertmanager), "push findings to this Alertmanager (http://HOST:PORT, API v2)")
@@ -157,6 +161,13 @@ Result<void> validate(const Options& o) {
     return make_error(Errc::invalid_argument,
                       "--hang-timeout-s must be between 1 and 604800 (a week); collectives legitimately take "
                       "milliseconds to seconds");
+  if (o.drain_after_jobs == 1 || o.drain_after_jobs > 100)
+    return make_error(Errc::invalid_argument,
+                      "--drain-after-jobs must be 0 (off) or between 2 and 100: one slow job can be the job's own doing");
+  if (!(o.drain_window_h >= 1) || !(o.drain_window_h <= 24 * 30))
+    return make_error(Errc::invalid_argument, "--drain-window-h must be between 1 and 720 (30 days)");
+  if (o.drain_after_jobs > 0 && o.drain_command.empty())
+    return make_error(Errc::invalid_argument, "--drain-command must not be empty");
   if (!(o.retire_after_s >= 1) || !(o.retire_after_s <= kMaxTimeoutS))
     return make_error(Errc::invalid_argument, "--retire-after-s must be between 1 and 604800 (a week)");
   if (!(o.node_lost_timeout_s >= 3) || !(o.node_lost_timeout_s <= kMaxTimeoutS))

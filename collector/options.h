@@ -34,6 +34,12 @@ struct Options {
   std::string max_disk_bytes;                        // e.g. 500G, 64M, 1048576
   uint32_t retention_check_s = 60;                   // how often retention and the cap are enforced
   uint32_t db_memory_mb = 256;                       // RocksDB memtables, all column families
+  // Opt-in: drain a Slurm node that straggled in this many jobs within the
+  // window (collector/alert/drain.h); 0: off.
+  uint32_t drain_after_jobs = 0;
+  double drain_window_h = 24;
+  std::string drain_command = "scontrol";
+  bool drain_dry_run = false;
 
   // The timeouts in nanoseconds; valid once validate() accepted the options.
   uint64_t hang_timeout_ns() const { return static_cast<uint64_t>(hang_timeout_s * 1e9); }

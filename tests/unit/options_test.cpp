@@ -68,13 +68,19 @@ TEST(Options, CollectorTimeoutsOutOfRangeAreRefused) {
   // nan and 1e300 passed the old `< 1` check; run() then cast them to integer nanoseconds (undefined).
   for (const char* bad : {"hang-timeout-s = nan\n", "hang-timeout-s = 1e300\n", "hang-timeout-s = 0.5\n",
                           "node-lost-timeout-s = inf\n", "node-lost-timeout-s = 2\n", "liveness-ms = 0\n",
-                          "liveness-ms = -1\n", "listen = \n", "log-level = loud\n"}) {
+                          "liveness-ms = -1\n", "listen = \n", "log-level = loud\n", "retire-after-s = 0\n",
+                          "retire-after-s = nan\n", "drain-after-jobs = 1\n", "drain-after-jobs = 101\n",
+                          "drain-window-h = 0\n", "drain-after-jobs = 2\ndrain-command = \n"}) {
     auto line = collector_config(bad);
     EXPECT_FALSE(line) << bad;
   }
-  auto line = collector_config("hang-timeout-s = 604800\nnode-lost-timeout-s = 3\n");
+  auto line = collector_config("hang-timeout-s = 604800\nnode-lost-timeout-s = 3\nretire-after-s = 60\n"
+                               "drain-after-jobs = 3\ndrain-window-h = 48\ndrain-dry-run = true\n");
   ASSERT_TRUE(line) << line.error().message;
   EXPECT_EQ(line->options.hang_timeout_ns(), 604800'000'000'000ull);
+  EXPECT_EQ(line->options.retire_after_ns(), 60'000'000'000ull);
+  EXPECT_EQ(line->options.drain_after_jobs, 3u);
+  EXPECT_TRUE(line->options.drain_dry_run);
 }
 
 TEST(Options, AgentValuesOutOfRangeAreRefused) {
