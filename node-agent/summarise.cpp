@@ -75,6 +75,11 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
   ProcessEntry& proc = process(e.hdr.pid);
   if (!proc.identity.cgroup_id) proc.identity.cgroup_id = e.hdr.cgroup_id;
   if (e.result != 0 || e.comm == 0) {
+    // NCCL_SPLIT_NOCOLOR: the rank took part in the split and got no child.
+    // It still counts among the parent's splits, so that the next child is
+    // named alike on every member (below).
+    if (e.op == RS_OP_COMM_SPLIT && e.result == 0)
+      if (auto parent = comms_.find({e.hdr.pid, e.parent_comm}); parent != comms_.end()) parent->second.splits++;
     RS_LOG(info, "process %u: %s returned %s; no communicator", e.hdr.pid, proto::op_name(e.op).c_str(),
            proto::result_name(e.result).c_str());
     return;

@@ -1,0 +1,67 @@
+// The agent's summariser on hand-made BPF events: how it names
+// communicators, so that every member of one names it alike.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+#include "node-agent/summarise.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::agent {
+namespace {
+
+namespace wire = proto::wire;
+
+rs_comm_init_event init_event(uint32_t pid, uint8_t op, uint64_t comm, uint64_t parent, int32_t color, uint64_t ts) {
+  rs_comm_init_event e{};
+  e.hdr.pid = e.hdr.tid = pid;
+  e.hdr.kind = RS_EV_COMM_INIT;
+  e.hdr.ts_ns = ts;
+  e.entry_ns = ts - 10;
+  e.comm = comm;
+  e.parent_comm = parent;
+  e.op = op;
+  e.color = color;
+  e.nranks = op == RS_OP_COMM_SPLIT ? -1 : 2;
+  e.rank = static_cast<int32_t>(pid % 2);
+  std::memcpy(e.unique_id, "the-job-unique-id", 17);  // the parent: one unique id for both ranks
+  return e;
+}
+
+// (pid, local handle) -> hash, as a batch announces them.
+std::map<std::pair<uint32_t, uint64_t>, uint64_t> announced(Summariser& summariser) {
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  summariser.fill(b, DropTotals{});
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> out;
+  for (auto c : b.getComms()) out[{c.getPid(), c.getHandle()}] = c.getCommHash();
+  return out;
+}
+
+// NCCL_SPLIT_NOCOLOR: the rank takes part in ncclCommSplit and gets no
+// child (a null communicator, ncclSuccess). It still counts among the
+// parent's splits, or its next child would be named apart from the others'.
+TEST(Summarise, ASplitWithoutAChildStillCountsAmongItsParentsSplits) {
+  testing::TempDir proc;  // an empty /proc
+  Summariser summariser(proc.path(), "gpu-1", 0);
+  const uint32_t a = 100, b = 101;
+  for (uint32_t pid : {a, b}) summariser.on_event(init_event(pid, RS_OP_COMM_INIT_RANK, 0x10, 0, 0, 1'000));
+  // First split: rank a has no color, rank b joins child color 3.
+  summariser.on_event(init_event(a, RS_OP_COMM_SPLIT, 0, 0x10, -1, 2'000));
+  summariser.on_event(init_event(b, RS_OP_COMM_SPLIT, 0x21, 0x10, 3, 2'000));
+  // Second split: both join color 5: one child, one name.
+  summariser.on_event(init_event(a, RS_OP_COMM_SPLIT, 0x31, 0x10, 5, 3'000));
+  summariser.on_event(init_event(b, RS_OP_COMM_SPLIT, 0x32, 0x10, 5, 3'000));
+  auto hashes = announced(summariser);
+  ASSERT_EQ(hashes.count({a, 0x10}), 1u);
+  EXPECT_EQ(hashes.at({a, 0x10}), hashes.at({b, 0x10}));
+  ASSERT_EQ(hashes.count({a, 0x31}), 1u);
+  ASSERT_EQ(hashes.count({b, 0x32}), 1u);
+  EXPECT_EQ(hashes.at({a, 0x31}), hashes.at({b, 0x32})) << "the two members of the second split's child disagree";
+  EXPECT_NE(hashes.at({b, 0x21}), hashes.at({b, 0x32}));
+  EXPECT_EQ(hashes.count({a, 0}), 0u) << "a split without a child announced a communicator";
+}
+
+}  // namespace
+}  // namespace rankscope::agent
