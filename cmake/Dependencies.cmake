@@ -10,6 +10,10 @@ add_library(rankscope::libbpf ALIAS PkgConfig::LIBBPF)
 pkg_check_modules(LIBZMQ REQUIRED IMPORTED_TARGET libzmq>=4.3)
 add_library(rankscope::zmq ALIAS PkgConfig::LIBZMQ)
 find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
+# libsodium (libzmq's CurveZMQ is built on it): BLAKE2b digests of the
+# usage ledger's identities, whose strings the users choose.
+pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium>=1.0.18)
+add_library(rankscope::sodium ALIAS PkgConfig::SODIUM)
 
 find_package(CapnProto CONFIG REQUIRED)
 find_package(RocksDB CONFIG REQUIRED)

@@ -1,5 +1,6 @@
 #include "collector/usage.h"
 
+#include <sodium.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@ namespace rankscope::collector {
 
 namespace {
 constexpr uint8_t kRowVersion = 1;
+constexpr size_t kDigestBytes = 16;  // Identity::digest: BLAKE2b-128
 constexpr uint64_t kNs = 1'000'000'000ull;
 // A process first seen this long after it started: counted from the first
 // sample, not from its start (the agent or the collector came later).
@@ -133,13 +135,20 @@ double clock_ticks_per_s() {
 }
 }  // namespace
 
-uint64_t Identity::hash() const {
-  uint64_t h = 0xcbf29ce484222325ull;
+std::string Identity::digest() const {
+  static const bool ready = sodium_init() >= 0;  // picks the fastest implementation; idempotent
+  (void)ready;
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, nullptr, 0, kDigestBytes);
   for (const std::string* f : {&job, &step, &user, &account, &namespace_, &pod_uid, &container_id, &cgroup_path}) {
-    for (unsigned char c : *f) h = (h ^ c) * 0x100000001b3ull;
-    h = (h ^ 0xff) * 0x100000001b3ull;  // field separator
+    unsigned char length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(static_cast<uint64_t>(f->size()) >> (56 - 8 * i));
+    crypto_generichash_update(&state, length, sizeof(length));
+    crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(f->data()), f->size());
   }
-  return h;
+  unsigned char out[kDigestBytes];
+  crypto_generichash_final(&state, out, sizeof(out));
+  return std::string(reinterpret_cast<const char*>(out), sizeof(out));
 }
 
 Identity Identity::of(const ProcessInfo& p) {
@@ -267,7 +276,7 @@ std::string usage_key(Level level, uint64_t bucket_s, const std::string& node, c
   std::string key = key_prefix(level, bucket_s, 'u');
   key += node;
   key.push_back('\0');
-  put_be(key, identity.hash(), 8);
+  key += identity.digest();
   return key;
 }
 
@@ -275,10 +284,10 @@ std::string waste_key(Level level, uint64_t bucket_s, const WasteRow& row) {
   std::string key = key_prefix(level, bucket_s, 'w');
   key += row.node;
   key.push_back('\0');
-  put_be(key, row.identity.hash(), 8);
+  key += row.identity.digest();
   key += row.cause_node;
   key.push_back('\0');
-  put_be(key, row.cause.hash(), 8);
+  key += row.cause.digest();
   key.push_back(static_cast<char>(row.reason));
   return key;
 }

@@ -7,8 +7,8 @@
 // account, pod, container, cgroup), with hour and day rollups of the same
 // rows, in the store's `usage` column family:
 //   key   = level ('m' | 'h' | 'd') | bucket start, s since the epoch (BE 8) |
-//           kind ('u' usage | 'w' waste edge) | node | 0 | identity hash (BE 8)
-//           [| cause node | 0 | cause identity hash (BE 8)   for 'w']
+//           kind ('u' usage | 'w' waste edge) | node | 0 | identity digest (16)
+//           [| cause node | 0 | cause identity digest (16)   for 'w']
 //   value = the identities and the figures (encode_usage_row below)
 // and, beside them, what the ledger has counted so far of what is still
 // running, written in the same commits as the rows it produced (a restarted
@@ -45,7 +45,11 @@ struct Identity {
   }
   bool operator<(const Identity& o) const { return tie() < o.tie(); }
   bool operator==(const Identity& o) const { return tie() == o.tie(); }
-  uint64_t hash() const;
+  // 16 bytes naming the identity in the ledger's keys: BLAKE2b-128 of its
+  // fields, each length-prefixed. Collision-resistant: the fields are
+  // strings users choose (job names, cgroup paths), and two identities
+  // sharing a key would share a row.
+  std::string digest() const;
   static Identity of(const ProcessInfo& process);
   // What a cgroup path alone says: Slurm job and step (job_<id>/step_<n>),
   // Kubernetes pod and container; the path itself.

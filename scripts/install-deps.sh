@@ -12,7 +12,7 @@ build_pkgs=(
   cmake make g++ pkg-config clang llvm
   libclang-rt-14-dev                    # libFuzzer and the sanitizers' runtimes (tests/fuzz)
   libbpf-dev bpftool libelf-dev zlib1g-dev
-  libzmq3-dev cppzmq-dev
+  libzmq3-dev cppzmq-dev libsodium-dev
   capnproto libcapnp-dev
   librocksdb-dev
   libboost-program-options-dev
