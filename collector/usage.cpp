@@ -756,7 +756,9 @@ void UsageLedger::take_samples(uint64_t now_ns) {
       if (!track.seen) {
         // From its start when the agent saw it start; CPU counters are cumulative from zero.
         if (process && process->start_time > 0) {
-          uint64_t start_node = static_cast<uint64_t>(static_cast<double>(process->start_time) / clock_ticks_per_s() * 1e9);
+          // The agent's word: a start time past 2^64 ns (found by fuzz_agent_message) is no start time.
+          double start_ns = static_cast<double>(process->start_time) / clock_ticks_per_s() * 1e9;
+          uint64_t start_node = start_ns < 1.8e19 ? static_cast<uint64_t>(start_ns) : UINT64_MAX;
           if (start_node < sample->sample_ns && sample->sample_ns - start_node < kMaxStartGapNs)
             from = node.clock.to_cluster(start_node);
         }

@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
                          {"stranger-end", join_messages({a(batch(1, 0, 0, 3)), b_commit(comm_end(1, 0))})},
                          {"other-key", join_messages({a(batch(1, 0, 0, 3)), routed(kOtherKey, batch(2, 0, 3, 3))})},
                          {"exited", a(heartbeat(100, false, false))},
+                         // Found by a campaign: a start time past 2^64 ns overflowed the ledger's cast.
+                         {"start-time-overflow", join_messages({a(batch(1, 0, 0, 3, kInstance, 2, UINT64_MAX / 2)),
+                                                                a_commit(heartbeat(100, true, true))})},
                          {"probe", a(clock_probe(1))},
                          {"hello-again", b(hello("node-b", 7))},
                      }});

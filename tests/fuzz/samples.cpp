@@ -56,7 +56,8 @@ std::string comm_end(uint64_t seq, int32_t rank, uint64_t instance) {
   return proto::to_packed(message);
 }
 
-std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance, int32_t nranks) {
+std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance, int32_t nranks,
+                  uint64_t start_time) {
   const uint32_t pid = 100 + static_cast<uint32_t>(rank);
   const uint64_t t0 = 2'000'000'000 + first_seq * 1'000'000;
   capnp::MallocMessageBuilder message;
@@ -66,7 +67,7 @@ std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records
   b.setCreatedNs(t0 + records * 1'000'000);
   auto procs = b.initProcesses(1);
   procs[0].setPid(pid);
-  procs[0].setStartTime(4242);
+  procs[0].setStartTime(start_time);
   procs[0].setExe("/usr/bin/python3");
   procs[0].setJob("job-7");
   procs[0].setRank(rank);

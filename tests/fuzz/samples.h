@@ -34,9 +34,10 @@ inline constexpr uint64_t kCommHash = 0xc0ffee1234567890ull;
 // Agent messages, packed, as rankscope-agent sends them.
 std::string hello(const std::string& node, uint64_t instance = kInstance);
 // A batch of `records` collectives of `rank` (of 2) from seq `first_seq`, a
-// point-to-point lane, two ended host waits, identity and clock samples.
+// point-to-point lane, two ended host waits, identity (the process started
+// at `start_time` clock ticks after boot) and clock samples.
 std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance = kInstance,
-                  int32_t nranks = 2);
+                  int32_t nranks = 2, uint64_t start_time = 4242);
 // A communicator's end by the process of `rank`.
 std::string comm_end(uint64_t seq, int32_t rank, uint64_t instance = kInstance);
 std::string heartbeat(uint32_t pid, bool alive, bool open_wait);
