@@ -90,8 +90,7 @@ void ClockRefiner::forget_retired() {
   // the processes that were their members.
   bool any = false;
   for (auto it = comms_.begin(); it != comms_.end();) {
-    auto live = ingest_.comms().find(it->first);
-    bool keep = live != ingest_.comms().end() && !live->second.ended;
+    bool keep = ingest_.live(it->first);
     any |= !keep;
     it = keep ? std::next(it) : comms_.erase(it);
   }

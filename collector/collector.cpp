@@ -138,8 +138,7 @@ class MetricsExport {
     }
     // Series of communicators ended or retired go.
     for (auto it = exported_comms_.begin(); it != exported_comms_.end();) {
-      auto live = ingest.comms().find(*it);
-      if (live != ingest.comms().end() && !live->second.ended) {
+      if (ingest.live(*it)) {
         ++it;
         continue;
       }

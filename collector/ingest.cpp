@@ -3,6 +3,7 @@
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <charconv>
 
 #include "common/format.h"
 #include "common/log.h"
@@ -189,15 +190,7 @@ Result<void> Ingest::restore() {
     if (!read) return make_error(Errc::storage, "a stored node is unreadable: " + read.error().message);
   }
   // Each node's share of the live model, as claim_member and retire keep it.
-  for (const auto& [hash, comm] : comms_) {
-    std::set<std::string> joined;
-    for (const auto& [rank, m] : comm.members) {
-      NodeState& node = nodes_[m.node];
-      if (node.name.empty()) node.name = m.node;
-      ++node.memberships;
-      if (joined.insert(m.node).second) node.rank_slots += slots_of(comm);
-    }
-  }
+  for (const auto& [hash, comm] : comms_) charge_nodes(comm, true);
   if (!comms_.empty() || !nodes_.empty())
     RS_LOG(info, "restored %zu node(s) and %zu communicator(s) from the database (%zu retired ones left there)",
            nodes_.size(), comms_.size(), retired);
@@ -205,13 +198,21 @@ Result<void> Ingest::restore() {
 }
 
 Result<CommState> Ingest::retired_comm(const std::string& prefix) const {
-  auto comms = store_.all_comms();
+  // The hashes a hex prefix stands for are one range of keys.
+  uint64_t first = 0, last = 0;
+  const std::string low = prefix + std::string(16 - std::min<size_t>(16, prefix.size()), '0');
+  const std::string high = prefix + std::string(16 - std::min<size_t>(16, prefix.size()), 'f');
+  if (prefix.empty() || prefix.size() > 16 ||
+      std::from_chars(low.data(), low.data() + low.size(), first, 16).ptr != low.data() + low.size() ||
+      std::from_chars(high.data(), high.data() + high.size(), last, 16).ptr != high.data() + high.size())
+    return make_error(Errc::invalid_argument, "a communicator is named by its hash in lower-case hex, not " + prefix);
+  auto comms = store_.comms_between(first, last);
   if (!comms) return comms.error();
   std::optional<CommState> found;
   bool ambiguous = false;
   for (const auto& bytes : *comms) {
     auto read = proto::read_packed<proto::store::StoredComm>(bytes, proto::ReadLimits{}, [&](auto stored) {
-      if (!stored.getRetired() || hex64(stored.getCommHash()).rfind(prefix, 0) != 0) return;
+      if (!stored.getRetired()) return;
       if (found) ambiguous = true;
       found = comm_from(stored);
     });
@@ -220,10 +221,9 @@ Result<CommState> Ingest::retired_comm(const std::string& prefix) const {
   if (ambiguous) return make_error(Errc::invalid_argument, "communicator prefix " + prefix + " is ambiguous; give more digits");
   if (!found) return make_error(Errc::not_found, "no communicator " + prefix + " (see `rankscope jobs`)");
   // Its members' last counters are in their progress rows.
-  auto progress = store_.all_progress();
+  auto progress = store_.progress_of(found->hash);
   if (!progress) return progress.error();
   for (const auto& row : *progress) {
-    if (row.comm != found->hash) continue;
     auto member = found->members.find(row.rank);
     if (member == found->members.end()) continue;
     if (auto applied = apply_progress(member->second, row.value, nullptr); !applied) return applied.error();
@@ -231,32 +231,43 @@ Result<CommState> Ingest::retired_comm(const std::string& prefix) const {
   return std::move(*found);
 }
 
+bool Ingest::known_alive(const std::string& node_name, uint32_t pid) const {
+  const NodeState* node = this->node(node_name);
+  if (!node) return false;
+  auto health = node->health.find(pid);
+  return health != node->health.end() && health->second.known() && health->second.alive();
+}
+
+void Ingest::charge_nodes(const CommState& comm, bool charge) {
+  std::set<std::string> joined;
+  for (const auto& [rank, m] : comm.members) {
+    NodeState& node = nodes_[m.node];
+    if (node.name.empty()) node.name = m.node;
+    const bool first = joined.insert(m.node).second;
+    if (charge) {
+      ++node.memberships;
+      if (first) node.rank_slots += slots_of(comm);
+    } else {
+      node.memberships -= std::min<uint32_t>(node.memberships, 1);
+      if (first) node.rank_slots -= std::min(node.rank_slots, slots_of(comm));
+    }
+  }
+}
+
 size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
   std::vector<uint64_t> over;
   for (const auto& [hash, comm] : comms_) {
     if (now_ns < comm.last_ns || now_ns - comm.last_ns < quiet_ns) continue;
-    bool alive = false;
-    for (const auto& [rank, m] : comm.members) {
-      if (comm.ended) break;
-      const NodeState* node = this->node(m.node);
-      if (!node) continue;
-      auto health = node->health.find(m.pid);
-      alive |= health != node->health.end() && health->second.known() && health->second.alive();
-      if (alive) break;
-    }
+    bool alive = !comm.ended && std::any_of(comm.members.begin(), comm.members.end(), [&](const auto& m) {
+      return known_alive(m.second.node, m.second.pid);
+    });
     if (!alive) over.push_back(hash);
   }
   if (over.empty()) return 0;
   for (uint64_t hash : over) {
     auto it = comms_.find(hash);
     const CommState& comm = it->second;
-    std::set<std::string> joined;
-    for (const auto& [rank, m] : comm.members) {
-      NodeState* node = this->node(m.node);
-      if (!node) continue;
-      node->memberships -= std::min<uint32_t>(node->memberships, 1);
-      if (joined.insert(m.node).second) node->rank_slots -= std::min(node->rank_slots, slots_of(comm));
-    }
+    charge_nodes(comm, false);
     persist_comm(comm, true);
     dirty_comms_.erase(hash);
     dirty_members_.erase(dirty_members_.lower_bound({hash, INT32_MIN}), dirty_members_.upper_bound({hash, INT32_MAX}));
@@ -268,12 +279,8 @@ size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
   std::set<ProcessKey> members;
   for (const auto& [hash, comm] : comms_)
     for (const auto& [rank, m] : comm.members) members.insert({m.node, m.pid});
-  for (auto it = processes_.begin(); it != processes_.end();) {
-    const NodeState* node = this->node(it->first.node);
-    auto health = node ? node->health.find(it->first.pid) : decltype(node->health.end()){};
-    bool alive = node && health != node->health.end() && health->second.known() && health->second.alive();
-    it = members.count(it->first) || alive ? std::next(it) : processes_.erase(it);
-  }
+  for (auto it = processes_.begin(); it != processes_.end();)
+    it = members.count(it->first) || known_alive(it->first.node, it->first.pid) ? std::next(it) : processes_.erase(it);
   RS_LOG(info, "retired %zu communicator(s): over and quiet for %s; %zu live", over.size(),
          format_duration_ns(quiet_ns).c_str(), comms_.size());
   return over.size();

@@ -229,6 +229,12 @@ class Ingest final : public CommitParticipant {
 
   const std::map<std::string, NodeState>& nodes() const { return nodes_; }
   const std::map<uint64_t, CommState>& comms() const { return comms_; }
+  // The communicator is in the live model and not ended: what the observers
+  // keep state for (they drop the state of the others).
+  bool live(uint64_t hash) const {
+    auto it = comms_.find(hash);
+    return it != comms_.end() && !it->second.ended;
+  }
   const IngestCounters& counters() const { return counters_; }
   const ProcessInfo* process(const std::string& node, uint32_t pid) const {
     auto it = processes_.find({node, pid});
@@ -258,6 +264,11 @@ class Ingest final : public CommitParticipant {
   void refuse_claim(NodeState& node, const std::string& what);
   // A communicator a refused claim made, with no member: not kept.
   void drop_if_empty(uint64_t hash);
+  // The process's agent said it is alive at its last heartbeat.
+  bool known_alive(const std::string& node, uint32_t pid) const;
+  // Adds (charge) or takes back a communicator's share of its members'
+  // nodes: a membership per member, its size once per node (validate.h).
+  void charge_nodes(const CommState& comm, bool charge);
   // Charges `node` for a communicator it joins (or whose size became known).
   static uint64_t slots_of(const CommState& comm) { return comm.nranks > 0 ? static_cast<uint64_t>(comm.nranks) : 1; }
   void persist_comm(const CommState& comm, bool retired = false);

@@ -703,8 +703,7 @@ void UsageLedger::tick(uint64_t now_ns, const FindingBook& findings) {
   fold_records();
   // What is left open of communicators every member ended never completes.
   for (auto it = comms_.begin(); it != comms_.end();) {
-    auto comm = ingest_.comms().find(it->first);
-    if (comm != ingest_.comms().end() && !comm->second.ended) {
+    if (ingest_.live(it->first)) {
       ++it;
       continue;
     }

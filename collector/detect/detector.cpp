@@ -456,8 +456,7 @@ void Detector::forget_retired(uint64_t now_ns) {
   // history of the processes no communicator still tracked has as a member.
   bool any = false;
   for (auto it = comms_.begin(); it != comms_.end();) {
-    auto live = ingest_.comms().find(it->first);
-    if (live != ingest_.comms().end() && !live->second.ended) {
+    if (ingest_.live(it->first)) {
       ++it;
       continue;
     }

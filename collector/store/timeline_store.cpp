@@ -435,10 +435,29 @@ Result<void> TimelineStore::scan_usage(const std::string& from, const std::strin
 
 Result<std::vector<std::string>> TimelineStore::all_comms() const { return all_values(comms_); }
 
-Result<std::vector<TimelineStore::Progress>> TimelineStore::all_progress() const {
+Result<std::vector<std::string>> TimelineStore::comms_between(uint64_t first, uint64_t last) const {
+  std::string from, to;
+  put_be(from, first, 8);
+  put_be(to, last, 8);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), comms_));
+  std::vector<std::string> out;
+  for (it->Seek(from); it->Valid() && it->key().compare(to) <= 0; it->Next()) out.push_back(it->value().ToString());
+  if (!it->status().ok()) return storage_error("reading communicators", it->status());
+  return out;
+}
+
+Result<std::vector<TimelineStore::Progress>> TimelineStore::all_progress() const { return progress_rows(""); }
+
+Result<std::vector<TimelineStore::Progress>> TimelineStore::progress_of(uint64_t comm) const {
+  std::string prefix;
+  put_be(prefix, comm, 8);
+  return progress_rows(prefix);
+}
+
+Result<std::vector<TimelineStore::Progress>> TimelineStore::progress_rows(const std::string& prefix) const {
   std::vector<Progress> out;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), progress_));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     rocksdb::Slice key = it->key();
     if (key.size() != kProgressKeySize)
       return make_error(Errc::storage, "a progress row has a key of " + std::to_string(key.size()) + " bytes, not " +

@@ -144,12 +144,16 @@ class TimelineStore {
   Result<uint64_t> count(uint64_t comm, uint32_t lane, int32_t rank) const;
 
   Result<std::vector<std::string>> all_comms() const;  // values
+  // The values of the communicators whose hash is in [first, last].
+  Result<std::vector<std::string>> comms_between(uint64_t first, uint64_t last) const;
   struct Progress {
     uint64_t comm;
     int32_t rank;
     std::string value;
   };
   Result<std::vector<Progress>> all_progress() const;
+  Result<std::vector<Progress>> progress_of(uint64_t comm) const;  // one communicator's members'
+
   Result<std::vector<std::string>> all_nodes() const;  // values
   Result<std::vector<std::string>> all_findings() const;  // values, in id order
 
@@ -174,6 +178,8 @@ class TimelineStore {
  private:
   TimelineStore() = default;
   Result<std::vector<std::string>> all_values(rocksdb::ColumnFamilyHandle* family) const;
+  // The progress rows whose key starts with `prefix` ("": all).
+  Result<std::vector<Progress>> progress_rows(const std::string& prefix) const;
 
   std::string path_;
   bool failed_ = false;  // the last commit failed: resume before the next

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <memory>
 
 #include "collector/alert/drain.h"
 #include "tests/support/harness.h"
@@ -34,24 +35,33 @@ std::vector<const Finding*> pointers(const std::vector<Finding>& findings) {
   return out;
 }
 
-TEST(Drain, ANodeStragglingInTwoJobsIsDrainedInSlurmAndOnlyThat) {
-  if (geteuid() != 0) GTEST_SKIP() << "slurmd and cgroups need root: run the suite as root";
-  std::string missing = testing::RealSlurm::missing_programs();
-  if (!missing.empty())
-    GTEST_SKIP() << "Slurm is not installed (" << missing << "): scripts/install-deps.sh test installs slurm-wlm and munge";
-  testing::RealSlurm slurm;
-  ASSERT_TRUE(slurm.ok()) << slurm.error();
-  // scontrol, started by the drainer, finds this cluster as the collector host would: its configuration.
-  setenv("SLURM_CONF", slurm.conf().c_str(), 1);
-  auto state = [&] {
+// A real single-node Slurm that the drainer's scontrol reaches, as it would
+// from the collector host: through the cluster's configuration.
+class Drain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "slurmd and cgroups need root: run the suite as root";
+    std::string missing = testing::RealSlurm::missing_programs();
+    if (!missing.empty())
+      GTEST_SKIP() << "Slurm is not installed (" << missing << "): scripts/install-deps.sh test installs slurm-wlm and munge";
+    slurm = std::make_unique<testing::RealSlurm>();
+    ASSERT_TRUE(slurm->ok()) << slurm->error();
+    setenv("SLURM_CONF", slurm->conf().c_str(), 1);
+  }
+  // The node's state and reason, as sinfo reports them.
+  std::string state() {
     std::string out;
-    slurm.run("sinfo -h -N -n " + slurm.node() + " -o '%T|%E'", &out, 10);
+    slurm->run("sinfo -h -N -n " + slurm->node() + " -o '%T|%E'", &out, 10);
     return out.substr(0, out.find('\n'));
-  };
+  }
+  std::unique_ptr<testing::RealSlurm> slurm;
+};
+
+TEST_F(Drain, ANodeStragglingInTwoJobsIsDrainedInSlurmAndOnlyThat) {
   ASSERT_EQ(state(), "idle|none");
 
   const uint64_t now = 1'800'000'000'000'000'000ull;
-  const std::string node = slurm.node();
+  const std::string node = slurm->node();
   std::vector<Finding> findings = {
       straggler(7, "4101", node, now - 2 * kHour),
       straggler(8, "4101", node, now - kHour),       // the same job again: still one
@@ -83,8 +93,8 @@ TEST(Drain, ANodeStragglingInTwoJobsIsDrainedInSlurmAndOnlyThat) {
         return drainer.actions()[0].done;
       },
       std::chrono::seconds(30)));
-  EXPECT_EQ(drainer.actions()[0].exit_status, 0) << slurm.logs();
-  EXPECT_EQ(state(), "drained|rankscope: straggler in 2 jobs (4101, 4102; findings #7, #10)") << slurm.logs();
+  EXPECT_EQ(drainer.actions()[0].exit_status, 0) << slurm->logs();
+  EXPECT_EQ(state(), "drained|rankscope: straggler in 2 jobs (4101, 4102; findings #7, #10)") << slurm->logs();
   // Once per window.
   drainer.evaluate(pointers(findings), now + kHour);
   EXPECT_EQ(drainer.actions().size(), 1u);
@@ -92,14 +102,7 @@ TEST(Drain, ANodeStragglingInTwoJobsIsDrainedInSlurmAndOnlyThat) {
 
 // A node Slurm does not know (an agent named otherwise than slurmd): the
 // failure is reported, nothing else happens.
-TEST(Drain, ANodeSlurmDoesNotKnowIsAFailureSaid) {
-  if (geteuid() != 0) GTEST_SKIP() << "slurmd and cgroups need root: run the suite as root";
-  std::string missing = testing::RealSlurm::missing_programs();
-  if (!missing.empty())
-    GTEST_SKIP() << "Slurm is not installed (" << missing << "): scripts/install-deps.sh test installs slurm-wlm and munge";
-  testing::RealSlurm slurm;
-  ASSERT_TRUE(slurm.ok()) << slurm.error();
-  setenv("SLURM_CONF", slurm.conf().c_str(), 1);
+TEST_F(Drain, ANodeSlurmDoesNotKnowIsAFailureSaid) {
   const uint64_t now = 1'800'000'000'000'000'000ull;
   std::vector<Finding> findings = {straggler(1, "1", "no-such-node", now), straggler(2, "2", "no-such-node", now)};
   NodeDrainer drainer(DrainOptions{2, 24 * kHour, "scontrol", false});
