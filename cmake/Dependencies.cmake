@@ -19,6 +19,8 @@ find_package(CapnProto CONFIG REQUIRED)
 find_package(RocksDB CONFIG REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
 find_package(prometheus-cpp CONFIG REQUIRED)
+# nlohmann-json: JSON-RPC in `rankscope mcp` (parsing what a client sends).
+find_package(nlohmann_json 3 REQUIRED)
 
 find_program(RANKSCOPE_CLANG NAMES clang clang-14 REQUIRED)
 find_program(RANKSCOPE_BPFTOOL NAMES bpftool PATHS /usr/sbin /usr/local/sbin REQUIRED)

@@ -5,7 +5,8 @@
 #
 #   scripts/install-deps.sh build     # compilers and libraries for the build
 #   scripts/install-deps.sh test      # + what the tests start: iproute2, stress-ng, faketime, promtool, Alertmanager,
-#                                     #   a single-node Slurm (slurmctld, slurmd, srun) and munge
+#                                     #   a single-node Slurm (slurmctld, slurmd, srun) and munge; and, from npm,
+#                                     #   the MCP client SDK the MCP test drives `rankscope mcp` with
 set -euo pipefail
 
 build_pkgs=(
@@ -16,6 +17,7 @@ build_pkgs=(
   capnproto libcapnp-dev
   librocksdb-dev
   libboost-program-options-dev
+  nlohmann-json3-dev                    # JSON-RPC in `rankscope mcp`
   prometheus-cpp-dev
   libgtest-dev libgmock-dev
 )
@@ -39,14 +41,30 @@ missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "rankscope: these Debian packages are missing: ${missing[*]}" >&2
-  echo "rankscope: run this script as root (or: sudo apt-get install ${missing[*]})" >&2
-  exit 1
+# Node and npm run the official MCP client SDK (tests/mcp): this machine's
+# own where it has them, else Debian's.
+if [ "${1:-build}" != build ] && ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
 fi
-echo "rankscope: installing from Debian: ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "rankscope: these Debian packages are missing: ${missing[*]}" >&2
+    echo "rankscope: run this script as root (or: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  echo "rankscope: installing from Debian: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The npm packages of the tests that need a real third-party client: the
+# MCP client SDK, at the version tests/mcp/package-lock.json pins.
+if [ "${1:-build}" = test ]; then
+  mcp="$(cd "$(dirname "$0")/.." && pwd)/tests/mcp"
+  if ! cmp -s "$mcp/package-lock.json" "$mcp/node_modules/.rankscope-installed-lock" 2>/dev/null; then
+    echo "rankscope: installing the MCP client SDK for the tests (npm ci in tests/mcp)"
+    (cd "$mcp" && npm ci --no-audit --no-fund --loglevel=error && cp package-lock.json node_modules/.rankscope-installed-lock)
+  fi
+fi

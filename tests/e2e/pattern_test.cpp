@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -40,18 +39,6 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 // How gtest (and so ctest's test names) print a case.
 void PrintTo(const Case& c, std::ostream* out) { *out << c.pattern << " " << slowed_name(c.slowed); }
-
-// The cgroup v1 cpu controller, or cgroup v2 where the cpu controller is there.
-struct CpuController {
-  std::string root;
-  bool v2 = false;
-};
-std::optional<CpuController> cpu_controller() {
-  if (std::filesystem::exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")) return CpuController{"/sys/fs/cgroup/cpu", false};
-  std::string unified = cgroup2_root();
-  if (slurp(unified + "/cgroup.controllers").find("cpu") != std::string::npos) return CpuController{unified, true};
-  return std::nullopt;
-}
 
 class PatternE2E : public ::testing::TestWithParam<Case> {
  protected:
@@ -154,12 +141,7 @@ TEST_P(PatternE2E, TheSlowedRankAloneIsNamedAndAHealthyJobRaisesNothing) {
                 "/usr/bin/stress-ng --cpu 8 --timeout 120s --quiet"};
     hogs.emplace(hog);
   } else if (c.slowed == Slowed::quota) {
-    if (controller->v2) {
-      std::ofstream(group + "/cpu.max") << "15000 100000";
-    } else {
-      std::ofstream(group + "/cpu.cfs_period_us") << "100000";
-      std::ofstream(group + "/cpu.cfs_quota_us") << "15000";
-    }
+    set_cpu_quota(*controller, group, 0.15);
   }
   if (c.slowed != Slowed::none) {
     std::ofstream(group + "/cgroup.procs") << ranks[kVictim].pid();

@@ -172,6 +172,23 @@ std::string cgroup2_root() {
   return "/sys/fs/cgroup";
 }
 
+std::optional<CpuController> cpu_controller() {
+  if (std::filesystem::exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")) return CpuController{"/sys/fs/cgroup/cpu", false};
+  std::string unified = cgroup2_root();
+  if (slurp(unified + "/cgroup.controllers").find("cpu") != std::string::npos) return CpuController{unified, true};
+  return std::nullopt;
+}
+
+void set_cpu_quota(const CpuController& controller, const std::string& group, double cpus) {
+  const auto quota = std::to_string(static_cast<long>(cpus * 100000));
+  if (controller.v2) {
+    std::ofstream(group + "/cpu.max") << quota << " 100000";
+  } else {
+    std::ofstream(group + "/cpu.cfs_period_us") << "100000";
+    std::ofstream(group + "/cpu.cfs_quota_us") << quota;
+  }
+}
+
 CgroupTree::~CgroupTree() {
   for (auto it = made_.rbegin(); it != made_.rend(); ++it) {
     // A process left inside (a failed test) would keep the directory busy.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,16 @@ class NetnsCluster {
 
 // The cgroup v2 hierarchy of this machine (hybrid: /sys/fs/cgroup/unified).
 std::string cgroup2_root();
+
+// The cgroup v1 cpu controller, or cgroup v2 where its cpu controller is on.
+struct CpuController {
+  std::string root;
+  bool v2 = false;
+};
+std::optional<CpuController> cpu_controller();
+// Holds cgroup `group` (a directory under the controller's root) to `cpus`
+// of a core: cpu.max on v2, cpu.cfs_quota_us over a 100 ms period on v1.
+void set_cpu_quota(const CpuController& controller, const std::string& group, double cpus);
 
 // A cgroup v2 directory tree made by a test, removed leaf first by the
 // destructor (after moving out any process still inside).

@@ -15,6 +15,7 @@
 #include "common/format.h"
 #include "proto/records.h"
 #include "tools/cli/client.h"
+#include "tools/cli/mcp.h"
 #include "tools/cli/usage_commands.h"
 
 namespace po = boost::program_options;
@@ -45,6 +46,8 @@ const char* kUsage =
     "  report --job ID              one job's bill: its usage by node, who it waited on, its findings\n"
     "  export --format perfetto --job ID [--since T] [--until T] -o FILE\n"
     "                               the job's collectives per rank as a Chrome/Perfetto trace\n"
+    "  mcp                          a Model Context Protocol server on stdin/stdout, for an assistant:\n"
+    "                               read-only tools over this collector (docs/operations.md)\n"
     "  keygen --role R [--name N] --out PREFIX [--force]\n"
     "                               write a CurveZMQ key pair: PREFIX.key (secret, 0600) and\n"
     "                               PREFIX.pub (public); R is collector, agent (--name: its node) or client\n\n"
@@ -371,7 +374,7 @@ int main(int argc, char** argv) {
     ("name", po::value(&name), "keygen: the node an agent key speaks for (its --node), or a client's name")
     ("out", po::value(&out), "keygen: write OUT.key and OUT.pub")
     ("force", po::bool_switch(&force), "keygen: replace existing files")
-    ("command", po::value(&command), "status | jobs | timeline | findings | hangs | stragglers | ack | report | export | keygen")
+    ("command", po::value(&command), "status | jobs | timeline | findings | hangs | stragglers | ack | report | export | mcp | keygen")
     ("id", po::value(&ack_id), "ack: the finding's id (rankscope findings lists them)");
   // clang-format on
   po::positional_options_description positional;
@@ -440,6 +443,12 @@ int main(int argc, char** argv) {
     export_args.until_ns = until_ns;
     export_args.output = output;
     return rankscope::cli::run_export(client, export_args);
+  }
+  if (command == "mcp") {
+    auto keys = client_keys();
+    if (!keys) return 2;
+    rankscope::cli::QueryClient client(endpoint, timeout_ms, *keys);
+    return rankscope::cli::run_mcp(client, {RANKSCOPE_VERSION, endpoint}, std::cin, std::cout, std::cerr);
   }
   if (command == "keygen") {
     if (!rankscope::curve::valid_role(role)) {

@@ -3,8 +3,11 @@
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -200,23 +203,36 @@ std::optional<uint64_t> parse_time_ns(const std::string& text, uint64_t now_ns) 
   if (text == "now") return now_ns;
   if (text[0] == '-' && text.size() >= 3) {
     char unit = text.back();
-    std::string number = text.substr(1, text.size() - 2);
-    if (number.find_first_not_of("0123456789") != std::string::npos || number.empty()) return std::nullopt;
-    uint64_t n = std::stoull(number);
+    uint64_t n = 0;
+    const char* first = text.data() + 1;
+    const char* last = text.data() + text.size() - 1;
+    auto [end, ec] = std::from_chars(first, last, n);
+    if (ec != std::errc() || end != last) return std::nullopt;
     uint64_t scale = unit == 'd' ? 86400 : unit == 'h' ? 3600 : unit == 'm' ? 60 : unit == 's' ? 1 : 0;
-    if (!scale) return std::nullopt;
+    if (!scale || n > UINT64_MAX / 1'000'000'000ull / scale) return std::nullopt;
     uint64_t back = n * scale * 1'000'000'000ull;
     return back > now_ns ? 0 : now_ns - back;
   }
   if (text.find_first_not_of("0123456789.") == std::string::npos) {
-    double seconds = std::stod(text);
+    double seconds = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+    if (ec != std::errc() || end != text.data() + text.size() || !(seconds < 1.8e10)) return std::nullopt;
     return static_cast<uint64_t>(seconds * 1e9);
   }
-  for (const char* format : {"%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M",
-                             "%Y-%m-%d %H:%M", "%Y-%m-%d"}) {
+  for (const char* format : {"%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"}) {
     std::tm tm{};
     const char* end = strptime(text.c_str(), format, &tm);
-    if (end && *end == '\0') return static_cast<uint64_t>(timegm(&tm)) * 1'000'000'000ull;
+    if (!end) continue;
+    // Seconds may go on with a fraction (as rankscope prints times), and
+    // any form may end in Z (UTC, as every time here is).
+    uint64_t fraction_ns = 0;
+    if (*end == '.' && format[std::strlen(format) - 1] == 'S') {
+      uint64_t scale = 100'000'000;
+      for (++end; *end >= '0' && *end <= '9'; ++end, scale /= 10) fraction_ns += static_cast<uint64_t>(*end - '0') * scale;
+    }
+    if (*end == 'Z') ++end;
+    const time_t seconds = timegm(&tm);
+    if (*end == '\0' && seconds >= 0) return static_cast<uint64_t>(seconds) * 1'000'000'000ull + fraction_ns;
   }
   return std::nullopt;
 }
