@@ -8,13 +8,22 @@ one the collector exports (docs/metrics.md's catalogue, which alert.Metrics.*
 holds to the code and to a real scrape).
 
   tests/deploy/verify_dashboard.py
+  tests/deploy/verify_dashboard.py --prometheus URL
+
+With --prometheus, every query is also evaluated by that (live) Prometheus
+scraping a collector: each must be valid and return data (the collector
+exports every series from its start, at zero where nothing happened).
 """
+import argparse
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PROMTOOL = os.environ.get("PROMTOOL", "/usr/bin/promtool")
@@ -34,7 +43,30 @@ def catalogue():
     return names
 
 
+def evaluate_live(prometheus, queries):
+    """Each query against a live Prometheus: valid, and with data."""
+    for title, expr in queries:
+        body = urllib.parse.urlencode({"query": expr}).encode()
+        try:
+            with urllib.request.urlopen(prometheus + "/api/v1/query", body, timeout=10) as response:
+                reply = json.load(response)
+        except urllib.error.HTTPError as e:
+            fail("Prometheus refuses panel %r's query %s: %s" % (title, expr, e.read().decode(errors="replace")))
+        except OSError as e:
+            fail("Prometheus at %s does not answer: %s" % (prometheus, e))
+        if reply.get("status") != "success":
+            fail("panel %r's query %s failed: %r" % (title, expr, reply))
+        result = reply["data"]["result"]
+        if not result:
+            fail("panel %r's query returned nothing during a live job: %s" % (title, expr))
+        print("data: %s: %s (%d series)" % (title, expr, len(result)))
+    print("live: every one of the %d queries returned data" % len(queries))
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prometheus", help="evaluate every query against this Prometheus too")
+    args = parser.parse_args()
     with open(os.path.join(SRC, "deploy", "grafana", "rankscope.json")) as f:
         dashboard = json.load(f)
     variables = [v["name"] for v in dashboard.get("templating", {}).get("list", [])]
@@ -87,6 +119,13 @@ def main():
     if check.returncode != 0:
         fail("promtool refuses a query:\n" + check.stdout + check.stderr)
     print("dashboard verified: %d panels, %d queries" % (len(panels), len(queries)))
+    if args.prometheus:
+        live = []
+        for title, expr in queries:
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            live.append((title, expr))
+        evaluate_live(args.prometheus.rstrip("/"), live)
 
 
 main()

@@ -41,19 +41,8 @@ TEST(McpE2E, TheSdkClientGetsTheStragglerAndTheHangFromEachTool) {
   TestDeployment deployment(dir, cluster, kNodes, options);
   ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20))) << slurp(dir.file("collector.log"));
 
-  std::vector<Process> ranks;
-  for (int rank = 0; rank < kRanks; ++rank) {
-    SpawnOptions spawn;
-    spawn.argv = {bin_path("fakenccl-train"), "--id-file", dir.file("nccl.id"), "--quiet", "--steps", "1000000",
-                  "--compute-iters", "2000000", "--bucket-elems", "1024"};
-    spawn.env = {{"RANK", std::to_string(rank)},
-                 {"WORLD_SIZE", std::to_string(kRanks)},
-                 {"LOCAL_RANK", std::to_string(rank % 2)},
-                 {"RANKSCOPE_JOB_ID", kJob}};
-    spawn.netns = cluster.name(rank / 2);
-    spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
-    ranks.emplace_back(spawn);
-  }
+  auto ranks = launch_train_job(dir, cluster, kRanks, kJob,
+                                {"--steps", "1000000", "--compute-iters", "2000000", "--bucket-elems", "1024"});
   auto dump = [&] {
     std::string out = "findings:\n";
     for (const auto& f : deployment.findings(false)) out += "  [" + f.kind + "] " + f.detail + "\n";

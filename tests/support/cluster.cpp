@@ -181,4 +181,22 @@ bool TestDeployment::slurm_prolog(const std::string& job, const std::string& acc
 int64_t TestDeployment::min_progress() { return progress(false); }
 int64_t TestDeployment::min_active_progress() { return progress(true); }
 
+std::vector<Process> launch_train_job(const TempDir& dir, const NetnsCluster& cluster, int ranks,
+                                      const std::string& job, const std::vector<std::string>& args) {
+  std::vector<Process> out;
+  for (int rank = 0; rank < ranks; ++rank) {
+    SpawnOptions spawn;
+    spawn.argv = {bin_path("fakenccl-train"), "--id-file", dir.file("nccl.id"), "--quiet"};
+    spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
+    spawn.env = {{"RANK", std::to_string(rank)},
+                 {"WORLD_SIZE", std::to_string(ranks)},
+                 {"LOCAL_RANK", std::to_string(rank % 2)},
+                 {"RANKSCOPE_JOB_ID", job}};
+    spawn.netns = cluster.name(rank / 2);
+    spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
+    out.emplace_back(spawn);
+  }
+  return out;
+}
+
 }  // namespace rankscope::testing

@@ -95,4 +95,10 @@ class TestDeployment {
   cli::QueryClient client_;
 };
 
+// A fakenccl-train job: `ranks` ranks, two to a node of `cluster` (rank r
+// in node r / 2), RANKSCOPE_JOB_ID `job`, `args` after its id file; each
+// rank's output in dir/rank<r>.log.
+std::vector<Process> launch_train_job(const TempDir& dir, const NetnsCluster& cluster, int ranks,
+                                      const std::string& job, const std::vector<std::string>& args);
+
 }  // namespace rankscope::testing
