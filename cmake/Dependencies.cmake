@@ -19,6 +19,9 @@ find_package(CapnProto CONFIG REQUIRED)
 find_package(RocksDB CONFIG REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
 find_package(prometheus-cpp CONFIG REQUIRED)
+# libcurl: the HTTP client to Alertmanager (TLS, CAs and client
+# certificates, basic auth and bearer tokens, proxies).
+find_package(CURL 7.85 REQUIRED)
 # nlohmann-json: JSON-RPC in `rankscope mcp` (parsing what a client sends).
 find_package(nlohmann_json 3 REQUIRED)
 

@@ -1,6 +1,8 @@
 #include "collector/collector.h"
 
 #include <cerrno>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <zmq.hpp>
 
@@ -170,6 +172,41 @@ Result<void> bind(zmq::socket_t& socket, const std::string& endpoint, const char
   }
   return {};
 }
+// A secret's file: its content less a trailing newline; never empty.
+Result<std::string> read_secret(const std::string& path, const char* option) {
+  std::ifstream in(path);
+  if (!in) return make_error(Errc::io, std::string(option) + " " + path + ": cannot be read");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (text.empty()) return make_error(Errc::invalid_argument, std::string(option) + " " + path + " is empty");
+  return text;
+}
+
+// How the collector reaches Alertmanager: TLS files and credentials.
+Result<HttpClientOptions> alertmanager_http(const Options& options) {
+  HttpClientOptions http;
+  for (const auto& [path, option] : {std::pair{&options.alertmanager_ca_file, "--alertmanager-ca-file"},
+                                     {&options.alertmanager_cert_file, "--alertmanager-cert-file"},
+                                     {&options.alertmanager_key_file, "--alertmanager-key-file"}})
+    if (!path->empty() && !std::ifstream(*path))
+      return make_error(Errc::io, std::string(option) + " " + *path + ": cannot be read");
+  http.ca_file = options.alertmanager_ca_file;
+  http.cert_file = options.alertmanager_cert_file;
+  http.key_file = options.alertmanager_key_file;
+  if (!options.alertmanager_bearer_token_file.empty()) {
+    auto token = read_secret(options.alertmanager_bearer_token_file, "--alertmanager-bearer-token-file");
+    if (!token) return token.error();
+    http.bearer_token = std::move(*token);
+  }
+  if (!options.alertmanager_basic_auth_user.empty()) {
+    auto password = read_secret(options.alertmanager_password_file, "--alertmanager-password-file");
+    if (!password) return password.error();
+    http.username = options.alertmanager_basic_auth_user;
+    http.password = std::move(*password);
+  }
+  return http;
+}
+
 }  // namespace
 
 int run(const Options& options, const std::atomic<bool>& stop) {
@@ -224,7 +261,14 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   }
   std::unique_ptr<AlertmanagerClient> alertmanager;
   if (!options.alertmanager.empty()) {
-    auto created = AlertmanagerClient::create(options.alertmanager);
+    auto http = alertmanager_http(options);
+    if (!http) {
+      RS_LOG(error, "--alertmanager: %s", http.error().message.c_str());
+      return 2;
+    }
+    AlertmanagerOptions alert_options;
+    alert_options.http = std::move(*http);
+    auto created = AlertmanagerClient::create(options.alertmanager, alert_options);
     if (!created) {
       RS_LOG(error, "--alertmanager %s: %s", options.alertmanager.c_str(), created.error().message.c_str());
       return 2;

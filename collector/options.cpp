@@ -40,7 +40,13 @@ po::options_description describe(Options& options) {
     ("drain-dry-run", po::bool_switch(&options.drain_dry_run), "log the scontrol command a drain would run, and do not run it")
     ("node-lost-timeout-s", po::value(&options.node_lost_timeout_s)->default_value(options.node_lost_timeout_s), "an agent silent for this long, with ranks running, is a lost node (3 s to a week)")
     ("metrics", po::value(&options.metrics), "serve Prometheus metrics on HOST:PORT (e.g. 0.0.0.0:9464)")
-    ("alertmanager", po::value(&options.alertmanager), "push findings to this Alertmanager (http://HOST:PORT, API v2)")
+    ("alertmanager", po::value(&options.alertmanager), "push findings to this Alertmanager (http://HOST:PORT or https://HOST:PORT, API v2)")
+    ("alertmanager-ca-file", po::value(&options.alertmanager_ca_file), "https: the CA certificate(s) that signed Alertmanager's (default: the system's)")
+    ("alertmanager-cert-file", po::value(&options.alertmanager_cert_file), "https: a client certificate to present (mutual TLS), with --alertmanager-key-file")
+    ("alertmanager-key-file", po::value(&options.alertmanager_key_file), "https: the client certificate's key")
+    ("alertmanager-bearer-token-file", po::value(&options.alertmanager_bearer_token_file), "send the token in this file as Authorization: Bearer")
+    ("alertmanager-basic-auth-user", po::value(&options.alertmanager_basic_auth_user), "basic auth as this user, with --alertmanager-password-file")
+    ("alertmanager-password-file", po::value(&options.alertmanager_password_file), "the basic-auth password, in this file")
     ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug")
     ("key", po::value(&options.key)->default_value(options.key), "the collector's CurveZMQ key pair (rankscope keygen --role collector)")
     ("allow", po::value(&options.allow)->default_value(options.allow), "directory of the agents' and clients' public key files admitted; re-read when it changes")
@@ -189,6 +195,18 @@ Result<void> validate(const Options& o) {
     return make_error(Errc::invalid_argument, "--db-memory-mb must be between 16 and 65536");
   if (o.retention_check_s < 1 || o.retention_check_s > 86400)
     return make_error(Errc::invalid_argument, "--retention-check-s must be between 1 and 86400");
+  const bool alertmanager_extras = !o.alertmanager_ca_file.empty() || !o.alertmanager_cert_file.empty() ||
+                                   !o.alertmanager_key_file.empty() || !o.alertmanager_bearer_token_file.empty() ||
+                                   !o.alertmanager_basic_auth_user.empty() || !o.alertmanager_password_file.empty();
+  if (alertmanager_extras && o.alertmanager.empty())
+    return make_error(Errc::invalid_argument, "the --alertmanager-* options need --alertmanager URL");
+  if (o.alertmanager_cert_file.empty() != o.alertmanager_key_file.empty())
+    return make_error(Errc::invalid_argument, "--alertmanager-cert-file and --alertmanager-key-file go together");
+  if (o.alertmanager_basic_auth_user.empty() != o.alertmanager_password_file.empty())
+    return make_error(Errc::invalid_argument,
+                      "--alertmanager-basic-auth-user and --alertmanager-password-file go together");
+  if (!o.alertmanager_bearer_token_file.empty() && !o.alertmanager_basic_auth_user.empty())
+    return make_error(Errc::invalid_argument, "give Alertmanager a bearer token or basic auth, not both");
   return {};
 }
 

@@ -19,7 +19,11 @@ struct Options {
   // long leaves the live model (Ingest::retire); its timeline stays.
   double retire_after_s = 600;
   std::string metrics;                            // HOST:PORT for Prometheus; empty: off
-  std::string alertmanager;                       // http://HOST:PORT of an Alertmanager; empty: off
+  std::string alertmanager;                       // http[s]://HOST:PORT of an Alertmanager; empty: off
+  // Reaching it: the CA that signed its certificate, a client certificate,
+  // and a bearer token or a basic-auth user, secrets in files.
+  std::string alertmanager_ca_file, alertmanager_cert_file, alertmanager_key_file;
+  std::string alertmanager_bearer_token_file, alertmanager_basic_auth_user, alertmanager_password_file;
   std::string log_level = "info";
   // Who may connect (collector/auth.h, docs/operations.md "Keys").
   std::string key = "/etc/rankscope/collector.key";  // the collector's CurveZMQ key pair

@@ -18,6 +18,7 @@ build_pkgs=(
   librocksdb-dev
   libboost-program-options-dev
   nlohmann-json3-dev                    # JSON-RPC in `rankscope mcp`
+  libcurl4-openssl-dev                  # HTTP(S) to Alertmanager
   prometheus-cpp-dev
   libgtest-dev libgmock-dev
 )
@@ -25,10 +26,11 @@ build_pkgs=(
 # tests start their own munged/slurmctld/slurmd, never the system services.
 # systemd: systemd-analyze verifies the shipped units (tests/deploy).
 # python3, python3-yaml: the checks of the Grafana dashboard, the Kubernetes
-# manifests and Perfetto exports (kubectl, for `kubectl kustomize`, comes
+# manifests and Perfetto exports; openssl and python3-bcrypt: a certificate
+# and a password hash for an Alertmanager behind TLS and basic auth (kubectl, for `kubectl kustomize`, comes
 # with this machine's image, not from Debian).
 test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager slurm-wlm munge systemd python3
-  python3-yaml)
+  python3-yaml openssl python3-bcrypt)
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in

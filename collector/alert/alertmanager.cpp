@@ -247,7 +247,7 @@ void AlertmanagerClient::post_loop() {
 }
 
 void AlertmanagerClient::post(const std::string& payload) {
-  auto response = http_request("POST", alerts_url_, payload, "application/json", static_cast<int>(options_.timeout_ms));
+  auto response = http_request("POST", alerts_url_, payload, "application/json", options_.http);
   if (response && response->status / 100 == 2) {
     posts_ok_.fetch_add(1, std::memory_order_relaxed);
     return;

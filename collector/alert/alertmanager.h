@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "collector/alert/http.h"
 #include "collector/detect/finding.h"
 #include "common/result.h"
 
@@ -34,13 +35,13 @@ namespace rankscope::collector {
 
 struct AlertmanagerOptions {
   uint32_t resend_interval_ms = 30000;  // open alerts are posted again this often
-  uint32_t timeout_ms = 5000;           // one post, connect to response
+  HttpClientOptions http;               // one post's timeout, TLS and credentials
 };
 
 class AlertmanagerClient {
  public:
   // `base_url`: where Alertmanager serves its API, e.g. http://alertmanager:9093
-  // (with its --web.route-prefix, if it has one). Only plain HTTP.
+  // or https://alertmanager:9093 (with its --web.route-prefix, if it has one).
   static Result<std::unique_ptr<AlertmanagerClient>> create(const std::string& base_url,
                                                             const AlertmanagerOptions& options = {});
   ~AlertmanagerClient();

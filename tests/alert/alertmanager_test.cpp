@@ -27,13 +27,21 @@ using rankscope::testing::SpawnOptions;
 using rankscope::testing::TempDir;
 using rankscope::testing::wait_for;
 
-constexpr AlertmanagerOptions kSlowResend{.resend_interval_ms = 30000, .timeout_ms = 2000};
+AlertmanagerOptions resend_every(uint32_t ms) {
+  AlertmanagerOptions options;
+  options.resend_interval_ms = ms;
+  options.http.timeout_ms = 2000;
+  return options;
+}
+const AlertmanagerOptions kSlowResend = resend_every(30000);
 // A short one, to see resends: an open alert expires 4 x 500 ms after the last post.
-constexpr AlertmanagerOptions kFastResend{.resend_interval_ms = 500, .timeout_ms = 2000};
+const AlertmanagerOptions kFastResend = resend_every(500);
 
 using rankscope::testing::has_field;
 using rankscope::testing::kAlertmanager;
+using rankscope::testing::AlertmanagerWeb;
 using rankscope::testing::RealAlertmanager;
+using rankscope::testing::TestCertificates;
 
 // The alert of this finding as Alertmanager lists it, or "" when it lists none.
 std::string alert_of(RealAlertmanager& alertmanager, uint64_t finding_id) {
@@ -192,6 +200,70 @@ TEST(AlertmanagerClient, CountsFailedPostsWhenNothingListens) {
   (*client)->sync({hang(46, {0})}, now_ns());
   EXPECT_TRUE(wait_for([&] { return (*client)->posts_failed() == 1; }, 5s));
   EXPECT_EQ((*client)->posts_ok(), 0u);
+}
+
+// Alertmanager behind TLS and basic auth (its --web.config.file), as real
+// ones are: the client trusts its CA and sends the user's password.
+class SecuredAlertmanagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(certificates_.ok()) << "openssl could not make the test certificates:\n" << certificates_.log();
+    alertmanager_ = std::make_unique<RealAlertmanager>(AlertmanagerWeb{&certificates_, "rankscope", "s3cret pass"});
+    ASSERT_TRUE(alertmanager_->ready()) << "Alertmanager did not become ready over TLS:\n" << alertmanager_->log();
+  }
+  // A client of `http` that posted `finding` until it succeeded, or failed 3 times.
+  std::unique_ptr<AlertmanagerClient> post(const HttpClientOptions& http, const Finding& finding) {
+    AlertmanagerOptions options = kFastResend;
+    options.http = http;
+    auto client = AlertmanagerClient::create(alertmanager_->url(), options);
+    EXPECT_TRUE(client) << client.error().message;
+    if (!client) return nullptr;
+    wait_for(
+        [&] {
+          (*client)->sync({finding}, now_ns());
+          return (*client)->posts_ok() > 0 || (*client)->posts_failed() >= 3;
+        },
+        15s);
+    return std::move(*client);
+  }
+
+  TestCertificates certificates_;
+  std::unique_ptr<RealAlertmanager> alertmanager_;
+};
+
+TEST_F(SecuredAlertmanagerTest, PostsOverHttpsWithBasicAuth) {
+  ASSERT_TRUE(alertmanager_->url().starts_with("https://"));
+  auto client = post(alertmanager_->client(), hang(51, {2}));
+  ASSERT_TRUE(client);
+  EXPECT_GT(client->posts_ok(), 0u);
+  EXPECT_EQ(client->posts_failed(), 0u);
+  EXPECT_TRUE(wait_for([&] { return is_active(alert_of(*alertmanager_, 51)); }, 10s)) << alertmanager_->log();
+}
+
+TEST_F(SecuredAlertmanagerTest, AWrongPasswordIsRefusedAndSaysSo) {
+  HttpClientOptions http = alertmanager_->client();
+  http.password = "not it";
+  auto client = post(http, hang(52, {2}));
+  ASSERT_TRUE(client);
+  EXPECT_EQ(client->posts_ok(), 0u);
+  EXPECT_GE(client->posts_failed(), 3u);
+  auto response = http_request("GET", alertmanager_->url() + "/api/v2/alerts", "", "", http);
+  ASSERT_TRUE(response) << response.error().message;
+  EXPECT_EQ(response->status, 401);
+  EXPECT_TRUE(alert_of(*alertmanager_, 52).empty());
+}
+
+TEST_F(SecuredAlertmanagerTest, AnUntrustedCertificateIsRefusedWithWhatToDo) {
+  HttpClientOptions http = alertmanager_->client();
+  http.ca_file.clear();  // the system's CAs, which never signed the test CA
+  auto response = http_request("GET", alertmanager_->url() + "/-/ready", "", "", http);
+  ASSERT_FALSE(response);
+  EXPECT_NE(response.error().message.find("the server's certificate cannot be trusted"), std::string::npos)
+      << response.error().message;
+  EXPECT_NE(response.error().message.find("--alertmanager-ca-file"), std::string::npos) << response.error().message;
+  auto client = post(http, hang(53, {2}));
+  ASSERT_TRUE(client);
+  EXPECT_EQ(client->posts_ok(), 0u);
 }
 
 }  // namespace

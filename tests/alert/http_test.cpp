@@ -1,5 +1,7 @@
-// The collector's small HTTP/1.1 client against a canned server on loopback:
-// framing (chunked, Content-Length), what it sends, and how it fails.
+// The collector's HTTP client (libcurl) against a canned server on
+// loopback: framing (chunked, Content-Length), what it sends (credentials
+// included), and how it fails. Over TLS, against a real Alertmanager:
+// alertmanager_test.cpp.
 #include "collector/alert/http.h"
 
 #include <arpa/inet.h>
@@ -125,15 +127,34 @@ TEST(HttpClient, SendsMethodPathHostTypeLengthAndBody) {
   EXPECT_NE(request.find("\r\nHost: 127.0.0.1:" + std::to_string(server.port()) + "\r\n"), std::string::npos);
   EXPECT_NE(request.find("\r\nContent-Type: application/json\r\n"), std::string::npos);
   EXPECT_NE(request.find("\r\nContent-Length: 5\r\n"), std::string::npos);
-  EXPECT_NE(request.find("\r\nConnection: close\r\n"), std::string::npos);
+  EXPECT_EQ(request.find("Expect:"), std::string::npos) << request;
+  EXPECT_EQ(request.find("Authorization:"), std::string::npos) << request;
   EXPECT_TRUE(request.ends_with("\r\n\r\n[1,2]")) << request;
+}
+
+TEST(HttpClient, SendsABearerTokenOrBasicAuth) {
+  CannedServer bearer("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+  HttpClientOptions token;
+  token.bearer_token = "t0ken.value";
+  ASSERT_TRUE(http_request("GET", bearer.url("/"), "", "", token));
+  EXPECT_NE(bearer.request().find("\r\nAuthorization: Bearer t0ken.value\r\n"), std::string::npos)
+      << bearer.request();
+
+  CannedServer basic("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+  HttpClientOptions user;
+  user.username = "am";
+  user.password = "pw";
+  ASSERT_TRUE(http_request("GET", basic.url("/"), "", "", user));
+  // base64("am:pw")
+  EXPECT_NE(basic.request().find("\r\nAuthorization: Basic YW06cHc=\r\n"), std::string::npos) << basic.request();
 }
 
 TEST(HttpClient, ReportsABodyCutShort) {
   CannedServer server("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc");
   auto response = http_request("GET", server.url("/"));
   ASSERT_FALSE(response);
-  EXPECT_NE(response.error().message.find("connection closed after 3 of 10 body bytes"), std::string::npos)
+  EXPECT_NE(response.error().message.find("the connection closed before the whole response arrived"),
+            std::string::npos)
       << response.error().message;
 }
 
@@ -141,15 +162,17 @@ TEST(HttpClient, GivesUpOnAServerThatNeverAnswers) {
   CannedServer server("");
   auto response = http_request("GET", server.url("/"), "", "", 200);
   ASSERT_FALSE(response);
-  EXPECT_EQ(response.error().message,
-            "timed out waiting for the response from 127.0.0.1:" + std::to_string(server.port()));
+  EXPECT_TRUE(response.error().message.starts_with("no complete response from 127.0.0.1:" +
+                                                   std::to_string(server.port()) + " within 200 ms"))
+      << response.error().message;
 }
 
 TEST(HttpClient, ReportsARefusedConnection) {
   int port = rankscope::testing::free_port();
   auto response = http_request("GET", "http://127.0.0.1:" + std::to_string(port) + "/");
   ASSERT_FALSE(response);
-  EXPECT_EQ(response.error().message, "cannot connect to 127.0.0.1:" + std::to_string(port) + ": Connection refused");
+  EXPECT_TRUE(response.error().message.starts_with("cannot connect to 127.0.0.1:" + std::to_string(port) + ": "))
+      << response.error().message;
 }
 
 TEST(HttpUrl, SplitsHostPortAndPath) {
@@ -178,20 +201,19 @@ TEST(HttpUrl, RefusesWhatItCannotSpeak) {
   auto credentials = parse_http_url("http://user:secret@host:9093/");
   ASSERT_FALSE(credentials);
   EXPECT_NE(credentials.error().message.find("credentials in the URL are not supported"), std::string::npos);
+  EXPECT_NE(credentials.error().message.find("--alertmanager-password-file"), std::string::npos);
 }
 
-TEST(HttpUrl, RefusesHttpsWithWhatToDoInstead) {
-  const std::string advice =
-      "TLS is not supported; put Alertmanager behind a plain-HTTP listener on the collector's network or use a "
-      "local relay";
-  auto url = parse_http_url("https://alertmanager:9093");
-  ASSERT_FALSE(url);
-  EXPECT_EQ(url.error().message, "https://alertmanager:9093: " + advice);
-
-  auto client = AlertmanagerClient::create("https://alertmanager:9093");
-  ASSERT_FALSE(client);
-  EXPECT_EQ(client.error().code, Errc::invalid_argument);
-  EXPECT_NE(client.error().message.find(advice), std::string::npos) << client.error().message;
+TEST(HttpUrl, TakesHttpsOnPort443ByDefault) {
+  auto url = parse_http_url("https://alertmanager:9093/am");
+  ASSERT_TRUE(url) << url.error().message;
+  EXPECT_TRUE(url->tls);
+  EXPECT_EQ(url->port, 9093);
+  auto plain = parse_http_url("HTTPS://am.example");
+  ASSERT_TRUE(plain) << plain.error().message;
+  EXPECT_TRUE(plain->tls);
+  EXPECT_EQ(plain->authority(), "am.example:443");
+  EXPECT_TRUE(AlertmanagerClient::create("https://alertmanager:9093"));
 }
 
 }  // namespace

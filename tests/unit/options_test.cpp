@@ -83,6 +83,22 @@ TEST(Options, CollectorTimeoutsOutOfRangeAreRefused) {
   EXPECT_TRUE(line->options.drain_dry_run);
 }
 
+TEST(Options, AlertmanagerCredentialsComeWholeAndOneKindAtATime) {
+  for (const char* bad : {"alertmanager-ca-file = /ca.crt\n",  // without --alertmanager
+                          "alertmanager = https://am:9093\nalertmanager-cert-file = /c.crt\n",
+                          "alertmanager = https://am:9093\nalertmanager-basic-auth-user = am\n",
+                          "alertmanager = https://am:9093\nalertmanager-password-file = /pw\n",
+                          "alertmanager = https://am:9093\nalertmanager-bearer-token-file = /t\n"
+                          "alertmanager-basic-auth-user = am\nalertmanager-password-file = /pw\n"}) {
+    auto line = collector_config(bad);
+    EXPECT_FALSE(line) << bad;
+  }
+  auto line = collector_config("alertmanager = https://am:9093\nalertmanager-ca-file = /ca.crt\n"
+                               "alertmanager-basic-auth-user = am\nalertmanager-password-file = /pw\n");
+  ASSERT_TRUE(line) << line.error().message;
+  EXPECT_EQ(line->options.alertmanager_basic_auth_user, "am");
+}
+
 TEST(Options, AgentValuesOutOfRangeAreRefused) {
   for (const char* bad : {"batch-interval-ms = 0\n", "ack-timeout-ms = 5\n", "scan-interval-ms = 1\n",
                           "max-unacked-mb = 0\n", "max-unacked-mb = 18446744073709551615\n", "pid = 0\n",
