@@ -7,11 +7,14 @@
 // rank and world size srun set (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS),
 // as `rankscope jobs --json` prints them.
 #include <gtest/gtest.h>
+#include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "tests/support/alertmanager.h"
 #include "tests/support/cluster.h"
@@ -93,6 +96,13 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
   options.slurm_jobs_dir = slurm.jobs_dir();
   TestDeployment deployment(dir, 1, options);
   ASSERT_TRUE(deployment.wait_connected(std::chrono::seconds(20))) << slurp(dir.file("agent-0.log"));
+  // The Epilog's way to the collector, for the end-of-job report: a client key of its own.
+  {
+    auto keys = deployment.keys().cli_args();  // --key K --collector-key C
+    std::ofstream(slurm.epilog_conf()) << "RANKSCOPE_COLLECTOR=" << deployment.query_endpoint()
+                                       << "\nRANKSCOPE_KEY=" << keys[1] << "\nRANKSCOPE_COLLECTOR_KEY=" << keys[3]
+                                       << "\nRANKSCOPE_CLI=" << bin_path("rankscope") << "\n";
+  }
 
   // The job: an allocation of two tasks for `account`, as user nobody; a
   // first step that only runs `true` (step 0), then the training job as
@@ -199,10 +209,29 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
   EXPECT_TRUE(wait_for(
       [&] { return slurm.run("squeue -h -o %i", &left, 10) == 0 && left.empty(); }, std::chrono::seconds(30)))
       << left;
-  // The Epilog removed the job's record.
+  // The Epilog removed the job's record, and left the job's report in its
+  // working directory, written as the job's user.
   EXPECT_TRUE(wait_for([&] { return !std::filesystem::exists(slurm.jobs_dir() + "/" + job_id); },
                        std::chrono::seconds(30)))
       << slurm.logs();
+  const std::string report_file = work + "/rankscope-" + job_id + ".txt";
+  ASSERT_TRUE(wait_for([&] { return std::filesystem::exists(report_file); }, std::chrono::seconds(30)))
+      << "no end-of-job report in " << work << "\n" << slurm.logs();
+  std::string written;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        written = slurp(report_file);
+        return written.find('\n', written.find(deployment.node_name(0))) != std::string::npos;
+      },
+      std::chrono::seconds(10)))
+      << written;
+  EXPECT_TRUE(written.starts_with("rankscope report of Slurm job " + job_id)) << written;
+  EXPECT_NE(written.find(job_id), written.rfind(job_id)) << "the bill itself names the job\n" << written;
+  EXPECT_NE(written.find(deployment.node_name(0)), std::string::npos) << "its node's row\n" << written;
+  EXPECT_EQ(written.find("could not be read"), std::string::npos) << written;
+  struct stat st {};
+  ASSERT_EQ(stat(report_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, getpwnam("nobody")->pw_uid) << "written as the job's user, not root";
 }
 
 // Two instances side by side, as parallel test runs make them: each is its

@@ -194,7 +194,8 @@ bool RealSlurm::start() {
   // runs them as root with the job's variables only: a wrapper names it).
   auto hook = [&](const std::string& which) {
     std::string path = dir_.file("rankscope-" + which + ".sh");
-    std::ofstream(path) << "#!/bin/sh\nRANKSCOPE_SLURM_DIR='" << jobs_dir() << "' exec /bin/sh '" << RANKSCOPE_SOURCE_DIR
+    std::ofstream(path) << "#!/bin/sh\nRANKSCOPE_SLURM_DIR='" << jobs_dir() << "' RANKSCOPE_EPILOG_CONF='"
+                        << epilog_conf() << "' SLURM_CONF='" << conf_ << "' exec /bin/sh '" << RANKSCOPE_SOURCE_DIR
                         << "/deploy/slurm/rankscope-" << which << ".sh'\n";
     chmod(path.c_str(), 0755);
     return path;

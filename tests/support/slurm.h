@@ -52,6 +52,10 @@ class RealSlurm {
   // PrologFlags=Alloc) records each job's account, for the agent's
   // --slurm-jobs-dir; the Epilog removes the record.
   std::string jobs_dir() const { return dir_.file("rankscope-jobs"); }
+  // The Epilog's configuration (RANKSCOPE_EPILOG_CONF): absent, it writes
+  // no report; a test that wants each job's report writes it
+  // (deploy/slurm/rankscope-epilog.sh says what it holds).
+  std::string epilog_conf() const { return dir_.file("rankscope-epilog.conf"); }
   // What a client (srun, salloc, sinfo, squeue) needs in its environment.
   std::map<std::string, std::string> client_env() const { return {{"SLURM_CONF", conf_}}; }
 
