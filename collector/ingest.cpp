@@ -7,6 +7,7 @@
 
 #include "common/format.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "proto/store.capnp.h"
 
 namespace rankscope::collector {
@@ -381,7 +382,7 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
   capnp::MallocMessageBuilder builder;
   auto reply = builder.initRoot<wire::CollectorMessage>().initHelloReply();
   reply.setProtocolVersion(wire::PROTOCOL_VERSION);
-  reply.setCollectorVersion("0.1.0");
+  reply.setCollectorVersion(kVersion);
   std::string name = hello.getNode();
   uint32_t version = hello.getProtocolVersion();
   if (version == 0 || version > wire::PROTOCOL_VERSION) {

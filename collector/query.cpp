@@ -7,6 +7,7 @@
 
 #include "collector/report.h"
 #include "common/format.h"
+#include "common/version.h"
 #include "proto/codec.h"
 
 namespace rankscope::collector {
@@ -17,7 +18,7 @@ namespace {
 void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
   const Ingest& ingest = ctx.ingest;
   uint64_t now = ctx.clock.realtime_ns();
-  out.setCollectorVersion("0.1.0");
+  out.setCollectorVersion(kVersion);
   out.setStartedNs(ingest.started_ns());
   out.setNowNs(now);
   out.setBatchesStored(ingest.counters().batches_stored);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "common/version.h"
 #include "node-agent/identify.h"
 #include "proto/codec.h"
 
@@ -20,7 +21,7 @@ constexpr uint64_t kMaxAckWaitNs = 60'000'000'000ull;
 // Silence from the collector this long before the first reply: say why it may be.
 constexpr uint64_t kNoReplyNs = 10'000'000'000ull;
 constexpr uint64_t kNoReplyLogIntervalNs = 60'000'000'000ull;
-constexpr const char* kAgentVersion = "0.1.0";
+constexpr const char* kAgentVersion = kVersion;
 }  // namespace
 
 std::string boot_id() {

@@ -13,6 +13,7 @@
 
 #include "common/curve.h"
 #include "common/format.h"
+#include "common/version.h"
 #include "proto/records.h"
 #include "tools/cli/client.h"
 #include "tools/cli/mcp.h"
@@ -448,7 +449,7 @@ int main(int argc, char** argv) {
     auto keys = client_keys();
     if (!keys) return 2;
     rankscope::cli::QueryClient client(endpoint, timeout_ms, *keys);
-    return rankscope::cli::run_mcp(client, {RANKSCOPE_VERSION, endpoint}, std::cin, std::cout, std::cerr);
+    return rankscope::cli::run_mcp(client, {rankscope::kVersion, endpoint}, std::cin, std::cout, std::cerr);
   }
   if (command == "keygen") {
     if (!rankscope::curve::valid_role(role)) {

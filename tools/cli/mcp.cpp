@@ -244,6 +244,42 @@ std::string record_line(query::TimelineRecord::Reader r) {
          (r.getResult() != 0 ? "  " + proto::result_name(r.getResult()) : "");
 }
 
+// The calls rank_timeline shows (indices into `records`, by lane and
+// sequence): those within `window_ns` of `around`, the nearest past
+// `limit`; without a time, the last `limit`. With the calls just before
+// (at or before `around`) and after it.
+struct ChosenCalls {
+  std::vector<unsigned> shown;
+  std::optional<unsigned> before, after;
+};
+ChosenCalls choose_calls(capnp::List<query::TimelineRecord>::Reader records, std::optional<uint64_t> around,
+                         uint64_t window_ns, size_t limit) {
+  ChosenCalls out;
+  auto issue = [&](unsigned i) { return records[i].getIssueNs(); };
+  for (unsigned i = 0; i < records.size(); ++i) {
+    if (!around) {
+      out.shown.push_back(i);
+      continue;
+    }
+    if (issue(i) + window_ns >= *around && issue(i) <= *around + window_ns) out.shown.push_back(i);
+    if (issue(i) <= *around && (!out.before || issue(i) >= issue(*out.before))) out.before = i;
+    if (issue(i) > *around && (!out.after || issue(i) < issue(*out.after))) out.after = i;
+  }
+  if (out.shown.size() > limit) {
+    // Nearest to the time first, or newest first; keep `limit`.
+    auto distance = [&](unsigned i) { return issue(i) > *around ? issue(i) - *around : *around - issue(i); };
+    std::stable_sort(out.shown.begin(), out.shown.end(), [&](unsigned a, unsigned b) {
+      return around ? distance(a) < distance(b) : issue(a) > issue(b);
+    });
+    out.shown.resize(limit);
+  }
+  std::sort(out.shown.begin(), out.shown.end(), [&](unsigned a, unsigned b) {
+    return records[a].getLane() != records[b].getLane() ? records[a].getLane() < records[b].getLane()
+                                                        : records[a].getSeq() < records[b].getSeq();
+  });
+  return out;
+}
+
 // ---- the tools
 
 class Tools {
@@ -359,40 +395,7 @@ class Tools {
       if (reply.which() != query::Reply::TIMELINE) return;
       auto t = reply.getTimeline();
       auto records = t.getRecords();
-      // The calls to show: within the window around the time asked for
-      // (those nearest to it past `limit`), or the last `limit`.
-      std::vector<unsigned> chosen;
-      std::optional<unsigned> before, after;
-      const auto window_ns = static_cast<uint64_t>(window_s * 1e9);
-      for (unsigned i = 0; i < records.size(); ++i) {
-        uint64_t issue = records[i].getIssueNs();
-        if (!around) {
-          chosen.push_back(i);
-          continue;
-        }
-        if (issue + window_ns >= *around && issue <= *around + window_ns) chosen.push_back(i);
-        if (issue <= *around && (!before || issue >= records[*before].getIssueNs())) before = i;
-        if (issue > *around && (!after || issue < records[*after].getIssueNs())) after = i;
-      }
-      if (chosen.size() > limit) {
-        if (around) {
-          auto distance = [&](unsigned i) {
-            uint64_t issue = records[i].getIssueNs();
-            return issue > *around ? issue - *around : *around - issue;
-          };
-          std::stable_sort(chosen.begin(), chosen.end(), [&](unsigned a, unsigned b) { return distance(a) < distance(b); });
-          chosen.resize(limit);
-        } else {
-          std::stable_sort(chosen.begin(), chosen.end(), [&](unsigned a, unsigned b) {
-            return records[a].getIssueNs() < records[b].getIssueNs();
-          });
-          chosen.erase(chosen.begin(), chosen.end() - static_cast<std::ptrdiff_t>(limit));
-        }
-      }
-      std::sort(chosen.begin(), chosen.end(), [&](unsigned a, unsigned b) {
-        return records[a].getLane() != records[b].getLane() ? records[a].getLane() < records[b].getLane()
-                                                            : records[a].getSeq() < records[b].getSeq();
-      });
+      auto [chosen, before, after] = choose_calls(records, around, static_cast<uint64_t>(window_s * 1e9), limit);
       json list = json::array();
       std::string lines;
       for (unsigned i : chosen) {
