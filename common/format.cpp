@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "common/json.h"
+
 namespace rankscope {
 
 std::string hex64(uint64_t value) {
@@ -69,28 +71,8 @@ std::string valid_utf8(const std::string& text) {
   return out;
 }
 
-std::string json_quote(const std::string& raw) {
-  std::string out = "\"";
-  const std::string text = valid_utf8(raw);
-  for (unsigned char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
+std::string json_quote(const std::string& raw) { return to_json(Json(raw)); }
+
+std::string to_json(const Json& value) { return value.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 }  // namespace rankscope

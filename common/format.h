@@ -10,7 +10,8 @@ std::string hex64(uint64_t value);
 std::string format_time_ns(uint64_t realtime_ns);
 // "12.3 s", "450 ms", "3.2 µs"-style duration.
 std::string format_duration_ns(int64_t ns);
-// JSON string literal with escapes, quotes included; invalid UTF-8 as in valid_utf8.
+// JSON string literal with escapes, quotes included, by the JSON writer
+// (common/json.h): invalid UTF-8 replaced by U+FFFD.
 std::string json_quote(const std::string& text);
 // `text` with every byte that is not part of a well-formed UTF-8 sequence
 // (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF)

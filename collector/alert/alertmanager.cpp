@@ -8,6 +8,7 @@
 
 #include "collector/alert/http.h"
 #include "common/format.h"
+#include "common/json.h"
 #include "common/log.h"
 
 namespace rankscope::collector {
@@ -62,13 +63,10 @@ std::string join_list(const std::vector<T>& items) {
 // Fields with an empty value are left out: Alertmanager, like Prometheus,
 // treats an empty label as no label.
 std::string json_object(const std::vector<std::pair<const char*, std::string>>& fields) {
-  std::string out = "{";
-  for (const auto& [name, value] : fields) {
-    if (value.empty()) continue;
-    if (out.size() > 1) out += ',';
-    out += json_quote(name) + ":" + json_quote(value);
-  }
-  return out + "}";
+  Json out = Json::object();
+  for (const auto& [name, value] : fields)
+    if (!value.empty()) out[name] = value;
+  return to_json(out);
 }
 
 std::string labels_json(const Finding& finding) {
@@ -213,9 +211,10 @@ void AlertmanagerClient::append_alert(std::string& payload, Alert& alert, uint64
   if (alert.done) return;
   uint64_t ends_ns = alert.ends_ns != 0 ? alert.ends_ns : now_ns + kOpenLifetimeResends * resend_ns();
   if (payload.size() > 1) payload += ',';
-  payload += "{\"labels\":" + alert.labels + ",\"annotations\":" + alert.annotations +
-             ",\"startsAt\":" + json_quote(rfc3339_ms(alert.starts_ns)) +
-             ",\"endsAt\":" + json_quote(rfc3339_ms(ends_ns)) + "}";
+  payload += to_json({{"labels", Json::parse(alert.labels)},
+                       {"annotations", Json::parse(alert.annotations)},
+                       {"startsAt", rfc3339_ms(alert.starts_ns)},
+                       {"endsAt", rfc3339_ms(ends_ns)}});
   if (alert.ends_ns == 0) return;
   // A resolution is said twice, a resend interval apart, in case the first
   // post was lost; after that the alert has ended in Alertmanager either way.

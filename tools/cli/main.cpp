@@ -13,6 +13,7 @@
 
 #include "common/curve.h"
 #include "common/format.h"
+#include "common/json.h"
 #include "common/version.h"
 #include "proto/records.h"
 #include "tools/cli/client.h"
@@ -24,7 +25,8 @@ namespace query = rankscope::proto::query;
 using rankscope::format_duration_ns;
 using rankscope::format_time_ns;
 using rankscope::hex64;
-using rankscope::json_quote;
+using rankscope::Json;
+using rankscope::to_json;
 
 namespace {
 
@@ -102,38 +104,48 @@ std::string age(uint64_t now, uint64_t then) {
 
 void print_status(query::StatusReply::Reader s, bool json) {
   if (json) {
-    std::printf("{\"collector_version\":%s,\"started_ns\":%llu,\"now_ns\":%llu,\"batches_stored\":%llu,"
-                "\"records_stored\":%llu,\"duplicate_batches\":%llu,\"bad_messages\":%llu,\"throttled_messages\":%llu,"
-                "\"refused_claims\":%llu,\"batch_bytes\":%llu,\"nodes\":[",
-                json_quote(s.getCollectorVersion()).c_str(), (unsigned long long)s.getStartedNs(),
-                (unsigned long long)s.getNowNs(), (unsigned long long)s.getBatchesStored(),
-                (unsigned long long)s.getRecordsStored(), (unsigned long long)s.getDuplicateBatches(),
-                (unsigned long long)s.getBadMessages(), (unsigned long long)s.getThrottledMessages(),
-                (unsigned long long)s.getRefusedClaims(), (unsigned long long)s.getBatchBytes());
-    bool first = true;
+    Json out = {{"collector_version", std::string(s.getCollectorVersion())},
+                {"started_ns", s.getStartedNs()},
+                {"now_ns", s.getNowNs()},
+                {"batches_stored", s.getBatchesStored()},
+                {"records_stored", s.getRecordsStored()},
+                {"duplicate_batches", s.getDuplicateBatches()},
+                {"bad_messages", s.getBadMessages()},
+                {"throttled_messages", s.getThrottledMessages()},
+                {"refused_claims", s.getRefusedClaims()},
+                {"batch_bytes", s.getBatchBytes()},
+                {"nodes", Json::array()}};
     for (auto n : s.getNodes()) {
       auto d = n.getDrops();
-      std::printf("%s{\"node\":%s,\"connected\":%s,\"last_contact_ns\":%llu,\"agent_version\":%s,\"instance\":\"%s\","
-                  "\"batches\":%llu,\"records\":%llu,\"traced_processes\":%u,\"clock_offset_ns\":%lld,"
-                  "\"clock_uncertainty_ns\":%llu,\"clock_samples\":%u,\"wall_clock_skew_ns\":%lld,\"clock_refinement_ns\":%lld,"
-                  "\"clock_drift_ppb\":%lld,\"clock_violations\":%llu,\"bad_messages\":%llu,\"throttled_messages\":%llu,\"refused_claims\":%llu,\"drops\":{\"ringbuf_full\":%llu,"
-                  "\"map_full\":%llu,\"unknown_comm\":%llu,\"nested\":%llu,\"send_queue_full\":%llu,\"lost_records\":%llu,"
-                  "\"spool_damaged\":%llu,\"lost_returns\":%llu}}",
-                  first ? "" : ",", json_quote(n.getNode()).c_str(), n.getConnected() ? "true" : "false",
-                  (unsigned long long)n.getLastContactNs(), json_quote(n.getAgentVersion()).c_str(),
-                  hex64(n.getInstanceId()).c_str(), (unsigned long long)n.getBatches(),
-                  (unsigned long long)n.getRecords(), n.getTracedProcesses(), (long long)n.getClockOffsetNs(),
-                  (unsigned long long)n.getClockUncertaintyNs(), n.getClockSamples(), (long long)n.getWallClockSkewNs(),
-                  (long long)n.getClockRefinementNs(), (long long)n.getClockDriftPpb(),
-                  (unsigned long long)n.getClockViolations(), (unsigned long long)n.getBadMessages(),
-                  (unsigned long long)n.getThrottledMessages(), (unsigned long long)n.getRefusedClaims(),
-                  (unsigned long long)d.getRingbufFull(), (unsigned long long)d.getMapFull(),
-                  (unsigned long long)d.getUnknownComm(), (unsigned long long)d.getNested(),
-                  (unsigned long long)d.getSendQueueFull(), (unsigned long long)d.getLostRecords(),
-                  (unsigned long long)d.getSpoolDamaged(), (unsigned long long)d.getLostReturns());
-      first = false;
+      out["nodes"].push_back({{"node", std::string(n.getNode())},
+                              {"connected", n.getConnected()},
+                              {"last_contact_ns", n.getLastContactNs()},
+                              {"agent_version", std::string(n.getAgentVersion())},
+                              {"instance", hex64(n.getInstanceId())},
+                              {"batches", n.getBatches()},
+                              {"records", n.getRecords()},
+                              {"traced_processes", n.getTracedProcesses()},
+                              {"clock_offset_ns", n.getClockOffsetNs()},
+                              {"clock_uncertainty_ns", n.getClockUncertaintyNs()},
+                              {"clock_samples", n.getClockSamples()},
+                              {"wall_clock_skew_ns", n.getWallClockSkewNs()},
+                              {"clock_refinement_ns", n.getClockRefinementNs()},
+                              {"clock_drift_ppb", n.getClockDriftPpb()},
+                              {"clock_violations", n.getClockViolations()},
+                              {"bad_messages", n.getBadMessages()},
+                              {"throttled_messages", n.getThrottledMessages()},
+                              {"refused_claims", n.getRefusedClaims()},
+                              {"drops",
+                               {{"ringbuf_full", d.getRingbufFull()},
+                                {"map_full", d.getMapFull()},
+                                {"unknown_comm", d.getUnknownComm()},
+                                {"nested", d.getNested()},
+                                {"send_queue_full", d.getSendQueueFull()},
+                                {"lost_records", d.getLostRecords()},
+                                {"spool_damaged", d.getSpoolDamaged()},
+                                {"lost_returns", d.getLostReturns()}}}});
     }
-    std::printf("]}\n");
+    std::printf("%s\n", to_json(out).c_str());
     return;
   }
   std::printf("collector %s, up %s; %llu batches, %llu records stored", s.getCollectorVersion().cStr(),
@@ -172,38 +184,40 @@ void print_status(query::StatusReply::Reader s, bool json) {
 
 void print_jobs(query::JobsReply::Reader r, bool json) {
   if (json) {
-    std::printf("{\"jobs\":[");
-    bool first_job = true;
+    Json jobs = Json::array();
     for (auto job : r.getJobs()) {
-      std::printf("%s{\"job\":%s,\"first_ns\":%llu,\"last_ns\":%llu,\"comms\":[", first_job ? "" : ",",
-                  json_quote(job.getJob()).c_str(), (unsigned long long)job.getFirstNs(),
-                  (unsigned long long)job.getLastNs());
-      bool first_comm = true;
+      Json comms = Json::array();
       for (auto c : job.getComms()) {
-        std::printf("%s{\"comm\":\"%s\",\"nranks\":%d,\"origin\":%s,\"ranks\":[", first_comm ? "" : ",",
-                    hex64(c.getCommHash()).c_str(), c.getNranks(), json_quote(origin_name(c.getOrigin())).c_str());
-        bool first_rank = true;
-        for (auto rk : c.getRanks()) {
-          std::printf("%s{\"rank\":%d,\"node\":%s,\"pid\":%u,\"records\":%llu,\"last_seq\":%lld,\"last_issue_ns\":%llu,"
-                      "\"gpu\":%s,\"user\":%s,\"account\":%s,\"slurm_step\":%s,\"pod_uid\":%s,\"pod_namespace\":%s,"
-                      "\"pod_name\":%s,\"container_id\":%s,\"launcher_rank\":%d,\"local_rank\":%d,\"world_size\":%d}",
-                      first_rank ? "" : ",", rk.getRank(), json_quote(rk.getNode()).c_str(), rk.getPid(),
-                      (unsigned long long)rk.getRecords(), (long long)rk.getLastSeq(),
-                      (unsigned long long)rk.getLastIssueNs(), json_quote(rk.getGpu()).c_str(),
-                      json_quote(rk.getUser()).c_str(), json_quote(rk.getAccount()).c_str(),
-                      json_quote(rk.getSlurmStep()).c_str(), json_quote(rk.getPodUid()).c_str(),
-                      json_quote(rk.getPodNamespace()).c_str(), json_quote(rk.getPodName()).c_str(),
-                      json_quote(rk.getContainerId()).c_str(), rk.getLauncherRank(), rk.getLocalRank(),
-                      rk.getWorldSize());
-          first_rank = false;
-        }
-        std::printf("]}");
-        first_comm = false;
+        Json ranks = Json::array();
+        for (auto rk : c.getRanks())
+          ranks.push_back({{"rank", rk.getRank()},
+                           {"node", std::string(rk.getNode())},
+                           {"pid", rk.getPid()},
+                           {"records", rk.getRecords()},
+                           {"last_seq", rk.getLastSeq()},
+                           {"last_issue_ns", rk.getLastIssueNs()},
+                           {"gpu", std::string(rk.getGpu())},
+                           {"user", std::string(rk.getUser())},
+                           {"account", std::string(rk.getAccount())},
+                           {"slurm_step", std::string(rk.getSlurmStep())},
+                           {"pod_uid", std::string(rk.getPodUid())},
+                           {"pod_namespace", std::string(rk.getPodNamespace())},
+                           {"pod_name", std::string(rk.getPodName())},
+                           {"container_id", std::string(rk.getContainerId())},
+                           {"launcher_rank", rk.getLauncherRank()},
+                           {"local_rank", rk.getLocalRank()},
+                           {"world_size", rk.getWorldSize()}});
+        comms.push_back({{"comm", hex64(c.getCommHash())},
+                         {"nranks", c.getNranks()},
+                         {"origin", origin_name(c.getOrigin())},
+                         {"ranks", std::move(ranks)}});
       }
-      std::printf("]}");
-      first_job = false;
+      jobs.push_back({{"job", std::string(job.getJob())},
+                      {"first_ns", job.getFirstNs()},
+                      {"last_ns", job.getLastNs()},
+                      {"comms", std::move(comms)}});
     }
-    std::printf("]}\n");
+    std::printf("%s\n", to_json(Json{{"jobs", std::move(jobs)}}).c_str());
     return;
   }
   if (r.getJobs().size() == 0) std::printf("no jobs seen yet\n");
@@ -227,18 +241,30 @@ void print_timeline(query::TimelineReply::Reader t, bool json) {
   using rankscope::proto::op_name;
   using rankscope::proto::redop_name;
   if (json) {
-    std::printf("{\"comm\":\"%s\",\"job\":%s,\"nranks\":%d,\"records\":[", hex64(t.getCommHash()).c_str(),
-                json_quote(t.getJob()).c_str(), t.getNranks());
+    // Streamed a record at a time: a reply holds up to 262,144 of them.
+    std::string head = to_json(Json{{"comm", hex64(t.getCommHash())},
+                                    {"job", std::string(t.getJob())},
+                                    {"nranks", t.getNranks()},
+                                    {"records", Json::array()}});
+    std::printf("%s", head.substr(0, head.size() - 2).c_str());  // up to and with the list's '['
     bool first = true;
     for (auto r : t.getRecords()) {
-      std::printf("%s{\"rank\":%d,\"lane\":%u,\"seq\":%llu,\"op\":\"%s\",\"datatype\":\"%s\",\"redop\":\"%s\","
-                  "\"peer\":%d,\"count\":%llu,\"bytes\":%llu,\"issue_ns\":%llu,\"return_ns\":%llu,\"result\":%u,"
-                  "\"flags\":%u,\"node\":%s,\"pid\":%u}",
-                  first ? "" : ",", r.getRank(), r.getLane(), (unsigned long long)r.getSeq(), op_name(r.getOp()).c_str(),
-                  datatype_name(r.getDatatype()).c_str(), redop_name(r.getRedop()).c_str(), r.getPeer(),
-                  (unsigned long long)r.getCount(), (unsigned long long)r.getBytes(),
-                  (unsigned long long)r.getIssueNs(), (unsigned long long)r.getReturnNs(), r.getResult(), r.getFlags(),
-                  json_quote(r.getNode()).c_str(), r.getPid());
+      Json record = {{"rank", r.getRank()},
+                     {"lane", r.getLane()},
+                     {"seq", r.getSeq()},
+                     {"op", op_name(r.getOp())},
+                     {"datatype", datatype_name(r.getDatatype())},
+                     {"redop", redop_name(r.getRedop())},
+                     {"peer", r.getPeer()},
+                     {"count", r.getCount()},
+                     {"bytes", r.getBytes()},
+                     {"issue_ns", r.getIssueNs()},
+                     {"return_ns", r.getReturnNs()},
+                     {"result", r.getResult()},
+                     {"flags", r.getFlags()},
+                     {"node", std::string(r.getNode())},
+                     {"pid", r.getPid()}};
+      std::printf("%s%s", first ? "" : ",", to_json(record).c_str());
       first = false;
     }
     std::printf("],\"limited_to\":%u}\n", t.getLimitedTo());
@@ -275,24 +301,28 @@ std::string upper(std::string text) {
 }
 
 std::string finding_json(query::Finding::Reader f) {
-  std::string ranks, nodes;
-  for (auto rank : f.getRanks()) ranks += (ranks.empty() ? "" : ",") + std::to_string(rank);
-  for (auto node : f.getNodes()) nodes += (nodes.empty() ? "" : ",") + json_quote(node);
-  std::string seq = f.getSeq() < 0 ? "null" : std::to_string(f.getSeq());
-  std::string comm = f.getComm() == 0 ? "null" : "\"" + hex64(f.getComm()) + "\"";
-  std::string resolved = f.getResolvedNs() == 0 ? "null" : json_quote(format_time_ns(f.getResolvedNs()));
-  std::string acknowledged = f.getAcknowledgedNs() == 0 ? "null" : json_quote(format_time_ns(f.getAcknowledgedNs()));
-  std::string by = f.getAcknowledgedNs() == 0 ? "null" : json_quote(f.getAcknowledgedBy());
-  char figures[128];
-  std::snprintf(figures, sizeof(figures), "\"lateness_s\":%.6f,\"wait_share\":%.4f,\"gpu_hours_lost\":%.6f",
-                f.getLatenessS(), f.getWaitShare(), f.getGpuHoursLost());
-  return "{\"id\":" + std::to_string(f.getId()) + ",\"kind\":" + json_quote(f.getKind()) +
-         ",\"job\":" + json_quote(f.getJob()) + ",\"comm\":" + comm + ",\"seq\":" + seq + ",\"ranks\":[" + ranks +
-         "],\"nodes\":[" + nodes + "],\"opened_at\":" + json_quote(format_time_ns(f.getOpenedNs())) +
-         ",\"resolved_at\":" + resolved + ",\"opened_ns\":" + std::to_string(f.getOpenedNs()) +
-         ",\"resolved_ns\":" + std::to_string(f.getResolvedNs()) + ",\"acknowledged_at\":" + acknowledged +
-         ",\"acknowledged_by\":" + by + ",\"summary\":" + json_quote(f.getSummary()) +
-         ",\"detail\":" + json_quote(f.getDetail()) + "," + figures + "}";
+  Json ranks = Json::array(), nodes = Json::array();
+  for (auto rank : f.getRanks()) ranks.push_back(rank);
+  for (auto node : f.getNodes()) nodes.push_back(std::string(node));
+  auto time_or_null = [](uint64_t ns) { return ns == 0 ? Json(nullptr) : Json(format_time_ns(ns)); };
+  return to_json({{"id", f.getId()},
+                  {"kind", std::string(f.getKind())},
+                  {"job", std::string(f.getJob())},
+                  {"comm", f.getComm() == 0 ? Json(nullptr) : Json(hex64(f.getComm()))},
+                  {"seq", f.getSeq() < 0 ? Json(nullptr) : Json(f.getSeq())},
+                  {"ranks", std::move(ranks)},
+                  {"nodes", std::move(nodes)},
+                  {"opened_at", format_time_ns(f.getOpenedNs())},
+                  {"resolved_at", time_or_null(f.getResolvedNs())},
+                  {"opened_ns", f.getOpenedNs()},
+                  {"resolved_ns", f.getResolvedNs()},
+                  {"acknowledged_at", time_or_null(f.getAcknowledgedNs())},
+                  {"acknowledged_by", f.getAcknowledgedNs() == 0 ? Json(nullptr) : Json(std::string(f.getAcknowledgedBy()))},
+                  {"summary", std::string(f.getSummary())},
+                  {"detail", std::string(f.getDetail())},
+                  {"lateness_s", f.getLatenessS()},
+                  {"wait_share", f.getWaitShare()},
+                  {"gpu_hours_lost", f.getGpuHoursLost()}});
 }
 
 void print_finding(query::Finding::Reader f, uint64_t now_ns) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/format.h"
+#include "common/json.h"
 #include "proto/records.h"
 
 namespace rankscope::cli {
@@ -72,57 +73,63 @@ Columns columns(query::ReportRow::Reader row, double total_gpu_h, double price) 
   return c;
 }
 
+// A count the ledger keeps as a double, written as the whole number it is.
+Json whole(double value) { return value >= 0 && value < 1.8e19 ? Json(static_cast<uint64_t>(std::llround(value))) : Json(value); }
+
 void print_json(query::ReportReply::Reader r, const ReportArgs& args) {
   double total = r.getTotal().getGpuHours();
   auto row_json = [&](query::ReportRow::Reader row) {
     Columns c = columns(row, total, args.price_per_gpu_hour);
-    std::string out = "{\"tenant\":" + json_quote(row.getTenant()) + ",\"gpu_hours\":" + fixed(c.gpu_h, 6) +
-                      ",\"share\":" + fixed(c.share, 6) + ",\"cpu_seconds\":" + fixed(row.getCpuSeconds(), 3) +
-                      ",\"off_cpu_seconds\":" + fixed(row.getOffCpuSeconds(), 3) +
-                      ",\"collective_seconds\":" + fixed(row.getCollectiveSeconds(), 6) +
-                      ",\"wait_seconds\":" + fixed(row.getWaitSeconds(), 6) + ",\"bytes\":" + fixed(c.bytes, 0) +
-                      ",\"collectives\":" + fixed(row.getCollectives(), 0) +
-                      ",\"waste_gpu_hours\":" + fixed(c.waste_h, 6) + ",\"waste_share\":" + fixed(c.waste_share, 6) +
-                      ",\"caused_gpu_hours\":" + fixed(c.caused_h, 6) + ",\"top_cause\":" +
-                      (row.getTopCause().size() ? json_quote(row.getTopCause()) : "null") +
-                      ",\"top_cause_gpu_hours\":" + fixed(row.getTopCauseGpuHours(), 6) +
-                      ",\"nodes\":" + std::to_string(row.getNodes());
-    if (args.price_given) out += ",\"cost\":" + fixed(c.cost, 4) + ",\"waste_cost\":" + fixed(c.waste_cost, 4);
-    return out + "}";
+    Json out = {{"tenant", std::string(row.getTenant())},
+                {"gpu_hours", c.gpu_h},
+                {"share", c.share},
+                {"cpu_seconds", row.getCpuSeconds()},
+                {"off_cpu_seconds", row.getOffCpuSeconds()},
+                {"collective_seconds", row.getCollectiveSeconds()},
+                {"wait_seconds", row.getWaitSeconds()},
+                {"bytes", whole(c.bytes)},
+                {"collectives", whole(row.getCollectives())},
+                {"waste_gpu_hours", c.waste_h},
+                {"waste_share", c.waste_share},
+                {"caused_gpu_hours", c.caused_h},
+                {"top_cause", row.getTopCause().size() ? Json(std::string(row.getTopCause())) : Json(nullptr)},
+                {"top_cause_gpu_hours", row.getTopCauseGpuHours()},
+                {"nodes", row.getNodes()}};
+    if (args.price_given) {
+      out["cost"] = c.cost;
+      out["waste_cost"] = c.waste_cost;
+    }
+    return out;
   };
-  std::printf("{\"since_ns\":%llu,\"until_ns\":%llu,\"since\":%s,\"until\":%s,\"by\":%s,\"job\":%s,",
-              (unsigned long long)r.getSinceNs(), (unsigned long long)r.getUntilNs(),
-              json_quote(format_time_ns(r.getSinceNs())).c_str(), json_quote(format_time_ns(r.getUntilNs())).c_str(),
-              json_quote(r.getBy()).c_str(), r.getJob().size() ? json_quote(r.getJob()).c_str() : "null");
-  if (args.price_given) std::printf("\"price_per_gpu_hour\":%s,", fixed(args.price_per_gpu_hour, 6).c_str());
-  std::printf("\"rows\":[");
-  bool first = true;
-  for (auto row : r.getRows()) {
-    std::printf("%s%s", first ? "" : ",", row_json(row).c_str());
-    first = false;
-  }
-  std::printf("],\"total\":%s,\"causes\":[", row_json(r.getTotal()).c_str());
-  first = true;
-  for (auto c : r.getCauses()) {
-    std::printf("%s{\"victim\":%s,\"cause\":%s,\"cause_job\":%s,\"reason\":%s,\"cause_node\":%s,\"cause_detail\":%s,"
-                "\"gpu_hours\":%s}",
-                first ? "" : ",", json_quote(c.getVictim()).c_str(), json_quote(c.getCause()).c_str(),
-                json_quote(c.getCauseJob()).c_str(), json_quote(c.getReason()).c_str(),
-                json_quote(c.getCauseNode()).c_str(), json_quote(c.getCauseDetail()).c_str(),
-                fixed(c.getGpuHours(), 6).c_str());
-    first = false;
-  }
-  std::printf("],\"findings\":[");
-  first = true;
-  for (auto f : r.getFindings()) {
-    std::printf("%s{\"id\":%llu,\"kind\":%s,\"opened_ns\":%llu,\"resolved_ns\":%llu,\"summary\":%s,"
-                "\"gpu_hours_lost\":%s}",
-                first ? "" : ",", (unsigned long long)f.getId(), json_quote(f.getKind()).c_str(),
-                (unsigned long long)f.getOpenedNs(), (unsigned long long)f.getResolvedNs(),
-                json_quote(f.getSummary()).c_str(), fixed(f.getGpuHoursLost(), 6).c_str());
-    first = false;
-  }
-  std::printf("],\"ledger_rows_read\":%llu}\n", (unsigned long long)r.getEntries());
+  Json out = {{"since_ns", r.getSinceNs()},
+              {"until_ns", r.getUntilNs()},
+              {"since", format_time_ns(r.getSinceNs())},
+              {"until", format_time_ns(r.getUntilNs())},
+              {"by", std::string(r.getBy())},
+              {"job", r.getJob().size() ? Json(std::string(r.getJob())) : Json(nullptr)}};
+  if (args.price_given) out["price_per_gpu_hour"] = args.price_per_gpu_hour;
+  out["rows"] = Json::array();
+  for (auto row : r.getRows()) out["rows"].push_back(row_json(row));
+  out["total"] = row_json(r.getTotal());
+  out["causes"] = Json::array();
+  for (auto c : r.getCauses())
+    out["causes"].push_back({{"victim", std::string(c.getVictim())},
+                             {"cause", std::string(c.getCause())},
+                             {"cause_job", std::string(c.getCauseJob())},
+                             {"reason", std::string(c.getReason())},
+                             {"cause_node", std::string(c.getCauseNode())},
+                             {"cause_detail", std::string(c.getCauseDetail())},
+                             {"gpu_hours", c.getGpuHours()}});
+  out["findings"] = Json::array();
+  for (auto f : r.getFindings())
+    out["findings"].push_back({{"id", f.getId()},
+                               {"kind", std::string(f.getKind())},
+                               {"opened_ns", f.getOpenedNs()},
+                               {"resolved_ns", f.getResolvedNs()},
+                               {"summary", std::string(f.getSummary())},
+                               {"gpu_hours_lost", f.getGpuHoursLost()}});
+  out["ledger_rows_read"] = r.getEntries();
+  std::printf("%s\n", to_json(out).c_str());
 }
 
 void print_csv(query::ReportReply::Reader r, const ReportArgs& args) {
