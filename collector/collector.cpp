@@ -207,88 +207,62 @@ Result<HttpClientOptions> alertmanager_http(const Options& options) {
   return http;
 }
 
-}  // namespace
-
-int run(const Options& options, const std::atomic<bool>& stop) {
-  auto store = TimelineStore::open(options.db, StoreOptions{options.max_disk(), uint64_t{options.db_memory_mb} << 20});
-  if (!store) {
-    RS_LOG(error, "%s", store.error().message.c_str());
-    return 2;
-  }
-  SystemClock clock;
-  // One commit for every writer: the ingest first, then the findings and
-  // the ledger (collector/commit.h).
-  StoreTarget target(**store);
-  Commit commit(target);
-  Ingest ingest(**store, commit, clock);
-  FindingBook findings;
-  commit.join(findings);
-  for (auto restored : {ingest.restore(), findings.restore(**store)}) {
-    if (!restored) {
-      RS_LOG(error, "%s", restored.error().message.c_str());
-      return 2;
-    }
-  }
-  DetectOptions detect_options;
-  detect_options.hang_timeout_ns = options.hang_timeout_ns();
-  detect_options.node_lost_timeout_ns = options.node_lost_timeout_ns();
-  // Records go to the matcher (first), the clock refiner and the ledger;
-  // the matcher's events to the detector and the ledger.
-  CollectiveMatcher matcher(ingest);
-  Detector detector(ingest, matcher, findings, clock, detect_options);
-  ClockRefiner refiner(ingest);
-  ingest.add_observer(&refiner);
-  UsageOptions usage_options;
-  usage_options.hang_timeout_ns = options.hang_timeout_ns();
-  UsageLedger ledger(ingest, matcher, **store, usage_options);
-  if (auto restored = ledger.restore(); !restored) {
-    RS_LOG(error, "%s", restored.error().message.c_str());
-    return 2;
-  }
-  commit.join(ledger);
-
+// What the collector tells the outside world, beside its query socket.
+struct Outputs {
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<MetricsExport> metrics_export;
+  std::unique_ptr<AlertmanagerClient> alertmanager;
+  std::unique_ptr<NodeDrainer> drainer;
+};
+
+// The outputs the options ask for; nullopt after logging why one cannot start.
+std::optional<Outputs> start_outputs(const Options& options) {
+  Outputs out;
   if (!options.metrics.empty()) {
     auto started = Metrics::start(options.metrics);
     if (!started) {
       RS_LOG(error, "--metrics %s: %s", options.metrics.c_str(), started.error().message.c_str());
-      return 2;
+      return std::nullopt;
     }
-    metrics = std::move(*started);
-    metrics_export = std::make_unique<MetricsExport>(*metrics);
-    RS_LOG(info, "Prometheus metrics on %s (port %u)", options.metrics.c_str(), metrics->port());
+    out.metrics = std::move(*started);
+    out.metrics_export = std::make_unique<MetricsExport>(*out.metrics);
+    RS_LOG(info, "Prometheus metrics on %s (port %u)", options.metrics.c_str(), out.metrics->port());
   }
-  std::unique_ptr<AlertmanagerClient> alertmanager;
   if (!options.alertmanager.empty()) {
     auto http = alertmanager_http(options);
     if (!http) {
       RS_LOG(error, "--alertmanager: %s", http.error().message.c_str());
-      return 2;
+      return std::nullopt;
     }
     AlertmanagerOptions alert_options;
     alert_options.http = std::move(*http);
     auto created = AlertmanagerClient::create(options.alertmanager, alert_options);
     if (!created) {
       RS_LOG(error, "--alertmanager %s: %s", options.alertmanager.c_str(), created.error().message.c_str());
-      return 2;
+      return std::nullopt;
     }
-    alertmanager = std::move(*created);
+    out.alertmanager = std::move(*created);
     RS_LOG(info, "pushing findings to the Alertmanager at %s", options.alertmanager.c_str());
   }
-  std::unique_ptr<NodeDrainer> drainer;
   if (options.drain_after_jobs > 0) {
-    drainer = std::make_unique<NodeDrainer>(
+    out.drainer = std::make_unique<NodeDrainer>(
         DrainOptions{options.drain_after_jobs, static_cast<uint64_t>(options.drain_window_h * 3600e9),
                      options.drain_command, options.drain_dry_run});
     RS_LOG(info, "a node straggling in %u jobs within %.0f h will be drained with %s%s", options.drain_after_jobs,
            options.drain_window_h, options.drain_command.c_str(), options.drain_dry_run ? " (dry run: logged only)" : "");
   }
+  return out;
+}
 
-  zmq::context_t context(1);
-  zmq::socket_t agents(context, zmq::socket_type::router);
-  zmq::socket_t queries(context, zmq::socket_type::router);
-  for (auto* socket : {&agents, &queries}) {
+// The agents' and the queries' sockets: bounded, then CurveZMQ with the
+// ZAP handler (unless --insecure), then bound. nullopt after logging why not.
+struct Sockets {
+  zmq::socket_t agents, queries;
+  std::unique_ptr<ZapHandler> zap;  // none with --insecure
+};
+std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& options) {
+  Sockets out{zmq::socket_t(context, zmq::socket_type::router), zmq::socket_t(context, zmq::socket_type::router), {}};
+  for (auto* socket : {&out.agents, &out.queries}) {
     socket->set(zmq::sockopt::linger, 0);
     socket->set(zmq::sockopt::router_mandatory, 0);
   }
@@ -297,12 +271,11 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   // agent's sends fail without blocking, and its batches wait in its own
   // bounded queue (re-sent in order). A thousand agents then hold at most
   // ~128k messages here, not whatever a fleet can push.
-  agents.set(zmq::sockopt::rcvhwm, kAgentReceiveHighWaterMark);
-  queries.set(zmq::sockopt::rcvhwm, kQueryReceiveHighWaterMark);
-  agents.set(zmq::sockopt::maxmsgsize, kMaxAgentMessageBytes);
-  queries.set(zmq::sockopt::maxmsgsize, kMaxQueryMessageBytes);
+  out.agents.set(zmq::sockopt::rcvhwm, kAgentReceiveHighWaterMark);
+  out.queries.set(zmq::sockopt::rcvhwm, kQueryReceiveHighWaterMark);
+  out.agents.set(zmq::sockopt::maxmsgsize, kMaxAgentMessageBytes);
+  out.queries.set(zmq::sockopt::maxmsgsize, kMaxQueryMessageBytes);
   // Started before the sockets bind, so no handshake ever finds it missing.
-  std::unique_ptr<ZapHandler> zap;
   if (options.insecure) {
     RS_LOG(warn, "*** --insecure: plaintext and NO authentication on %s and %s: anyone who reaches these ports can "
                  "send data as any node and read every timeline. Use it only on a trusted test network. ***",
@@ -316,38 +289,147 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     if (!key) {
       RS_LOG(error, "--key: %s (make one with `rankscope keygen --role collector --out %s`, or run with --insecure on a "
                     "trusted test network)", key.error().message.c_str(), "/etc/rankscope/collector");
-      return 2;
+      return std::nullopt;
     }
     auto started = ZapHandler::start(context, options.allow);
     if (!started) {
       RS_LOG(error, "--allow: %s", started.error().message.c_str());
-      return 2;
+      return std::nullopt;
     }
-    zap = std::move(*started);
-    curve::apply_server(agents, *key, kAgentDomain);
-    curve::apply_server(queries, *key, kQueryDomain);
+    out.zap = std::move(*started);
+    curve::apply_server(out.agents, *key, kAgentDomain);
+    curve::apply_server(out.queries, *key, kQueryDomain);
     RS_LOG(info, "CurveZMQ on both sockets, collector public key %s; admitting the keys in %s", key->public_key.c_str(),
            options.allow.c_str());
   }
-  for (auto r : {bind(agents, options.listen, "agents"), bind(queries, options.query, "queries")}) {
+  for (auto r : {bind(out.agents, options.listen, "agents"), bind(out.queries, options.query, "queries")}) {
     if (!r) {
       RS_LOG(error, "%s", r.error().message.c_str());
-      return 2;
+      return std::nullopt;
     }
   }
   RS_LOG(info, "listening for agents on %s, queries on %s; database %s", options.listen.c_str(),
          options.query.c_str(), options.db.c_str());
+  return out;
+}
+
+// The store and everything that reads the agents' records, wired in the
+// order they are built: one commit for every writer (the ingest first, then
+// the findings and the ledger: collector/commit.h); the model and the
+// findings restored before anything observes them; records to the matcher
+// (first), the clock refiner and the ledger; the matcher's events to the
+// detector and the ledger.
+struct Pipeline {
+  Pipeline(TimelineStore& store, const Clock& clock) : target(store), commit(target), ingest(store, commit, clock) {
+    commit.join(findings);
+  }
+  // Restores what the database holds, then builds the observers; an error
+  // says which part of the database could not be read.
+  Result<void> start(TimelineStore& store, const Options& options, const Clock& clock) {
+    for (auto restored : {ingest.restore(), findings.restore(store)})
+      if (!restored) return restored;
+    DetectOptions detect_options;
+    detect_options.hang_timeout_ns = options.hang_timeout_ns();
+    detect_options.node_lost_timeout_ns = options.node_lost_timeout_ns();
+    matcher = std::make_unique<CollectiveMatcher>(ingest);
+    detector = std::make_unique<Detector>(ingest, *matcher, findings, clock, detect_options);
+    refiner = std::make_unique<ClockRefiner>(ingest);
+    ingest.add_observer(refiner.get());
+    UsageOptions usage_options;
+    usage_options.hang_timeout_ns = options.hang_timeout_ns();
+    ledger = std::make_unique<UsageLedger>(ingest, *matcher, store, usage_options);
+    if (auto restored = ledger->restore(); !restored) return restored;
+    commit.join(*ledger);
+    return {};
+  }
+
+  StoreTarget target;
+  Commit commit;
+  Ingest ingest;
+  FindingBook findings;
+  std::unique_ptr<CollectiveMatcher> matcher;
+  std::unique_ptr<Detector> detector;
+  std::unique_ptr<ClockRefiner> refiner;
+  std::unique_ptr<UsageLedger> ledger;
+};
+
+// Every kEvaluationIntervalNs: retire, refine the clocks, judge, bill, and
+// tell the outputs.
+void evaluate(Pipeline& p, Outputs& outputs, const Sockets& sockets, const Options& options, uint64_t now,
+              uint64_t liveness_ns, uint64_t query_throttled) {
+  p.ingest.retire(now, options.retire_after_ns());
+  p.refiner->update();
+  p.matcher->sweep(p.ingest.comms());
+  p.detector->evaluate(now);
+  p.ledger->tick(now, p.findings);
+  if (outputs.alertmanager) outputs.alertmanager->sync(p.findings.for_alerts(now - kAlertResolvedWindowNs), now);
+  if (outputs.drainer) outputs.drainer->evaluate(p.findings.all(), now);
+  if (!outputs.metrics_export) return;
+  Metrics& metrics = *outputs.metrics;
+  outputs.metrics_export->update(p.ingest, p.findings, *p.detector, now, liveness_ns);
+  for (const auto& [account, totals] : p.ledger->totals(TenantKey::account))
+    metrics.set_tenant_usage(account, totals.gpu_s, totals.waste_s, totals.caused_s);
+  if (outputs.alertmanager)
+    metrics.set_alert_posts(outputs.alertmanager->posts_ok(), outputs.alertmanager->posts_failed());
+  metrics.set_security_totals(sockets.zap ? sockets.zap->admitted() : 0, sockets.zap ? sockets.zap->refused() : 0,
+                              p.ingest.counters().throttled_messages, query_throttled);
+  metrics.set_commit_totals(p.commit.failures(), p.ingest.counters().held_batches);
+}
+
+// Takes in up to kMaxMessagesPerCommit agent messages, each within its
+// key's budget; replies that need no commit go at once (a clock probe's
+// answer waiting for the rest of this round would read as a long way back).
+void take_agent_messages(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Options& options,
+                         const Clock& clock, Outbox& outbox) {
+  for (int i = 0; i < kMaxMessagesPerCommit; ++i) {
+    auto message = receive(sockets.agents);
+    if (!message) break;
+    if (!options.insecure && message->user_id.empty()) continue;  // never: the ZAP handler names every key
+    // Budgets are per key (the node the ZAP handler bound it to), not per
+    // connection: a key that opens many connections shares one budget.
+    if (!limit.admit(limit_key(*message), message->payload.size(), clock.monotonic_ns())) {
+      ingest.on_throttled(message->routing_id, message->user_id,
+                          std::to_string(message->payload.size()) + " bytes over --max-messages-per-s " +
+                              std::to_string(options.max_messages_per_s) + " or --max-bytes-per-s " +
+                              std::to_string(options.max_bytes_per_s));
+      continue;
+    }
+    ingest.on_agent_message(message->routing_id, message->payload, outbox, message->user_id);
+    for (const auto& [id, bytes] : outbox.now) send_to(sockets.agents, id, bytes, false);
+    outbox.now.clear();
+  }
+}
+
+}  // namespace
+
+int run(const Options& options, const std::atomic<bool>& stop) {
+  auto store = TimelineStore::open(options.db, StoreOptions{options.max_disk(), uint64_t{options.db_memory_mb} << 20});
+  if (!store) {
+    RS_LOG(error, "%s", store.error().message.c_str());
+    return 2;
+  }
+  SystemClock clock;
+  Pipeline p(**store, clock);
+  if (auto started = p.start(**store, options, clock); !started) {
+    RS_LOG(error, "%s", started.error().message.c_str());
+    return 2;
+  }
+  auto outputs = start_outputs(options);
+  if (!outputs) return 2;
+  zmq::context_t context(1);
+  auto sockets = open_sockets(context, options);
+  if (!sockets) return 2;
 
   auto retention = Retention::start(**store, clock, options);
   RateLimiter agent_limit(options.max_messages_per_s, options.max_bytes_per_s);
   RateLimiter query_limit(options.max_messages_per_s, options.max_bytes_per_s);
   uint64_t query_throttled = 0;  // query requests dropped over the limit (the metrics count them)
   BadMessageLog query_throttle_log;
-
-  QueryContext query_context{ingest, **store, findings, clock, options.liveness_ns()};
+  QueryContext query_context{p.ingest, **store, p.findings, clock, options.liveness_ns()};
   uint64_t last_evaluation = 0;
   while (!stop.load()) {
-    zmq::pollitem_t items[] = {{agents.handle(), 0, ZMQ_POLLIN, 0}, {queries.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::pollitem_t items[] = {{sockets->agents.handle(), 0, ZMQ_POLLIN, 0},
+                               {sockets->queries.handle(), 0, ZMQ_POLLIN, 0}};
     try {
       zmq::poll(items, 2, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
@@ -355,65 +437,31 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       if (e.num() == EINTR) continue;
       throw;
     }
-
     Outbox outbox;
-    for (int i = 0; i < kMaxMessagesPerCommit; ++i) {
-      auto message = receive(agents);
-      if (!message) break;
-      if (!options.insecure && message->user_id.empty()) continue;  // never: the ZAP handler names every key
-      // Budgets are per key (the node the ZAP handler bound it to), not per
-      // connection: a key that opens many connections shares one budget.
-      if (!agent_limit.admit(limit_key(*message), message->payload.size(), clock.monotonic_ns())) {
-        ingest.on_throttled(message->routing_id, message->user_id,
-                            std::to_string(message->payload.size()) + " bytes over --max-messages-per-s " +
-                                std::to_string(options.max_messages_per_s) + " or --max-bytes-per-s " +
-                                std::to_string(options.max_bytes_per_s));
-        continue;
-      }
-      ingest.on_agent_message(message->routing_id, message->payload, outbox, message->user_id);
-      // Replies that need no commit go at once: a clock probe's answer
-      // waiting for the rest of this round would read as a long way back.
-      for (const auto& [id, bytes] : outbox.now) send_to(agents, id, bytes, false);
-      outbox.now.clear();
-    }
+    take_agent_messages(*sockets, p.ingest, agent_limit, options, clock, outbox);
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
-      ingest.retire(now, options.retire_after_ns());
-      refiner.update();
-      matcher.sweep(ingest.comms());
-      detector.evaluate(now);
-      ledger.tick(now, findings);
-      if (alertmanager) alertmanager->sync(findings.for_alerts(now - kAlertResolvedWindowNs), now);
-      if (drainer) drainer->evaluate(findings.all(), now);
-      if (metrics_export) {
-        metrics_export->update(ingest, findings, detector, now, query_context.liveness_ns);
-        for (const auto& [account, totals] : ledger.totals(TenantKey::account))
-          metrics->set_tenant_usage(account, totals.gpu_s, totals.waste_s, totals.caused_s);
-        if (alertmanager) metrics->set_alert_posts(alertmanager->posts_ok(), alertmanager->posts_failed());
-        metrics->set_security_totals(zap ? zap->admitted() : 0, zap ? zap->refused() : 0,
-                                     ingest.counters().throttled_messages, query_throttled);
-        metrics->set_commit_totals(commit.failures(), ingest.counters().held_batches);
-      }
+      evaluate(p, *outputs, *sockets, options, now, query_context.liveness_ns, query_throttled);
       last_evaluation = now;
     }
-    if (auto committed = commit.run(now); committed) {
-      for (const auto& [id, bytes] : outbox.after_commit) send_to(agents, id, bytes, false);
+    if (auto committed = p.commit.run(now); committed) {
+      for (const auto& [id, bytes] : outbox.after_commit) send_to(sockets->agents, id, bytes, false);
     }  // else logged by the commit; these acks are dropped, and the agents' re-sends are acknowledged by the commit that writes them
-
-    while (auto request = receive(queries)) {
+    while (auto request = receive(sockets->queries)) {
       if (!query_limit.admit(limit_key(*request), request->payload.size(), clock.monotonic_ns())) {
         ++query_throttled;
         query_throttle_log.report(request->user_id.empty() ? "a query client" : request->user_id,
                                   "query over the rate limit, dropped", clock.realtime_ns());
         continue;
       }
-      send_to(queries, request->routing_id, answer_query(request->payload, query_context, request->user_id), true);
+      send_to(sockets->queries, request->routing_id, answer_query(request->payload, query_context, request->user_id),
+              true);
     }
   }
   // What the ledger counted since its last flush.
-  ledger.tick(clock.realtime_ns(), findings);
-  if (auto committed = commit.run(clock.realtime_ns(), true); !committed)
-    RS_LOG(error, "stopping with %llu bytes not written: %s", static_cast<unsigned long long>(commit.backlog_bytes()),
+  p.ledger->tick(clock.realtime_ns(), p.findings);
+  if (auto committed = p.commit.run(clock.realtime_ns(), true); !committed)
+    RS_LOG(error, "stopping with %llu bytes not written: %s", static_cast<unsigned long long>(p.commit.backlog_bytes()),
            committed.error().message.c_str());
   RS_LOG(info, "stopped");
   return 0;
