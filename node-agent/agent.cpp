@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <memory>
+#include <optional>
 #include <random>
 #include <zmq.hpp>
 
@@ -51,6 +52,82 @@ void attach_library(NcclProbes& probes, Discovery& discovery, const LibraryFile&
          library.path.c_str(),
          attached->missing.empty() ? "" : (" (" + std::to_string(attached->missing.size()) + " absent)").c_str());
 }
+// The configured libraries (--nccl-lib) and those in the standard places;
+// false after logging a configured one that does not exist.
+bool attach_known_libraries(NcclProbes& bpf, Discovery& discovery, const Options& options) {
+  for (const auto& path : options.nccl_libs) {
+    auto library = Discovery::from_path(path);
+    if (!library) {
+      RS_LOG(error, "--nccl-lib %s: no such file", path.c_str());
+      return false;
+    }
+    attach_library(bpf, discovery, *library, options);
+  }
+  for (const auto& path : Discovery::standard_locations()) {
+    if (auto library = Discovery::from_path(path); library && !discovery.known(*library))
+      attach_library(bpf, discovery, *library, options);
+  }
+  return true;
+}
+
+// The spool of unacknowledged batches (none without --spool-dir); nullopt
+// after logging why it cannot be opened.
+std::optional<std::unique_ptr<Spool>> open_spool(const Options& options) {
+  if (options.spool_dir.empty()) return std::unique_ptr<Spool>();
+  Spool::Limits limits;
+  limits.max_bytes = options.spool_max_bytes;
+  // At least 8 segments, so that a full spool drops an eighth, not all.
+  limits.segment_bytes = std::clamp<uint64_t>(options.spool_max_bytes / 8, 64u << 10, 64u << 20);
+  auto opened = Spool::open(options.spool_dir + "/" + options.node, limits);
+  if (!opened) {
+    RS_LOG(error, "%s (give --spool-dir a writable folder, or --spool-dir \"\" to keep unacked batches in memory only)",
+           opened.error().message.c_str());
+    return std::nullopt;
+  }
+  if ((*opened)->damage().bad_tails)
+    RS_LOG(warn, "spool %s: %llu damaged segment tail(s) skipped (%llu bytes), counted as spool_damaged",
+           (*opened)->dir().c_str(), static_cast<unsigned long long>((*opened)->damage().bad_tails),
+           static_cast<unsigned long long>((*opened)->damage().skipped_bytes));
+  return std::move(*opened);
+}
+
+// One batch of what the summariser holds, with the drop counters, handed to
+// the transport.
+void send_batch(NcclProbes& bpf, Summariser& summariser, Transport& transport, uint64_t instance, uint64_t seq,
+                uint64_t now) {
+  BpfDrops drops = bpf.drops();
+  DropTotals totals{drops.ringbuf_full, drops.map_full, 0, drops.nested, transport.discarded_batches(), 0,
+                    drops.lost_returns};
+  capnp::MallocMessageBuilder message;
+  auto batch = message.initRoot<wire::AgentMessage>().initBatch();
+  batch.setInstanceId(instance);
+  batch.setSeq(seq);
+  batch.setCreatedNs(now);
+  summariser.fill(batch, totals);
+  batch.getDrops().setLostRecords(transport.lost_records());
+  batch.getDrops().setSpoolDamaged(transport.spool_damaged());
+  transport.submit(seq, proto::to_packed(message));
+}
+
+// The heartbeat: traced processes, drops, each process's health and host
+// context, open waits.
+void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transport, CgroupReport& cgroups,
+                    const Options& options, uint64_t now) {
+  BpfDrops drops = bpf.drops();
+  transport.send_heartbeat([&](wire::Heartbeat::Builder hb) {
+    hb.setTracedProcesses(static_cast<uint32_t>(summariser.traced_processes()));
+    auto d = hb.initDrops();
+    d.setRingbufFull(drops.ringbuf_full);
+    d.setMapFull(drops.map_full);
+    d.setUnknownComm(summariser.unknown_comm_records());
+    d.setNested(drops.nested);
+    d.setLostReturns(drops.lost_returns);
+    summariser.health(hb, now, [&](uint32_t pid) { return bpf.host_stats(pid); });
+    if (options.host_context) cgroups.fill(bpf.cgroup_stats(), hb);
+    summariser.open_waits(bpf.open_waits(), hb);
+  });
+}
+
 }  // namespace
 
 int run(const Options& options, const std::atomic<bool>& stop) {
@@ -77,62 +154,21 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   NcclProbes& bpf = **probes;
 
   Discovery discovery(options.proc_root);
-  for (const auto& path : options.nccl_libs) {
-    auto library = Discovery::from_path(path);
-    if (!library) {
-      RS_LOG(error, "--nccl-lib %s: no such file", path.c_str());
-      return 2;
-    }
-    attach_library(bpf, discovery, *library, options);
-  }
-  for (const auto& path : Discovery::standard_locations()) {
-    if (auto library = Discovery::from_path(path); library && !discovery.known(*library))
-      attach_library(bpf, discovery, *library, options);
-  }
-
-  std::unique_ptr<Spool> spool;
-  if (!options.spool_dir.empty()) {
-    Spool::Limits limits;
-    limits.max_bytes = options.spool_max_bytes;
-    // At least 8 segments, so that a full spool drops an eighth, not all.
-    limits.segment_bytes = std::clamp<uint64_t>(options.spool_max_bytes / 8, 64u << 10, 64u << 20);
-    auto opened = Spool::open(options.spool_dir + "/" + options.node, limits);
-    if (!opened) {
-      RS_LOG(error, "%s (give --spool-dir a writable folder, or --spool-dir \"\" to keep unacked batches in memory only)",
-             opened.error().message.c_str());
-      return 2;
-    }
-    spool = std::move(*opened);
-    if (spool->damage().bad_tails)
-      RS_LOG(warn, "spool %s: %llu damaged segment tail(s) skipped (%llu bytes), counted as spool_damaged",
-             spool->dir().c_str(), static_cast<unsigned long long>(spool->damage().bad_tails),
-             static_cast<unsigned long long>(spool->damage().skipped_bytes));
-  }
+  if (!attach_known_libraries(bpf, discovery, options)) return 2;
+  auto spool = open_spool(options);
+  if (!spool) return 2;
 
   zmq::context_t context(1);
   uint64_t instance = random_instance_id();
   Transport transport(context, options, clock, instance, [&](uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
     summariser.add_clock_sample(t1, t2, t3, t4);
-  }, std::move(spool));
+  }, std::move(*spool));
   RS_LOG(info, "node %s: tracing %s, sending to %s", options.node.c_str(), scope->describe().c_str(),
          options.collector.c_str());
 
   CgroupReport cgroups(cgroup2_mount());
   uint64_t batch_seq = 0;
-  auto flush = [&] {
-    BpfDrops drops = bpf.drops();
-    DropTotals totals{drops.ringbuf_full, drops.map_full, 0, drops.nested, transport.discarded_batches(), 0,
-                      drops.lost_returns};
-    capnp::MallocMessageBuilder message;
-    auto batch = message.initRoot<wire::AgentMessage>().initBatch();
-    batch.setInstanceId(instance);
-    batch.setSeq(++batch_seq);
-    batch.setCreatedNs(now());
-    summariser.fill(batch, totals);
-    batch.getDrops().setLostRecords(transport.lost_records());
-    batch.getDrops().setSpoolDamaged(transport.spool_damaged());
-    transport.submit(batch_seq, proto::to_packed(message));
-  };
+  auto flush = [&] { send_batch(bpf, summariser, transport, instance, ++batch_seq, now()); };
   uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
   uint64_t welcomes = 0;
   while (!stop.load()) {
@@ -169,19 +205,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       last_flush = t;  // the age of a batch counts from its first record
     }
     if (t - last_heartbeat >= options.heartbeat_interval_ms * kMs) {
-      BpfDrops drops = bpf.drops();
-      transport.send_heartbeat([&](wire::Heartbeat::Builder hb) {
-        hb.setTracedProcesses(static_cast<uint32_t>(summariser.traced_processes()));
-        auto d = hb.initDrops();
-        d.setRingbufFull(drops.ringbuf_full);
-        d.setMapFull(drops.map_full);
-        d.setUnknownComm(summariser.unknown_comm_records());
-        d.setNested(drops.nested);
-        d.setLostReturns(drops.lost_returns);
-        summariser.health(hb, t, [&](uint32_t pid) { return bpf.host_stats(pid); });
-        if (options.host_context) cgroups.fill(bpf.cgroup_stats(), hb);
-        summariser.open_waits(bpf.open_waits(), hb);
-      });
+      send_heartbeat(bpf, summariser, transport, cgroups, options, t);
       last_heartbeat = t;
     }
   }
