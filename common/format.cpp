@@ -71,6 +71,12 @@ std::string valid_utf8(const std::string& text) {
   return out;
 }
 
+std::string format_fixed(double value, int digits) {
+  char buf[352];  // the widest double printed in full
+  snprintf(buf, sizeof(buf), "%.*f", digits, value);
+  return buf;
+}
+
 std::string json_quote(const std::string& raw) { return to_json(Json(raw)); }
 
 std::string to_json(const Json& value) { return value.dump(-1, ' ', false, Json::error_handler_t::replace); }

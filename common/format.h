@@ -10,6 +10,8 @@ std::string hex64(uint64_t value);
 std::string format_time_ns(uint64_t realtime_ns);
 // "12.3 s", "450 ms", "3.2 µs"-style duration.
 std::string format_duration_ns(int64_t ns);
+// `value` with `digits` decimals ("%.*f").
+std::string format_fixed(double value, int digits);
 // JSON string literal with escapes, quotes included, by the JSON writer
 // (common/json.h): invalid UTF-8 replaced by U+FFFD.
 std::string json_quote(const std::string& text);

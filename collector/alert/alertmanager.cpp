@@ -62,14 +62,14 @@ std::string join_list(const std::vector<T>& items) {
 
 // Fields with an empty value are left out: Alertmanager, like Prometheus,
 // treats an empty label as no label.
-std::string json_object(const std::vector<std::pair<const char*, std::string>>& fields) {
+Json json_object(const std::vector<std::pair<const char*, std::string>>& fields) {
   Json out = Json::object();
   for (const auto& [name, value] : fields)
     if (!value.empty()) out[name] = value;
-  return to_json(out);
+  return out;
 }
 
-std::string labels_json(const Finding& finding) {
+Json labels_json(const Finding& finding) {
   return json_object({
       {"alertname", alert_name(finding.kind)},
       {"severity", severity(finding.kind)},
@@ -81,7 +81,7 @@ std::string labels_json(const Finding& finding) {
   });
 }
 
-std::string annotations_json(const Finding& finding) {
+Json annotations_json(const Finding& finding) {
   return json_object({{"summary", finding.summary}, {"description", finding.detail}});
 }
 
@@ -145,8 +145,8 @@ void AlertmanagerClient::sync(const std::vector<Finding>& findings, uint64_t now
 
 // Returns whether Alertmanager must hear about this finding now.
 bool AlertmanagerClient::track(const Finding& finding, uint64_t now_ns) {
-  std::string labels = labels_json(finding);
-  std::string annotations = annotations_json(finding);
+  Json labels = labels_json(finding);
+  Json annotations = annotations_json(finding);
   auto [it, inserted] = by_finding_.try_emplace(finding.id);
   Alert& alert = it->second;
   alert.seen_in_sync = sync_count_;
@@ -211,10 +211,10 @@ void AlertmanagerClient::append_alert(std::string& payload, Alert& alert, uint64
   if (alert.done) return;
   uint64_t ends_ns = alert.ends_ns != 0 ? alert.ends_ns : now_ns + kOpenLifetimeResends * resend_ns();
   if (payload.size() > 1) payload += ',';
-  payload += to_json({{"labels", Json::parse(alert.labels)},
-                       {"annotations", Json::parse(alert.annotations)},
-                       {"startsAt", rfc3339_ms(alert.starts_ns)},
-                       {"endsAt", rfc3339_ms(ends_ns)}});
+  payload += to_json({{"labels", alert.labels},
+                      {"annotations", alert.annotations},
+                      {"startsAt", rfc3339_ms(alert.starts_ns)},
+                      {"endsAt", rfc3339_ms(ends_ns)}});
   if (alert.ends_ns == 0) return;
   // A resolution is said twice, a resend interval apart, in case the first
   // post was lost; after that the alert has ended in Alertmanager either way.

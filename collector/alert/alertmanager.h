@@ -29,6 +29,7 @@
 
 #include "collector/alert/http.h"
 #include "collector/detect/finding.h"
+#include "common/json.h"
 #include "common/result.h"
 
 namespace rankscope::collector {
@@ -61,8 +62,8 @@ class AlertmanagerClient {
  private:
   // One alert as Alertmanager knows it: a label set with a time span.
   struct Alert {
-    std::string labels;       // JSON object
-    std::string annotations;  // JSON object
+    Json labels;       // an object
+    Json annotations;  // an object
     uint64_t starts_ns = 0;
     uint64_t ends_ns = 0;                 // 0 while firing; then the resolution time
     uint64_t first_resolved_post_ns = 0;  // when the resolution was first posted

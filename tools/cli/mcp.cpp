@@ -2,24 +2,23 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <istream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
 #include <vector>
 
 #include "common/format.h"
+#include "common/json.h"
 #include "proto/records.h"
 #include "tools/cli/usage_commands.h"
 
 namespace rankscope::cli {
 namespace {
 
-using nlohmann::json;
 namespace query = proto::query;
 
 // The MCP revisions this server speaks, newest first. A client asking for
@@ -42,11 +41,13 @@ struct ArgumentError {
 // What a tool returns: text for the assistant to read, and the same as data.
 struct ToolResult {
   std::string text;
-  json data = json::object();
+  Json data = Json::object();
   bool error = false;
 };
 
-ToolResult tool_error(std::string message) { return {std::move(message), json::object(), true}; }
+ToolResult tool_error(std::string message) {
+  return {std::move(message), Json::object(), true};
+}
 
 // 0.5, 10, 86400: a number as people write it.
 std::string format_double(double value) {
@@ -62,20 +63,20 @@ uint64_t now_ns() {
 
 // ---- arguments
 
-const json* argument(const json& args, const char* name) {
+const Json* argument(const Json& args, const char* name) {
   auto it = args.find(name);
   return it == args.end() || it->is_null() ? nullptr : &*it;
 }
 
-std::optional<std::string> string_arg(const json& args, const char* name) {
-  const json* v = argument(args, name);
+std::optional<std::string> string_arg(const Json& args, const char* name) {
+  const Json* v = argument(args, name);
   if (!v) return std::nullopt;
   if (!v->is_string()) throw ArgumentError{std::string("'") + name + "' must be a string"};
   return v->get<std::string>();
 }
 
-std::optional<int64_t> int_arg(const json& args, const char* name, int64_t min, int64_t max) {
-  const json* v = argument(args, name);
+std::optional<int64_t> int_arg(const Json& args, const char* name, int64_t min, int64_t max) {
+  const Json* v = argument(args, name);
   if (!v) return std::nullopt;
   // A whole number sent as 3.0 is still 3.
   bool whole = v->is_number_integer() || (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>());
@@ -87,8 +88,8 @@ std::optional<int64_t> int_arg(const json& args, const char* name, int64_t min, 
   return static_cast<int64_t>(value);
 }
 
-std::optional<double> number_arg(const json& args, const char* name, double min, double max) {
-  const json* v = argument(args, name);
+std::optional<double> number_arg(const Json& args, const char* name, double min, double max) {
+  const Json* v = argument(args, name);
   if (!v) return std::nullopt;
   if (!v->is_number()) throw ArgumentError{std::string("'") + name + "' must be a number"};
   double value = v->get<double>();
@@ -98,14 +99,14 @@ std::optional<double> number_arg(const json& args, const char* name, double min,
   return value;
 }
 
-std::optional<bool> bool_arg(const json& args, const char* name) {
-  const json* v = argument(args, name);
+std::optional<bool> bool_arg(const Json& args, const char* name) {
+  const Json* v = argument(args, name);
   if (!v) return std::nullopt;
   if (!v->is_boolean()) throw ArgumentError{std::string("'") + name + "' must be true or false"};
   return v->get<bool>();
 }
 
-std::optional<uint64_t> time_arg(const json& args, const char* name) {
+std::optional<uint64_t> time_arg(const Json& args, const char* name) {
   auto text = string_arg(args, name);
   if (!text) return std::nullopt;
   auto parsed = parse_time_ns(*text, now_ns());
@@ -118,7 +119,9 @@ std::optional<uint64_t> time_arg(const json& args, const char* name) {
 // ---- what the replies say
 
 std::string iso(uint64_t ns) { return ns == 0 ? "" : format_time_ns(ns); }
-json iso_or_null(uint64_t ns) { return ns == 0 ? json(nullptr) : json(format_time_ns(ns)); }
+Json iso_or_null(uint64_t ns) {
+  return ns == 0 ? Json(nullptr) : Json(format_time_ns(ns));
+}
 
 std::string join(const std::vector<std::string>& parts, const char* separator) {
   std::string out;
@@ -127,15 +130,7 @@ std::string join(const std::vector<std::string>& parts, const char* separator) {
 }
 
 std::string percent(double share) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f%%", share * 100);
-  return text;
-}
-
-std::string fixed(double value, int digits) {
-  char text[48];
-  std::snprintf(text, sizeof(text), "%.*f", digits, value);
-  return text;
+  return format_fixed(share * 100, 1) + "%";
 }
 
 std::string finding_state(query::Finding::Reader f) {
@@ -143,16 +138,16 @@ std::string finding_state(query::Finding::Reader f) {
   return f.getResolvedNs() == 0 ? "open" : "resolved";
 }
 
-json finding_brief(query::Finding::Reader f) {
-  json ranks = json::array(), nodes = json::array();
+Json finding_brief(query::Finding::Reader f) {
+  Json ranks = Json::array(), nodes = Json::array();
   for (auto r : f.getRanks()) ranks.push_back(r);
   for (auto n : f.getNodes()) nodes.push_back(std::string(n));
   return {{"id", f.getId()},
           {"kind", std::string(f.getKind())},
           {"state", finding_state(f)},
           {"job", std::string(f.getJob())},
-          {"comm", f.getComm() == 0 ? json(nullptr) : json(hex64(f.getComm()))},
-          {"seq", f.getSeq() < 0 ? json(nullptr) : json(f.getSeq())},
+          {"comm", f.getComm() == 0 ? Json(nullptr) : Json(hex64(f.getComm()))},
+          {"seq", f.getSeq() < 0 ? Json(nullptr) : Json(f.getSeq())},
           {"ranks", ranks},
           {"nodes", nodes},
           {"opened_at", iso(f.getOpenedNs())},
@@ -203,7 +198,7 @@ std::vector<std::string> next_steps(query::Finding::Reader f) {
     steps.push_back("If " + node + " slows jobs again and again, drain it (`scontrol update NodeName=" + node +
                     " State=DRAIN Reason=...`, or the collector's --drain-after-jobs).");
     steps.push_back("It costs the job " + percent(f.getWaitShare()) + " of its time; " +
-                    fixed(f.getGpuHoursLost(), 3) + " GPU-hours lost so far (job_report has the whole bill).");
+                    format_fixed(f.getGpuHoursLost(), 3) + " GPU-hours lost so far (job_report has the whole bill).");
   } else if (kind == "mismatch") {
     steps.push_back("The ranks called different collectives at the same position: a code path differs between ranks "
                     "(a data-dependent branch, a skipped step, different shapes). NCCL may have combined mismatched "
@@ -221,7 +216,7 @@ std::vector<std::string> next_steps(query::Finding::Reader f) {
   return steps;
 }
 
-json record_json(query::TimelineRecord::Reader r) {
+Json record_json(query::TimelineRecord::Reader r) {
   return {{"seq", r.getSeq()},
           {"lane", r.getLane()},
           {"op", proto::op_name(r.getOp())},
@@ -290,14 +285,14 @@ class Tools {
     const char* name;
     const char* title;
     const char* description;
-    json input_schema;
-    std::function<ToolResult(const json&)> run;
+    Json input_schema;
+    std::function<ToolResult(const Json&)> run;
   };
 
   const std::vector<Tool>& all() const { return tools_; }
 
  private:
-  ToolResult list_findings(const json& args) {
+  ToolResult list_findings(const Json& args) {
     bool open_only = bool_arg(args, "open_only").value_or(true);
     std::string kind = string_arg(args, "kind").value_or("");
     std::string job = string_arg(args, "job").value_or("");
@@ -311,7 +306,7 @@ class Tools {
     auto asked = client_.ask(request, [&](query::Reply::Reader reply) {
       if (reply.which() != query::Reply::FINDINGS) return;
       auto r = reply.getFindings();
-      json list = json::array();
+      Json list = Json::array();
       std::string lines;
       for (auto f : r.getFindings()) {
         if (!job.empty() && std::string(f.getJob()) != job) continue;
@@ -330,7 +325,7 @@ class Tools {
     return result;
   }
 
-  ToolResult explain_finding(const json& args) {
+  ToolResult explain_finding(const Json& args) {
     auto id = int_arg(args, "id", 1, INT64_MAX);
     if (!id) throw ArgumentError{"'id' is required: the finding's number (list_findings lists them)"};
     capnp::MallocMessageBuilder request;
@@ -344,8 +339,8 @@ class Tools {
       for (auto f : r.getFindings()) {
         if (f.getId() != static_cast<uint64_t>(*id)) continue;
         ToolResult out;
-        json data = finding_brief(f);
-        json ranks = data["ranks"], nodes = data["nodes"];
+        Json data = finding_brief(f);
+        Json ranks = data["ranks"], nodes = data["nodes"];
         data["culprit"] = {{"ranks", ranks}, {"nodes", nodes}};
         data["cause"] = std::string(f.getDetail());
         data["cost"] = {{"lateness_s", f.getLatenessS()},
@@ -361,8 +356,9 @@ class Tools {
                    std::string(f.getDetail()) + "\n";
         if (std::string(f.getKind()) == "straggler")
           out.text += "\nCost: the others waited " + percent(f.getWaitShare()) + " of the job's time for it, " +
-                      format_duration_ns(static_cast<int64_t>(f.getLatenessS() * 1e9)) + " late when it held them up; " +
-                      fixed(f.getGpuHoursLost(), 4) + " GPU-hours lost so far.\n";
+                      format_duration_ns(static_cast<int64_t>(f.getLatenessS() * 1e9)) +
+                      " late when it held them up; " + format_fixed(f.getGpuHoursLost(), 4) +
+                      " GPU-hours lost so far.\n";
         out.text += "\nWhat to do next:\n";
         for (const auto& step : steps) out.text += "- " + step + "\n";
         out.data = std::move(data);
@@ -377,7 +373,7 @@ class Tools {
     return *result;
   }
 
-  ToolResult rank_timeline(const json& args) {
+  ToolResult rank_timeline(const Json& args) {
     auto comm = string_arg(args, "comm");
     auto rank = int_arg(args, "rank", 0, INT32_MAX);
     if (!comm || comm->empty() || !rank)
@@ -396,7 +392,7 @@ class Tools {
       auto t = reply.getTimeline();
       auto records = t.getRecords();
       auto [chosen, before, after] = choose_calls(records, around, static_cast<uint64_t>(window_s * 1e9), limit);
-      json list = json::array();
+      Json list = Json::array();
       std::string lines;
       for (unsigned i : chosen) {
         list.push_back(record_json(records[i]));
@@ -410,13 +406,13 @@ class Tools {
                      {"rank", *rank},
                      {"node", node},
                      {"pid", pid},
-                     {"around", around ? json(iso(*around)) : json(nullptr)},
-                     {"window_s", around ? json(window_s) : json(nullptr)},
+                     {"around", around ? Json(iso(*around)) : Json(nullptr)},
+                     {"window_s", around ? Json(window_s) : Json(nullptr)},
                      {"calls_held", records.size()},
                      {"limited_to", t.getLimitedTo()},
                      {"records", list},
-                     {"last_before", before ? record_json(records[*before]) : json(nullptr)},
-                     {"first_after", after ? record_json(records[*after]) : json(nullptr)}};
+                     {"last_before", before ? record_json(records[*before]) : Json(nullptr)},
+                     {"first_after", after ? record_json(records[*after]) : Json(nullptr)}};
       std::string head = "rank " + std::to_string(*rank) + " of comm " + hex64(t.getCommHash()) + " (job " +
                          std::string(t.getJob()) + ", " + std::to_string(t.getNranks()) + " ranks" +
                          (node.empty() ? "" : ", node " + node + ", pid " + std::to_string(pid)) +
@@ -442,7 +438,7 @@ class Tools {
     return result;
   }
 
-  ToolResult job_report(const json& args) {
+  ToolResult job_report(const Json& args) {
     auto job = string_arg(args, "job");
     if (!job || job->empty()) throw ArgumentError{"'job' is required (list_jobs lists them)"};
     auto since = time_arg(args, "since");
@@ -456,10 +452,10 @@ class Tools {
       if (reply.which() != query::Reply::REPORT) return;
       auto r = reply.getReport();
       auto total = r.getTotal();
-      json nodes = json::array(), causes = json::array(), findings = json::array();
+      Json nodes = Json::array(), causes = Json::array(), findings = Json::array();
       std::string text = "job " + *job + " from " + iso(r.getSinceNs()) + " to " + iso(r.getUntilNs()) + ": " +
-                         fixed(total.getGpuHours(), 4) + " GPU-hours held, " + fixed(total.getWasteGpuHours(), 4) +
-                         " of them idle waiting for stragglers and hangs";
+                         format_fixed(total.getGpuHours(), 4) + " GPU-hours held, " +
+                         format_fixed(total.getWasteGpuHours(), 4) + " of them idle waiting for stragglers and hangs";
       double share = total.getGpuHours() > 0 ? total.getWasteGpuHours() / total.getGpuHours() : 0;
       text += " (" + percent(share) + ")\n";
       for (auto row : r.getRows()) {
@@ -469,20 +465,14 @@ class Tools {
                          {"caused_gpu_hours", row.getCausedGpuHours()},
                          {"cpu_seconds", row.getCpuSeconds()},
                          {"collectives", row.getCollectives()}});
-        text += "  node " + std::string(row.getTenant()) + ": " + fixed(row.getGpuHours(), 4) + " GPU-hours, " +
-                fixed(row.getWasteGpuHours(), 4) + " waiting, " + fixed(row.getCausedGpuHours(), 4) +
+        text += "  node " + std::string(row.getTenant()) + ": " + format_fixed(row.getGpuHours(), 4) + " GPU-hours, " +
+                format_fixed(row.getWasteGpuHours(), 4) + " waiting, " + format_fixed(row.getCausedGpuHours(), 4) +
                 " caused others to wait\n";
       }
       if (r.getCauses().size() > 0) text += "who it waited on:\n";
       for (auto c : r.getCauses()) {
-        causes.push_back({{"victim", std::string(c.getVictim())},
-                          {"cause", std::string(c.getCause())},
-                          {"reason", std::string(c.getReason())},
-                          {"cause_node", std::string(c.getCauseNode())},
-                          {"cause_detail", std::string(c.getCauseDetail())},
-                          {"cause_job", std::string(c.getCauseJob())},
-                          {"gpu_hours", c.getGpuHours()}});
-        text += "  " + fixed(c.getGpuHours(), 4) + " GPU-hours: " + std::string(c.getReason()) + ", " +
+        causes.push_back(waste_cause_json(c));
+        text += "  " + format_fixed(c.getGpuHours(), 4) + " GPU-hours: " + std::string(c.getReason()) + ", " +
                 std::string(c.getCauseDetail()) + " on " + std::string(c.getCauseNode()) + "\n";
       }
       text += r.getFindings().size() > 0 ? "findings:\n" : "no findings\n";
@@ -507,7 +497,7 @@ class Tools {
     return result;
   }
 
-  ToolResult node_status(const json& args) {
+  ToolResult node_status(const Json& args) {
     std::string only = string_arg(args, "node").value_or("");
     capnp::MallocMessageBuilder request;
     request.initRoot<query::Request>().setStatus();
@@ -515,7 +505,7 @@ class Tools {
     auto asked = client_.ask(request, [&](query::Reply::Reader reply) {
       if (reply.which() != query::Reply::STATUS) return;
       auto s = reply.getStatus();
-      json nodes = json::array();
+      Json nodes = Json::array();
       std::vector<std::string> known;
       std::string lines;
       for (auto n : s.getNodes()) {
@@ -564,22 +554,22 @@ class Tools {
     return result;
   }
 
-  ToolResult list_jobs(const json& args) {
+  ToolResult list_jobs(const Json& args) {
     std::string only = string_arg(args, "job").value_or("");
     capnp::MallocMessageBuilder request;
     request.initRoot<query::Request>().setJobs();
     ToolResult result;
     auto asked = client_.ask(request, [&](query::Reply::Reader reply) {
       if (reply.which() != query::Reply::JOBS) return;
-      json jobs = json::array();
+      Json jobs = Json::array();
       std::string lines;
       for (auto job : reply.getJobs().getJobs()) {
         if (!only.empty() && std::string(job.getJob()) != only) continue;
-        json comms = json::array();
+        Json comms = Json::array();
         lines += "job " + std::string(job.getJob()) + " (first seen " + iso(job.getFirstNs()) + ", last " +
                  iso(job.getLastNs()) + ")\n";
         for (auto c : job.getComms()) {
-          json ranks = json::array();
+          Json ranks = Json::array();
           std::vector<std::string> where;
           for (auto rk : c.getRanks()) {
             ranks.push_back({{"rank", rk.getRank()},
@@ -608,7 +598,8 @@ class Tools {
 
   QueryClient& client_;
   const std::vector<Tool> tools_ = {
-      {"list_findings", "Open findings",
+      {"list_findings",
+       "Open findings",
        "Hangs, collective mismatches, stragglers and lost nodes the collector has found, newest first: each with "
        "its id, job, communicator, culprit ranks and nodes, and a one-line summary.",
        {{"type", "object"},
@@ -619,17 +610,20 @@ class Tools {
             {"enum", {"hang", "mismatch", "straggler", "node_lost"}},
             {"description", "only this kind"}}},
           {"job", {{"type", "string"}, {"description", "only this job's findings"}}},
-          {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}, {"description", "at most (default 50)"}}}}}},
-       [this](const json& a) { return list_findings(a); }},
-      {"explain_finding", "Explain a finding",
+          {"limit",
+           {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}, {"description", "at most (default 50)"}}}}}},
+       [this](const Json& a) { return list_findings(a); }},
+      {"explain_finding",
+       "Explain a finding",
        "One finding in full: the culprit rank(s) and node(s), the cause rankscope saw (process state, off-CPU "
        "time, CPU quota throttling, run-queue waits), its cost (lateness, share of the job's time, GPU-hours lost) "
        "and what to do next.",
        {{"type", "object"},
         {"properties", {{"id", {{"type", "integer"}, {"minimum", 1}, {"description", "the finding's id"}}}}},
         {"required", {"id"}}},
-       [this](const json& a) { return explain_finding(a); }},
-      {"rank_timeline", "A rank's timeline",
+       [this](const Json& a) { return explain_finding(a); }},
+      {"rank_timeline",
+       "A rank's timeline",
        "The NCCL calls one rank of a communicator issued around a time (cluster clock): sequence number, "
        "operation, bytes, when issued, how long the call took; and its last call before and first after that time "
        "(a hung rank has none after).",
@@ -642,10 +636,12 @@ class Tools {
             {"description", "a time: 2026-11-01T12:00:00Z, unix seconds, now, -5m (default: its last calls)"}}},
           {"window_s",
            {{"type", "number"}, {"exclusiveMinimum", 0}, {"description", "seconds either side (default 10)"}}},
-          {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1000}, {"description", "at most (default 100)"}}}}},
+          {"limit",
+           {{"type", "integer"}, {"minimum", 1}, {"maximum", 1000}, {"description", "at most (default 100)"}}}}},
         {"required", {"comm", "rank"}}},
-       [this](const json& a) { return rank_timeline(a); }},
-      {"job_report", "A job's report",
+       [this](const Json& a) { return rank_timeline(a); }},
+      {"job_report",
+       "A job's report",
        "One job's bill: GPU-hours held and lost waiting, by node; whom it waited on (stragglers, hangs, CPU "
        "neighbours) and for how many GPU-hours; its findings.",
        {{"type", "object"},
@@ -653,37 +649,40 @@ class Tools {
          {{"job", {{"type", "string"}, {"description", "the job id (list_jobs lists them)"}}},
           {"since", {{"type", "string"}, {"description", "from this time (default: the job's start)"}}}}},
         {"required", {"job"}}},
-       [this](const json& a) { return job_report(a); }},
-      {"node_status", "Node status",
+       [this](const Json& a) { return job_report(a); }},
+      {"node_status",
+       "Node status",
        "Each node's agent: connected or not, last contact, traced processes, clock offset and uncertainty, events "
        "dropped, malformed or refused messages.",
-       {{"type", "object"},
-        {"properties", {{"node", {{"type", "string"}, {"description", "only this node"}}}}}},
-       [this](const json& a) { return node_status(a); }},
-      {"list_jobs", "Jobs",
+       {{"type", "object"}, {"properties", {{"node", {{"type", "string"}, {"description", "only this node"}}}}}},
+       [this](const Json& a) { return node_status(a); }},
+      {"list_jobs",
+       "Jobs",
        "The jobs the collector sees, their communicators (hash, size) and ranks (node, pid, calls, last call).",
        {{"type", "object"}, {"properties", {{"job", {{"type", "string"}, {"description", "only this job"}}}}}},
-       [this](const json& a) { return list_jobs(a); }},
+       [this](const Json& a) { return list_jobs(a); }},
   };
 };
 
 // ---- JSON-RPC
 
-json error_reply(const json& id, int code, const std::string& message) {
+Json error_reply(const Json& id, int code, const std::string& message) {
   return {{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}};
 }
 
-json result_reply(const json& id, json result) { return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}}; }
+Json result_reply(const Json& id, Json result) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
+}
 
 class Server {
  public:
   Server(QueryClient& client, const McpArgs& args, std::ostream& log) : tools_(client), args_(args), log_(log) {}
 
   // The reply to one message; null for a notification (or a reply to us).
-  json handle(const json& message) {
+  Json handle(const Json& message) {
     if (!message.is_object()) return error_reply(nullptr, kInvalidRequest, "a JSON-RPC message is an object");
     const bool has_id = message.contains("id");
-    json id = has_id ? message["id"] : json(nullptr);
+    Json id = has_id ? message["id"] : Json(nullptr);
     if (has_id && !(id.is_string() || id.is_number_integer()))
       return error_reply(nullptr, kInvalidRequest, "'id' must be a string or an integer");
     auto method = message.find("method");
@@ -696,16 +695,17 @@ class Server {
       return error_reply(id, kInvalidRequest, "not a JSON-RPC 2.0 request");
     if (!has_id) return nullptr;  // notifications/initialized, cancelled, ...: nothing to answer
     const std::string name = *method;
-    const json params = message.contains("params") && message["params"].is_object() ? message["params"] : json::object();
+    const Json params =
+        message.contains("params") && message["params"].is_object() ? message["params"] : Json::object();
     if (name == "initialize") return result_reply(id, initialize(params));
-    if (name == "ping") return result_reply(id, json::object());
+    if (name == "ping") return result_reply(id, Json::object());
     if (name == "tools/list") return result_reply(id, list());
     if (name == "tools/call") return call(id, params);
     return error_reply(id, kMethodNotFound, "method not found: " + name + " (this server has tools only)");
   }
 
  private:
-  json initialize(const json& params) {
+  Json initialize(const Json& params) {
     std::string asked = params.value("protocolVersion", "");
     std::string version = kProtocolVersions[0];
     for (const char* v : kProtocolVersions)
@@ -724,8 +724,8 @@ class Server {
              "waited on, node_status the agents. Times are the cluster clock, UTC. Read-only."}};
   }
 
-  json list() {
-    json tools = json::array();
+  Json list() {
+    Json tools = Json::array();
     for (const auto& t : tools_.all())
       tools.push_back({{"name", t.name},
                        {"title", t.title},
@@ -735,14 +735,14 @@ class Server {
     return {{"tools", tools}};
   }
 
-  json call(const json& id, const json& params) {
+  Json call(const Json& id, const Json& params) {
     auto name = params.find("name");
     if (name == params.end() || !name->is_string()) return error_reply(id, kInvalidParams, "tools/call needs a 'name'");
     const auto& all = tools_.all();
     auto tool = std::find_if(all.begin(), all.end(), [&](const auto& t) { return *name == t.name; });
     if (tool == all.end()) return error_reply(id, kInvalidParams, "unknown tool: " + name->get<std::string>());
-    json args = params.contains("arguments") ? params["arguments"] : json::object();
-    if (args.is_null()) args = json::object();
+    Json args = params.contains("arguments") ? params["arguments"] : Json::object();
+    if (args.is_null()) args = Json::object();
     ToolResult result;
     if (!args.is_object()) {
       result = tool_error("'arguments' must be an object");
@@ -753,11 +753,11 @@ class Server {
         result = tool_error(std::string(tool->name) + ": " + e.message);
       }
     }
-    json content = json::array({{{"type", "text"}, {"text", result.text}}});
-    json out = {{"content", content}, {"isError", result.error}};
+    Json content = Json::array({{{"type", "text"}, {"text", result.text}}});
+    Json out = {{"content", content}, {"isError", result.error}};
     if (!result.error) {
       // The data as JSON text too, for clients that read only the text.
-      out["content"].push_back({{"type", "text"}, {"text", result.data.dump()}});
+      out["content"].push_back({{"type", "text"}, {"text", to_json(result.data)}});
       out["structuredContent"] = result.data;
     }
     return result_reply(id, out);
@@ -772,15 +772,15 @@ class Server {
 
 int run_mcp(QueryClient& client, const McpArgs& args, std::istream& in, std::ostream& out, std::ostream& log) {
   Server server(client, args, log);
-  auto send = [&](const json& reply) {
-    // One message per line: dump() escapes every newline inside strings.
-    out << reply.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  auto send = [&](const Json& reply) {
+    // One message per line: the writer escapes every newline inside strings.
+    out << to_json(reply) << "\n";
     out.flush();
   };
   std::string line;
   while (std::getline(in, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json message = json::parse(line, nullptr, false);
+    Json message = Json::parse(line, nullptr, false);
     if (message.is_discarded()) {
       send(error_reply(nullptr, kParseError, "not JSON: each message is one line of JSON"));
       continue;
@@ -791,13 +791,13 @@ int run_mcp(QueryClient& client, const McpArgs& args, std::istream& in, std::ost
         send(error_reply(nullptr, kInvalidRequest, "an empty batch"));
         continue;
       }
-      json replies = json::array();
+      Json replies = Json::array();
       for (const auto& m : message)
-        if (json r = server.handle(m); !r.is_null()) replies.push_back(std::move(r));
+        if (Json r = server.handle(m); !r.is_null()) replies.push_back(std::move(r));
       if (!replies.empty()) send(replies);
       continue;
     }
-    if (json reply = server.handle(message); !reply.is_null()) send(reply);
+    if (Json reply = server.handle(message); !reply.is_null()) send(reply);
   }
   log << "rankscope mcp: the client closed its end; exiting\n";
   return 0;

@@ -25,11 +25,6 @@ namespace rankscope::cli {
 namespace query = proto::query;
 
 namespace {
-std::string fixed(double value, int digits) {
-  char buf[64];
-  snprintf(buf, sizeof(buf), "%.*f", digits, value);
-  return buf;
-}
 
 std::string csv_field(const std::string& text) {
   if (text.find_first_of(",\"\n") == std::string::npos) return text;
@@ -45,7 +40,7 @@ std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
   int u = 0;
   while (bytes >= 1000 && u < 5) bytes /= 1000, ++u;
-  return fixed(bytes, bytes < 10 && u > 0 ? 1 : 0) + " " + units[u];
+  return format_fixed(bytes, bytes < 10 && u > 0 ? 1 : 0) + " " + units[u];
 }
 
 std::string trimmed(const std::string& text, size_t width) {
@@ -112,14 +107,7 @@ void print_json(query::ReportReply::Reader r, const ReportArgs& args) {
   for (auto row : r.getRows()) out["rows"].push_back(row_json(row));
   out["total"] = row_json(r.getTotal());
   out["causes"] = Json::array();
-  for (auto c : r.getCauses())
-    out["causes"].push_back({{"victim", std::string(c.getVictim())},
-                             {"cause", std::string(c.getCause())},
-                             {"cause_job", std::string(c.getCauseJob())},
-                             {"reason", std::string(c.getReason())},
-                             {"cause_node", std::string(c.getCauseNode())},
-                             {"cause_detail", std::string(c.getCauseDetail())},
-                             {"gpu_hours", c.getGpuHours()}});
+  for (auto c : r.getCauses()) out["causes"].push_back(waste_cause_json(c));
   out["findings"] = Json::array();
   for (auto f : r.getFindings())
     out["findings"].push_back({{"id", f.getId()},
@@ -139,13 +127,15 @@ void print_csv(query::ReportReply::Reader r, const ReportArgs& args) {
               r.getBy().cStr(), args.price_given ? ",cost,waste_cost" : "");
   auto line = [&](query::ReportRow::Reader row) {
     Columns c = columns(row, total, args.price_per_gpu_hour);
-    std::printf("%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%u", csv_field(row.getTenant()).c_str(), fixed(c.gpu_h, 6).c_str(),
-                fixed(c.share, 6).c_str(), fixed(row.getCpuSeconds(), 3).c_str(),
-                fixed(row.getOffCpuSeconds(), 3).c_str(), fixed(row.getCollectiveSeconds(), 6).c_str(),
-                fixed(row.getWaitSeconds(), 6).c_str(), fixed(c.bytes, 0).c_str(), fixed(c.waste_h, 6).c_str(),
-                fixed(c.waste_share, 6).c_str(), fixed(c.caused_h, 6).c_str(), csv_field(row.getTopCause()).c_str(),
-                fixed(row.getTopCauseGpuHours(), 6).c_str(), row.getNodes());
-    if (args.price_given) std::printf(",%s,%s", fixed(c.cost, 4).c_str(), fixed(c.waste_cost, 4).c_str());
+    std::printf("%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%u", csv_field(row.getTenant()).c_str(),
+                format_fixed(c.gpu_h, 6).c_str(), format_fixed(c.share, 6).c_str(),
+                format_fixed(row.getCpuSeconds(), 3).c_str(), format_fixed(row.getOffCpuSeconds(), 3).c_str(),
+                format_fixed(row.getCollectiveSeconds(), 6).c_str(), format_fixed(row.getWaitSeconds(), 6).c_str(),
+                format_fixed(c.bytes, 0).c_str(), format_fixed(c.waste_h, 6).c_str(),
+                format_fixed(c.waste_share, 6).c_str(), format_fixed(c.caused_h, 6).c_str(),
+                csv_field(row.getTopCause()).c_str(), format_fixed(row.getTopCauseGpuHours(), 6).c_str(),
+                row.getNodes());
+    if (args.price_given) std::printf(",%s,%s", format_fixed(c.cost, 4).c_str(), format_fixed(c.waste_cost, 4).c_str());
     std::printf("\n");
   };
   for (auto row : r.getRows()) line(row);
@@ -169,11 +159,13 @@ void print_table(query::ReportReply::Reader r, const ReportArgs& args) {
   auto line = [&](query::ReportRow::Reader row) {
     Columns c = columns(row, total, args.price_per_gpu_hour);
     std::printf("%-24s %10s %5s%% %10s %10s %9s %11s %5s%% %10s  %-24s", trimmed(row.getTenant(), 24).c_str(),
-                fixed(c.gpu_h, 3).c_str(), fixed(c.share * 100, 1).c_str(), fixed(c.cpu_h, 3).c_str(),
-                fixed(c.off_h, 3).c_str(), human_bytes(c.bytes).c_str(), fixed(c.waste_h, 4).c_str(),
-                fixed(c.waste_share * 100, 1).c_str(), fixed(c.caused_h, 4).c_str(),
+                format_fixed(c.gpu_h, 3).c_str(), format_fixed(c.share * 100, 1).c_str(),
+                format_fixed(c.cpu_h, 3).c_str(), format_fixed(c.off_h, 3).c_str(), human_bytes(c.bytes).c_str(),
+                format_fixed(c.waste_h, 4).c_str(), format_fixed(c.waste_share * 100, 1).c_str(),
+                format_fixed(c.caused_h, 4).c_str(),
                 trimmed(row.getTopCause().size() ? row.getTopCause().cStr() : "-", 24).c_str());
-    if (args.price_given) std::printf(" %12s %12s", fixed(c.cost, 2).c_str(), fixed(c.waste_cost, 2).c_str());
+    if (args.price_given)
+      std::printf(" %12s %12s", format_fixed(c.cost, 2).c_str(), format_fixed(c.waste_cost, 2).c_str());
     std::printf("\n");
   };
   for (auto row : r.getRows()) line(row);
@@ -190,8 +182,9 @@ void print_table(query::ReportReply::Reader r, const ReportArgs& args) {
       }
       std::string detail = c.getCauseDetail();
       if (c.getCauseNode().size()) detail += " on " + std::string(c.getCauseNode().cStr());
-      std::printf("  %-24s %-28s %-14s %12s  %s\n", trimmed(c.getVictim(), 24).c_str(), trimmed(c.getCause(), 28).c_str(),
-                  c.getReason().cStr(), fixed(c.getGpuHours(), 5).c_str(), detail.c_str());
+      std::printf("  %-24s %-28s %-14s %12s  %s\n", trimmed(c.getVictim(), 24).c_str(),
+                  trimmed(c.getCause(), 28).c_str(), c.getReason().cStr(), format_fixed(c.getGpuHours(), 5).c_str(),
+                  detail.c_str());
     }
   }
   if (r.getJob().size()) {
@@ -204,6 +197,16 @@ void print_table(query::ReportReply::Reader r, const ReportArgs& args) {
   }
 }
 }  // namespace
+
+Json waste_cause_json(query::WasteCause::Reader c) {
+  return {{"victim", std::string(c.getVictim())},
+          {"cause", std::string(c.getCause())},
+          {"cause_job", std::string(c.getCauseJob())},
+          {"reason", std::string(c.getReason())},
+          {"cause_node", std::string(c.getCauseNode())},
+          {"cause_detail", std::string(c.getCauseDetail())},
+          {"gpu_hours", c.getGpuHours()}};
+}
 
 std::optional<uint64_t> parse_time_ns(const std::string& text, uint64_t now_ns) {
   if (text.empty()) return std::nullopt;

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "common/json.h"
 #include "tools/cli/client.h"
 
 namespace rankscope::cli {
@@ -12,6 +13,9 @@ namespace rankscope::cli {
 // "2026-11-01", "2026-11-01T12:00:00Z", "2026-11-01 12:00", unix seconds,
 // "now", or relative to now: "-30d", "-2h", "-15m", "-10s"; nullopt if unreadable.
 std::optional<uint64_t> parse_time_ns(const std::string& text, uint64_t now_ns);
+
+// Who waited on whom, as `report --json` and the MCP job_report write it.
+Json waste_cause_json(proto::query::WasteCause::Reader cause);
 
 struct ReportArgs {
   uint64_t since_ns = 0, until_ns = 0;
