@@ -30,7 +30,7 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 # shellcheck source=scripts/lib-loopback.sh
 . "$(dirname "$0")/lib-loopback.sh"
-rs_loopback_collector $((21000 + RANDOM % 20000)) "$work/sim-db" "$work/collector.log"
+rs_loopback_collector "$(rs_loopback_port)" "$work/sim-db" "$work/collector.log"
 collector=$collector_pid
 echo "rankscope-sim: 1,000 nodes for $sim_seconds s against the collector (its ledger is the template)"
 "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth.jsonl" --log-level warn \

@@ -26,13 +26,13 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
-port=$((21000 + RANDOM % 20000))
 # A collector of a thousand nodes holds a thousand connections (the systemd
 # unit sets LimitNOFILE for the same reason).
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 collector_pid=0
 # shellcheck source=scripts/lib-loopback.sh
 . "$(dirname "$0")/lib-loopback.sh"
+port=$(rs_loopback_port)
 
 # start_collector NAME [collector options...]: a fresh collector on new ports.
 start_collector() {

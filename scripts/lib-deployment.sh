@@ -13,7 +13,9 @@ rs_setup() {
   fi
   work=$(mktemp -d /tmp/rankscope-XXXXXX)
   prefix="rs$$"
-  agent_port=$((20000 + RANDOM % 20000))
+  # Below the kernel's range for outgoing connections (32768 and up by
+  # default), so that no client socket of this machine holds it.
+  agent_port=$((21000 + RANDOM % 11000))
   query_port=$((agent_port + 1))
   rs_pids=()
   trap rs_cleanup EXIT INT TERM
@@ -63,7 +65,8 @@ rs_start() {
   # shellcheck disable=SC2046 # word splitting of the key flags is meant
   "$bin/rankscope-collector" --listen "tcp://127.0.0.1:$agent_port" --query "tcp://127.0.0.1:$query_port" \
     --db "$work/db" $(rs_collector_keys) "$@" >"$work/collector.log" 2>&1 &
-  rs_pids+=($!)
+  local collector_pid=$!
+  rs_pids+=("$collector_pid")
   for ((node = 0; node < nodes; node++)); do
     # shellcheck disable=SC2046
     "$bin/rankscope-agent" --collector "tcp://127.0.0.1:$agent_port" --node "gpu-$node" --spool-dir "$work/spool" $(rs_agent_keys "gpu-$node") \
@@ -72,7 +75,13 @@ rs_start() {
     rs_pids+=($!)
   done
   for _ in $(seq 200); do
-    [ "$(rs_cli status --json 2>/dev/null | grep -o '"connected":true' | wc -l)" -eq "$nodes" ] && return 0
+    [ "$(rs_cli --timeout-ms 1000 status --json 2>/dev/null | grep -o '"connected":true' | wc -l)" -eq "$nodes" ] &&
+      return 0
+    if ! kill -0 "$collector_pid" 2>/dev/null; then
+      echo "rankscope: the collector stopped; its log:" >&2
+      cat "$work/collector.log" >&2
+      return 1
+    fi
     sleep 0.1
   done
   echo "rankscope: the agents did not connect; their logs:" >&2

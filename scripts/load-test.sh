@@ -45,7 +45,7 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # shellcheck source=scripts/lib-loopback.sh
 . "$(dirname "$0")/lib-loopback.sh"
 # shellcheck disable=SC2086  # extra options, split on purpose
-rs_loopback_collector $((21000 + RANDOM % 20000)) "$work/db" "$work/collector.log" ${RANKSCOPE_LOAD_COLLECTOR_ARGS:-}
+rs_loopback_collector "$(rs_loopback_port)" "$work/db" "$work/collector.log" ${RANKSCOPE_LOAD_COLLECTOR_ARGS:-}
 collector=$collector_pid
 pids+=("$collector")
 
@@ -63,14 +63,21 @@ pids+=("$!")
 nodes=$agents_n
 pp=1
 [ $((nodes % 4)) -eq 0 ] && pp=4
+# Each phase says on stderr where it stands, so that a run stopped from
+# outside (a test's time limit) shows which phase it was in.
+say() { echo "load-test: $(date -u +%T) $*" >&2; }
+say "collector up on $agents (pid $collector); $agents_n simulated agents for $seconds s"
 start_ticks=$(cpu_ticks "$collector")
 started=$(date +%s.%N)
-"$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth.jsonl" --log-level warn \
+# The simulator ends by itself 5 s after the run (its last acks); the bound
+# is for a simulator that does not.
+timeout --signal=KILL $((seconds + 60)) "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth.jsonl" --log-level warn \
   --scenario healthy --jobs 1 --nodes-per-job "$nodes" --gpus "$gpus" --pp "$pp" --step-ms 1000 \
   --duration-s "$seconds" --batch-loss "$loss" --batch-reorder "$reorder" --seed 7 --prefix load \
   2>"$work/sim.log" || {
-  echo "load-test: rankscope-sim failed; its log:" >&2
+  say "rankscope-sim failed or ran past $((seconds + 60)) s; its log, then the collector's:"
   tail -20 "$work/sim.log" >&2
+  tail -20 "$work/collector.log" >&2
   exit 1
 }
 wall=$(echo "$(date +%s.%N) - $started" | bc)
@@ -85,13 +92,16 @@ acked=$(field records_acked)
 batches=$(field batches)
 resent=$(field resent)
 lost_sends=$(field sends_lost)
+say "rankscope-sim done: $sent records sent, $acked acknowledged; waiting for the collector to store them"
 stored=0
-for _ in $(seq 100); do
-  stored=$("$bin/rankscope" --collector "$query" --insecure --timeout-ms 20000 --json status |
+deadline=$((SECONDS + 60))
+while [ "$SECONDS" -lt "$deadline" ]; do
+  stored=$("$bin/rankscope" --collector "$query" --insecure --timeout-ms 10000 --json status |
     sed -n 's/.*"records_stored":\([0-9]*\).*/\1/p')
   [ "${stored:-0}" -ge "$sent" ] && break
   sleep 0.2
 done
+say "$stored records stored"
 status_json=$("$bin/rankscope" --collector "$query" --insecure --timeout-ms 20000 --json status)
 duplicates=$(echo "$status_json" | sed -n 's/.*"duplicate_batches":\([0-9]*\).*/\1/p')
 nodes_seen=$(echo "$status_json" | grep -o '"node":' | wc -l)
