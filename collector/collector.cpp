@@ -6,12 +6,12 @@
 #include <set>
 #include <zmq.hpp>
 
+#include "collector/alert/alertmanager.h"
+#include "collector/alert/drain.h"
 #include "collector/auth.h"
 #include "collector/clock_refine.h"
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
-#include "collector/alert/alertmanager.h"
-#include "collector/alert/drain.h"
 #include "collector/ingest.h"
 #include "collector/metrics.h"
 #include "collector/query.h"
@@ -21,6 +21,7 @@
 #include "collector/usage.h"
 #include "common/clock.h"
 #include "common/curve.h"
+#include "common/drops.h"
 #include "common/format.h"
 #include "common/log.h"
 
@@ -128,13 +129,8 @@ class MetricsExport {
       metrics_.set_node_up(name, node.last_contact_ns != 0 && now_ns - node.last_contact_ns < liveness_ns);
       metrics_.set_node_unacked_batches(name, node.unacked_batches);
       metrics_.set_node_last_contact(name, static_cast<double>(node.last_contact_ns) / 1e9);
-      metrics_.set_node_drops(name, "ringbuf_full", node.drops.ringbuf_full);
-      metrics_.set_node_drops(name, "map_full", node.drops.map_full);
-      metrics_.set_node_drops(name, "unknown_comm", node.drops.unknown_comm);
-      metrics_.set_node_drops(name, "send_queue_full", node.drops.send_queue_full);
-      metrics_.set_node_drops(name, "lost_records", node.drops.lost_records);
-      metrics_.set_node_drops(name, "spool_damaged", node.drops.spool_damaged);
-      metrics_.set_node_drops(name, "lost_return", node.drops.lost_returns);
+      for (const DropReason& reason : kDropReasons)
+        metrics_.set_node_drops(name, std::string(reason.name), node.drops.*reason.count);
       metrics_.set_node_bad_messages(name, node.bad_messages);
       metrics_.set_node_refused_claims(name, node.refused_claims);
     }

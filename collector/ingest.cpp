@@ -17,30 +17,6 @@ constexpr size_t kAckedInstances = 4;  // agent instances per node whose stored 
 constexpr size_t kHealthEntriesPerNode = 4096;  // processes whose health is kept per node
 constexpr size_t kCgroupsPerNode = 512;         // cgroups whose CPU use is kept per node
 
-void copy_drops(wire::DropCounters::Reader in, Drops& out) {
-  out.ringbuf_full = in.getRingbufFull();
-  out.map_full = in.getMapFull();
-  out.unknown_comm = in.getUnknownComm();
-  out.nested = in.getNested();
-  out.send_queue_full = in.getSendQueueFull();
-  out.lost_records = in.getLostRecords();
-  out.spool_damaged = in.getSpoolDamaged();
-  out.lost_returns = in.getLostReturns();
-}
-
-// The agent's counters only grow; whatever arrives late or out of order
-// never lowers what the collector already shows.
-void keep_larger_drops(Drops& node, const Drops& seen) {
-  node.ringbuf_full = std::max(node.ringbuf_full, seen.ringbuf_full);
-  node.map_full = std::max(node.map_full, seen.map_full);
-  node.unknown_comm = std::max(node.unknown_comm, seen.unknown_comm);
-  node.nested = std::max(node.nested, seen.nested);
-  node.send_queue_full = std::max(node.send_queue_full, seen.send_queue_full);
-  node.lost_records = std::max(node.lost_records, seen.lost_records);
-  node.spool_damaged = std::max(node.spool_damaged, seen.spool_damaged);
-  node.lost_returns = std::max(node.lost_returns, seen.lost_returns);
-}
-
 std::string wait_call_name(wire::WaitKind kind) {
   switch (kind) {
     case wire::WaitKind::STREAM_SYNCHRONIZE: return "cudaStreamSynchronize";
@@ -50,16 +26,6 @@ std::string wait_call_name(wire::WaitKind kind) {
   }
 }
 
-void fill_drops(const Drops& in, wire::DropCounters::Builder out) {
-  out.setRingbufFull(in.ringbuf_full);
-  out.setMapFull(in.map_full);
-  out.setUnknownComm(in.unknown_comm);
-  out.setNested(in.nested);
-  out.setSendQueueFull(in.send_queue_full);
-  out.setLostRecords(in.lost_records);
-  out.setSpoolDamaged(in.spool_damaged);
-  out.setLostReturns(in.lost_returns);
-}
 }  // namespace
 
 void AckWindow::insert(uint64_t seq) {
@@ -174,7 +140,7 @@ Result<void> Ingest::restore() {
       node.boot_id = stored.getBootId();
       node.batches = stored.getBatches();
       node.records = stored.getRecords();
-      copy_drops(stored.getDrops(), node.drops);
+      node.drops = proto::read_drops(stored.getDrops());
       for (auto a : stored.getAckedBatches()) {
         AckWindow& window = node.acked[a.getInstanceId()];
         window.through = a.getThrough();
@@ -535,9 +501,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   for (auto s : batch.getClockSamples()) node.clock.add({s.getT1(), s.getT2(), s.getT3(), s.getT4()});
   // Cumulative counters of the agent; batches can arrive out of order (a
   // re-send after a later heartbeat): keep the larger.
-  Drops batch_drops;
-  copy_drops(batch.getDrops(), batch_drops);
-  keep_larger_drops(node.drops, batch_drops);
+  keep_larger(node.drops, proto::read_drops(batch.getDrops()));
 
   for (auto p : batch.getProcesses()) {
     if (auto valid = check_process(p); !valid) {
@@ -784,10 +748,8 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   node.traced_processes = heartbeat.getTracedProcesses();
   node.unacked_batches = heartbeat.getUnackedBatches();
   node.last_monotonic_ns = heartbeat.getMonotonicNs();
-  Drops drops;
-  copy_drops(heartbeat.getDrops(), drops);
   // A heartbeat carries what the agent knows now; keep the larger counters.
-  keep_larger_drops(node.drops, drops);
+  keep_larger(node.drops, proto::read_drops(heartbeat.getDrops()));
   for (auto p : heartbeat.getProcesses()) {
     HealthSample sample;
     sample.sample_ns = p.getSampleNs();
@@ -883,7 +845,7 @@ void Ingest::persist_node(const NodeState& node) {
   stored.setBootId(node.boot_id);
   stored.setBatches(node.batches);
   stored.setRecords(node.records);
-  fill_drops(node.drops, stored.initDrops());
+  proto::write_drops(node.drops, stored.initDrops());
   stored.setClockOffsetNs(node.clock.offset_ns());
   stored.setClockUncertaintyNs(node.clock.probe_uncertainty_ns());
   stored.setClockDriftPpb(node.clock.drift_ppb());

@@ -20,15 +20,11 @@
 #include "common/clock.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
+#include "proto/drops.h"
 
 namespace rankscope::collector {
 
 namespace wire = ::rankscope::proto::wire;
-
-struct Drops {
-  uint64_t ringbuf_full = 0, map_full = 0, unknown_comm = 0, nested = 0, send_queue_full = 0, lost_returns = 0;
-  uint64_t lost_records = 0, spool_damaged = 0;
-};
 
 // The batch numbers of one agent instance already stored: everything up to
 // `through`, and a few above it (acks may come back out of order after a
@@ -92,7 +88,7 @@ struct NodeState {
   // communicators it has members in, and those members.
   uint64_t rank_slots = 0;
   uint32_t memberships = 0;
-  Drops drops;
+  DropCounts drops;                     // the agent's, the largest seen of each
   std::map<uint64_t, AckWindow> acked;  // by agent instance: batches already stored (the newest few instances)
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
   std::map<uint64_t, CgroupUsage> cgroups;   // by cgroup id, from heartbeats

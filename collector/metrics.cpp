@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstring>
 
+#include "common/drops.h"
 #include "common/format.h"
 #include "common/log.h"
 
@@ -60,6 +61,10 @@ using Type = MetricType;
 
 // `job_name`, not `job`: Prometheus gives every scraped series a `job` label
 // of its own (the scrape job) and would rename ours to `exported_job`.
+// The agent drops' help names every reason of common/drops.h.
+const std::string kDropsHelp =
+    "Records the node's agent lost or could not match, by reason (" + drop_reason_names() + ").";
+
 // clang-format off: one metric per entry reads better than one field per line.
 const MetricInfo kCatalogue[] = {
     {"rankscope_findings_open",
@@ -106,8 +111,7 @@ const MetricInfo kCatalogue[] = {
      Type::counter,
      "",
      {"node", "reason"},
-     "Records the node's agent lost or could not match, by reason (ringbuf_full, map_full, unknown_comm, "
-     "send_queue_full, lost_records, spool_damaged)."},
+     kDropsHelp.c_str()},
     {"rankscope_node_bad_messages_total",
      Type::counter,
      "",

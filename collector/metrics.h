@@ -80,8 +80,8 @@ class Metrics {
   // GPU-seconds lost to the open findings, by kind and job; series of pairs
   // missing here are removed.
   void set_findings_waste_gpu_seconds(const std::map<std::pair<FindingKind, std::string>, double>& lost);
-  // `total`: the agent's running count for `reason` (ringbuf_full, map_full,
-  // unknown_comm, send_queue_full); a smaller total than before means the
+  // `total`: the agent's running count for `reason` (a name in
+  // common/drops.h); a smaller total than before means the
   // agent restarted and counts from zero again.
   void set_node_drops(const std::string& node, const std::string& reason, uint64_t total);
   // `total`: the collector's running count of the node's refused messages.

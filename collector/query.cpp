@@ -9,6 +9,7 @@
 #include "common/format.h"
 #include "common/version.h"
 #include "proto/codec.h"
+#include "proto/drops.h"
 
 namespace rankscope::collector {
 
@@ -39,15 +40,7 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
     n.setInstanceId(node.instance);
     n.setBatches(node.batches);
     n.setRecords(node.records);
-    auto drops = n.initDrops();
-    drops.setRingbufFull(node.drops.ringbuf_full);
-    drops.setMapFull(node.drops.map_full);
-    drops.setUnknownComm(node.drops.unknown_comm);
-    drops.setNested(node.drops.nested);
-    drops.setSendQueueFull(node.drops.send_queue_full);
-    drops.setLostRecords(node.drops.lost_records);
-    drops.setSpoolDamaged(node.drops.spool_damaged);
-    drops.setLostReturns(node.drops.lost_returns);
+    proto::write_drops(node.drops, n.initDrops());
     n.setClockOffsetNs(node.clock.offset_ns());
     n.setClockUncertaintyNs(node.clock.uncertainty_ns());
     n.setClockSamples(node.clock.samples());

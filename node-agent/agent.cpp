@@ -91,21 +91,28 @@ std::optional<std::unique_ptr<Spool>> open_spool(const Options& options) {
   return std::move(*opened);
 }
 
+// Every count of records lost or unmatched that the agent knows now
+// (common/drops.h): BPF's, the summariser's and the transport's.
+DropCounts drop_counts(const NcclProbes& bpf, const Summariser& summariser, const Transport& transport) {
+  DropCounts drops = bpf.drops();
+  drops.unknown_comm = summariser.unknown_comm_records();
+  drops.malformed = summariser.malformed_records();
+  drops.send_queue_full = transport.discarded_batches();
+  drops.lost_records = transport.lost_records();
+  drops.spool_damaged = transport.spool_damaged();
+  return drops;
+}
+
 // One batch of what the summariser holds, with the drop counters, handed to
 // the transport.
 void send_batch(NcclProbes& bpf, Summariser& summariser, Transport& transport, uint64_t instance, uint64_t seq,
                 uint64_t now) {
-  BpfDrops drops = bpf.drops();
-  DropTotals totals{drops.ringbuf_full, drops.map_full, 0, drops.nested, transport.discarded_batches(), 0,
-                    drops.lost_returns};
   capnp::MallocMessageBuilder message;
   auto batch = message.initRoot<wire::AgentMessage>().initBatch();
   batch.setInstanceId(instance);
   batch.setSeq(seq);
   batch.setCreatedNs(now);
-  summariser.fill(batch, totals);
-  batch.getDrops().setLostRecords(transport.lost_records());
-  batch.getDrops().setSpoolDamaged(transport.spool_damaged());
+  summariser.fill(batch, drop_counts(bpf, summariser, transport));
   transport.submit(seq, proto::to_packed(message));
 }
 
@@ -113,15 +120,10 @@ void send_batch(NcclProbes& bpf, Summariser& summariser, Transport& transport, u
 // context, open waits.
 void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transport, CgroupReport& cgroups,
                     const Options& options, uint64_t now) {
-  BpfDrops drops = bpf.drops();
+  DropCounts drops = drop_counts(bpf, summariser, transport);
   transport.send_heartbeat([&](wire::Heartbeat::Builder hb) {
     hb.setTracedProcesses(static_cast<uint32_t>(summariser.traced_processes()));
-    auto d = hb.initDrops();
-    d.setRingbufFull(drops.ringbuf_full);
-    d.setMapFull(drops.map_full);
-    d.setUnknownComm(summariser.unknown_comm_records());
-    d.setNested(drops.nested);
-    d.setLostReturns(drops.lost_returns);
+    proto::write_drops(drops, hb.initDrops());
     summariser.health(hb, now, [&](uint32_t pid) { return bpf.host_stats(pid); });
     if (options.host_context) cgroups.fill(bpf.cgroup_stats(), hb);
     summariser.open_waits(bpf.open_waits(), hb);

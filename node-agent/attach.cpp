@@ -374,7 +374,7 @@ int NcclProbes::on_record(void* self, void* data, size_t size) {
   return 0;
 }
 
-BpfDrops NcclProbes::drops() const {
+DropCounts NcclProbes::drops() const {
   int cpus = libbpf_num_possible_cpus();
   std::vector<uint64_t> values(cpus > 0 ? cpus : 1);
   auto sum = [&](uint32_t slot) {
@@ -384,7 +384,12 @@ BpfDrops NcclProbes::drops() const {
       for (uint64_t v : values) total += v;
     return total;
   };
-  return BpfDrops{sum(RS_DROP_RINGBUF_FULL), sum(RS_DROP_MAP_FULL), sum(RS_DROP_NESTED), sum(RS_DROP_LOST_RETURN)};
+  DropCounts out;
+  out.ringbuf_full = sum(RS_DROP_RINGBUF_FULL);
+  out.map_full = sum(RS_DROP_MAP_FULL);
+  out.nested = sum(RS_DROP_NESTED);
+  out.lost_returns = sum(RS_DROP_LOST_RETURN);
+  return out;
 }
 
 }  // namespace rankscope::agent

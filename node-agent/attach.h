@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bpf/nccl_events.h"
+#include "common/drops.h"
 #include "common/result.h"
 #include "node-agent/discover.h"
 
@@ -19,13 +20,6 @@ struct ring_buffer;
 struct bpf_link;
 
 namespace rankscope::agent {
-
-struct BpfDrops {
-  uint64_t ringbuf_full = 0;
-  uint64_t map_full = 0;
-  uint64_t nested = 0;
-  uint64_t lost_returns = 0;
-};
 
 struct AttachedLibrary {
   std::string path;
@@ -60,7 +54,9 @@ class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/ncc
   int consume();
   // A descriptor that becomes readable when records are waiting (for poll(2)).
   int wait_fd() const;
-  BpfDrops drops() const;
+  // The counts BPF keeps (ringbuf_full, map_full, nested, lost_returns); the
+  // others are zero here.
+  DropCounts drops() const;
   // Entries a process holds in the BPF tables (communicators, waits in
   // progress, followed threads): zero once it exited. The call in progress
   // and the group nesting live in task-local storage, which the kernel frees

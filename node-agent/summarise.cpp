@@ -269,7 +269,7 @@ bool Summariser::empty() const {
   return true;
 }
 
-void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
+void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
   // A batch carries at most what the collector accepts (proto/limits.h):
   // one process opening 100,000 communicators must not make every batch of
   // its node unacceptable. What does not fit stays for the next batch, in
@@ -418,13 +418,7 @@ void Summariser::fill(wire::Batch::Builder batch, const DropTotals& drops) {
   }
   async_errors_.clear();
 
-  auto d = batch.initDrops();
-  d.setRingbufFull(drops.ringbuf_full);
-  d.setMapFull(drops.map_full);
-  d.setUnknownComm(unknown_comm_);
-  d.setNested(drops.nested);
-  d.setSendQueueFull(drops.send_queue_full);
-  d.setLostReturns(drops.lost_returns);
+  proto::write_drops(drops, batch.initDrops());
 }
 
 void Summariser::forget_exited() {

@@ -3,11 +3,11 @@
 // column block per (process, communicator, lane), process identities when
 // first seen, communicator ends, and the agent's clock samples.
 #include <array>
+#include <cstdint>
 #include <deque>
 #include <functional>
-#include <optional>
-#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -16,20 +16,11 @@
 #include "node-agent/identify.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
+#include "proto/drops.h"
 
 namespace rankscope::agent {
 
 namespace wire = ::rankscope::proto::wire;
-
-struct DropTotals {
-  uint64_t ringbuf_full = 0;
-  uint64_t map_full = 0;
-  uint64_t unknown_comm = 0;
-  uint64_t nested = 0;
-  uint64_t send_queue_full = 0;
-  uint64_t malformed = 0;
-  uint64_t lost_returns = 0;
-};
 
 struct CommEntry {
   uint64_t hash = 0;
@@ -56,7 +47,7 @@ class Summariser {
   size_t pending_records() const { return pending_records_; }
   // Moves what is pending into `batch`, up to what one batch may carry
   // (proto/limits.h); the rest stays for the next (empty() says whether any).
-  void fill(wire::Batch::Builder batch, const DropTotals& drops);
+  void fill(wire::Batch::Builder batch, const DropCounts& drops);
   // Frees entries of processes that exited (pid gone or reused); each is
   // reported once more by health() as not alive.
   void forget_exited();
@@ -72,6 +63,7 @@ class Summariser {
   void open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& waits, wire::Heartbeat::Builder heartbeat);
 
   uint64_t unknown_comm_records() const { return unknown_comm_; }
+  uint64_t malformed_records() const { return malformed_; }
   size_t traced_processes() const { return processes_.size(); }
   size_t known_comms() const { return comms_.size(); }
 

@@ -183,6 +183,8 @@ struct CollectiveColumns {
   firstCount @16 :UInt64;   # likewise for the element count
 }
 
+# One field per row of common/drops.h's table, in its order (proto/drops.h
+# binds them; a test holds the three together).
 struct DropCounters {
   ringbufFull @0 :UInt64;   # events lost because the BPF ring buffer was full
   mapFull @1 :UInt64;       # BPF map updates that failed (too many threads/communicators)
@@ -192,6 +194,7 @@ struct DropCounters {
   lostRecords @5 :UInt64;   # collective records and waits in those batches
   spoolDamaged @6 :UInt64;  # spool segments found cut short or corrupt at start (their tails skipped)
   lostReturns @7 :UInt64;   # calls whose return was not seen (they ran while the agent attached): not recorded
+  malformed @8 :UInt64;     # ring-buffer records the agent could not decode (wrong size or kind): not recorded
 }
 
 struct Heartbeat {

@@ -106,7 +106,7 @@ class Tracer {
   wire::Batch::Reader batch() {
     message_ = std::make_unique<capnp::MallocMessageBuilder>();
     auto built = message_->initRoot<wire::AgentMessage>().initBatch();
-    summariser_.fill(built, agent::DropTotals{});
+    summariser_.fill(built, DropCounts{});
     return message_->getRoot<wire::AgentMessage>().asReader().getBatch();
   }
 

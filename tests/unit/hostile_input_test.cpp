@@ -140,7 +140,7 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
     auto b = message.initRoot<wire::AgentMessage>().initBatch();
     b.setInstanceId(99);
     b.setSeq(static_cast<uint64_t>(batches));
-    summariser.fill(b, agent::DropTotals{});
+    summariser.fill(b, DropCounts{});
     Outbox out;
     ingest.on_agent_message("conn-1", proto::to_packed(message), out);
     ASSERT_TRUE(out.now.empty() || !is_error(out.now[0].second)) << "batch " << batches << " refused";

@@ -158,6 +158,33 @@ TEST_F(IngestTest, StateSurvivesARestart) {
   EXPECT_EQ(restarted.nodes().count("gpu-1"), 1u);
 }
 
+// Every drop reason an agent reports (common/drops.h) reaches the node
+// model, survives a restart, and is never lowered by an older message.
+TEST_F(IngestTest, EveryDropCountIsKeptAcrossARestartAndNeverLowered) {
+  auto with_drops = [](std::string packed, uint64_t base) {
+    capnp::MallocMessageBuilder copy;
+    EXPECT_TRUE(proto::read_packed<wire::AgentMessage>(packed, proto::ReadLimits{}, [&](auto m) { copy.setRoot(m); }));
+    DropCounts drops;
+    uint64_t value = base;
+    for (const DropReason& reason : kDropReasons) drops.*reason.count = value++;
+    proto::write_drops(drops, copy.getRoot<wire::AgentMessage>().getBatch().getDrops());
+    return std::pair{proto::to_packed(copy), drops};
+  };
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  auto [newer, drops] = with_drops(batch(2, 3, 1), 100);
+  auto [older, ignored] = with_drops(batch(1, 0, 3), 1);  // a re-send of an earlier batch, arriving after
+  ingest.on_agent_message("conn-1", newer, out);
+  ingest.on_agent_message("conn-1", older, out);
+  ASSERT_TRUE(commit.run(0));
+  EXPECT_EQ(ingest.node("gpu-1")->drops, drops);
+  testing::StoreCommit restarted_commit{*store};
+  Ingest restarted(*store, restarted_commit, clock);
+  ASSERT_TRUE(restarted.restore());
+  ASSERT_NE(restarted.node("gpu-1"), nullptr);
+  EXPECT_EQ(restarted.node("gpu-1")->drops, drops);
+}
+
 TEST_F(IngestTest, StoredBatchesAreKnownAfterARestartOfTheCollectorAndOfTheAgent) {
   Outbox out;
   ingest.on_agent_message("conn-1", hello("gpu-1"), out);

@@ -33,7 +33,7 @@ rs_comm_init_event init_event(uint32_t pid, uint8_t op, uint64_t comm, uint64_t 
 std::map<std::pair<uint32_t, uint64_t>, uint64_t> announced(Summariser& summariser) {
   capnp::MallocMessageBuilder message;
   auto b = message.initRoot<wire::AgentMessage>().initBatch();
-  summariser.fill(b, DropTotals{});
+  summariser.fill(b, DropCounts{});
   std::map<std::pair<uint32_t, uint64_t>, uint64_t> out;
   for (auto c : b.getComms()) out[{c.getPid(), c.getHandle()}] = c.getCommHash();
   return out;

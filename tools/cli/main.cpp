@@ -1,20 +1,21 @@
 // rankscope: the command line for the collector.
-#include <boost/program_options.hpp>
 #include <unistd.h>
 
+#include <boost/program_options.hpp>
 #include <charconv>
 #include <chrono>
-#include <tuple>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/curve.h"
 #include "common/format.h"
 #include "common/json.h"
 #include "common/version.h"
+#include "proto/drops.h"
 #include "proto/records.h"
 #include "tools/cli/client.h"
 #include "tools/cli/mcp.h"
@@ -22,11 +23,17 @@
 
 namespace po = boost::program_options;
 namespace query = rankscope::proto::query;
+using rankscope::DropCounts;
+using rankscope::DropReason;
 using rankscope::format_duration_ns;
 using rankscope::format_time_ns;
 using rankscope::hex64;
 using rankscope::Json;
+using rankscope::kDropReasons;
+using rankscope::records_lost;
 using rankscope::to_json;
+using rankscope::cli::drops_json;
+using rankscope::proto::read_drops;
 
 namespace {
 
@@ -116,7 +123,6 @@ void print_status(query::StatusReply::Reader s, bool json) {
                 {"batch_bytes", s.getBatchBytes()},
                 {"nodes", Json::array()}};
     for (auto n : s.getNodes()) {
-      auto d = n.getDrops();
       out["nodes"].push_back({{"node", std::string(n.getNode())},
                               {"connected", n.getConnected()},
                               {"last_contact_ns", n.getLastContactNs()},
@@ -135,15 +141,7 @@ void print_status(query::StatusReply::Reader s, bool json) {
                               {"bad_messages", n.getBadMessages()},
                               {"throttled_messages", n.getThrottledMessages()},
                               {"refused_claims", n.getRefusedClaims()},
-                              {"drops",
-                               {{"ringbuf_full", d.getRingbufFull()},
-                                {"map_full", d.getMapFull()},
-                                {"unknown_comm", d.getUnknownComm()},
-                                {"nested", d.getNested()},
-                                {"send_queue_full", d.getSendQueueFull()},
-                                {"lost_records", d.getLostRecords()},
-                                {"spool_damaged", d.getSpoolDamaged()},
-                                {"lost_returns", d.getLostReturns()}}}});
+                              {"drops", drops_json(read_drops(n.getDrops()))}});
     }
     std::printf("%s\n", to_json(out).c_str());
     return;
@@ -162,18 +160,15 @@ void print_status(query::StatusReply::Reader s, bool json) {
   std::printf("%-16s %-13s %-14s %9s %10s %5s %-26s %s\n", "NODE", "AGENT", "LAST CONTACT", "BATCHES", "RECORDS",
               "PROCS", "WALL CLOCK SKEW (+/-)", "DROPS");
   for (auto n : s.getNodes()) {
-    auto d = n.getDrops();
-    uint64_t drops = d.getRingbufFull() + d.getMapFull() + d.getSendQueueFull();
+    DropCounts d = read_drops(n.getDrops());
     std::string clock = n.getClockSamples() == 0 && n.getClockUncertaintyNs() >= 1'000'000'000ull
                             ? "from hello (no probe yet)"
                             : format_duration_ns(n.getWallClockSkewNs()) + " (" +
                                   format_duration_ns(static_cast<int64_t>(n.getClockUncertaintyNs())) + ")";
-    std::string drop_text = std::to_string(drops);
-    if (d.getUnknownComm()) drop_text += ", " + std::to_string(d.getUnknownComm()) + " unmatched";
-    if (d.getLostRecords()) drop_text += ", " + std::to_string(d.getLostRecords()) + " records lost unsent";
-    if (d.getSpoolDamaged()) drop_text += ", " + std::to_string(d.getSpoolDamaged()) + " damaged spool file(s)";
-    if (d.getLostReturns())
-      drop_text += ", " + std::to_string(d.getLostReturns()) + " call(s) running while the agent attached";
+    std::string drop_text = std::to_string(records_lost(d));
+    for (const DropReason& reason : kDropReasons)
+      if (!reason.status_text.empty() && d.*reason.count)
+        drop_text += ", " + std::to_string(d.*reason.count) + " " + std::string(reason.status_text);
     if (n.getRefusedClaims()) drop_text += ", " + std::to_string(n.getRefusedClaims()) + " refused claim(s)";
     std::printf("%-16s %-13s %-14s %9llu %10llu %5u %-26s %s\n", n.getNode().cStr(),
                 n.getConnected() ? "connected" : "disconnected", age(s.getNowNs(), n.getLastContactNs()).c_str(),

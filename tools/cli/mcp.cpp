@@ -13,6 +13,7 @@
 
 #include "common/format.h"
 #include "common/json.h"
+#include "proto/drops.h"
 #include "proto/records.h"
 #include "tools/cli/usage_commands.h"
 
@@ -511,8 +512,8 @@ class Tools {
       for (auto n : s.getNodes()) {
         known.push_back(n.getNode());
         if (!only.empty() && std::string(n.getNode()) != only) continue;
-        auto d = n.getDrops();
-        uint64_t drops = d.getRingbufFull() + d.getMapFull() + d.getSendQueueFull();
+        DropCounts d = proto::read_drops(n.getDrops());
+        uint64_t drops = records_lost(d);
         nodes.push_back({{"node", std::string(n.getNode())},
                          {"connected", n.getConnected()},
                          {"last_contact", iso_or_null(n.getLastContactNs())},
@@ -524,7 +525,8 @@ class Tools {
                          {"clock_uncertainty_ns", n.getClockUncertaintyNs()},
                          {"wall_clock_skew_ns", n.getWallClockSkewNs()},
                          {"events_dropped", drops},
-                         {"records_lost_unsent", d.getLostRecords()},
+                         {"records_lost_unsent", d.lost_records},
+                         {"drops", drops_json(d)},
                          {"bad_messages", n.getBadMessages()},
                          {"throttled_messages", n.getThrottledMessages()},
                          {"refused_claims", n.getRefusedClaims()}});

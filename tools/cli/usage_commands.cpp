@@ -198,6 +198,12 @@ void print_table(query::ReportReply::Reader r, const ReportArgs& args) {
 }
 }  // namespace
 
+Json drops_json(const DropCounts& drops) {
+  Json out = Json::object();
+  for (const DropReason& reason : kDropReasons) out[std::string(reason.name)] = drops.*reason.count;
+  return out;
+}
+
 Json waste_cause_json(query::WasteCause::Reader c) {
   return {{"victim", std::string(c.getVictim())},
           {"cause", std::string(c.getCause())},

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "common/drops.h"
 #include "common/json.h"
 #include "tools/cli/client.h"
 
@@ -16,6 +17,10 @@ std::optional<uint64_t> parse_time_ns(const std::string& text, uint64_t now_ns);
 
 // Who waited on whom, as `report --json` and the MCP job_report write it.
 Json waste_cause_json(proto::query::WasteCause::Reader cause);
+
+// A node's drop counts by reason name (common/drops.h), as `status --json`
+// and the MCP node_status write them.
+Json drops_json(const DropCounts& drops);
 
 struct ReportArgs {
   uint64_t since_ns = 0, until_ns = 0;
