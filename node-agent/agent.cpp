@@ -138,11 +138,11 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     RS_LOG(error, "%s", scope.error().message.c_str());
     return 2;
   }
-  SystemClock clock;
-  auto now = [&] { return clock.monotonic_ns() + static_cast<uint64_t>(options.test_clock_offset_ns); };
+  SystemClock system_clock;
+  OffsetClock clock(system_clock, options.test_clock_offset_ns);
+  auto now = [&] { return clock.monotonic_ns(); };
 
-  Summariser summariser(options.proc_root, options.node, options.test_clock_offset_ns, options.container_state_root,
-                        options.slurm_jobs_dir);
+  Summariser summariser(options.proc_root, options.node, clock, options.container_state_root, options.slurm_jobs_dir);
   auto probes = NcclProbes::open(*scope, [&](const void* data, size_t size) {
     if (auto event = decode_event(data, size))
       summariser.on_event(*event);

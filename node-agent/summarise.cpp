@@ -33,14 +33,14 @@ uint64_t mix_hash(std::initializer_list<uint64_t> parts) {
 }
 }  // namespace
 
-Summariser::Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns,
+Summariser::Summariser(std::string proc_root, std::string node, const OffsetClock& clock,
                        std::string container_state_root, std::string slurm_jobs_dir)
     : proc_root_(std::move(proc_root)),
       container_state_root_(std::move(container_state_root)),
       slurm_jobs_dir_(std::move(slurm_jobs_dir)),
       cgroup_mounts_(read_cgroup_mounts("/proc/self/mountinfo")),
       node_(std::move(node)),
-      clock_offset_ns_(clock_offset_ns) {}
+      clock_(clock) {}
 
 Summariser::ProcessEntry& Summariser::process(uint32_t pid) {
   auto it = processes_.find(pid);

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/clock.h"
 #include "node-agent/drain.h"
 #include "node-agent/identify.h"
 #include "proto/agent.capnp.h"
@@ -32,12 +33,12 @@ struct CommEntry {
 
 class Summariser {
  public:
-  // clock_offset_ns is added to every event time (tests use it to play a
-  // node whose clock is off).
+  // clock: the node's clock; every BPF event time goes through its shift()
+  // (tests play a node whose clock is off with an offset).
   // container_state_root: where the pods' names are read ("": not read);
   // slurm_jobs_dir: the Slurm Prolog's job records, for accounts ("": none).
-  Summariser(std::string proc_root, std::string node, int64_t clock_offset_ns,
-             std::string container_state_root = "", std::string slurm_jobs_dir = "");
+  Summariser(std::string proc_root, std::string node, const OffsetClock& clock, std::string container_state_root = "",
+             std::string slurm_jobs_dir = "");
 
   void on_event(const Event& event);
   void on_malformed() { ++malformed_; }
@@ -88,14 +89,14 @@ class Summariser {
   // What a process did to its own identity before or after it was first
   // traced (setenv of CUDA_VISIBLE_DEVICES, cudaSetDevice), applied to it.
   void apply_overrides(uint32_t pid, ProcessIdentity& identity);
-  uint64_t shift(uint64_t ns) const { return ns + static_cast<uint64_t>(clock_offset_ns_); }
+  uint64_t shift(uint64_t ns) const { return clock_.shift(ns); }
 
   std::string proc_root_;
   std::string container_state_root_;
   std::string slurm_jobs_dir_;
   CgroupMounts cgroup_mounts_;  // the agent's own view, where processes' cpu cgroups are read
   std::string node_;
-  int64_t clock_offset_ns_;
+  const OffsetClock& clock_;
   std::map<uint32_t, ProcessEntry> processes_;
   std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
   std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting

@@ -111,7 +111,7 @@ void Transport::send_hello() {
   utsname uts{};
   if (uname(&uts) == 0) hello.setKernelRelease(uts.release);
   hello.setMonotonicNs(now());
-  hello.setRealtimeNs(clock_.realtime_ns() + static_cast<uint64_t>(options_.test_clock_offset_ns));
+  hello.setRealtimeNs(clock_.realtime_ns());
   // Not sent (no connection yet): try again on the next service() call.
   last_hello_ns_ = send_bytes(proto::to_packed(message)) ? now() : 0;
 }

@@ -72,7 +72,7 @@ class Transport {
     uint32_t resends = 0;       // sent again for want of an ack (the wait doubles each time)
     bool stripped = false;      // its records were dropped (counted once)
   };
-  uint64_t now() const { return clock_.monotonic_ns() + static_cast<uint64_t>(options_.test_clock_offset_ns); }
+  uint64_t now() const { return clock_.monotonic_ns(); }
   bool send_bytes(const std::string& bytes);
   void send_hello();
   void handle(const std::string& bytes);

@@ -3,14 +3,12 @@
 // cgroup made by the test; the agent's real BPF probes, scoped to that
 // cgroup, feed the agent's real Summariser, and the test reads the batch and
 // heartbeat it would send.
+#include <capnp/message.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <nccl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <capnp/message.h>
-
-#include <malloc.h>
 
 #include <algorithm>
 #include <deque>
@@ -25,6 +23,7 @@
 #include "node-agent/summarise.h"
 #include "proto/codec.h"
 #include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
 
 namespace rankscope::testing {
 namespace {
@@ -39,7 +38,7 @@ const std::string kFakeCudart = std::string(RANKSCOPE_FAKENCCL_DIR) + "/libcudar
 // The agent's pipeline minus the transport, scoped to one cgroup.
 class Tracer {
  public:
-  explicit Tracer(const std::string& cgroup) : summariser_("/proc", "capture-test", 0) {
+  explicit Tracer(const std::string& cgroup) : summariser_("/proc", "capture-test", testing::unshifted_node_clock()) {
     agent::Options options;
     options.cgroup = cgroup;
     auto scope = agent::resolve_scope(options);

@@ -1,6 +1,7 @@
 #pragma once
 // The one simulated clock of the tests: both readings are `now`, which the
 // test moves by hand (style.md: one time source, one simulated clock).
+// Tests that need a node whose clock is off wrap a clock in OffsetClock.
 #include <cstdint>
 
 #include "common/clock.h"
@@ -14,5 +15,13 @@ class ManualClock final : public Clock {
   uint64_t realtime_ns() const override { return now; }
   uint64_t now;
 };
+
+// A node clock with no offset, for a Summariser under test (it shifts BPF
+// timestamps through the node's clock).
+inline const OffsetClock& unshifted_node_clock() {
+  static const SystemClock system;
+  static const OffsetClock clock(system, 0);
+  return clock;
+}
 
 }  // namespace rankscope::testing

@@ -1,11 +1,13 @@
 // Clock refinement from the collectives: ranks leave a blocking collective
 // at nearly the same true time, so the end of the wait that follows it
 // exposes an offset error the probes could not see (an asymmetric path).
+#include "collector/clock_refine.h"
+
 #include <gtest/gtest.h>
 
-#include "collector/clock_refine.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
@@ -14,11 +16,7 @@ namespace {
 constexpr uint64_t kComm = 0xabcdef0123456789ull;
 constexpr uint64_t kMs = 1'000'000ull;
 
-class FixedClock final : public Clock {
- public:
-  uint64_t monotonic_ns() const override { return 0; }
-  uint64_t realtime_ns() const override { return 1'000'000 * kMs; }
-};
+using FixedClock = testing::ManualClock;
 
 class ClockRefineTest : public ::testing::Test {
  protected:
@@ -98,7 +96,7 @@ class ClockRefineTest : public ::testing::Test {
 
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
-  FixedClock clock;
+  FixedClock clock{1'000'000 * kMs};
   testing::StoreCommit commit{*store};
   Ingest ingest{*store, commit, clock};
   ClockRefiner refiner{ingest};

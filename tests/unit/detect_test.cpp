@@ -9,6 +9,7 @@
 #include "collector/query.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
@@ -19,12 +20,7 @@ constexpr uint64_t kSecond = 1'000'000'000ull;
 constexpr uint64_t kMs = 1'000'000ull;
 constexpr int kTicks = 3;  // evaluations after the last step
 
-class TestClock final : public Clock {
- public:
-  uint64_t monotonic_ns() const override { return now; }
-  uint64_t realtime_ns() const override { return now; }
-  uint64_t now = 1'000 * kSecond;
-};
+using TestClock = testing::ManualClock;
 
 struct Call {
   int32_t rank;  // the process: pid 100 + rank on node_of(rank)
@@ -224,7 +220,7 @@ class DetectTest : public ::testing::Test {
 
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
-  TestClock clock;
+  TestClock clock{1'000 * kSecond};
   testing::StoreCommit commit{*store};
   Ingest ingest{*store, commit, clock};
   CollectiveMatcher matcher{ingest};

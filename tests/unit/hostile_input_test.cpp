@@ -99,7 +99,7 @@ class HostileInputTest : public ::testing::Test {
 // (kMaxMembershipsPerNode live memberships): the rest is refused and counted.
 TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOverSeveralBatches) {
   testing::TempDir proc;  // an empty /proc: the process's identity is its pid only
-  agent::Summariser summariser(proc.path(), "gpu-1", 0);
+  agent::Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
   const uint32_t pid = 4242;
   const uint64_t kComms = kMaxListEntries + 4464;  // 70,000
   for (uint64_t h = 1; h <= kComms; ++h) {

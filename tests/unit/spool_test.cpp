@@ -1,6 +1,8 @@
 // The agent's on-disk spool (node-agent/spool.h) on a real file system, and
 // the transport replaying it to a real ZeroMQ socket: order, acks, the bound,
 // damaged files, and a restart of the agent.
+#include "node-agent/spool.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,10 +14,10 @@
 #include <zmq.hpp>
 
 #include "common/clock.h"
-#include "node-agent/spool.h"
 #include "node-agent/transport.h"
 #include "proto/codec.h"
 #include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
 
 namespace rankscope::agent {
 namespace {
@@ -367,12 +369,7 @@ TEST_F(SpoolTest, ARestartedAgentReplaysTheEarlierInstancesBatchesFirstUnderThei
 }
 
 // A clock the test moves.
-class StepClock final : public Clock {
- public:
-  uint64_t monotonic_ns() const override { return now; }
-  uint64_t realtime_ns() const override { return now; }
-  uint64_t now = 1'000'000'000ull;
-};
+using StepClock = testing::ManualClock;
 
 // Hello and its answer.
 void accept(FakeCollector& collector, Transport& transport) {
@@ -412,7 +409,7 @@ TEST_F(SpoolTest, TheWaitForAnAckDoublesWithEachReSendAndANewConnectionStartsAfr
   zmq::context_t context(1);
   Options options;  // --ack-timeout-ms 2000
   options.collector = "ipc://" + tmp.file("slow.sock");
-  StepClock clock;
+  StepClock clock{1'000'000'000ull};
   FakeCollector collector(context, options.collector);
   collector.clock = &clock;
   collector.ack = false;
@@ -446,7 +443,7 @@ TEST_F(SpoolTest, ACollectorThatAcknowledgesLateIsGivenTimeBeforeAnythingIsSentA
   zmq::context_t context(1);
   Options options;  // --ack-timeout-ms 2000
   options.collector = "ipc://" + tmp.file("behind.sock");
-  StepClock clock;
+  StepClock clock{1'000'000'000ull};
   FakeCollector collector(context, options.collector);
   collector.clock = &clock;
   Transport transport(context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t) {}, open());

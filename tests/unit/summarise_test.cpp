@@ -1,12 +1,14 @@
 // The agent's summariser on hand-made BPF events: how it names
 // communicators, so that every member of one names it alike.
+#include "node-agent/summarise.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
 
-#include "node-agent/summarise.h"
 #include "tests/support/harness.h"
+#include "tests/support/manual_clock.h"
 
 namespace rankscope::agent {
 namespace {
@@ -44,7 +46,7 @@ std::map<std::pair<uint32_t, uint64_t>, uint64_t> announced(Summariser& summaris
 // parent's splits, or its next child would be named apart from the others'.
 TEST(Summarise, ASplitWithoutAChildStillCountsAmongItsParentsSplits) {
   testing::TempDir proc;  // an empty /proc
-  Summariser summariser(proc.path(), "gpu-1", 0);
+  Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
   const uint32_t a = 100, b = 101;
   for (uint32_t pid : {a, b}) summariser.on_event(init_event(pid, RS_OP_COMM_INIT_RANK, 0x10, 0, 0, 1'000));
   // First split: rank a has no color, rank b joins child color 3.
