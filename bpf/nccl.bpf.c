@@ -116,12 +116,6 @@ struct {
   __type(value, struct thread_calls);
 } calls SEC(".maps");
 
-struct comm_key {
-  __u32 pid;
-  __u32 reserved;
-  __u64 comm;
-};
-
 /* A communicator's numbering lives in a slot of an array, named by its
  * index in `comms` (keyed by process and ncclComm_t). A thread remembers
  * the slots of the last few communicators it called, so a call on one of
@@ -131,18 +125,10 @@ struct comm_key {
  * slot, shared by every thread of the process. */
 #define RS_COMM_SLOTS 131072
 
-struct comm_slot {
-  __u64 next_seq; /* lane 0 */
-  __u64 epoch;    /* creation time: tells a reused ncclComm_t address apart; 0: created before the agent saw it */
-  __u64 comm;
-  __u32 pid;      /* 0: free */
-  __u32 reserved;
-};
-
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, RS_COMM_SLOTS);
-  __type(key, struct comm_key);
+  __type(key, struct rs_comm_key);
   __type(value, __u32); /* index in comm_slots */
 } comms SEC(".maps");
 
@@ -150,7 +136,7 @@ struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
   __uint(max_entries, RS_COMM_SLOTS);
   __type(key, __u32);
-  __type(value, struct comm_slot);
+  __type(value, struct rs_comm_slot);
 } comm_slots SEC(".maps");
 
 /* Slots given back (communicator destroyed, process gone), reused first. */
@@ -188,22 +174,12 @@ struct {
   __type(value, struct rs_host_stats);
 } nccl_processes SEC(".maps");
 
-/* The threads that called NCCL or waited on the GPU: their scheduling is
- * followed by the sched_switch probe below. */
-struct thread_sched {
-  __u64 off_ns;       /* when it was switched out; 0 while it runs */
-  __u64 ready_ns;     /* when it became runnable again (preempted or woken); 0 if not yet */
-  __u64 last_maj_flt; /* task_struct.maj_flt at its last switch-out */
-  __u32 tgid;
-  __u8 iowait;        /* asleep on block I/O at switch-out */
-  __u8 reserved[3];
-};
-
+/* The threads that called NCCL or waited on the GPU (struct rs_thread_sched). */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, 65536);
   __type(key, __u32); /* tid */
-  __type(value, struct thread_sched);
+  __type(value, struct rs_thread_sched);
 } threads SEC(".maps");
 
 static __always_inline void processes__note(__u64 pid_tgid, bool calling_thread)
@@ -221,7 +197,7 @@ static __always_inline void processes__note(__u64 pid_tgid, bool calling_thread)
   if (!calling_thread || bpf_map_lookup_elem(&threads, &tid))
     return;
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-  struct thread_sched fresh = {.tgid = tgid, .last_maj_flt = BPF_CORE_READ(task, maj_flt)};
+  struct rs_thread_sched fresh = {.tgid = tgid, .last_maj_flt = BPF_CORE_READ(task, maj_flt)};
   if (bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST) == 0)
     __sync_fetch_and_add(&stats->threads, 1);
 }
@@ -360,7 +336,7 @@ static __always_inline __s64 slot__take(void)
 
 static __always_inline void slot__give_back(__u32 index)
 {
-  struct comm_slot *slot = bpf_map_lookup_elem(&comm_slots, &index);
+  struct rs_comm_slot* slot = bpf_map_lookup_elem(&comm_slots, &index);
   if (!slot)
     return;
   slot->pid = 0;
@@ -368,8 +344,7 @@ static __always_inline void slot__give_back(__u32 index)
   bpf_map_push_elem(&free_comm_slots, &index, 0);
 }
 
-static __always_inline void slot__start(struct comm_slot *slot, __u32 pid, __u64 comm, __u64 epoch)
-{
+static __always_inline void slot__start(struct rs_comm_slot* slot, __u32 pid, __u64 comm, __u64 epoch) {
   slot->next_seq = 0;
   slot->epoch = epoch;
   slot->comm = comm;
@@ -380,13 +355,12 @@ static __always_inline void slot__start(struct comm_slot *slot, __u32 pid, __u64
  * communicator met first in a call (created before the agent attached, or
  * its creation lost) is numbered from here with epoch 0. With `restart`
  * (its creation seen), numbering starts again from 0 at `epoch`. */
-static __always_inline struct comm_slot *comm__slot(__u32 pid, __u64 comm, bool restart, __u64 epoch,
-                                                    __u32 *slot_index)
-{
-  struct comm_key key = {.pid = pid, .comm = comm};
+static __always_inline struct rs_comm_slot* comm__slot(__u32 pid, __u64 comm, bool restart, __u64 epoch,
+                                                       __u32* slot_index) {
+  struct rs_comm_key key = {.pid = pid, .comm = comm};
   __u32 *mapped = bpf_map_lookup_elem(&comms, &key);
   __u32 index;
-  struct comm_slot *slot;
+  struct rs_comm_slot* slot;
   if (!mapped) {
     __s64 taken = slot__take();
     if (taken < 0) {
@@ -423,7 +397,7 @@ static __always_inline struct comm_slot *comm__slot(__u32 pid, __u64 comm, bool 
 /* Forgets (pid, comm): its slot is given back. */
 static __always_inline void comm__forget(__u32 pid, __u64 comm)
 {
-  struct comm_key key = {.pid = pid, .comm = comm};
+  struct rs_comm_key key = {.pid = pid, .comm = comm};
   __u32 *mapped = bpf_map_lookup_elem(&comms, &key);
   if (!mapped)
     return;
@@ -434,19 +408,18 @@ static __always_inline void comm__forget(__u32 pid, __u64 comm)
 
 /* The slot of the communicator of this call: from the thread's recent ones
  * when it is there and still numbers it, else from `comms` (and remembered). */
-static __always_inline struct comm_slot *comm__slot_for_call(struct thread_calls *t, __u32 pid, __u64 comm)
-{
+static __always_inline struct rs_comm_slot* comm__slot_for_call(struct thread_calls* t, __u32 pid, __u64 comm) {
   for (int i = 0; i < RS_THREAD_COMMS; i++) {
     if (t->recent[i].comm != comm)
       continue;
     __u32 index = t->recent[i].slot;
-    struct comm_slot *slot = bpf_map_lookup_elem(&comm_slots, &index);
+    struct rs_comm_slot* slot = bpf_map_lookup_elem(&comm_slots, &index);
     if (slot && slot->pid == pid && slot->comm == comm)
       return slot;
     break;
   }
   __u32 index = 0;
-  struct comm_slot *slot = comm__slot(pid, comm, false, 0, &index);
+  struct rs_comm_slot* slot = comm__slot(pid, comm, false, 0, &index);
   if (slot) {
     __u32 i = t->recent_next % RS_THREAD_COMMS;
     t->recent_next = i + 1;
@@ -461,7 +434,7 @@ static __always_inline struct comm_slot *comm__slot_for_call(struct thread_calls
 static __always_inline void seq__assign(struct thread_calls *t, __u32 pid)
 {
   struct pending_call *p = &t->call;
-  struct comm_slot *state = comm__slot_for_call(t, pid, p->comm);
+  struct rs_comm_slot* state = comm__slot_for_call(t, pid, p->comm);
   if (!state)
     return;
   if (state->epoch == 0)
@@ -1119,7 +1092,7 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
     struct rs_host_stats *stats = bpf_map_lookup_elem(&nccl_processes, &prev_tgid);
     if (stats) {
       __sync_fetch_and_add(&stats->cpu_ns, ran);
-      struct thread_sched *t = bpf_map_lookup_elem(&threads, &prev_tid);
+      struct rs_thread_sched* t = bpf_map_lookup_elem(&threads, &prev_tid);
       if (t) {
         __sync_fetch_and_add(&stats->on_cpu_ns, ran);
         if (involuntary)
@@ -1138,7 +1111,7 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
   }
 
   __u32 next_tid = next->pid;
-  struct thread_sched *t = bpf_map_lookup_elem(&threads, &next_tid);
+  struct rs_thread_sched* t = bpf_map_lookup_elem(&threads, &next_tid);
   if (t && t->off_ns) {
     struct rs_host_stats *stats = bpf_map_lookup_elem(&nccl_processes, &t->tgid);
     if (stats) {
@@ -1160,7 +1133,7 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 static __always_inline int wakeup__note(struct task_struct *task)
 {
   __u32 tid = task->pid;
-  struct thread_sched *t = bpf_map_lookup_elem(&threads, &tid);
+  struct rs_thread_sched* t = bpf_map_lookup_elem(&threads, &tid);
   if (t && t->off_ns && !t->ready_ns)
     t->ready_ns = bpf_ktime_get_ns();
   return 0;
@@ -1197,8 +1170,7 @@ int BPF_PROG(tcp_retransmit, const struct sock *sk, const struct sk_buff *skb)
 /* bpf_for_each_map_elem callbacks: drop the exiting process's entries, so
  * that the tables hold live processes only (a rank killed inside a call, or
  * one that never destroyed its communicators, would otherwise stay). */
-static long exit__drop_comm(struct bpf_map *map, struct comm_key *key, __u32 *slot_index, __u32 *tgid)
-{
+static long exit__drop_comm(struct bpf_map* map, struct rs_comm_key* key, __u32* slot_index, __u32* tgid) {
   if (key->pid == *tgid) {
     slot__give_back(*slot_index);
     bpf_map_delete_elem(map, key);

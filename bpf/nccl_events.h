@@ -213,7 +213,39 @@ struct rs_open_wait {
   __u8 reserved[7];
 };
 
+/* Key of the `comms` map: a process's ncclComm_t. The agent walks it to
+ * count a process's communicators. */
+struct rs_comm_key {
+  __u32 pid;
+  __u32 reserved;
+  __u64 comm;
+};
+
+/* Value of the `comm_slots` array: one communicator's numbering. The
+ * counter is in the slot, shared by every thread of the process. */
+struct rs_comm_slot {
+  __u64 next_seq; /* lane 0 */
+  __u64 epoch;    /* creation time: tells a reused ncclComm_t address apart; 0: created before the agent saw it */
+  __u64 comm;
+  __u32 pid; /* 0: free */
+  __u32 reserved;
+};
+
+/* Value of the `threads` map (by tid): a thread that called NCCL or waited
+ * on the GPU, followed by the sched_switch probe. */
+struct rs_thread_sched {
+  __u64 off_ns;       /* when it was switched out; 0 while it runs */
+  __u64 ready_ns;     /* when it became runnable again (preempted or woken); 0 if not yet */
+  __u64 last_maj_flt; /* task_struct.maj_flt at its last switch-out */
+  __u32 tgid;
+  __u8 iowait; /* asleep on block I/O at switch-out */
+  __u8 reserved[3];
+};
+
 #ifdef __cplusplus
+static_assert(sizeof(struct rs_comm_key) == 16, "rs_comm_key layout");
+static_assert(sizeof(struct rs_comm_slot) == 32, "rs_comm_slot layout");
+static_assert(sizeof(struct rs_thread_sched) == 32, "rs_thread_sched layout");
 static_assert(sizeof(struct rs_setenv_event) == 48 + RS_ENV_VALUE_BYTES + 8, "rs_setenv_event layout");
 static_assert(sizeof(struct rs_set_device_event) == 56, "rs_set_device_event layout");
 static_assert(sizeof(struct rs_async_error_event) == 64, "rs_async_error_event layout");
@@ -227,6 +259,9 @@ static_assert(sizeof(struct rs_call_event) == 104, "rs_call_event layout");
 static_assert(sizeof(struct rs_comm_init_event) == 48 + 24 + 24 + 128, "rs_comm_init_event layout");
 static_assert(sizeof(struct rs_comm_end_event) == 72, "rs_comm_end_event layout");
 #else
+_Static_assert(sizeof(struct rs_comm_key) == 16, "rs_comm_key layout");
+_Static_assert(sizeof(struct rs_comm_slot) == 32, "rs_comm_slot layout");
+_Static_assert(sizeof(struct rs_thread_sched) == 32, "rs_thread_sched layout");
 _Static_assert(sizeof(struct rs_setenv_event) == 48 + RS_ENV_VALUE_BYTES + 8, "rs_setenv_event layout");
 _Static_assert(sizeof(struct rs_set_device_event) == 56, "rs_set_device_event layout");
 _Static_assert(sizeof(struct rs_async_error_event) == 64, "rs_async_error_event layout");

@@ -237,11 +237,7 @@ Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
 
 NcclProbes::TableEntries NcclProbes::table_entries(uint32_t pid) const {
   TableEntries out;
-  // comms: key {u32 pid, u32 reserved, u64 comm} (bpf/nccl.bpf.c struct comm_key).
-  struct {
-    uint32_t pid, reserved;
-    uint64_t comm;
-  } comm_key{}, comm_next{};
+  rs_comm_key comm_key{}, comm_next{};
   int fd = bpf_map__fd(skel_->maps.comms);
   void* previous = nullptr;
   while (bpf_map_get_next_key(fd, previous, &comm_next) == 0) {
@@ -264,11 +260,7 @@ NcclProbes::TableEntries NcclProbes::table_entries(uint32_t pid) const {
   void* prev_tid = nullptr;
   int threads_fd = bpf_map__fd(skel_->maps.threads);
   while (bpf_map_get_next_key(threads_fd, prev_tid, &next_tid) == 0) {
-    struct {
-      uint64_t off_ns, ready_ns, last_maj_flt;
-      uint32_t tgid;
-      uint8_t iowait, reserved[3];
-    } t{};  // struct thread_sched in bpf/nccl.bpf.c
+    rs_thread_sched t{};
     if (bpf_map_lookup_elem(threads_fd, &next_tid, &t) == 0 && t.tgid == pid) ++out.threads;
     tid = next_tid;
     prev_tid = &tid;
@@ -306,10 +298,7 @@ NcclProbes::TableSizes NcclProbes::table_sizes() const {
   uint64_t taken = skel_->bss ? skel_->bss->comm_slots_taken : 0;
   uint32_t slots = bpf_map__max_entries(skel_->maps.comm_slots);
   out.comm_slots_made = static_cast<size_t>(std::min<uint64_t>(taken, slots));
-  struct {
-    uint64_t next_seq, epoch, comm;
-    uint32_t pid, reserved;
-  } slot{};  // struct comm_slot in bpf/nccl.bpf.c
+  rs_comm_slot slot{};
   for (uint32_t i = 0; i < out.comm_slots_made; ++i)
     if (bpf_map__lookup_elem(skel_->maps.comm_slots, &i, sizeof(i), &slot, sizeof(slot), 0) == 0 && slot.pid != 0)
       ++out.comm_slots;
