@@ -9,10 +9,9 @@
 // a synthetic fleet of --nodes nodes with --jobs-per-node jobs.
 // The baseline is the same report read without the day rollups (every hour
 // row), measured in the same run. docs/benchmarks.md, scripts/bench-report.sh.
-#include <boost/program_options.hpp>
-
 #include <unistd.h>
 
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,9 +21,9 @@
 #include <optional>
 #include <set>
 
-#include "collector/report.h"
 #include "collector/store/timeline_store.h"
-#include "collector/usage.h"
+#include "collector/usage/ledger.h"
+#include "collector/usage/report.h"
 
 namespace po = boost::program_options;
 using namespace rankscope::collector;

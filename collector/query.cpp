@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "collector/report.h"
+#include "collector/usage/report.h"
 #include "common/format.h"
 #include "common/version.h"
 #include "proto/codec.h"
@@ -58,7 +58,7 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
 void fill_comm(const Ingest& ingest, const CommState& comm, query::CommInfo::Builder out) {
   out.setCommHash(comm.hash);
   out.setNranks(comm.nranks);
-  out.setOrigin(comm.origin);
+  out.setOrigin(to_wire(comm.origin));
   auto ranks = out.initRanks(static_cast<unsigned>(comm.members.size()));
   unsigned i = 0;
   for (const auto& [rank, m] : comm.members) {

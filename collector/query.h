@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "collector/detect/findings.h"
-#include "collector/ingest.h"
+#include "collector/ingest/ingest.h"
 #include "collector/store/timeline_store.h"
 #include "common/clock.h"
 

@@ -137,7 +137,7 @@ Result<void> validate(const Options& o) {
   if (!log::parse_level(o.log_level)) return make_error(Errc::invalid_argument, "--log-level must be error, warn, info or debug");
   if (o.collector.empty()) return make_error(Errc::invalid_argument, "--collector must not be empty");
   if (o.node.size() > kMaxNodeName) return make_error(Errc::invalid_argument, "--node must be 1 to 255 bytes");
-  // The collector's rule (collector/validate.h): it refuses other names.
+  // The collector's rule (collector/ingest/validate.h): it refuses other names.
   for (char c : o.node)
     if (c <= ' ' || c > '~') return make_error(Errc::invalid_argument, "--node must be printable ASCII without spaces");
   if (!o.spool_dir.empty() && o.spool_dir[0] != '/')

@@ -1,6 +1,6 @@
 #pragma once
 // What one agent message may carry: the collector refuses a batch past any
-// of these whole (collector/validate.h, docs/protocol.md "Limits"), so the
+// of these whole (collector/ingest/validate.h, docs/protocol.md "Limits"), so the
 // agent never builds one; what does not fit goes in its next batch.
 #include <cstdint>
 

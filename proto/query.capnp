@@ -31,7 +31,7 @@ struct AckRequest {
 }
 
 # Usage and cost per tenant over a time range, from the usage ledger
-# (collector/usage.h; docs/usage.md).
+# (collector/usage/ledger.h; docs/usage.md).
 struct ReportQuery {
   sinceNs @0 :UInt64;       # unix ns; 0: from the start
   untilNs @1 :UInt64;       # unix ns; 0: now

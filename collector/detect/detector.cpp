@@ -451,7 +451,7 @@ void Detector::evaluate(uint64_t now_ns) {
 }
 
 void Detector::forget_retired(uint64_t now_ns) {
-  // Communicators ended, or out of the live model (collector/ingest.h,
+  // Communicators ended, or out of the live model (collector/ingest/ingest.h,
   // retire): their state goes, their open findings resolve, and so does the
   // history of the processes no communicator still tracked has as a member.
   bool any = false;

@@ -23,8 +23,8 @@
 
 #include "collector/detect/attribution.h"
 #include "collector/detect/findings.h"
+#include "collector/ingest/ingest.h"
 #include "collector/match/matcher.h"
-#include "collector/ingest.h"
 
 namespace rankscope::collector {
 

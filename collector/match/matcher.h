@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "collector/ingest.h"
+#include "collector/ingest/ingest.h"
 #include "collector/match/open_budget.h"
 
 namespace rankscope::collector {

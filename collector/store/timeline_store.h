@@ -5,7 +5,7 @@
 //   progress: (comm, rank) -> StoredProgress (that member's counters)
 //   nodes:   node -> StoredNode
 //   findings: id -> StoredFinding
-//   usage:   the usage ledger's rows (collector/usage.h), keys made there
+//   usage:   the usage ledger's rows (collector/usage/ledger.h), keys made there
 // Keys are big-endian so that RocksDB's byte order is sequence order.
 // rocksdb::Status is converted to Result here and never leaves this file.
 #include <rocksdb/compaction_filter.h>

@@ -20,11 +20,11 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "collector/clock_refine.h"
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
-#include "collector/ingest.h"
-#include "collector/usage.h"
+#include "collector/ingest/ingest.h"
+#include "collector/model/clock_refine.h"
+#include "collector/usage/ledger.h"
 #include "common/log.h"
 #include "proto/codec.h"
 #include "tests/fuzz/fuzz_store.h"

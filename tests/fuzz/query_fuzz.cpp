@@ -14,7 +14,7 @@
 
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
-#include "collector/ingest.h"
+#include "collector/ingest/ingest.h"
 #include "collector/query.h"
 #include "common/log.h"
 #include "proto/codec.h"

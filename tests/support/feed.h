@@ -7,7 +7,7 @@
 #include <string>
 
 #include "collector/commit.h"
-#include "collector/ingest.h"
+#include "collector/ingest/ingest.h"
 
 namespace rankscope::testing {
 

@@ -9,10 +9,10 @@
 
 #include <functional>
 
-#include "collector/clock_refine.h"
 #include "collector/detect/detector.h"
-#include "collector/ingest.h"
-#include "collector/usage.h"
+#include "collector/ingest/ingest.h"
+#include "collector/model/clock_refine.h"
+#include "collector/usage/ledger.h"
 #include "common/format.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"

@@ -1,7 +1,7 @@
 // Clock refinement from the collectives: ranks leave a blocking collective
 // at nearly the same true time, so the end of the wait that follows it
 // exposes an offset error the probes could not see (an asymmetric path).
-#include "collector/clock_refine.h"
+#include "collector/model/clock_refine.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
 // Offset and drift estimation from NTP-style probes with asymmetric,
 // heavy-tailed queueing delay, as on a busy network.
+#include "collector/model/clock.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
-
-#include "collector/clock.h"
 
 namespace rankscope::collector {
 namespace {

@@ -3,17 +3,18 @@
 // staged, nothing is acknowledged until it is durable, a batch the agent
 // re-sends meanwhile is not applied or counted again, and a full backlog
 // stops intake instead of growing without bound.
+#include "collector/commit.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <map>
 #include <string>
 
-#include "collector/commit.h"
 #include "collector/detect/findings.h"
-#include "collector/ingest.h"
-#include "collector/report.h"
-#include "collector/usage.h"
+#include "collector/ingest/ingest.h"
+#include "collector/usage/ledger.h"
+#include "collector/usage/report.h"
 #include "proto/records.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"

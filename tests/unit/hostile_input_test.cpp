@@ -1,5 +1,5 @@
 // What a hostile or broken peer can send the collector's ingest, on a real
-// RocksDB: messages past the bounds of collector/validate.h are refused and
+// RocksDB: messages past the bounds of collector/ingest/validate.h are refused and
 // counted for their peer; entries out of range are skipped and counted; the
 // rest of the message still counts. Each case reproduces an input the fuzz
 // target (tests/fuzz/agent_message_fuzz.cpp) found or would find.
@@ -8,9 +8,9 @@
 #include <cstring>
 #include <functional>
 
-#include "collector/clock_refine.h"
 #include "collector/detect/detector.h"
-#include "collector/ingest.h"
+#include "collector/ingest/ingest.h"
+#include "collector/model/clock_refine.h"
 #include "node-agent/summarise.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
@@ -230,7 +230,7 @@ TEST_F(HostileInputTest, CommunicatorSizesOutOfRangeAreSkipped) {
     EXPECT_EQ(node_bad() - before, bad ? 1u : 0u) << static_cast<int>(origin) << " rank " << rank;
   }
   ASSERT_EQ(ingest.comms().count(0x5b1170), 1u);
-  EXPECT_EQ(ingest.comms().at(0x5b1170).origin, wire::CommOrigin::SPLIT);
+  EXPECT_EQ(ingest.comms().at(0x5b1170).origin, CommOrigin::split);
   EXPECT_EQ(ingest.comms().count(0xbad), 0u);
 }
 

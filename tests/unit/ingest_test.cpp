@@ -1,8 +1,9 @@
 // The collector's ingest on a real RocksDB: hello first, durable acks,
 // idempotent re-sends, refusals with a reason.
+#include "collector/ingest/ingest.h"
+
 #include <gtest/gtest.h>
 
-#include "collector/ingest.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"

@@ -8,9 +8,9 @@
 #include <fstream>
 
 #include "collector/auth.h"
-#include "collector/ingest.h"
+#include "collector/ingest/ingest.h"
+#include "collector/ingest/rate_limit.h"
 #include "collector/options.h"
-#include "collector/rate_limit.h"
 #include "collector/retention.h"
 #include "common/curve.h"
 #include "tests/support/harness.h"

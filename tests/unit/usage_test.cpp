@@ -4,8 +4,8 @@
 // CPU-seconds.
 #include <gtest/gtest.h>
 
-#include "collector/report.h"
-#include "collector/usage.h"
+#include "collector/usage/ledger.h"
+#include "collector/usage/report.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"

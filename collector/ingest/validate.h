@@ -23,10 +23,10 @@ namespace rankscope::collector {
 
 namespace wire = ::rankscope::proto::wire;
 
-using proto::kMaxClockSamples;     // proto/limits.h: the agent keeps within them too
+using proto::kMaxClockSamples;  // proto/limits.h: the agent keeps within them too
 using proto::kMaxListEntries;
 using proto::kMaxRecordsPerBatch;
-inline constexpr int32_t kMaxRanks = 1 << 16;          // ranks of one communicator (a rank is below it)
+inline constexpr int32_t kMaxRanks = 1 << 16;  // ranks of one communicator (a rank is below it)
 // Ranks of one communicator on one node: one per GPU, and a host has at most
 // a few dozen (an NVL72 tray has 4; the largest HGX boards 8 to 16). Without
 // it one node could claim every rank of a 65,536-rank communicator.

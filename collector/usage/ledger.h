@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "collector/detect/findings.h"
+#include "collector/ingest/ingest.h"
 #include "collector/match/matcher.h"
-#include "collector/ingest.h"
 #include "collector/store/timeline_store.h"
 #include "common/result.h"
 
@@ -40,9 +40,7 @@ namespace rankscope::collector {
 // Who a process is, as far as billing goes (not which rank or pid).
 struct Identity {
   std::string job, step, user, account, namespace_, pod_uid, container_id, cgroup_path;
-  auto tie() const {
-    return std::tie(job, step, user, account, namespace_, pod_uid, container_id, cgroup_path);
-  }
+  auto tie() const { return std::tie(job, step, user, account, namespace_, pod_uid, container_id, cgroup_path); }
   bool operator<(const Identity& o) const { return tie() < o.tie(); }
   bool operator==(const Identity& o) const { return tie() == o.tie(); }
   // 16 bytes naming the identity in the ledger's keys: BLAKE2b-128 of its
@@ -64,13 +62,13 @@ std::string tenant_of(const Identity& identity, const std::string& node, TenantK
 constexpr const char* kUnknownTenant = "(unknown)";
 
 struct Usage {
-  double gpu_s = 0;          // GPU-seconds held
-  double cpu_s = 0;          // CPU-seconds, all threads
-  double off_cpu_s = 0;      // seconds its NCCL/CUDA-calling threads were switched out
-  double collective_s = 0;   // seconds in NCCL calls (host side: issue to return)
-  double wait_s = 0;         // seconds in host waits on the GPU (cudaStreamSynchronize...)
-  double bytes = 0;          // bytes moved by its collectives (per rank, as NCCL counts them)
-  double collectives = 0;    // NCCL calls
+  double gpu_s = 0;         // GPU-seconds held
+  double cpu_s = 0;         // CPU-seconds, all threads
+  double off_cpu_s = 0;     // seconds its NCCL/CUDA-calling threads were switched out
+  double collective_s = 0;  // seconds in NCCL calls (host side: issue to return)
+  double wait_s = 0;        // seconds in host waits on the GPU (cudaStreamSynchronize...)
+  double bytes = 0;         // bytes moved by its collectives (per rank, as NCCL counts them)
+  double collectives = 0;   // NCCL calls
   void add(const Usage& o);
   Usage minus(const Usage& o) const;
 };
@@ -85,12 +83,12 @@ struct UsageRow {
   Usage usage;
 };
 struct WasteRow {
-  std::string node;            // the victim's
-  Identity identity;           // the victim's
+  std::string node;   // the victim's
+  Identity identity;  // the victim's
   std::string cause_node;
   Identity cause;
   WasteReason reason = WasteReason::straggler;
-  std::string cause_detail;    // "rank 3 (pid 123)", "cgroup /sys/.../job_5/step_0 (2.0 CPUs)"
+  std::string cause_detail;  // "rank 3 (pid 123)", "cgroup /sys/.../job_5/step_0 (2.0 CPUs)"
   double gpu_s = 0;
 };
 
@@ -126,9 +124,9 @@ Result<void> scan_ledger(const TimelineStore& store, uint64_t since_s, uint64_t 
 
 struct UsageOptions {
   uint64_t flush_interval_ns = 5'000'000'000ull;
-  uint64_t min_wait_ns = 2'000'000;       // a wait for a late rank shorter than this is jitter, not waste
-  double neighbour_cpus = 0.5;            // a neighbour cgroup this busy on a straggler's node is the cause...
-  double neighbour_runqueue_share = 0.05; // ...when the late rank waited this share of its time for a CPU
+  uint64_t min_wait_ns = 2'000'000;        // a wait for a late rank shorter than this is jitter, not waste
+  double neighbour_cpus = 0.5;             // a neighbour cgroup this busy on a straggler's node is the cause...
+  double neighbour_runqueue_share = 0.05;  // ...when the late rank waited this share of its time for a CPU
   uint64_t neighbour_window_ns = 10'000'000'000ull;
   uint64_t hang_timeout_ns = 30'000'000'000ull;  // hang waste counts from when the ranks started waiting
 };
@@ -175,14 +173,14 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   struct ProcessTrack {
     bool seen = false;
     bool alive = true;
-    uint64_t last_sample_ns = 0;    // node clock of the last sample taken
-    uint64_t last_cluster_ns = 0;   // its cluster time
+    uint64_t last_sample_ns = 0;          // node clock of the last sample taken
+    uint64_t last_cluster_ns = 0;         // its cluster time
     uint64_t cpu_ns = 0, off_cpu_ns = 0;  // BPF host counters (or the main thread's schedstat)
     uint64_t stat_cpu_ns = 0;             // /proc/PID/stat, kernel accounting
-    bool done = false;              // exited and counted to the end
-    uint64_t deferred_since = 0;    // node clock of a first sample put off until its identity is known
-    uint64_t start_time = 0;        // the process's (/proc/PID/stat): a pid reused is another process
-    bool dirty = false;             // changed since the last flush
+    bool done = false;                    // exited and counted to the end
+    uint64_t deferred_since = 0;          // node clock of a first sample put off until its identity is known
+    uint64_t start_time = 0;              // the process's (/proc/PID/stat): a pid reused is another process
+    bool dirty = false;                   // changed since the last flush
   };
   struct CommTrack {
     std::vector<int64_t> blamed_until;  // by rank: waiting on it counted up to here
@@ -239,8 +237,8 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
     uint64_t first_ns = 0;
   };
   std::map<std::tuple<uint64_t, int32_t, uint64_t>, PendingWait> pending_waits_;
-  std::map<std::string, MinuteRow> minutes_;   // by key
-  std::map<std::string, MinuteEdge> edges_;    // by key
+  std::map<std::string, MinuteRow> minutes_;         // by key
+  std::map<std::string, MinuteEdge> edges_;          // by key
   std::map<std::string, uint64_t> hang_counted_ns_;  // open hang key -> cluster time counted up to
   std::set<std::string> hangs_dirty_, hangs_gone_;   // to write, to delete at the next flush
   // Counted by an earlier run, until the process is heard of again (or not,

@@ -20,7 +20,7 @@ struct HealthSample {
   // BPF host counters of its calling threads (cumulative); host_known false
   // when its agent runs without them.
   bool host_known = false;
-  uint64_t process_cpu_ns = 0;   // all threads
+  uint64_t process_cpu_ns = 0;  // all threads
   uint64_t on_cpu_ns = 0, off_cpu_ns = 0, host_runqueue_ns = 0, iowait_ns = 0;
   uint64_t involuntary_switches = 0, major_faults = 0;
   uint32_t threads = 1;
@@ -30,15 +30,15 @@ struct HealthSample {
 };
 
 struct CpuShares {
-  double running = 0;   // share of wall time on a CPU
-  double waiting = 0;   // share of wall time runnable but waiting for a CPU
+  double running = 0;  // share of wall time on a CPU
+  double waiting = 0;  // share of wall time runnable but waiting for a CPU
   bool known = false;
   // From the BPF host counters (per calling thread):
   bool host = false;
-  double off_cpu = 0;   // share of wall time switched out (sleeping, blocked, or waiting for a CPU)
-  double iowait = 0;    // share of wall time asleep on block I/O
+  double off_cpu = 0;  // share of wall time switched out (sleeping, blocked, or waiting for a CPU)
+  double iowait = 0;   // share of wall time asleep on block I/O
   uint64_t involuntary_switches = 0, major_faults = 0;  // in the window
-  double process_cpus = 0;  // CPUs the whole process used on average
+  double process_cpus = 0;                              // CPUs the whole process used on average
   // Its cgroup's CPU quota over the window: the share of enforcement periods
   // in which the cgroup ran out of quota, and of wall time it was throttled.
   uint32_t quota_millicpus = 0;
@@ -48,8 +48,8 @@ struct CpuShares {
 
 // A host thread of the process blocked on the GPU (cudaStreamSynchronize...).
 struct OpenWait {
-  std::string call;          // "cudaStreamSynchronize"
-  uint64_t since_ns = 0;     // cluster clock
+  std::string call;       // "cudaStreamSynchronize"
+  uint64_t since_ns = 0;  // cluster clock
 };
 
 class ProcessHealth {

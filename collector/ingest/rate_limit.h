@@ -16,7 +16,8 @@ namespace rankscope::collector {
 class RateLimiter {
  public:
   // 0 for either rate: that budget is unlimited.
-  RateLimiter(uint32_t messages_per_s, uint64_t bytes_per_s) : messages_per_s_(messages_per_s), bytes_per_s_(bytes_per_s) {}
+  RateLimiter(uint32_t messages_per_s, uint64_t bytes_per_s)
+      : messages_per_s_(messages_per_s), bytes_per_s_(bytes_per_s) {}
   bool enabled() const { return messages_per_s_ != 0 || bytes_per_s_ != 0; }
   // Whether a message of `bytes` from connection `id` at `now_ns` (monotonic) may pass.
   bool admit(const std::string& id, uint64_t bytes, uint64_t now_ns);

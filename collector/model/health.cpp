@@ -1,10 +1,10 @@
-#include "collector/health.h"
-
-#include "common/format.h"
+#include "collector/model/health.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+
+#include "common/format.h"
 
 namespace rankscope::collector {
 
@@ -77,8 +77,8 @@ std::string ProcessHealth::describe_cpu(uint64_t window_ns) const {
   }
   std::string span = format_duration_ns(last.sample_ns - first->sample_ns);
   if (!s.host)
-    return "its main thread ran " + percent(s.running) + " and waited for a CPU " + percent(s.waiting) + " of the last " +
-           span + throttling(s);
+    return "its main thread ran " + percent(s.running) + " and waited for a CPU " + percent(s.waiting) +
+           " of the last " + span + throttling(s);
   std::string text = "off-CPU " + percent(s.off_cpu) + " of the last " + span + " (waiting for a CPU " +
                      percent(s.waiting) + ", on block I/O " + percent(s.iowait) + "), preempted " +
                      std::to_string(s.involuntary_switches) + " times";
@@ -92,7 +92,8 @@ std::string ProcessHealth::describe() const {
     const HealthSample& last = samples_.back();
     if (last.exit_signal > 0) {
       const char* name = sigabbrev_np(last.exit_signal);
-      return "exited: killed by signal " + std::to_string(last.exit_signal) + (name ? std::string(" (SIG") + name + ")" : "");
+      return "exited: killed by signal " + std::to_string(last.exit_signal) +
+             (name ? std::string(" (SIG") + name + ")" : "");
     }
     if (last.exit_status >= 0) return "exited with status " + std::to_string(last.exit_status);
     return "exited";
@@ -104,13 +105,20 @@ std::string ProcessHealth::describe() const {
 
 std::string ProcessHealth::describe_state() const {
   switch (state()) {
-    case 'T': return "alive, stopped (SIGSTOP or job control, state T)";
-    case 't': return "alive, stopped by a debugger (state t)";
-    case 'D': return "alive, in uninterruptible sleep (I/O or driver, state D)";
-    case 'Z': return "exited (zombie, state Z)";
-    case 'R': return "alive, running";
-    case 'S': return "alive, sleeping";
-    default: return std::string("alive, state ") + state();
+    case 'T':
+      return "alive, stopped (SIGSTOP or job control, state T)";
+    case 't':
+      return "alive, stopped by a debugger (state t)";
+    case 'D':
+      return "alive, in uninterruptible sleep (I/O or driver, state D)";
+    case 'Z':
+      return "exited (zombie, state Z)";
+    case 'R':
+      return "alive, running";
+    case 'S':
+      return "alive, sleeping";
+    default:
+      return std::string("alive, state ") + state();
   }
 }
 

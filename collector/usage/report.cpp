@@ -1,4 +1,4 @@
-#include "collector/report.h"
+#include "collector/usage/report.h"
 
 #include <algorithm>
 
@@ -49,40 +49,44 @@ Result<Report> make_report(const TimelineStore& store, uint64_t since_s, uint64_
     l.tenant = tenant;
     return l;
   };
-  auto scanned = scan_ledger(store, since_s, until_s, [&](const LedgerEntry& e) {
-    ++report.entries;
-    if (!e.waste) {
-      if (job_bill && e.usage.identity.job != job) return;
-      ReportLine& l = line(tenant_of(e.usage.identity, e.usage.node, by));
-      l.usage.add(e.usage.usage);
-      l.nodes.insert(e.usage.node);
-      return;
-    }
-    const WasteRow& w = e.edge;
-    bool victim_in = !job_bill || w.identity.job == job;
-    bool cause_in = !job_bill || w.cause.job == job;
-    if (!victim_in && !cause_in) return;
-    std::string victim = job_bill ? (victim_in ? w.node : "job " + w.identity.job) : tenant_of(w.identity, w.node, by);
-    std::string cause = cause_tenant(w, by, job_bill);
-    if (victim_in) {
-      ReportLine& l = line(victim);
-      l.waste_s += w.gpu_s;
-      l.waited_on[cause] += w.gpu_s;
-    }
-    if (cause_in) {
-      // Who made others wait: the cause's own row (in a bill: its node).
-      std::string own = job_bill ? w.cause_node : cause;
-      line(own).caused_s += w.gpu_s;
-    }
-    CauseLine& c = causes[{victim, cause, w.cause_node, w.cause_detail, static_cast<uint8_t>(w.reason)}];
-    c.victim = victim;
-    c.cause = cause;
-    c.cause_job = w.cause.job;
-    c.cause_node = w.cause_node;
-    c.cause_detail = w.cause_detail;
-    c.reason = w.reason;
-    c.gpu_s += w.gpu_s;
-  }, coarsest);
+  auto scanned = scan_ledger(
+      store, since_s, until_s,
+      [&](const LedgerEntry& e) {
+        ++report.entries;
+        if (!e.waste) {
+          if (job_bill && e.usage.identity.job != job) return;
+          ReportLine& l = line(tenant_of(e.usage.identity, e.usage.node, by));
+          l.usage.add(e.usage.usage);
+          l.nodes.insert(e.usage.node);
+          return;
+        }
+        const WasteRow& w = e.edge;
+        bool victim_in = !job_bill || w.identity.job == job;
+        bool cause_in = !job_bill || w.cause.job == job;
+        if (!victim_in && !cause_in) return;
+        std::string victim =
+            job_bill ? (victim_in ? w.node : "job " + w.identity.job) : tenant_of(w.identity, w.node, by);
+        std::string cause = cause_tenant(w, by, job_bill);
+        if (victim_in) {
+          ReportLine& l = line(victim);
+          l.waste_s += w.gpu_s;
+          l.waited_on[cause] += w.gpu_s;
+        }
+        if (cause_in) {
+          // Who made others wait: the cause's own row (in a bill: its node).
+          std::string own = job_bill ? w.cause_node : cause;
+          line(own).caused_s += w.gpu_s;
+        }
+        CauseLine& c = causes[{victim, cause, w.cause_node, w.cause_detail, static_cast<uint8_t>(w.reason)}];
+        c.victim = victim;
+        c.cause = cause;
+        c.cause_job = w.cause.job;
+        c.cause_node = w.cause_node;
+        c.cause_detail = w.cause_detail;
+        c.reason = w.reason;
+        c.gpu_s += w.gpu_s;
+      },
+      coarsest);
   if (!scanned) return scanned.error();
   report.total.tenant = "TOTAL";
   for (auto& [tenant, l] : lines) {

@@ -1,4 +1,4 @@
-#include "collector/usage.h"
+#include "collector/usage/ledger.h"
 
 #include <sodium.h>
 #include <unistd.h>
@@ -83,17 +83,19 @@ std::string track_key(const std::string& node, uint32_t pid) {
   return key;
 }
 
-std::string hang_key(const std::string& finding) { return "k" + finding; }
+std::string hang_key(const std::string& finding) {
+  return "k" + finding;
+}
 
 void put_identity(std::string& out, const Identity& id) {
-  for (const std::string* f : {&id.job, &id.step, &id.user, &id.account, &id.namespace_, &id.pod_uid,
-                               &id.container_id, &id.cgroup_path})
+  for (const std::string* f :
+       {&id.job, &id.step, &id.user, &id.account, &id.namespace_, &id.pod_uid, &id.container_id, &id.cgroup_path})
     put_text(out, *f);
 }
 Identity read_identity(Reader& in) {
   Identity id;
-  for (std::string* f : {&id.job, &id.step, &id.user, &id.account, &id.namespace_, &id.pod_uid, &id.container_id,
-                         &id.cgroup_path})
+  for (std::string* f :
+       {&id.job, &id.step, &id.user, &id.account, &id.namespace_, &id.pod_uid, &id.container_id, &id.cgroup_path})
     *f = in.text();
   return id;
 }
@@ -124,7 +126,9 @@ std::string component_after(const std::string& path, const std::string& marker) 
   return path.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
-uint64_t minute_of(uint64_t ns) { return ns / kNs / 60 * 60; }
+uint64_t minute_of(uint64_t ns) {
+  return ns / kNs / 60 * 60;
+}
 
 double clock_ticks_per_s() {
   static const double ticks = [] {
@@ -142,7 +146,8 @@ std::string Identity::digest() const {
   crypto_generichash_init(&state, nullptr, 0, kDigestBytes);
   for (const std::string* f : {&job, &step, &user, &account, &namespace_, &pod_uid, &container_id, &cgroup_path}) {
     unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(static_cast<uint64_t>(f->size()) >> (56 - 8 * i));
+    for (int i = 0; i < 8; ++i)
+      length[i] = static_cast<unsigned char>(static_cast<uint64_t>(f->size()) >> (56 - 8 * i));
     crypto_generichash_update(&state, length, sizeof(length));
     crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(f->data()), f->size());
   }
@@ -192,9 +197,9 @@ Identity Identity::of_cgroup_path(const std::string& path) {
 
 bool parse_tenant_key(const std::string& name, TenantKey& out) {
   static const std::pair<const char*, TenantKey> kKeys[] = {
-      {"account", TenantKey::account}, {"user", TenantKey::user},     {"job", TenantKey::job},
-      {"namespace", TenantKey::namespace_}, {"pod", TenantKey::pod},  {"cgroup", TenantKey::cgroup},
-      {"container", TenantKey::cgroup}, {"node", TenantKey::node}};
+      {"account", TenantKey::account},      {"user", TenantKey::user}, {"job", TenantKey::job},
+      {"namespace", TenantKey::namespace_}, {"pod", TenantKey::pod},   {"cgroup", TenantKey::cgroup},
+      {"container", TenantKey::cgroup},     {"node", TenantKey::node}};
   for (const auto& [n, k] : kKeys)
     if (name == n) return out = k, true;
   return false;
@@ -202,13 +207,20 @@ bool parse_tenant_key(const std::string& name, TenantKey& out) {
 
 const char* tenant_key_name(TenantKey key) {
   switch (key) {
-    case TenantKey::account: return "account";
-    case TenantKey::user: return "user";
-    case TenantKey::job: return "job";
-    case TenantKey::namespace_: return "namespace";
-    case TenantKey::pod: return "pod";
-    case TenantKey::cgroup: return "cgroup";
-    case TenantKey::node: return "node";
+    case TenantKey::account:
+      return "account";
+    case TenantKey::user:
+      return "user";
+    case TenantKey::job:
+      return "job";
+    case TenantKey::namespace_:
+      return "namespace";
+    case TenantKey::pod:
+      return "pod";
+    case TenantKey::cgroup:
+      return "cgroup";
+    case TenantKey::node:
+      return "node";
   }
   return "?";
 }
@@ -216,16 +228,28 @@ const char* tenant_key_name(TenantKey key) {
 std::string tenant_of(const Identity& id, const std::string& node, TenantKey key) {
   const std::string* value = nullptr;
   switch (key) {
-    case TenantKey::account: value = &id.account; break;
-    case TenantKey::user: value = &id.user; break;
-    case TenantKey::job: value = &id.job; break;
-    case TenantKey::namespace_: value = &id.namespace_; break;
-    case TenantKey::pod: value = &id.pod_uid; break;
+    case TenantKey::account:
+      value = &id.account;
+      break;
+    case TenantKey::user:
+      value = &id.user;
+      break;
+    case TenantKey::job:
+      value = &id.job;
+      break;
+    case TenantKey::namespace_:
+      value = &id.namespace_;
+      break;
+    case TenantKey::pod:
+      value = &id.pod_uid;
+      break;
     case TenantKey::cgroup:
       // The container when there is one, else the cgroup.
       value = !id.container_id.empty() ? &id.container_id : &id.cgroup_path;
       break;
-    case TenantKey::node: value = &node; break;
+    case TenantKey::node:
+      value = &node;
+      break;
   }
   return value == nullptr || value->empty() ? kUnknownTenant : *value;
 }
@@ -254,23 +278,31 @@ Usage Usage::minus(const Usage& o) const {
 
 const char* waste_reason_name(WasteReason reason) {
   switch (reason) {
-    case WasteReason::straggler: return "straggler";
-    case WasteReason::cpu_neighbour: return "cpu-neighbour";
-    case WasteReason::hang: return "hang";
+    case WasteReason::straggler:
+      return "straggler";
+    case WasteReason::cpu_neighbour:
+      return "cpu-neighbour";
+    case WasteReason::hang:
+      return "hang";
   }
   return "?";
 }
 
 uint64_t bucket_seconds(Level level) {
   switch (level) {
-    case Level::minute: return 60;
-    case Level::hour: return 3600;
-    case Level::day: return 86400;
+    case Level::minute:
+      return 60;
+    case Level::hour:
+      return 3600;
+    case Level::day:
+      return 86400;
   }
   return 60;
 }
 
-uint64_t bucket_start(Level level, uint64_t unix_s) { return unix_s / bucket_seconds(level) * bucket_seconds(level); }
+uint64_t bucket_start(Level level, uint64_t unix_s) {
+  return unix_s / bucket_seconds(level) * bucket_seconds(level);
+}
 
 std::string usage_key(Level level, uint64_t bucket_s, const std::string& node, const Identity& identity) {
   std::string key = key_prefix(level, bucket_s, 'u');
@@ -355,7 +387,7 @@ std::vector<LevelRange> plan_ranges(uint64_t since_s, uint64_t until_s, Level co
       return;
     }
     uint64_t first = (from + size - 1) / size * size;  // first whole bucket
-    uint64_t last = to / size * size;                   // end of the last whole bucket
+    uint64_t last = to / size * size;                  // end of the last whole bucket
     if (first >= last) {
       plan(from, to, depth + 1);
       return;
@@ -567,7 +599,8 @@ void UsageLedger::on_record(const CommState& comm, int32_t rank, uint32_t lane, 
   Usage& usage = *last_usage_.usage;
   usage.collectives += 1;
   usage.bytes += static_cast<double>(proto::record_bytes(record));
-  if (record.return_ns > record.issue_ns) usage.collective_s += static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
+  if (record.return_ns > record.issue_ns)
+    usage.collective_s += static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
 }
 
 void UsageLedger::on_complete(const CollectiveComplete& done) {
@@ -686,8 +719,8 @@ std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_nam
   if (row.cause.cgroup_path.empty()) row.cause.cgroup_path = best_usage->path;
   char cpus[32];
   snprintf(cpus, sizeof(cpus), "%.1f", best);
-  row.cause_detail = "cgroup " + (best_usage->path.empty() ? std::to_string(best_id) : best_usage->path) + " (" +
-                     cpus + " CPUs)";
+  row.cause_detail =
+      "cgroup " + (best_usage->path.empty() ? std::to_string(best_id) : best_usage->path) + " (" + cpus + " CPUs)";
   return row;
 }
 
@@ -877,7 +910,9 @@ Result<void> UsageLedger::stage(WriteSet& writes, uint64_t now_ns, bool final) {
   return {};
 }
 
-void UsageLedger::committed() { unsettled_.clear(); }
+void UsageLedger::committed() {
+  unsettled_.clear();
+}
 
 Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force) {
   // (A clock read earlier than the last flush is not a reason to flush.)

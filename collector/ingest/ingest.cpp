@@ -1,9 +1,8 @@
-#include "collector/ingest.h"
+#include "collector/ingest/ingest.h"
 
 #include <capnp/message.h>
 
 #include <algorithm>
-#include <charconv>
 
 #include "common/format.h"
 #include "common/log.h"
@@ -13,189 +12,28 @@
 namespace rankscope::collector {
 
 namespace {
-constexpr size_t kAckedInstances = 4;  // agent instances per node whose stored batches are remembered
+constexpr size_t kAckedInstances = 4;           // agent instances per node whose stored batches are remembered
 constexpr size_t kHealthEntriesPerNode = 4096;  // processes whose health is kept per node
 constexpr size_t kCgroupsPerNode = 512;         // cgroups whose CPU use is kept per node
 
 std::string wait_call_name(wire::WaitKind kind) {
   switch (kind) {
-    case wire::WaitKind::STREAM_SYNCHRONIZE: return "cudaStreamSynchronize";
-    case wire::WaitKind::DEVICE_SYNCHRONIZE: return "cudaDeviceSynchronize";
-    case wire::WaitKind::EVENT_SYNCHRONIZE: return "cudaEventSynchronize";
-    default: return "a CUDA wait";
+    case wire::WaitKind::STREAM_SYNCHRONIZE:
+      return "cudaStreamSynchronize";
+    case wire::WaitKind::DEVICE_SYNCHRONIZE:
+      return "cudaDeviceSynchronize";
+    case wire::WaitKind::EVENT_SYNCHRONIZE:
+      return "cudaEventSynchronize";
+    default:
+      return "a CUDA wait";
   }
 }
 
 }  // namespace
-
-void AckWindow::insert(uint64_t seq) {
-  if (seq >= 1 && seq <= through) return;
-  above.insert(seq);
-  while (!above.empty() && *above.begin() == through + 1) {
-    through = *above.begin();
-    above.erase(above.begin());
-  }
-  while (above.size() > kMaxAbove) above.erase(above.begin());
-}
-
-std::string ProcessInfo::gpu() const {
-  std::vector<std::string> devices;
-  size_t start = 0;
-  while (start < visible_devices.size()) {
-    size_t comma = visible_devices.find(',', start);
-    if (comma == std::string::npos) comma = visible_devices.size();
-    if (comma > start) devices.push_back(visible_devices.substr(start, comma - start));
-    start = comma + 1;
-  }
-  if (devices.size() == 1) return devices[0];
-  // cudaSetDevice told which one (the first it chose).
-  if (!cuda_devices.empty()) {
-    int32_t d = cuda_devices.front();
-    if (devices.empty()) return std::to_string(d);
-    if (d >= 0 && static_cast<size_t>(d) < devices.size()) return devices[d];
-  }
-  if (local_rank >= 0 && static_cast<size_t>(local_rank) < devices.size()) return devices[local_rank];
-  if (devices.empty() && local_rank >= 0) return std::to_string(local_rank);
-  return {};
-}
 
 Ingest::Ingest(TimelineStore& store, Commit& commit, const Clock& clock)
     : store_(store), commit_(commit), pending_(commit.writes()), clock_(clock), started_ns_(clock.realtime_ns()) {
   commit.join(*this);
-}
-
-namespace {
-// A communicator as stored (its members' counters as of its last full write).
-CommState comm_from(proto::store::StoredComm::Reader stored) {
-  CommState comm;
-  comm.hash = stored.getCommHash();
-  comm.job = stored.getJob();
-  comm.nranks = stored.getNranks();
-  comm.origin = stored.getOrigin();
-  comm.first_ns = stored.getFirstNs();
-  comm.last_ns = stored.getLastNs();
-  comm.ended = stored.getEnded();
-  for (auto lane : stored.getLanes()) comm.lanes.insert(lane);
-  for (auto m : stored.getMembers()) {
-    MemberState member;
-    member.rank = m.getRank();
-    member.node = m.getNode();
-    member.pid = m.getPid();
-    member.records = m.getRecords();
-    member.last_seq = m.getLastSeq();
-    member.last_issue_ns = m.getLastIssueNs();
-    member.ended = m.getEnded();
-    comm.members[member.rank] = member;
-  }
-  return comm;
-}
-
-// A member's counters from its progress row (newer than its StoredComm's).
-Result<void> apply_progress(MemberState& member, const std::string& row, uint64_t* comm_last_ns) {
-  auto read = proto::read_packed<proto::store::StoredProgress>(row, proto::ReadLimits{}, [&](auto stored) {
-    member.records = stored.getRecords();
-    member.last_seq = stored.getLastSeq();
-    member.last_issue_ns = stored.getLastIssueNs();
-    if (comm_last_ns) *comm_last_ns = std::max(*comm_last_ns, stored.getCommLastNs());
-  });
-  if (!read) return make_error(Errc::storage, "a member's stored progress is unreadable: " + read.error().message);
-  return {};
-}
-}  // namespace
-
-Result<void> Ingest::restore() {
-  auto comms = store_.all_comms();
-  if (!comms) return comms.error();
-  size_t retired = 0;
-  for (const auto& bytes : *comms) {
-    auto read = proto::read_packed<proto::store::StoredComm>(bytes, proto::ReadLimits{}, [&](auto stored) {
-      if (stored.getRetired()) {
-        ++retired;
-        return;
-      }
-      CommState comm = comm_from(stored);
-      comms_[comm.hash] = std::move(comm);
-    });
-    if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
-  }
-  auto progress = store_.all_progress();
-  if (!progress) return progress.error();
-  for (const auto& row : *progress) {
-    auto comm = comms_.find(row.comm);
-    if (comm == comms_.end()) continue;
-    auto member = comm->second.members.find(row.rank);
-    if (member == comm->second.members.end()) continue;
-    if (auto applied = apply_progress(member->second, row.value, &comm->second.last_ns); !applied)
-      return applied.error();
-  }
-  auto nodes = store_.all_nodes();
-  if (!nodes) return nodes.error();
-  for (const auto& bytes : *nodes) {
-    auto read = proto::read_packed<proto::store::StoredNode>(bytes, proto::ReadLimits{}, [&](auto stored) {
-      NodeState node;
-      node.name = stored.getNode();
-      node.last_contact_ns = stored.getLastContactNs();
-      node.agent_version = stored.getAgentVersion();
-      node.instance = stored.getInstanceId();
-      node.boot_id = stored.getBootId();
-      node.batches = stored.getBatches();
-      node.records = stored.getRecords();
-      node.drops = proto::read_drops(stored.getDrops());
-      for (auto a : stored.getAckedBatches()) {
-        AckWindow& window = node.acked[a.getInstanceId()];
-        window.through = a.getThrough();
-        for (uint64_t seq : a.getAbove()) window.above.insert(seq);
-        window.last_used = ++ack_uses_;
-      }
-      // Until new probes come in, times keep the estimate of the last run
-      // (the Hello's seed is only as good as the node's wall clock).
-      if (stored.getClockUncertaintyNs() != 0 && stored.getClockUncertaintyNs() != UINT64_MAX)
-        node.clock.restore(stored.getClockOffsetNs(), stored.getClockRefinementNs(), stored.getClockDriftPpb(),
-                           stored.getClockReferenceNs(), stored.getClockUncertaintyNs());
-      nodes_[node.name] = std::move(node);
-    });
-    if (!read) return make_error(Errc::storage, "a stored node is unreadable: " + read.error().message);
-  }
-  // Each node's share of the live model, as claim_member and retire keep it.
-  for (const auto& [hash, comm] : comms_) charge_nodes(comm, true);
-  if (!comms_.empty() || !nodes_.empty())
-    RS_LOG(info, "restored %zu node(s) and %zu communicator(s) from the database (%zu retired ones left there)",
-           nodes_.size(), comms_.size(), retired);
-  return {};
-}
-
-Result<CommState> Ingest::retired_comm(const std::string& prefix) const {
-  // The hashes a hex prefix stands for are one range of keys.
-  uint64_t first = 0, last = 0;
-  const std::string low = prefix + std::string(16 - std::min<size_t>(16, prefix.size()), '0');
-  const std::string high = prefix + std::string(16 - std::min<size_t>(16, prefix.size()), 'f');
-  if (prefix.empty() || prefix.size() > 16 ||
-      std::from_chars(low.data(), low.data() + low.size(), first, 16).ptr != low.data() + low.size() ||
-      std::from_chars(high.data(), high.data() + high.size(), last, 16).ptr != high.data() + high.size())
-    return make_error(Errc::invalid_argument, "a communicator is named by its hash in lower-case hex, not " + prefix);
-  auto comms = store_.comms_between(first, last);
-  if (!comms) return comms.error();
-  std::optional<CommState> found;
-  bool ambiguous = false;
-  for (const auto& bytes : *comms) {
-    auto read = proto::read_packed<proto::store::StoredComm>(bytes, proto::ReadLimits{}, [&](auto stored) {
-      if (!stored.getRetired()) return;
-      if (found) ambiguous = true;
-      found = comm_from(stored);
-    });
-    if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
-  }
-  if (ambiguous) return make_error(Errc::invalid_argument, "communicator prefix " + prefix + " is ambiguous; give more digits");
-  if (!found) return make_error(Errc::not_found, "no communicator " + prefix + " (see `rankscope jobs`)");
-  // Its members' last counters are in their progress rows.
-  auto progress = store_.progress_of(found->hash);
-  if (!progress) return progress.error();
-  for (const auto& row : *progress) {
-    auto member = found->members.find(row.rank);
-    if (member == found->members.end()) continue;
-    if (auto applied = apply_progress(member->second, row.value, nullptr); !applied) return applied.error();
-  }
-  return std::move(*found);
 }
 
 bool Ingest::known_alive(const std::string& node_name, uint32_t pid) const {
@@ -225,9 +63,8 @@ size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
   std::vector<uint64_t> over;
   for (const auto& [hash, comm] : comms_) {
     if (now_ns < comm.last_ns || now_ns - comm.last_ns < quiet_ns) continue;
-    bool alive = !comm.ended && std::any_of(comm.members.begin(), comm.members.end(), [&](const auto& m) {
-      return known_alive(m.second.node, m.second.pid);
-    });
+    bool alive = !comm.ended && std::any_of(comm.members.begin(), comm.members.end(),
+                                            [&](const auto& m) { return known_alive(m.second.node, m.second.pid); });
     if (!alive) over.push_back(hash);
   }
   if (over.empty()) return 0;
@@ -287,8 +124,10 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
       // which Hello they follow (a peer that reuses another's routing id
       // is still bound by its own key).
       std::string what = "a message of node " + key_node + "'s key on the connection of node " + node.name;
-      if (NodeState* keyed = this->node(key_node)) refuse_claim(*keyed, what);
-      else bad_message(nullptr, what);
+      if (NodeState* keyed = this->node(key_node))
+        refuse_claim(*keyed, what);
+      else
+        bad_message(nullptr, what);
       out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::NEED_HELLO, "say hello first"));
       return;
     }
@@ -298,7 +137,9 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
         on_batch(node, routing_id, message.getBatch(), bytes.size(), out);
         counters_.batch_bytes += bytes.size();
         break;
-      case wire::AgentMessage::HEARTBEAT: on_heartbeat(node, message.getHeartbeat()); break;
+      case wire::AgentMessage::HEARTBEAT:
+        on_heartbeat(node, message.getHeartbeat());
+        break;
       case wire::AgentMessage::CLOCK_PROBE: {
         capnp::MallocMessageBuilder builder;
         auto reply = builder.initRoot<wire::CollectorMessage>().initClockReply();
@@ -308,7 +149,8 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
         out.now.emplace_back(routing_id, proto::to_packed(builder));
         break;
       }
-      default: bad_message(&node, "a message kind this collector does not know; ignored");
+      default:
+        bad_message(&node, "a message kind this collector does not know; ignored");
     }
   });
   if (!result) {
@@ -381,8 +223,9 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
       // The earlier instances' windows stay: a restarted agent replays their spooled batches.
       node.acked[node.instance].last_used = ++ack_uses_;
       while (node.acked.size() > kAckedInstances) {
-        auto oldest = std::min_element(node.acked.begin(), node.acked.end(),
-                                       [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+        auto oldest = std::min_element(node.acked.begin(), node.acked.end(), [](const auto& a, const auto& b) {
+          return a.second.last_used < b.second.last_used;
+        });
         node.acked.erase(oldest);
       }
     }
@@ -505,7 +348,8 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
 
   for (auto p : batch.getProcesses()) {
     if (auto valid = check_process(p); !valid) {
-      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; process skipped");
+      bad_message(&node,
+                  "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; process skipped");
       continue;
     }
     ProcessInfo& info = processes_[{node.name, p.getPid()}];
@@ -534,9 +378,8 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       continue;
     }
     bool news = false;
-    if (auto known = comms_.find(c.getCommHash());
-        known != comms_.end() && c.getNranks() > 0 && known->second.nranks > 0 &&
-        known->second.nranks != c.getNranks()) {
+    if (auto known = comms_.find(c.getCommHash()); known != comms_.end() && c.getNranks() > 0 &&
+                                                   known->second.nranks > 0 && known->second.nranks != c.getNranks()) {
       // The first announcement binds the size: every vector sized by it
       // (detectors, ledger) stays right, and no member can grow or shrink it.
       refuse_claim(node, "comm " + hex64(c.getCommHash()) + " announced with " + std::to_string(c.getNranks()) +
@@ -569,8 +412,8 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       comm.nranks = c.getNranks();
       news = true;
     }
-    if (comm.origin == wire::CommOrigin::UNKNOWN && c.getOrigin() != comm.origin) {
-      comm.origin = c.getOrigin();
+    if (comm.origin == CommOrigin::unknown && from_wire(c.getOrigin()) != comm.origin) {
+      comm.origin = from_wire(c.getOrigin());
       news = true;
     }
     MemberState* member = claim_member(node, comm, c.getRank(), c.getPid(), news, "an announcement");
@@ -596,8 +439,8 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     for (auto& [rank, member] : it->second.members) {
       if (member.node != node.name || member.pid != a.getPid()) continue;
       member.error = CommError{node.clock.to_cluster(a.getNs()), a.getResult(), a.getAsyncError()};
-      RS_LOG(warn, "node %s rank %d of %s: communicator broken (%s)", node.name.c_str(), rank,
-             hex64(it->first).c_str(), proto::result_name(a.getAsyncError() ? a.getAsyncError() : a.getResult()).c_str());
+      RS_LOG(warn, "node %s rank %d of %s: communicator broken (%s)", node.name.c_str(), rank, hex64(it->first).c_str(),
+             proto::result_name(a.getAsyncError() ? a.getAsyncError() : a.getResult()).c_str());
     }
   }
   for (auto e : batch.getCommEnds()) {
@@ -671,8 +514,9 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
       for (RecordObserver* observer : observers_) observer->on_record(comm, block->rank, block->lane, record.call);
     }
     if (future)
-      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + std::to_string(future) + " record(s) of comm " +
-                             hex64(comm.hash) + " stamped more than an hour past the collector's clock; skipped");
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + std::to_string(future) +
+                             " record(s) of comm " + hex64(comm.hash) +
+                             " stamped more than an hour past the collector's clock; skipped");
     member.records += taken;
     records += taken;
     dirty_members_.emplace(comm.hash, block->rank);
@@ -702,15 +546,15 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
                              " wait(s) ending more than an hour past the collector's clock; skipped");
   }
 
-
   {
     AckWindow& window = node.acked[batch.getInstanceId()];
     window.insert(batch.getSeq());
     if (window.last_used == 0) window.last_used = ++ack_uses_;  // an earlier instance, replayed
     uncommitted_.push_back(Uncommitted{node.name, batch.getInstanceId(), batch.getSeq()});
     while (node.acked.size() > kAckedInstances + 1) {
-      auto oldest = std::min_element(node.acked.begin(), node.acked.end(),
-                                     [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+      auto oldest = std::min_element(node.acked.begin(), node.acked.end(), [](const auto& a, const auto& b) {
+        return a.second.last_used < b.second.last_used;
+      });
       if (oldest->first == node.instance) break;
       node.acked.erase(oldest);
     }
@@ -721,23 +565,6 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   counters_.records_stored += records;
   dirty_nodes_.insert(node.name);
   out.after_commit.emplace_back(routing_id, std::move(ack_bytes));
-}
-
-CgroupUsage::Rate CgroupUsage::rate(uint64_t now_ns, uint64_t window_ns) const {
-  Rate out;
-  if (samples_.size() < 2) return out;
-  const CgroupSample& last = samples_.back();
-  if (now_ns > last.ns + window_ns) return out;  // quiet since: not reported any more
-  const CgroupSample* first = nullptr;
-  for (auto it = samples_.rbegin(); it != samples_.rend(); ++it) {
-    first = &*it;
-    if (last.ns - it->ns >= window_ns) break;
-  }
-  if (!first || last.ns <= first->ns) return out;
-  out.cpus = static_cast<double>(last.cpu_ns - std::min(last.cpu_ns, first->cpu_ns)) / static_cast<double>(last.ns - first->ns);
-  out.tcp_retransmits = last.tcp_retransmits - std::min(last.tcp_retransmits, first->tcp_retransmits);
-  out.known = true;
-  return out;
 }
 
 void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
@@ -787,7 +614,8 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   for (auto c : heartbeat.getCgroups()) {
     CgroupUsage& usage = node.cgroups[c.getCgroupId()];
     if (c.hasPath() && c.getPath().size() > 0) usage.path = c.getPath();
-    usage.add(CgroupSample{heartbeat.getMonotonicNs(), c.getCpuNs(), c.getInvoluntarySwitches(), c.getTcpRetransmits()});
+    usage.add(
+        CgroupSample{heartbeat.getMonotonicNs(), c.getCpuNs(), c.getInvoluntarySwitches(), c.getTcpRetransmits()});
   }
   if (node.cgroups.size() > kCgroupsPerNode) {
     // Forget the ones quiet longest.
@@ -805,94 +633,5 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     health.set_open_waits(it == waits.end() ? std::vector<OpenWait>{} : std::move(it->second));
   }
 }
-
-void Ingest::persist_comm(const CommState& comm, bool retired) {
-  capnp::MallocMessageBuilder builder;
-  auto stored = builder.initRoot<proto::store::StoredComm>();
-  stored.setCommHash(comm.hash);
-  stored.setJob(comm.job);
-  stored.setNranks(comm.nranks);
-  stored.setOrigin(comm.origin);
-  stored.setFirstNs(comm.first_ns);
-  stored.setLastNs(comm.last_ns);
-  stored.setEnded(comm.ended);
-  stored.setRetired(retired);
-  auto lanes = stored.initLanes(static_cast<unsigned>(comm.lanes.size()));
-  unsigned i = 0;
-  for (uint32_t lane : comm.lanes) lanes.set(i++, lane);
-  auto members = stored.initMembers(static_cast<unsigned>(comm.members.size()));
-  i = 0;
-  for (const auto& [rank, m] : comm.members) {
-    auto out = members[i++];
-    out.setRank(m.rank);
-    out.setNode(m.node);
-    out.setPid(m.pid);
-    out.setRecords(m.records);
-    out.setLastSeq(m.last_seq);
-    out.setLastIssueNs(m.last_issue_ns);
-    out.setEnded(m.ended);
-  }
-  pending_.put_comm(comm.hash, proto::to_packed(builder));
-}
-
-void Ingest::persist_node(const NodeState& node) {
-  capnp::MallocMessageBuilder builder;
-  auto stored = builder.initRoot<proto::store::StoredNode>();
-  stored.setNode(node.name);
-  stored.setLastContactNs(node.last_contact_ns);
-  stored.setAgentVersion(node.agent_version);
-  stored.setInstanceId(node.instance);
-  stored.setBootId(node.boot_id);
-  stored.setBatches(node.batches);
-  stored.setRecords(node.records);
-  proto::write_drops(node.drops, stored.initDrops());
-  stored.setClockOffsetNs(node.clock.offset_ns());
-  stored.setClockUncertaintyNs(node.clock.probe_uncertainty_ns());
-  stored.setClockDriftPpb(node.clock.drift_ppb());
-  stored.setClockRefinementNs(node.clock.refinement_ns());
-  stored.setClockReferenceNs(node.clock.reference_ns());
-  auto windows = stored.initAckedBatches(static_cast<unsigned>(node.acked.size()));
-  unsigned w = 0;
-  for (const auto& [instance, window] : node.acked) {
-    auto out = windows[w++];
-    out.setInstanceId(instance);
-    out.setThrough(window.through);
-    auto above = out.initAbove(static_cast<unsigned>(window.above.size()));
-    unsigned i = 0;
-    for (uint64_t seq : window.above) above.set(i++, seq);
-  }
-  pending_.put_node(node.name, proto::to_packed(builder));
-}
-
-Result<void> Ingest::stage(WriteSet&, uint64_t, bool) {
-  for (uint64_t hash : dirty_comms_) {
-    auto it = comms_.find(hash);
-    if (it != comms_.end()) persist_comm(it->second);
-  }
-  for (const auto& [hash, rank] : dirty_members_) {
-    auto comm = comms_.find(hash);
-    if (comm == comms_.end()) continue;
-    auto member = comm->second.members.find(rank);
-    if (member == comm->second.members.end()) continue;
-    capnp::MallocMessageBuilder builder;
-    auto progress = builder.initRoot<proto::store::StoredProgress>();
-    progress.setRecords(member->second.records);
-    progress.setLastSeq(member->second.last_seq);
-    progress.setLastIssueNs(member->second.last_issue_ns);
-    progress.setCommLastNs(comm->second.last_ns);
-    pending_.put_progress(hash, rank, proto::to_packed(builder));
-  }
-  for (const auto& name : dirty_nodes_) {
-    auto it = nodes_.find(name);
-    if (it != nodes_.end()) persist_node(it->second);
-  }
-  // Staged: a failed commit keeps them in the set and writes them again.
-  dirty_comms_.clear();
-  dirty_members_.clear();
-  dirty_nodes_.clear();
-  return {};
-}
-
-void Ingest::committed() { uncommitted_.clear(); }
 
 }  // namespace rankscope::collector

@@ -1,4 +1,4 @@
-#include "collector/validate.h"
+#include "collector/ingest/validate.h"
 
 #include "common/log.h"
 
@@ -52,7 +52,8 @@ Result<void> check_comm(wire::Comm::Reader comm) {
   // (the agent says -1); its members are named by their parent ranks.
   if (comm.getOrigin() == wire::CommOrigin::SPLIT && comm.getNranks() == -1) {
     if (comm.getRank() < 0 || comm.getRank() >= kMaxRanks)
-      return make_error(Errc::protocol, "split child member rank " + std::to_string(comm.getRank()) + " is out of range");
+      return make_error(Errc::protocol,
+                        "split child member rank " + std::to_string(comm.getRank()) + " is out of range");
     return {};
   }
   if (comm.getNranks() < 1 || comm.getNranks() > kMaxRanks)
@@ -79,8 +80,7 @@ Result<void> check_process(wire::Process::Reader process) {
 Result<void> check_node_name(const std::string& name) {
   if (name.empty() || name.size() > kMaxNodeName) return make_error(Errc::protocol, "node name must be 1 to 255 bytes");
   for (char c : name)
-    if (c <= ' ' || c > '~')
-      return make_error(Errc::protocol, "node name must be printable ASCII without spaces");
+    if (c <= ' ' || c > '~') return make_error(Errc::protocol, "node name must be printable ASCII without spaces");
   return {};
 }
 

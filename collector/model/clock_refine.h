@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "collector/ingest.h"
+#include "collector/ingest/ingest.h"
 
 namespace rankscope::collector {
 
@@ -33,10 +33,10 @@ class ClockRefiner final : public RecordObserver {
   void update();
 
  private:
-  static constexpr size_t kIssueHistory = 64;   // recent (seq, issue) per rank
-  static constexpr size_t kResiduals = 64;      // residuals kept per node
+  static constexpr size_t kIssueHistory = 64;  // recent (seq, issue) per rank
+  static constexpr size_t kResiduals = 64;     // residuals kept per node
   static constexpr size_t kMinResiduals = 8;
-  static constexpr size_t kOpenGroups = 256;    // collectives waiting for the rest of their wait ends
+  static constexpr size_t kOpenGroups = 256;  // collectives waiting for the rest of their wait ends
 
   struct RankIssues {
     std::deque<std::pair<uint64_t, uint64_t>> issues;  // (seq, issue ns), ascending seq

@@ -1,4 +1,4 @@
-#include "collector/clock.h"
+#include "collector/model/clock.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,9 @@
 namespace rankscope::collector {
 
 namespace {
-uint64_t round_trip(const ClockProbeSample& s) { return (s.t4 - s.t1) - (s.t3 - s.t2); }
+uint64_t round_trip(const ClockProbeSample& s) {
+  return (s.t4 - s.t1) - (s.t3 - s.t2);
+}
 
 // ((t2 - t1) + (t3 - t4)) / 2 without overflow, in signed arithmetic.
 int64_t sample_offset(const ClockProbeSample& s) {
@@ -16,7 +18,9 @@ int64_t sample_offset(const ClockProbeSample& s) {
   return a / 2 + b / 2 + ((a % 2) + (b % 2)) / 2;
 }
 
-uint64_t midpoint(const ClockProbeSample& s) { return s.t1 + (s.t4 - s.t1) / 2; }
+uint64_t midpoint(const ClockProbeSample& s) {
+  return s.t1 + (s.t4 - s.t1) / 2;
+}
 }  // namespace
 
 void NodeClock::restore(int64_t offset_ns, int64_t refinement_ns, double drift_ppb, uint64_t reference_ns,

@@ -12,11 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "collector/clock.h"
 #include "collector/commit.h"
-#include "collector/health.h"
+#include "collector/ingest/validate.h"
+#include "collector/model/cluster.h"
 #include "collector/store/timeline_store.h"
-#include "collector/validate.h"
 #include "common/clock.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
@@ -26,125 +25,20 @@ namespace rankscope::collector {
 
 namespace wire = ::rankscope::proto::wire;
 
-// The batch numbers of one agent instance already stored: everything up to
-// `through`, and a few above it (acks may come back out of order after a
-// refused or re-sent batch). Bounded: past kMaxAbove the lowest are forgotten
-// (a forgotten batch sent again is stored again: same keys, same values).
-struct AckWindow {
-  static constexpr size_t kMaxAbove = 4096;
-  uint64_t through = 0;
-  std::set<uint64_t> above;
-  uint64_t last_used = 0;  // order of use, for keeping the newest instances
-  bool contains(uint64_t seq) const { return (seq >= 1 && seq <= through) || above.count(seq) > 0; }
-  void insert(uint64_t seq);
-};
-
-// One cgroup's use of a node (from the heartbeats' CgroupUsage).
-struct CgroupSample {
-  uint64_t ns = 0;  // node clock
-  uint64_t cpu_ns = 0, involuntary_switches = 0, tcp_retransmits = 0;
-};
-class CgroupUsage {
- public:
-  std::string path;
-  void add(const CgroupSample& sample) {
-    samples_.push_back(sample);
-    if (samples_.size() > 64) samples_.pop_front();
-  }
-  uint64_t last_ns() const { return samples_.empty() ? 0 : samples_.back().ns; }
-  // CPUs used on average and retransmits, over about the last window_ns (node clock, up to now_ns).
-  struct Rate {
-    double cpus = 0;
-    uint64_t tcp_retransmits = 0;
-    bool known = false;
-  };
-  Rate rate(uint64_t now_ns, uint64_t window_ns) const;
-
- private:
-  std::deque<CgroupSample> samples_;
-};
-
-struct NodeState {
-  std::string name;
-  NodeClock clock;
-  int64_t wall_offset_ns = 0;    // the node's realtime minus its monotonic clock, from its Hello
-  uint64_t clock_violations = 0; // its ranks seen leaving a collective before the last rank arrived
-  uint64_t last_contact_ns = 0;  // collector clock
-  std::string agent_version;
-  std::string boot_id;
-  uint64_t instance = 0;
-  uint64_t batches = 0;
-  uint64_t records = 0;
-  uint32_t traced_processes = 0;
-  uint32_t unacked_batches = 0;  // the agent's, at its last heartbeat
-  uint64_t bad_messages = 0;     // messages, or parts of them, refused (collector/validate.h)
-  uint64_t throttled_messages = 0;  // dropped over the per-key rate limit (collector/rate_limit.h)
-  // Claims refused because they contradict what a communicator's first
-  // announcement bound (its size, a rank's node and pid), or because the
-  // node is not a member of what it tried to change (docs/operations.md,
-  // "Threat model"). Well-formed, so not bad messages: an attack or a bug.
-  uint64_t refused_claims = 0;
-  // Its share of the live model (collector/validate.h): the sizes of the live
-  // communicators it has members in, and those members.
-  uint64_t rank_slots = 0;
-  uint32_t memberships = 0;
-  DropCounts drops;                     // the agent's, the largest seen of each
-  std::map<uint64_t, AckWindow> acked;  // by agent instance: batches already stored (the newest few instances)
-  std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
-  std::map<uint64_t, CgroupUsage> cgroups;   // by cgroup id, from heartbeats
-  uint64_t last_monotonic_ns = 0;            // node clock of the last heartbeat
-};
-
-// ncclCommGetAsyncError found the member's communicator broken.
-struct CommError {
-  uint64_t ns = 0;  // cluster clock
-  int32_t result = 0, async_error = 0;
-};
-
-struct MemberState {
-  int32_t rank = -1;
-  std::string node;
-  uint32_t pid = 0;
-  uint64_t records = 0;
-  int64_t last_seq = -1;          // lane 0
-  uint64_t last_issue_ns = 0;     // cluster clock
-  bool ended = false;             // its process destroyed or aborted the communicator
-  std::optional<CommError> error;
-};
-
-struct CommState {
-  uint64_t hash = 0;
-  std::string job;
-  int32_t nranks = -1;
-  wire::CommOrigin origin = wire::CommOrigin::UNKNOWN;
-  std::map<int32_t, MemberState> members;
-  std::set<uint32_t> lanes;
-  uint64_t first_ns = 0, last_ns = 0;
-  bool ended = false;  // every member ended it
-};
-
-// Who a traced process is, as its agent identified it.
-struct ProcessInfo {
-  std::string job;
-  int32_t rank = -1;
-  int32_t local_rank = -1;
-  int32_t world_size = -1;
-  std::string user;
-  std::string account;
-  std::string visible_devices;  // CUDA_VISIBLE_DEVICES
-  std::string slurm_step;
-  std::string pod_uid;
-  std::string pod_namespace, pod_name;
-  std::string container_id;
-  std::vector<int32_t> cuda_devices;  // chosen with cudaSetDevice, in order
-  uint64_t cgroup_id = 0;
-  std::string cgroup_path;
-  uint64_t start_time = 0;  // /proc/PID/stat field 22 (clock ticks since boot); 0 unknown
-  // The GPU it most likely drives: its one visible device, or the one its
-  // local rank selects among several (cudaSetDevice(local_rank) is the
-  // convention of torchrun and Slurm launchers); "" when unknown.
-  std::string gpu() const;
-};
+// The model's CommOrigin is the wire's, value for value.
+static_assert(static_cast<int>(wire::CommOrigin::UNKNOWN) == static_cast<int>(CommOrigin::unknown) &&
+              static_cast<int>(wire::CommOrigin::INIT_RANK) == static_cast<int>(CommOrigin::init_rank) &&
+              static_cast<int>(wire::CommOrigin::INIT_RANK_CONFIG) == static_cast<int>(CommOrigin::init_rank_config) &&
+              static_cast<int>(wire::CommOrigin::INIT_ALL) == static_cast<int>(CommOrigin::init_all) &&
+              static_cast<int>(wire::CommOrigin::SPLIT) == static_cast<int>(CommOrigin::split));
+// A value past the ones known reads as unknown.
+inline CommOrigin from_wire(wire::CommOrigin origin) {
+  auto value = static_cast<uint16_t>(origin);
+  return value <= static_cast<uint16_t>(CommOrigin::unknown) ? static_cast<CommOrigin>(value) : CommOrigin::unknown;
+}
+inline wire::CommOrigin to_wire(CommOrigin origin) {
+  return static_cast<wire::CommOrigin>(origin);
+}
 
 struct IngestCounters {
   uint64_t batches_stored = 0;
@@ -154,9 +48,9 @@ struct IngestCounters {
   uint64_t throttled_messages = 0;
   uint64_t refused_claims = 0;  // NodeState::refused_claims, all nodes
   uint64_t held_batches = 0;    // not taken while the database could not be written (Commit::holding)
-  uint64_t batch_bytes = 0;  // wire size of the batches stored
-  uint64_t waits = 0;        // host waits on the GPU reported
-  uint64_t retired_comms = 0;  // communicators that left the live model (Ingest::retire)
+  uint64_t batch_bytes = 0;     // wire size of the batches stored
+  uint64_t waits = 0;           // host waits on the GPU reported
+  uint64_t retired_comms = 0;   // communicators that left the live model (Ingest::retire)
 };
 
 // Told about every collective record as it is ingested (the detectors).
@@ -171,7 +65,7 @@ class RecordObserver {
 
 // Replies to send: some at once, acks only once their batch is durable.
 struct Outbox {
-  std::vector<std::pair<std::string, std::string>> now;           // (routing id, bytes)
+  std::vector<std::pair<std::string, std::string>> now;  // (routing id, bytes)
   std::vector<std::pair<std::string, std::string>> after_commit;
 };
 
@@ -287,7 +181,7 @@ class Ingest final : public CommitParticipant {
   };
   std::vector<Uncommitted> uncommitted_;  // batches marked acked, not yet durable (kept while commits fail)
   uint64_t ack_uses_ = 0;
-  std::set<uint64_t> dirty_comms_;        // members, lanes or size changed since the last stage
+  std::set<uint64_t> dirty_comms_;                        // members, lanes or size changed since the last stage
   std::set<std::pair<uint64_t, int32_t>> dirty_members_;  // (comm, rank) whose progress moved since
   std::set<std::string> dirty_nodes_;
   IngestCounters counters_;

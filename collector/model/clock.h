@@ -54,7 +54,7 @@ class NodeClock {
   uint32_t samples() const { return static_cast<uint32_t>(window_.size()); }
   bool known() const { return known_; }
   uint64_t to_cluster(uint64_t node_ns) const;
-  // A correction from the collectives (collector/clock_refine.h), added to the probes' offset.
+  // A correction from the collectives (collector/model/clock_refine.h), added to the probes' offset.
   void set_refinement(int64_t ns) { refinement_ns_ = ns; }
   int64_t refinement_ns() const { return refinement_ns_; }
   uint64_t reference_ns() const { return reference_ns_; }
@@ -71,7 +71,7 @@ class NodeClock {
   std::deque<std::pair<uint64_t, uint64_t>> replaced_;
   uint64_t reference_ns_ = 0;  // node time the offset refers to
   int64_t offset_ns_ = 0;
-  double drift_ = 0;           // d(offset)/d(node time)
+  double drift_ = 0;  // d(offset)/d(node time)
   uint64_t uncertainty_ns_ = UINT64_MAX;
   int64_t refinement_ns_ = 0;
   bool known_ = false;

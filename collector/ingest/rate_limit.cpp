@@ -1,4 +1,4 @@
-#include "collector/rate_limit.h"
+#include "collector/ingest/rate_limit.h"
 
 #include <algorithm>
 
@@ -13,7 +13,8 @@ bool RateLimiter::admit(const std::string& id, uint64_t bytes, uint64_t now_ns) 
   if (!added && now_ns > b.refilled_ns) {
     double seconds = static_cast<double>(now_ns - b.refilled_ns) / 1e9;
     b.messages = std::min<double>(messages_per_s_, b.messages + seconds * messages_per_s_);
-    b.bytes = std::min<double>(static_cast<double>(bytes_per_s_), b.bytes + seconds * static_cast<double>(bytes_per_s_));
+    b.bytes =
+        std::min<double>(static_cast<double>(bytes_per_s_), b.bytes + seconds * static_cast<double>(bytes_per_s_));
     b.refilled_ns = now_ns;
   }
   bool messages_ok = messages_per_s_ == 0 || b.messages >= 1;

@@ -10,7 +10,7 @@
 
 #include "collector/detect/findings.h"
 #include "collector/store/timeline_store.h"
-#include "collector/usage.h"
+#include "collector/usage/ledger.h"
 #include "common/result.h"
 #include "proto/query.capnp.h"
 
@@ -19,8 +19,8 @@ namespace rankscope::collector {
 struct ReportLine {
   std::string tenant;
   Usage usage;
-  double waste_s = 0;    // GPU-seconds it waited
-  double caused_s = 0;   // GPU-seconds others waited on it
+  double waste_s = 0;                       // GPU-seconds it waited
+  double caused_s = 0;                      // GPU-seconds others waited on it
   std::map<std::string, double> waited_on;  // cause tenant -> GPU-seconds
   std::set<std::string> nodes;
 };
@@ -34,8 +34,8 @@ struct CauseLine {
 struct Report {
   std::vector<ReportLine> rows;  // largest GPU-seconds first, then by name
   ReportLine total;
-  std::vector<CauseLine> causes; // largest first
-  uint64_t entries = 0;          // ledger rows read
+  std::vector<CauseLine> causes;  // largest first
+  uint64_t entries = 0;           // ledger rows read
 };
 
 // `job` non-empty: only that job's rows (by node), the waste it suffered and

@@ -1,4 +1,4 @@
-#include "collector/clock_refine.h"
+#include "collector/model/clock_refine.h"
 
 #include <algorithm>
 
@@ -86,7 +86,7 @@ void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t se
 }
 
 void ClockRefiner::forget_retired() {
-  // Communicators out of the live model (collector/ingest.h, retire), and
+  // Communicators out of the live model (collector/ingest/ingest.h, retire), and
   // the processes that were their members.
   bool any = false;
   for (auto it = comms_.begin(); it != comms_.end();) {

@@ -1,0 +1,241 @@
+// The ingest's persistence: the model restored from the database at start,
+// the communicators and nodes written into the commit's WriteSet, and a
+// retired communicator read back for queries.
+#include <capnp/message.h>
+
+#include <charconv>
+
+#include "collector/ingest/ingest.h"
+#include "common/format.h"
+#include "common/log.h"
+#include "proto/store.capnp.h"
+
+namespace rankscope::collector {
+
+namespace {
+// A communicator as stored (its members' counters as of its last full write).
+CommState comm_from(proto::store::StoredComm::Reader stored) {
+  CommState comm;
+  comm.hash = stored.getCommHash();
+  comm.job = stored.getJob();
+  comm.nranks = stored.getNranks();
+  comm.origin = from_wire(stored.getOrigin());
+  comm.first_ns = stored.getFirstNs();
+  comm.last_ns = stored.getLastNs();
+  comm.ended = stored.getEnded();
+  for (auto lane : stored.getLanes()) comm.lanes.insert(lane);
+  for (auto m : stored.getMembers()) {
+    MemberState member;
+    member.rank = m.getRank();
+    member.node = m.getNode();
+    member.pid = m.getPid();
+    member.records = m.getRecords();
+    member.last_seq = m.getLastSeq();
+    member.last_issue_ns = m.getLastIssueNs();
+    member.ended = m.getEnded();
+    comm.members[member.rank] = member;
+  }
+  return comm;
+}
+
+// A member's counters from its progress row (newer than its StoredComm's).
+Result<void> apply_progress(MemberState& member, const std::string& row, uint64_t* comm_last_ns) {
+  auto read = proto::read_packed<proto::store::StoredProgress>(row, proto::ReadLimits{}, [&](auto stored) {
+    member.records = stored.getRecords();
+    member.last_seq = stored.getLastSeq();
+    member.last_issue_ns = stored.getLastIssueNs();
+    if (comm_last_ns) *comm_last_ns = std::max(*comm_last_ns, stored.getCommLastNs());
+  });
+  if (!read) return make_error(Errc::storage, "a member's stored progress is unreadable: " + read.error().message);
+  return {};
+}
+}  // namespace
+
+Result<void> Ingest::restore() {
+  auto comms = store_.all_comms();
+  if (!comms) return comms.error();
+  size_t retired = 0;
+  for (const auto& bytes : *comms) {
+    auto read = proto::read_packed<proto::store::StoredComm>(bytes, proto::ReadLimits{}, [&](auto stored) {
+      if (stored.getRetired()) {
+        ++retired;
+        return;
+      }
+      CommState comm = comm_from(stored);
+      comms_[comm.hash] = std::move(comm);
+    });
+    if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
+  }
+  auto progress = store_.all_progress();
+  if (!progress) return progress.error();
+  for (const auto& row : *progress) {
+    auto comm = comms_.find(row.comm);
+    if (comm == comms_.end()) continue;
+    auto member = comm->second.members.find(row.rank);
+    if (member == comm->second.members.end()) continue;
+    if (auto applied = apply_progress(member->second, row.value, &comm->second.last_ns); !applied)
+      return applied.error();
+  }
+  auto nodes = store_.all_nodes();
+  if (!nodes) return nodes.error();
+  for (const auto& bytes : *nodes) {
+    auto read = proto::read_packed<proto::store::StoredNode>(bytes, proto::ReadLimits{}, [&](auto stored) {
+      NodeState node;
+      node.name = stored.getNode();
+      node.last_contact_ns = stored.getLastContactNs();
+      node.agent_version = stored.getAgentVersion();
+      node.instance = stored.getInstanceId();
+      node.boot_id = stored.getBootId();
+      node.batches = stored.getBatches();
+      node.records = stored.getRecords();
+      node.drops = proto::read_drops(stored.getDrops());
+      for (auto a : stored.getAckedBatches()) {
+        AckWindow& window = node.acked[a.getInstanceId()];
+        window.through = a.getThrough();
+        for (uint64_t seq : a.getAbove()) window.above.insert(seq);
+        window.last_used = ++ack_uses_;
+      }
+      // Until new probes come in, times keep the estimate of the last run
+      // (the Hello's seed is only as good as the node's wall clock).
+      if (stored.getClockUncertaintyNs() != 0 && stored.getClockUncertaintyNs() != UINT64_MAX)
+        node.clock.restore(stored.getClockOffsetNs(), stored.getClockRefinementNs(), stored.getClockDriftPpb(),
+                           stored.getClockReferenceNs(), stored.getClockUncertaintyNs());
+      nodes_[node.name] = std::move(node);
+    });
+    if (!read) return make_error(Errc::storage, "a stored node is unreadable: " + read.error().message);
+  }
+  // Each node's share of the live model, as claim_member and retire keep it.
+  for (const auto& [hash, comm] : comms_) charge_nodes(comm, true);
+  if (!comms_.empty() || !nodes_.empty())
+    RS_LOG(info, "restored %zu node(s) and %zu communicator(s) from the database (%zu retired ones left there)",
+           nodes_.size(), comms_.size(), retired);
+  return {};
+}
+
+Result<CommState> Ingest::retired_comm(const std::string& prefix) const {
+  // The hashes a hex prefix stands for are one range of keys.
+  uint64_t first = 0, last = 0;
+  const std::string low = prefix + std::string(16 - std::min<size_t>(16, prefix.size()), '0');
+  const std::string high = prefix + std::string(16 - std::min<size_t>(16, prefix.size()), 'f');
+  if (prefix.empty() || prefix.size() > 16 ||
+      std::from_chars(low.data(), low.data() + low.size(), first, 16).ptr != low.data() + low.size() ||
+      std::from_chars(high.data(), high.data() + high.size(), last, 16).ptr != high.data() + high.size())
+    return make_error(Errc::invalid_argument, "a communicator is named by its hash in lower-case hex, not " + prefix);
+  auto comms = store_.comms_between(first, last);
+  if (!comms) return comms.error();
+  std::optional<CommState> found;
+  bool ambiguous = false;
+  for (const auto& bytes : *comms) {
+    auto read = proto::read_packed<proto::store::StoredComm>(bytes, proto::ReadLimits{}, [&](auto stored) {
+      if (!stored.getRetired()) return;
+      if (found) ambiguous = true;
+      found = comm_from(stored);
+    });
+    if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
+  }
+  if (ambiguous)
+    return make_error(Errc::invalid_argument, "communicator prefix " + prefix + " is ambiguous; give more digits");
+  if (!found) return make_error(Errc::not_found, "no communicator " + prefix + " (see `rankscope jobs`)");
+  // Its members' last counters are in their progress rows.
+  auto progress = store_.progress_of(found->hash);
+  if (!progress) return progress.error();
+  for (const auto& row : *progress) {
+    auto member = found->members.find(row.rank);
+    if (member == found->members.end()) continue;
+    if (auto applied = apply_progress(member->second, row.value, nullptr); !applied) return applied.error();
+  }
+  return std::move(*found);
+}
+
+void Ingest::persist_comm(const CommState& comm, bool retired) {
+  capnp::MallocMessageBuilder builder;
+  auto stored = builder.initRoot<proto::store::StoredComm>();
+  stored.setCommHash(comm.hash);
+  stored.setJob(comm.job);
+  stored.setNranks(comm.nranks);
+  stored.setOrigin(to_wire(comm.origin));
+  stored.setFirstNs(comm.first_ns);
+  stored.setLastNs(comm.last_ns);
+  stored.setEnded(comm.ended);
+  stored.setRetired(retired);
+  auto lanes = stored.initLanes(static_cast<unsigned>(comm.lanes.size()));
+  unsigned i = 0;
+  for (uint32_t lane : comm.lanes) lanes.set(i++, lane);
+  auto members = stored.initMembers(static_cast<unsigned>(comm.members.size()));
+  i = 0;
+  for (const auto& [rank, m] : comm.members) {
+    auto out = members[i++];
+    out.setRank(m.rank);
+    out.setNode(m.node);
+    out.setPid(m.pid);
+    out.setRecords(m.records);
+    out.setLastSeq(m.last_seq);
+    out.setLastIssueNs(m.last_issue_ns);
+    out.setEnded(m.ended);
+  }
+  pending_.put_comm(comm.hash, proto::to_packed(builder));
+}
+
+void Ingest::persist_node(const NodeState& node) {
+  capnp::MallocMessageBuilder builder;
+  auto stored = builder.initRoot<proto::store::StoredNode>();
+  stored.setNode(node.name);
+  stored.setLastContactNs(node.last_contact_ns);
+  stored.setAgentVersion(node.agent_version);
+  stored.setInstanceId(node.instance);
+  stored.setBootId(node.boot_id);
+  stored.setBatches(node.batches);
+  stored.setRecords(node.records);
+  proto::write_drops(node.drops, stored.initDrops());
+  stored.setClockOffsetNs(node.clock.offset_ns());
+  stored.setClockUncertaintyNs(node.clock.probe_uncertainty_ns());
+  stored.setClockDriftPpb(node.clock.drift_ppb());
+  stored.setClockRefinementNs(node.clock.refinement_ns());
+  stored.setClockReferenceNs(node.clock.reference_ns());
+  auto windows = stored.initAckedBatches(static_cast<unsigned>(node.acked.size()));
+  unsigned w = 0;
+  for (const auto& [instance, window] : node.acked) {
+    auto out = windows[w++];
+    out.setInstanceId(instance);
+    out.setThrough(window.through);
+    auto above = out.initAbove(static_cast<unsigned>(window.above.size()));
+    unsigned i = 0;
+    for (uint64_t seq : window.above) above.set(i++, seq);
+  }
+  pending_.put_node(node.name, proto::to_packed(builder));
+}
+
+Result<void> Ingest::stage(WriteSet&, uint64_t, bool) {
+  for (uint64_t hash : dirty_comms_) {
+    auto it = comms_.find(hash);
+    if (it != comms_.end()) persist_comm(it->second);
+  }
+  for (const auto& [hash, rank] : dirty_members_) {
+    auto comm = comms_.find(hash);
+    if (comm == comms_.end()) continue;
+    auto member = comm->second.members.find(rank);
+    if (member == comm->second.members.end()) continue;
+    capnp::MallocMessageBuilder builder;
+    auto progress = builder.initRoot<proto::store::StoredProgress>();
+    progress.setRecords(member->second.records);
+    progress.setLastSeq(member->second.last_seq);
+    progress.setLastIssueNs(member->second.last_issue_ns);
+    progress.setCommLastNs(comm->second.last_ns);
+    pending_.put_progress(hash, rank, proto::to_packed(builder));
+  }
+  for (const auto& name : dirty_nodes_) {
+    auto it = nodes_.find(name);
+    if (it != nodes_.end()) persist_node(it->second);
+  }
+  // Staged: a failed commit keeps them in the set and writes them again.
+  dirty_comms_.clear();
+  dirty_members_.clear();
+  dirty_nodes_.clear();
+  return {};
+}
+
+void Ingest::committed() {
+  uncommitted_.clear();
+}
+
+}  // namespace rankscope::collector
