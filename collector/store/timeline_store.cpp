@@ -5,12 +5,13 @@
 #include <rocksdb/slice_transform.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
-
 #include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+
+#include "collector/store/bytes.h"
 
 namespace rankscope::collector {
 
@@ -21,22 +22,10 @@ constexpr size_t kRecordKeySize = kRecordPrefixSize + 8;
 constexpr size_t kProgressKeySize = 8 + 4;  // (comm, rank)
 constexpr size_t kRecordValueSize = 48;
 
-void put_be(std::string& out, uint64_t value, int bytes) {
-  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-uint64_t get_be(const char* in, int bytes) {
-  uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value = (value << 8) | static_cast<uint8_t>(in[i]);
-  return value;
-}
-void put_le(char* out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
-}
-uint64_t get_le(const char* in, int bytes) {
-  uint64_t value = 0;
-  for (int i = bytes - 1; i >= 0; --i) value = (value << 8) | static_cast<uint8_t>(in[i]);
-  return value;
-}
+using bytes::get_be;
+using bytes::get_le;
+using bytes::put_be;
+using bytes::put_le;
 
 // Ranks are signed (a record whose rank is unknown carries -1); flipping the
 // sign bit keeps byte order equal to numeric order.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "collector/store/bytes.h"
 #include "common/format.h"
 #include "common/log.h"
 #include "proto/records.h"
@@ -27,14 +28,8 @@ constexpr uint64_t kIdentityWaitNs = 10 * kNs;
 constexpr uint64_t kRestoredGraceNs = 600 * kNs;
 constexpr uint8_t kTrackVersion = 1;
 
-void put_be(std::string& out, uint64_t value, int bytes) {
-  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-uint64_t get_be(const char* in, int bytes) {
-  uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value = (value << 8) | static_cast<uint8_t>(in[i]);
-  return value;
-}
+using bytes::get_be;
+using bytes::put_be;
 
 void put_text(std::string& out, const std::string& text) {
   uint32_t n = static_cast<uint32_t>(std::min<size_t>(text.size(), 65535));
