@@ -141,6 +141,23 @@ class Ingest final : public CommitParticipant {
   void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out, const std::string& key_node);
   void on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, size_t wire_bytes,
                 Outbox& out);
+  // The checks before a batch is applied: false (with the reply, if any,
+  // in `out`) when it is refused, held while the database cannot be
+  // written, or a re-send of one already stored.
+  bool admit_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, size_t wire_bytes,
+                   std::string& ack_bytes, Outbox& out);
+  // A batch's parts applied to the model (ingest/apply.cpp); `changed`
+  // gathers the communicators to write whole.
+  void apply_processes(NodeState& node, wire::Batch::Reader batch);
+  void apply_comms(NodeState& node, wire::Batch::Reader batch, std::set<uint64_t>& changed);
+  void apply_async_errors(NodeState& node, wire::Batch::Reader batch);
+  void apply_comm_ends(NodeState& node, wire::Batch::Reader batch, std::set<uint64_t>& changed);
+  // Returns the records taken.
+  size_t apply_collectives(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame,
+                           std::set<uint64_t>& changed);
+  void apply_waits(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame);
+  // The batch among the node's stored ones, acknowledged once the commit is durable.
+  void mark_stored(NodeState& node, wire::Batch::Reader batch);
   void on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat);
   // The communicator (made if new); `changed` is set when what restore
   // needs of it (members, lanes, job, size) changed.
