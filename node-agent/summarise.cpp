@@ -274,6 +274,20 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
   // one process opening 100,000 communicators must not make every batch of
   // its node unacceptable. What does not fit stays for the next batch, in
   // order: a communicator's records and end go with or after it.
+  fill_processes(batch);
+  fill_comms(batch);
+  // Communicators announced in a later batch: their records and ends wait for it.
+  std::set<std::pair<uint32_t, uint64_t>> held;
+  for (const auto& c : new_comms_) held.emplace(c.pid, c.hash);
+  fill_ends(batch, held);
+  uint64_t records = fill_collectives(batch, held);
+  fill_clock_samples(batch);
+  fill_waits(batch, records);
+  fill_async_errors(batch);
+  proto::write_drops(drops, batch.initDrops());
+}
+
+void Summariser::fill_processes(wire::Batch::Builder batch) {
   unsigned unsent = 0;
   for (const auto& [pid, entry] : processes_) unsent += entry.sent ? 0 : 1;
   auto procs = batch.initProcesses(std::min(unsent, proto::kMaxListEntries));
@@ -307,7 +321,9 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
     }
     entry.sent = true;
   }
+}
 
+void Summariser::fill_comms(wire::Batch::Builder batch) {
   const size_t sent_comms = std::min<size_t>(new_comms_.size(), proto::kMaxListEntries);
   auto comms = batch.initComms(static_cast<unsigned>(sent_comms));
   for (unsigned k = 0; k < sent_comms; ++k) {
@@ -329,10 +345,9 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
     }
   }
   new_comms_.erase(new_comms_.begin(), new_comms_.begin() + static_cast<std::ptrdiff_t>(sent_comms));
-  // Communicators announced in a later batch: their records and ends wait for it.
-  std::set<std::pair<uint32_t, uint64_t>> held;
-  for (const auto& c : new_comms_) held.emplace(c.pid, c.hash);
+}
 
+void Summariser::fill_ends(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held) {
   std::vector<PendingEnd> ends_now, ends_later;
   for (auto& c : ended_comms_)
     (held.count({c.pid, c.hash}) || ends_now.size() == proto::kMaxListEntries ? ends_later : ends_now).push_back(c);
@@ -346,7 +361,9 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
     ends[k].setNs(c.ns);
     ends[k].setResult(c.result);
   }
+}
 
+uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held) {
   // Blocks in key order until the batch is full; a block larger than what
   // is left is split (its first records now, the rest next time).
   uint64_t records = 0;
@@ -378,6 +395,10 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
   pending_records_ = 0;
   for (const auto& [key, block] : blocks_) pending_records_ += block.records.size();
 
+  return records;
+}
+
+void Summariser::fill_clock_samples(wire::Batch::Builder batch) {
   const size_t sent_samples = std::min<size_t>(clock_samples_.size(), proto::kMaxClockSamples);
   auto samples = batch.initClockSamples(static_cast<unsigned>(sent_samples));
   for (unsigned k = 0; k < sent_samples; ++k) {
@@ -387,7 +408,9 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
     samples[k].setT4(clock_samples_[k][3]);
   }
   clock_samples_.erase(clock_samples_.begin(), clock_samples_.begin() + static_cast<std::ptrdiff_t>(sent_samples));
+}
 
+void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records) {
   // Waits share the record budget with the collectives.
   std::map<std::pair<uint32_t, uint32_t>, proto::WaitBlock> wait_blocks;
   size_t taken = 0;
@@ -406,7 +429,9 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
   std::vector<proto::WaitBlock> wait_list;
   for (auto& [key, block] : wait_blocks) wait_list.push_back(std::move(block));
   proto::encode_waits(wait_list, batch);
+}
 
+void Summariser::fill_async_errors(wire::Batch::Builder batch) {
   auto errors = batch.initAsyncErrors(static_cast<unsigned>(async_errors_.size()));
   for (unsigned k = 0; k < async_errors_.size(); ++k) {
     const auto& a = async_errors_[k];
@@ -417,8 +442,6 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
     errors[k].setAsyncError(a.async_error);
   }
   async_errors_.clear();
-
-  proto::write_drops(drops, batch.initDrops());
 }
 
 void Summariser::forget_exited() {

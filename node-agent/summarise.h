@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -89,6 +90,16 @@ class Summariser {
   // What a process did to its own identity before or after it was first
   // traced (setenv of CUDA_VISIBLE_DEVICES, cudaSetDevice), applied to it.
   void apply_overrides(uint32_t pid, ProcessIdentity& identity);
+  // fill()'s parts, in its order. `held`: the (pid, communicator) pairs
+  // announced in a later batch, whose records and ends wait for it;
+  // `records`: the record budget already used by the collectives.
+  void fill_processes(wire::Batch::Builder batch);
+  void fill_comms(wire::Batch::Builder batch);
+  void fill_ends(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held);
+  uint64_t fill_collectives(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held);
+  void fill_clock_samples(wire::Batch::Builder batch);
+  void fill_waits(wire::Batch::Builder batch, uint64_t records);
+  void fill_async_errors(wire::Batch::Builder batch);
   uint64_t shift(uint64_t ns) const { return clock_.shift(ns); }
 
   std::string proc_root_;
