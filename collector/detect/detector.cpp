@@ -39,6 +39,15 @@ constexpr const char* kNeverPosted = " never posted ";
 constexpr size_t kMaxChase = 4096;
 // Stalls folded into a hang that its detail names one by one.
 constexpr size_t kFoldedTold = 16;
+// Every rank inside a collective that does not move, but some running on
+// the CPU more than this share of the context window: working, not hung.
+constexpr double kBusyRunningShare = 0.2;
+// A neighbouring cgroup using at least this many CPUs is named in a
+// straggler's host context.
+constexpr double kBusyNeighbourCpus = 0.25;
+// Communicators smaller than this compare a rank with its peers excluding
+// it; larger ones with the median of all (cached per evaluation).
+constexpr int32_t kPeerCacheMinRanks = 8;
 
 int64_t median(std::vector<int64_t> values) {
   if (values.empty()) return 0;
@@ -358,7 +367,7 @@ std::string Detector::host_context(const CommState& comm, int32_t rank) const {
     return p;
   };
   PeerShares peers;
-  if (comm.nranks < 8) {
+  if (comm.nranks < kPeerCacheMinRanks) {
     peers = summarise(rank);
   } else {
     auto cached = peer_cache_.find(comm.hash);
@@ -392,7 +401,7 @@ std::string Detector::busy_neighbours(const MemberState& member) const {
   for (const auto& [id, usage] : node->second.cgroups) {
     if (job_cgroups.count(id)) continue;
     auto rate = usage.rate(node->second.last_monotonic_ns, options_.context_window_ns);
-    if (!rate.known || rate.cpus < 0.25) continue;
+    if (!rate.known || rate.cpus < kBusyNeighbourCpus) continue;
     std::string name = usage.path.empty() ? "cgroup " + std::to_string(id) : usage.path;
     busy.emplace_back(rate.cpus, name);
   }
@@ -498,7 +507,22 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
   }
   int64_t min_last = *std::min_element(last.begin(), last.end());
   int64_t max_last = *std::max_element(last.begin(), last.end());
+  resolve_progressed(state, now_ns, open_of_comm, min_last, max_last, last_activity);
+  if (max_last < 0) return;
 
+  Stall stall;
+  stall.comm = &comm;
+  stall.state = &state;
+  stall.finding.kind = FindingKind::hang;
+  stall.finding.job = comm.job;
+  stall.finding.comm = comm.hash;
+  bool noted = min_last < max_last ? note_partial_stall(stall, last, min_last, now_ns)
+                                   : note_inside_stall(stall, max_last, last_activity, now_ns);
+  if (noted) stalls_.push_back(std::move(stall));
+}
+
+void Detector::resolve_progressed(CommDetect& state, uint64_t now_ns, const std::vector<const Finding*>& open_of_comm,
+                                  int64_t min_last, int64_t max_last, uint64_t last_activity) {
   for (const Finding* f : open_of_comm) {
     if (is_pair_hang(*f)) continue;  // evaluate_pairs
     std::string key = f->key();
@@ -522,80 +546,82 @@ void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t 
       book_.resolve(key, now_ns);
     }
   }
-  if (max_last < 0) return;
+}
 
-  Stall stall;
-  stall.comm = &comm;
-  stall.state = &state;
+bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last, int64_t min_last, uint64_t now_ns) {
+  const CommState& comm = *stall.comm;
+  const int32_t n = comm.nranks;
   Finding& f = stall.finding;
-  f.kind = FindingKind::hang;
-  f.job = comm.job;
-  f.comm = comm.hash;
+  // Some ranks reached N = min_last + 1, the others never entered it.
+  uint64_t n_seq = static_cast<uint64_t>(min_last + 1);
+  auto [instance_seq, instance] = matcher_.open_from(comm.hash, n_seq);
+  if (!instance) return false;
+  uint64_t reached_ns = instance->first_issue_ns;
+  stall.partial = true;
+  stall.since_ns = reached_ns;
+  stall.timed_out = now_ns >= reached_ns && now_ns - reached_ns >= options_.hang_timeout_ns;
+  f.seq = static_cast<int64_t>(n_seq);
+  for (int32_t r = 0; r < n; ++r) {
+    if (last[r] != min_last) continue;
+    f.ranks.push_back(r);
+    if (auto m = comm.members.find(r); m != comm.members.end())
+      stall.missing.emplace_back(m->second.node, m->second.pid);
+  }
+  // Missing ranks whose agent went silent are unseen, not hung: the
+  // node_lost finding of their node tells it (and counts this one).
+  if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return false;
+  // Told (and its culprits narrowed) only if it is raised or folded into
+  // one that is: most stalls of a busy fleet are collectives in flight.
+  stall.instance = instance;
+  stall.instance_seq = instance_seq;
+  stall.others = n - static_cast<int>(f.ranks.size());
+  return true;
+}
+
+bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_activity, uint64_t now_ns) {
+  const CommState& comm = *stall.comm;
+  CommDetect& state = *stall.state;
+  const int32_t n = comm.nranks;
+  Finding& f = stall.finding;
   // The detail is the summary (which folding may extend) followed by this.
   std::string& tail = f.detail;
-  if (min_last < max_last) {
-    // Some ranks reached N = min_last + 1, the others never entered it.
-    uint64_t n_seq = static_cast<uint64_t>(min_last + 1);
-    auto [instance_seq, instance] = matcher_.open_from(comm.hash, n_seq);
-    if (!instance) return;
-    uint64_t reached_ns = instance->first_issue_ns;
-    stall.partial = true;
-    stall.since_ns = reached_ns;
-    stall.timed_out = now_ns >= reached_ns && now_ns - reached_ns >= options_.hang_timeout_ns;
-    f.seq = static_cast<int64_t>(n_seq);
-    for (int32_t r = 0; r < n; ++r) {
-      if (last[r] != min_last) continue;
-      f.ranks.push_back(r);
-      if (auto m = comm.members.find(r); m != comm.members.end()) stall.missing.emplace_back(m->second.node, m->second.pid);
-    }
-    // Missing ranks whose agent went silent are unseen, not hung: the
-    // node_lost finding of their node tells it (and counts this one).
-    if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;
-    // Told (and its culprits narrowed) only if it is raised or folded into
-    // one that is: most stalls of a busy fleet are collectives in flight.
-    stall.instance = instance;
-    stall.instance_seq = instance_seq;
-    stall.others = n - static_cast<int>(f.ranks.size());
-  } else {
-    // Every rank issued the same last collective and nothing moves.
-    if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return;
-    std::vector<int32_t> all;
-    for (const auto& [rank, m] : comm.members) all.push_back(rank);
-    if (fold_into_lost_nodes(comm, all, true)) return;
-    std::vector<int32_t> stuck, busy;
-    size_t in_gpu_wait = 0;
-    for (const auto& [rank, m] : comm.members) {
-      const ProcessHealth* health = health_of(m);
-      if (!health || !health->known()) continue;
-      in_gpu_wait += health->open_waits().empty() ? 0 : 1;
-      if (stuck_process(*health))
-        stuck.push_back(rank);
-      else if (health->shares(options_.context_window_ns).running > 0.2)
-        busy.push_back(rank);
-    }
-    if (stuck.empty() && !busy.empty()) return;  // ranks busy on the CPU: working, not hung
-    stall.since_ns = last_activity;
-    stall.timed_out = true;
-    f.seq = max_last;
-    f.ranks = stuck.empty() ? std::vector<int32_t>{} : stuck;
-    if (f.ranks.empty())
-      for (int32_t r = 0; r < n; ++r) f.ranks.push_back(r);
-    std::string idle = format_time_ns(last_activity);
-    if (!stuck.empty())
-      f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": every rank entered collective #" +
-                  std::to_string(max_last) + " but rank" + (stuck.size() > 1 ? "s " : " ") + join(stuck) +
-                  " cannot progress (process stopped or exited); nothing has moved since " + idle;
-    else
-      f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": all " + std::to_string(n) +
-                  " ranks entered collective #" + std::to_string(max_last) +
-                  " and none has progressed since " + idle +
-                  ": no rank is missing; suspect the network or a GPU (every process is alive and idle" +
-                  (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
-    tail = ".\nRanks:";
-    state.all_inside.insert(f.key());
-    inside_stalls_[{comm.hash, static_cast<uint64_t>(max_last)}] = stalls_.size();
+  // Every rank issued the same last collective and nothing moves.
+  if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return false;
+  std::vector<int32_t> all;
+  for (const auto& [rank, m] : comm.members) all.push_back(rank);
+  if (fold_into_lost_nodes(comm, all, true)) return false;
+  std::vector<int32_t> stuck, busy;
+  size_t in_gpu_wait = 0;
+  for (const auto& [rank, m] : comm.members) {
+    const ProcessHealth* health = health_of(m);
+    if (!health || !health->known()) continue;
+    in_gpu_wait += health->open_waits().empty() ? 0 : 1;
+    if (stuck_process(*health))
+      stuck.push_back(rank);
+    else if (health->shares(options_.context_window_ns).running > kBusyRunningShare)
+      busy.push_back(rank);
   }
-  stalls_.push_back(std::move(stall));
+  if (stuck.empty() && !busy.empty()) return false;  // ranks busy on the CPU: working, not hung
+  stall.since_ns = last_activity;
+  stall.timed_out = true;
+  f.seq = max_last;
+  f.ranks = stuck.empty() ? std::vector<int32_t>{} : stuck;
+  if (f.ranks.empty())
+    for (int32_t r = 0; r < n; ++r) f.ranks.push_back(r);
+  std::string idle = format_time_ns(last_activity);
+  if (!stuck.empty())
+    f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": every rank entered collective #" +
+                std::to_string(max_last) + " but rank" + (stuck.size() > 1 ? "s " : " ") + join(stuck) +
+                " cannot progress (process stopped or exited); nothing has moved since " + idle;
+  else
+    f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": all " + std::to_string(n) +
+                " ranks entered collective #" + std::to_string(max_last) + " and none has progressed since " + idle +
+                ": no rank is missing; suspect the network or a GPU (every process is alive and idle" +
+                (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
+  tail = ".\nRanks:";
+  state.all_inside.insert(f.key());
+  inside_stalls_[{comm.hash, static_cast<uint64_t>(max_last)}] = stalls_.size();
+  return true;
 }
 
 void Detector::evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t now_ns,
@@ -724,27 +750,31 @@ void Detector::raise_stalls(uint64_t now_ns) {
   bool any_due = false;
   for (const Stall& s : stalls_) any_due |= s.timed_out;
   if (!any_due) return;
-  // Of two stalls, the one whose finding tells the story: the one already
-  // open, else the one waited on longest.
-  auto better = [&](size_t a, size_t b) {
-    bool open_a = book_.open_finding(stalls_[a].finding.key()) != nullptr;
-    bool open_b = book_.open_finding(stalls_[b].finding.key()) != nullptr;
-    if (open_a != open_b) return open_a;
-    if (stalls_[a].since_ns != stalls_[b].since_ns) return stalls_[a].since_ns < stalls_[b].since_ns;
-    return a < b;
-  };
-  // The stalls that name each process as missing.
-  std::map<ProcKey, std::vector<size_t>> naming;
-  for (size_t i = 0; i < stalls_.size(); ++i)
-    for (const ProcKey& p : stalls_[i].missing) naming[p].push_back(i);
+  fold_stalls(link_stalls());
+  for (Stall& s : stalls_)
+    if (!s.owned && s.timed_out) raise_stall(s, now_ns);
+}
 
+bool Detector::tells_better(size_t a, size_t b) const {
+  bool open_a = book_.open_finding(stalls_[a].finding.key()) != nullptr;
+  bool open_b = book_.open_finding(stalls_[b].finding.key()) != nullptr;
+  if (open_a != open_b) return open_a;
+  if (stalls_[a].since_ns != stalls_[b].since_ns) return stalls_[a].since_ns < stalls_[b].since_ns;
+  return a < b;
+}
+
+Detector::StallLinks Detector::link_stalls() {
   // Follow each stall's missing ranks through the exchanges they wait in,
   // to the processes that wait in none (or to a stall every rank is
   // inside). A stall that names one of those itself is where the job is
   // held up; the others stall behind it.
-  std::vector<std::vector<ProcKey>> roots(stalls_.size());
-  std::vector<std::set<size_t>> insides(stalls_.size());
-  std::vector<bool> direct(stalls_.size(), true);
+  StallLinks links;
+  links.roots.resize(stalls_.size());
+  links.insides.resize(stalls_.size());
+  links.direct.assign(stalls_.size(), true);
+  auto& roots = links.roots;
+  auto& insides = links.insides;
+  auto& direct = links.direct;
   auto chase = [&](size_t i, const std::vector<ProcKey>& from) {
     std::set<ProcKey> own(from.begin(), from.end()), seen = own;
     std::deque<ProcKey> queue(from.begin(), from.end());
@@ -796,6 +826,17 @@ void Detector::raise_stalls(uint64_t now_ns) {
     chase(i, members);
     direct[i] = false;
   }
+  return links;
+}
+
+void Detector::fold_stalls(const StallLinks& links) {
+  const auto& roots = links.roots;
+  const auto& insides = links.insides;
+  const auto& direct = links.direct;
+  // The stalls that name each process as missing.
+  std::map<ProcKey, std::vector<size_t>> naming;
+  for (size_t i = 0; i < stalls_.size(); ++i)
+    for (const ProcKey& p : stalls_[i].missing) naming[p].push_back(i);
   // Stalls that name the same held-up process are one story: the best tells it.
   std::vector<size_t> owner(stalls_.size());
   for (size_t i = 0; i < stalls_.size(); ++i) owner[i] = i;
@@ -803,7 +844,8 @@ void Detector::raise_stalls(uint64_t now_ns) {
   auto unite = [&](size_t a, size_t b) {
     a = find(a), b = find(b);
     if (a == b) return;
-    if (better(a, b)) owner[b] = a;
+    if (tells_better(a, b))
+      owner[b] = a;
     else owner[a] = b;
   };
   for (const auto& [p, named] : naming) {
@@ -820,7 +862,7 @@ void Detector::raise_stalls(uint64_t now_ns) {
     size_t best = SIZE_MAX;
     auto consider = [&](size_t c) {
       c = find(c);
-      if (c != i && (best == SIZE_MAX || better(c, best))) best = c;
+      if (c != i && (best == SIZE_MAX || tells_better(c, best))) best = c;
     };
     for (const ProcKey& p : roots[i])
       if (auto named = naming.find(p); named != naming.end())
@@ -847,8 +889,6 @@ void Detector::raise_stalls(uint64_t now_ns) {
     stalls_[o].folded.push_back(i);
     stalls_[o].timed_out |= stalls_[i].timed_out;
   }
-  for (Stall& s : stalls_)
-    if (!s.owned && s.timed_out) raise_stall(s, now_ns);
 }
 
 void Detector::raise_stall(Stall& stall, uint64_t now_ns) {

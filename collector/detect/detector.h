@@ -142,6 +142,17 @@ class Detector final : public MatchListener {
   // Resolves the communicator's hangs that progressed, and notes its stall, if any.
   void evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
                      const std::vector<const Finding*>& open_of_comm);
+  // Resolves the communicator's hangs whose ranks went on (a mismatch is
+  // only told that the job went on past it: it stays open until acknowledged).
+  void resolve_progressed(CommDetect& state, uint64_t now_ns, const std::vector<const Finding*>& open_of_comm,
+                          int64_t min_last, int64_t max_last, uint64_t last_activity);
+  // Some ranks reached collective min_last + 1 and the others never entered
+  // it: the stall, unless the instance is not open or lost nodes explain it.
+  bool note_partial_stall(Stall& stall, const std::vector<int64_t>& last, int64_t min_last, uint64_t now_ns);
+  // Every rank issued the same last collective and nothing moved for the
+  // hang timeout: the stall, unless lost nodes explain it or ranks are busy
+  // on the CPU (working, not hung).
+  bool note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_activity, uint64_t now_ns);
   // Resolves the communicator's Send/Recv hangs that progressed, and notes
   // its halves waiting for their other half as a stall (unless `stalled`:
   // its collectives already stall).
@@ -150,6 +161,22 @@ class Detector final : public MatchListener {
   static bool is_pair_hang(const Finding& f);
   // Folds the stalls that wait on another into it, and raises the rest that waited long enough.
   void raise_stalls(uint64_t now_ns);
+  // Where each stall's missing ranks lead, by stall index: the processes
+  // that wait in no exchange (roots), the stalls every rank is inside that
+  // they reach (insides), and whether the stall names a root itself (direct:
+  // the job is held up there; the others stall behind it).
+  struct StallLinks {
+    std::vector<std::vector<ProcKey>> roots;
+    std::vector<std::set<size_t>> insides;
+    std::vector<bool> direct;
+  };
+  StallLinks link_stalls();
+  // Stalls that name the same held-up process become one (the one that
+  // tells it best owns the others); a stall behind others joins the best of them.
+  void fold_stalls(const StallLinks& links);
+  // Of two stalls, the one whose finding tells the story: the one already
+  // open, else the one waited on longest.
+  bool tells_better(size_t a, size_t b) const;
   void raise_stall(Stall& stall, uint64_t now_ns);
   // A partial stall's culprits and story, worked out when it is told.
   void describe_stall(Stall& stall) const;
