@@ -77,6 +77,10 @@ std::string format_fixed(double value, int digits) {
   return buf;
 }
 
+std::string format_percent(double share) {
+  return format_fixed(share * 100, share < 0.1 ? 1 : 0) + "%";
+}
+
 std::string json_quote(const std::string& raw) { return to_json(Json(raw)); }
 
 std::string to_json(const Json& value) { return value.dump(-1, ' ', false, Json::error_handler_t::replace); }

@@ -12,6 +12,9 @@ std::string format_time_ns(uint64_t realtime_ns);
 std::string format_duration_ns(int64_t ns);
 // `value` with `digits` decimals ("%.*f").
 std::string format_fixed(double value, int digits);
+// A share (0.94) as rankscope prints one: "94%", with a decimal below 10%
+// ("4.4%", "0.3%") where a whole number would round a small cost away.
+std::string format_percent(double share);
 // JSON string literal with escapes, quotes included, by the JSON writer
 // (common/json.h): invalid UTF-8 replaced by U+FFFD.
 std::string json_quote(const std::string& text);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "common/stats.h"
+
 namespace rankscope::collector {
 
 namespace {
@@ -45,18 +47,13 @@ std::vector<double> WaitAttribution::shares() const {
 }
 
 double WaitAttribution::typical(const std::vector<double>& shares, const std::vector<double>& sorted, int32_t r) {
-  auto median = [](const std::vector<double>& v) {
-    if (v.empty()) return 0.0;
-    size_t mid = v.size() / 2;
-    return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-  };
   // Past 8 ranks one rank moves the median of all by at most a neighbour.
-  if (shares.size() >= 8) return median(sorted);
+  if (shares.size() >= 8) return median_of_sorted(sorted);
   std::vector<double> others;
   for (size_t o = 0; o < shares.size(); ++o)
     if (static_cast<int32_t>(o) != r) others.push_back(shares[o]);
   std::sort(others.begin(), others.end());
-  return median(others);
+  return median_of_sorted(others);
 }
 
 void WaitAttribution::learn(const std::vector<double>& share) {

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "common/format.h"
+#include "common/stats.h"
 #include "proto/records.h"
 
 namespace rankscope::collector {
@@ -48,22 +49,6 @@ constexpr double kBusyNeighbourCpus = 0.25;
 // Communicators smaller than this compare a rank with its peers excluding
 // it; larger ones with the median of all (cached per evaluation).
 constexpr int32_t kPeerCacheMinRanks = 8;
-
-int64_t median(std::vector<int64_t> values) {
-  if (values.empty()) return 0;
-  size_t mid = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + mid, values.end());
-  int64_t upper = values[mid];
-  if (values.size() % 2 == 1) return upper;
-  int64_t lower = *std::max_element(values.begin(), values.begin() + mid);
-  return lower + (upper - lower) / 2;
-}
-
-std::string percent(double share) {
-  char buf[16];
-  snprintf(buf, sizeof(buf), share < 0.1 ? "%.1f%%" : "%.0f%%", share * 100);
-  return buf;
-}
 
 // At most kJoined of them: a communicator may have 65,536 ranks, and a
 // finding that names them all is neither readable nor small.
@@ -377,10 +362,11 @@ std::string Detector::host_context(const CommState& comm, int32_t rank) const {
   std::string text = health->describe_cpu(options_.context_window_ns);
   if (peers.known) {
     if (mine.host)
-      text += " (peers, median: off-CPU " + percent(peers.off_cpu) + ", waiting for a CPU " +
-              percent(peers.waiting) + ")";
+      text += " (peers, median: off-CPU " + format_percent(peers.off_cpu) + ", waiting for a CPU " +
+              format_percent(peers.waiting) + ")";
     else
-      text += " (peers, median: ran " + percent(peers.running) + ", waited " + percent(peers.waiting) + ")";
+      text +=
+          " (peers, median: ran " + format_percent(peers.running) + ", waited " + format_percent(peers.waiting) + ")";
   }
   std::string neighbours = busy_neighbours(it->second);
   if (!neighbours.empty()) text += "; " + neighbours;
@@ -1010,7 +996,7 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
              "held up %u of the last %zu collectives, %s late when it did; the other %d ranks spent %s of the time "
              "waiting for it",
              st.held, st.instances, format_duration_ns(static_cast<int64_t>(lateness)).c_str(), n - 1,
-             percent(f.wait_share).c_str());
+             format_percent(f.wait_share).c_str());
     f.summary = "straggler in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank " + std::to_string(r) +
                 where + " " + figures;
     char cost[160];
@@ -1022,12 +1008,11 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
              "%s), against an allowance of %s; evidence %s beyond the allowance (a finding opens at %s). Its lateness "
              "is its own (time from when it was free to go on, the end of its previous exchange, against the others'), "
              "less the clocks' uncertainty of %s.",
-             percent(st.share).c_str(), format_duration_ns(static_cast<int64_t>(st.window_ns)).c_str(),
-             percent(st.typical).c_str(), percent(st.baseline).c_str(), percent(st.allowance).c_str(),
-             format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
+             format_percent(st.share).c_str(), format_duration_ns(static_cast<int64_t>(st.window_ns)).c_str(),
+             format_percent(st.typical).c_str(), format_percent(st.baseline).c_str(),
+             format_percent(st.allowance).c_str(), format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
              format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)).c_str(),
-             format_duration_ns(static_cast<int64_t>(state.margin ? (*state.margin)[r] : 0))
-                 .c_str());
+             format_duration_ns(static_cast<int64_t>(state.margin ? (*state.margin)[r] : 0)).c_str());
     f.detail = f.summary + ".\n" + cost + ".\n" + why;
     if (!context.empty()) f.detail += "\nWhy: " + context + ".";
     book_.raise(std::move(f), now_ns);

@@ -2,15 +2,9 @@
 
 #include <algorithm>
 
-namespace rankscope::collector {
+#include "common/stats.h"
 
-namespace {
-int64_t median(std::vector<int64_t> values) {
-  size_t mid = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + mid, values.end());
-  return values[mid];
-}
-}  // namespace
+namespace rankscope::collector {
 
 void ClockRefiner::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
   if (lane != 0 || comm.nranks < 2 || rank < 0) return;

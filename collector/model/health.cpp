@@ -50,9 +50,9 @@ CpuShares ProcessHealth::shares(uint64_t window_ns) const {
 }
 
 namespace {
+// Shares of a window, which sampling can round past its ends.
 std::string percent(double share) {
-  int p = static_cast<int>(share * 100 + 0.5);
-  return std::to_string(std::clamp(p, 0, 100)) + "%";
+  return format_percent(std::clamp(share, 0.0, 1.0));
 }
 // "; its cgroup's CPU quota (0.15 CPUs) throttled it in 85% of its periods,
 // 84% of the time": the cause a run-queue wait does not show (a throttled

@@ -130,10 +130,6 @@ std::string join(const std::vector<std::string>& parts, const char* separator) {
   return out;
 }
 
-std::string percent(double share) {
-  return format_fixed(share * 100, 1) + "%";
-}
-
 std::string finding_state(query::Finding::Reader f) {
   if (f.getAcknowledgedNs() != 0) return "acknowledged";
   return f.getResolvedNs() == 0 ? "open" : "resolved";
@@ -198,7 +194,7 @@ std::vector<std::string> next_steps(query::Finding::Reader f) {
                     "I/O or paging where it is off-CPU.");
     steps.push_back("If " + node + " slows jobs again and again, drain it (`scontrol update NodeName=" + node +
                     " State=DRAIN Reason=...`, or the collector's --drain-after-jobs).");
-    steps.push_back("It costs the job " + percent(f.getWaitShare()) + " of its time; " +
+    steps.push_back("It costs the job " + format_percent(f.getWaitShare()) + " of its time; " +
                     format_fixed(f.getGpuHoursLost(), 3) + " GPU-hours lost so far (job_report has the whole bill).");
   } else if (kind == "mismatch") {
     steps.push_back("The ranks called different collectives at the same position: a code path differs between ranks "
@@ -356,7 +352,7 @@ class Tools {
         out.text = finding_line(f, r.getNowNs()) + "\n\nCulprit: " + ranks_text(f) + "\n\nWhat rankscope saw:\n" +
                    std::string(f.getDetail()) + "\n";
         if (std::string(f.getKind()) == "straggler")
-          out.text += "\nCost: the others waited " + percent(f.getWaitShare()) + " of the job's time for it, " +
+          out.text += "\nCost: the others waited " + format_percent(f.getWaitShare()) + " of the job's time for it, " +
                       format_duration_ns(static_cast<int64_t>(f.getLatenessS() * 1e9)) +
                       " late when it held them up; " + format_fixed(f.getGpuHoursLost(), 4) +
                       " GPU-hours lost so far.\n";
@@ -458,7 +454,7 @@ class Tools {
                          format_fixed(total.getGpuHours(), 4) + " GPU-hours held, " +
                          format_fixed(total.getWasteGpuHours(), 4) + " of them idle waiting for stragglers and hangs";
       double share = total.getGpuHours() > 0 ? total.getWasteGpuHours() / total.getGpuHours() : 0;
-      text += " (" + percent(share) + ")\n";
+      text += " (" + format_percent(share) + ")\n";
       for (auto row : r.getRows()) {
         nodes.push_back({{"node", std::string(row.getTenant())},
                          {"gpu_hours", row.getGpuHours()},

@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/format.h"
 #include "common/log.h"
+#include "common/stats.h"
 #include "tools/sim/agent.h"
 #include "tools/sim/jsonl.h"
 
@@ -19,12 +20,6 @@ namespace {
 constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kLookahead = 200 * kMs;  // steps are generated this far ahead of true time
 constexpr size_t kClockSamplesPerNode = 16;
-
-int64_t median(std::vector<int64_t> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
 
 void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& options, uint64_t t0, int64_t end_rel,
                  const std::vector<std::unique_ptr<SimAgent>>& agents,
