@@ -61,6 +61,10 @@ std::string join(const std::vector<int32_t>& values) {
 }
 
 std::string short_comm(uint64_t comm) { return hex64(comm).substr(0, 8); }
+// How every finding of a communicator starts: "hang in job 4711, comm 1a2b3c4d".
+std::string where(const char* kind, const CommState& comm) {
+  return std::string(kind) + " in job " + comm.job + ", comm " + short_comm(comm.hash);
+}
 
 // A process that cannot take part in anything: stopped, exited, a zombie.
 bool stuck_process(const ProcessHealth& health) {
@@ -188,8 +192,7 @@ void Detector::on_mismatch(const CollectiveMismatch& mismatch) {
     if (m != comm.members.end() && std::find(f.nodes.begin(), f.nodes.end(), m->second.node) == f.nodes.end())
       f.nodes.push_back(m->second.node);
   }
-  f.summary = "mismatch in job " + comm.job + ", comm " + short_comm(comm.hash) + " at collective #" +
-              std::to_string(mismatch.seq) + ": " + calls;
+  f.summary = where("mismatch", comm) + " at collective #" + std::to_string(mismatch.seq) + ": " + calls;
   f.detail = f.summary + ".\nNCCL requires every rank to issue the same collectives in the same order; this job "
                          "will hang or corrupt data at this point. Culprit rank(s): " + join(f.ranks) + ".";
   for (int32_t r : f.ranks) f.detail += "\n  " + describe_rank(comm, r, now);
@@ -596,12 +599,12 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
     for (int32_t r = 0; r < n; ++r) f.ranks.push_back(r);
   std::string idle = format_time_ns(last_activity);
   if (!stuck.empty())
-    f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": every rank entered collective #" +
-                std::to_string(max_last) + " but rank" + (stuck.size() > 1 ? "s " : " ") + join(stuck) +
+    f.summary = where("hang", comm) + ": every rank entered collective #" + std::to_string(max_last) + " but rank" +
+                (stuck.size() > 1 ? "s " : " ") + join(stuck) +
                 " cannot progress (process stopped or exited); nothing has moved since " + idle;
   else
-    f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": all " + std::to_string(n) +
-                " ranks entered collective #" + std::to_string(max_last) + " and none has progressed since " + idle +
+    f.summary = where("hang", comm) + ": all " + std::to_string(n) + " ranks entered collective #" +
+                std::to_string(max_last) + " and none has progressed since " + idle +
                 ": no rank is missing; suspect the network or a GPU (every process is alive and idle" +
                 (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
   tail = ".\nRanks:";
@@ -663,7 +666,7 @@ void Detector::evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t
     if (auto m = comm.members.find(r); m != comm.members.end()) stall.missing.emplace_back(m->second.node, m->second.pid);
   std::vector<int32_t> waiters(waiting.begin(), waiting.end());
   const auto& first = stuck.front();
-  std::string head = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": ";
+  std::string head = where("hang", comm) + ": ";
   if (stuck.size() == 1)
     f.summary = head + "rank " + std::to_string(first.missing) + kNeverPosted + "the " +
                 (first.waiting_receives ? "Send" : "Recv") + " matching rank " + std::to_string(first.waiting) +
@@ -701,8 +704,8 @@ void Detector::describe_stall(Stall& stall) const {
       if (std::find(stuck.begin(), stuck.end(), r) == stuck.end()) stall.also_missing.push_back(r);
     f.ranks = stuck;
   }
-  f.summary = "hang in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank" +
-              (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + " never entered " + op + " #" + std::to_string(n_seq);
+  f.summary = where("hang", comm) + ": rank" + (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + " never entered " +
+              op + " #" + std::to_string(n_seq);
   if (!stall.also_missing.empty())
     f.summary += " and cannot progress (process stopped or exited); rank" +
                  std::string(stall.also_missing.size() > 1 ? "s " : " ") + join(stall.also_missing) +
@@ -803,10 +806,9 @@ Detector::StallLinks Detector::link_stalls() {
       elsewhere |= inside != SIZE_MAX && inside != i;
     }
     if (here || !elsewhere) continue;
-    s.finding.summary = "hang in job " + s.comm->job + ", comm " + short_comm(s.comm->hash) + ": all " +
-                        std::to_string(members.size()) + " ranks went on past collective #" +
-                        std::to_string(s.finding.seq) + " and wait in other communicators; nothing has moved since " +
-                        format_time_ns(s.since_ns);
+    s.finding.summary = where("hang", *s.comm) + ": all " + std::to_string(members.size()) +
+                        " ranks went on past collective #" + std::to_string(s.finding.seq) +
+                        " and wait in other communicators; nothing has moved since " + format_time_ns(s.since_ns);
     s.finding.ranks.clear();
     for (const auto& [rank, m] : s.comm->members) s.finding.ranks.push_back(rank);
     chase(i, members);
@@ -989,7 +991,8 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     // Opening: the waste already seen in the evidence counts.
     f.gpu_hours_lost = std::max(st.gpu_ns, static_cast<double>(st.owed_ns) * (n - 1)) / 1e9 / 3600.0;
     auto m = comm.members.find(r);
-    std::string where = m == comm.members.end() ? "" : " on " + m->second.node + " (pid " + std::to_string(m->second.pid) + ")";
+    std::string placed =
+        m == comm.members.end() ? "" : " on " + m->second.node + " (pid " + std::to_string(m->second.pid) + ")";
     if (m != comm.members.end()) f.nodes.push_back(m->second.node);
     char figures[320];
     snprintf(figures, sizeof(figures),
@@ -997,8 +1000,7 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
              "waiting for it",
              st.held, st.instances, format_duration_ns(static_cast<int64_t>(lateness)).c_str(), n - 1,
              format_percent(f.wait_share).c_str());
-    f.summary = "straggler in job " + comm.job + ", comm " + short_comm(comm.hash) + ": rank " + std::to_string(r) +
-                where + " " + figures;
+    f.summary = where("straggler", comm) + ": rank " + std::to_string(r) + placed + " " + figures;
     char cost[160];
     snprintf(cost, sizeof(cost), "GPU-hours lost waiting for it so far: %.4f (%d GPUs idle while it was late)",
              f.gpu_hours_lost, n - 1);
