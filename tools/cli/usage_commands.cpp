@@ -302,24 +302,21 @@ std::string micros(uint64_t ns) {
   snprintf(buf, sizeof(buf), "%llu.%03llu", (unsigned long long)(ns / 1000), (unsigned long long)(ns % 1000));
   return buf;
 }
-}  // namespace
+using Tracks = std::map<std::pair<std::string, uint32_t>, Track>;  // by (node, pid)
 
-int run_export(QueryClient& client, const ExportArgs& args) {
-  if (args.format != "perfetto" && args.format != "chrome") {
-    std::cerr << "rankscope export: --format must be perfetto (Chrome Trace Event JSON), not '" << args.format << "'\n";
-    return 2;
-  }
-  // The job's communicators and ranks.
+struct CommOf {
+  uint64_t hash;
+  size_t ranks;
+};
+
+// The job's communicators, largest first, and a track for each of its
+// ranks' processes (by node and pid).
+Result<std::vector<CommOf>> job_comms(QueryClient& client, const ExportArgs& args, Tracks& tracks) {
   capnp::MallocMessageBuilder jobs_request;
   auto jr = jobs_request.initRoot<query::Request>();
   jr.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
   jr.setJobs();
-  struct CommOf {
-    uint64_t hash;
-    size_t ranks;
-  };
   std::vector<CommOf> comms;
-  std::map<std::pair<std::string, uint32_t>, Track> tracks;  // by (node, pid)
   auto got = client.ask(jobs_request, [&](query::Reply::Reader reply) {
     for (auto job : reply.getJobs().getJobs()) {
       if (std::string(job.getJob().cStr()) != args.job) continue;
@@ -333,15 +330,16 @@ int run_export(QueryClient& client, const ExportArgs& args) {
       }
     }
   });
-  if (!got) {
-    std::cerr << "rankscope export: " << got.error().message << "\n";
-    return 1;
-  }
-  if (comms.empty()) {
-    std::cerr << "rankscope export: no job '" << args.job << "' (see `rankscope jobs`)\n";
-    return 1;
-  }
+  if (!got) return got.error();
+  if (comms.empty()) return make_error(Errc::not_found, "no job '" + args.job + "' (see `rankscope jobs`)");
   std::sort(comms.begin(), comms.end(), [](const CommOf& a, const CommOf& b) { return a.ranks > b.ranks; });
+  return comms;
+}
+
+// Every rank's calls on each communicator into its process's track; the
+// ranks are named by the largest communicator (the job's world).
+Result<void> read_timelines(QueryClient& client, const ExportArgs& args, const std::vector<CommOf>& comms,
+                            Tracks& tracks) {
   bool largest = true;
   for (const CommOf& comm : comms) {
     capnp::MallocMessageBuilder request;
@@ -367,23 +365,26 @@ int run_export(QueryClient& client, const ExportArgs& args) {
             {r.getIssueNs(), r.getReturnNs(), r.getSeq(), r.getBytes(), comm.hash, r.getLane(), r.getOp(), r.getPeer()});
       }
     });
-    if (!read) {
-      std::cerr << "rankscope export: timeline of comm " << hex64(comm.hash) << ": " << read.error().message << "\n";
-      return 1;
-    }
+    if (!read)
+      return make_error(read.error().code, "timeline of comm " + hex64(comm.hash) + ": " + read.error().message);
     largest = false;
   }
-  // Findings of the job, as instant events on their culprit ranks' tracks.
+  return {};
+}
+
+struct FindingEvents {
+  std::string json;  // ",\n{...}" per finding
+  size_t count = 0;
+};
+// Findings of the job, as instant events on their culprit ranks' tracks.
+Result<FindingEvents> finding_events(QueryClient& client, const ExportArgs& args, const Tracks& tracks,
+                                     const std::map<std::string, int>& node_ids) {
   capnp::MallocMessageBuilder findings_request;
   auto fr = findings_request.initRoot<query::Request>();
   fr.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
   fr.initFindings().setLimit(10000);
   std::string findings_json;
   size_t findings = 0;
-  std::map<std::string, int> node_ids;
-  for (auto& [key, track] : tracks) node_ids.emplace(track.node, 0);
-  int next_node = 1;
-  for (auto& [node, id] : node_ids) id = next_node++;
   auto fread = client.ask(findings_request, [&](query::Reply::Reader reply) {
     for (auto f : reply.getFindings().getFindings()) {
       if (std::string(f.getJob().cStr()) != args.job) continue;
@@ -394,7 +395,8 @@ int run_export(QueryClient& client, const ExportArgs& args) {
       if (f.getRanks().size() > 0) {
         for (auto& [key, track] : tracks)
           if (track.rank == f.getRanks()[0] && f.getComm() != 0) {
-            where = "\"s\":\"t\",\"pid\":" + std::to_string(node_ids[track.node]) + ",\"tid\":" + std::to_string(track.pid);
+            where = "\"s\":\"t\",\"pid\":" + std::to_string(node_ids.at(track.node)) +
+                    ",\"tid\":" + std::to_string(track.pid);
             break;
           }
       }
@@ -405,16 +407,13 @@ int run_export(QueryClient& client, const ExportArgs& args) {
       ++findings;
     }
   });
-  if (!fread) {
-    std::cerr << "rankscope export: findings: " << fread.error().message << "\n";
-    return 1;
-  }
+  if (!fread) return make_error(fread.error().code, "findings: " + fread.error().message);
+  return FindingEvents{std::move(findings_json), findings};
+}
 
-  std::ofstream out(args.output);
-  if (!out) {
-    std::cerr << "rankscope export: cannot write " << args.output << "\n";
-    return 1;
-  }
+// The trace's metadata and slices (up to the findings); returns the slices written.
+size_t write_tracks(std::ostream& out, const ExportArgs& args, Tracks& tracks,
+                    const std::map<std::string, int>& node_ids) {
   out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"job\":" << json_quote(args.job)
       << ",\"clock\":\"rankscope cluster clock (unix time, corrected per node)\"},\"traceEvents\":[\n";
   out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":" << json_quote("job " + args.job)
@@ -427,7 +426,7 @@ int run_export(QueryClient& client, const ExportArgs& args) {
   }
   size_t slices = 0;
   for (auto& [key, track] : tracks) {
-    int pid = node_ids[track.node];
+    int pid = node_ids.at(track.node);
     std::string name = (track.rank >= 0 ? "rank " + std::to_string(track.rank) : std::string("rank ?")) + " (pid " +
                        std::to_string(track.pid) + ")";
     out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << pid << ",\"tid\":" << track.pid
@@ -447,14 +446,46 @@ int run_export(QueryClient& client, const ExportArgs& args) {
       ++slices;
     }
   }
-  out << findings_json << "\n]}\n";
+  return slices;
+}
+
+}  // namespace
+
+int run_export(QueryClient& client, const ExportArgs& args) {
+  if (args.format != "perfetto" && args.format != "chrome") {
+    std::cerr << "rankscope export: --format must be perfetto (Chrome Trace Event JSON), not '" << args.format << "'\n";
+    return 2;
+  }
+  Tracks tracks;
+  auto comms = job_comms(client, args, tracks);
+  auto read = comms ? read_timelines(client, args, *comms, tracks) : Result<void>(comms.error());
+  if (!read) {
+    std::cerr << "rankscope export: " << read.error().message << "\n";
+    return 1;
+  }
+  std::map<std::string, int> node_ids;  // Perfetto's process per node
+  for (auto& [key, track] : tracks) node_ids.emplace(track.node, 0);
+  int next_node = 1;
+  for (auto& [node, id] : node_ids) id = next_node++;
+  auto findings = finding_events(client, args, tracks, node_ids);
+  if (!findings) {
+    std::cerr << "rankscope export: " << findings.error().message << "\n";
+    return 1;
+  }
+  std::ofstream out(args.output);
+  if (!out) {
+    std::cerr << "rankscope export: cannot write " << args.output << "\n";
+    return 1;
+  }
+  size_t slices = write_tracks(out, args, tracks, node_ids);
+  out << findings->json << "\n]}\n";
   out.close();
   if (!out) {
     std::cerr << "rankscope export: writing " << args.output << " failed\n";
     return 1;
   }
   std::fprintf(stderr, "wrote %s: %zu rank track(s) on %zu node(s), %zu collective slice(s), %zu finding(s)\n",
-               args.output.c_str(), tracks.size(), node_ids.size(), slices, findings);
+               args.output.c_str(), tracks.size(), node_ids.size(), slices, findings->count);
   return 0;
 }
 
