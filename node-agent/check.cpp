@@ -88,12 +88,8 @@ std::pair<bool, std::string> reach_collector(const Options& options) {
   return {accepted, accepted ? "answers and accepts node " + options.node : "refuses: " + reason};
 }
 
-}  // namespace
-
-int run_check(const Options& options, std::ostream& out) {
-  Report report{out};
-  out << "rankscope-agent check, node " << options.node << "\n";
-
+// The kernel, BTF, privileges and tracefs.
+void check_host(Report& report) {
   utsname uts{};
   uname(&uts);
   int major = 0, minor = 0;
@@ -120,61 +116,54 @@ int run_check(const Options& options, std::ostream& out) {
   report.line("tracefs", true,
               tracefs ? "mounted" : "not mounted (not needed for uprobes; tracepoint probes will want it: "
                                     "mount -t tracefs nodev /sys/kernel/tracing)");
+}
 
-  auto scope = resolve_scope(options);
-  report.line("scope", scope.ok(), scope ? scope->describe() : scope.error().message);
-  if (!scope) scope = Scope{};
-
-  auto probes = NcclProbes::open(*scope, [](const void*, size_t) {}, options.host_context);
-  report.line("BPF programs", probes.ok(), probes ? "loaded and verified" : probes.error().message);
-  if (probes && options.host_context) {
-    const auto& host = (*probes)->host_probes();
-    std::string attached;
-    for (const auto& what : host) attached += (attached.empty() ? "" : "; ") + what;
-    report.line("host context", host.size() == 3,
-                host.empty() ? "no scheduler or TCP tracepoint attached" : attached,
-                "needs tp_btf support (Linux 5.5+ with BTF); without it off-CPU time and run-queue latency come "
-                "from /proc only and TCP retransmits are not counted");
+// Each library the agent would attach to now: the --nccl-lib paths, the
+// standard install paths and what processes in scope map, each file once.
+void check_libraries(Report& report, const Options& options, const Scope& scope, NcclProbes& probes) {
+  std::vector<LibraryFile> libraries;
+  for (const auto& path : options.nccl_libs) {
+    auto library = Discovery::from_path(path);
+    if (!library)
+      report.line("library", false, path + ": no such file", "fix the --nccl-lib path");
+    else
+      libraries.push_back(*library);
   }
-  if (probes) {
-    std::vector<LibraryFile> libraries;
-    for (const auto& path : options.nccl_libs) {
-      auto library = Discovery::from_path(path);
-      if (!library) report.line("library", false, path + ": no such file", "fix the --nccl-lib path");
-      else libraries.push_back(*library);
-    }
-    for (const auto& path : Discovery::standard_locations())
-      if (auto library = Discovery::from_path(path)) libraries.push_back(*library);
-    // Each file once (lib64 is often a link to lib), as the agent does.
-    Discovery discovery(options.proc_root);
-    std::vector<LibraryFile> unique;
-    for (const auto& library : libraries) {
-      if (discovery.known(library)) continue;
-      discovery.remember(library);
-      unique.push_back(library);
-    }
-    libraries = std::move(unique);
-    for (const auto& library : discovery.scan(*scope)) libraries.push_back(library);
-    int nccl = 0;
-    for (const auto& library : libraries) {
-      auto attached = (*probes)->attach(library);
-      std::string kind = library_kind_name(library.kind);
-      if (attached) {
-        nccl += library.kind == LibraryKind::nccl ? 1 : 0;
-        std::string detail = library.path + ": " + kind + ", " + std::to_string(attached->functions.size()) +
-                             (attached->functions.size() == 1 ? " function probed" : " functions probed");
-        if (!attached->missing.empty()) detail += " (" + std::to_string(attached->missing.size()) + " absent)";
-        report.line("library", true, detail);
-      } else {
-        report.line("library", false, library.path + ": " + attached.error().message);
-      }
-    }
-    if (nccl == 0)
-      report.line("library", true,
-                  "no libnccl found yet: processes that map one are found while the agent runs; give the path of "
-                  "your jobs' copy with --nccl-lib to catch their start (a wheel: .../site-packages/nvidia/nccl/lib/libnccl.so.2)");
+  for (const auto& path : Discovery::standard_locations())
+    if (auto library = Discovery::from_path(path)) libraries.push_back(*library);
+  // Each file once (lib64 is often a link to lib), as the agent does.
+  Discovery discovery(options.proc_root);
+  std::vector<LibraryFile> unique;
+  for (const auto& library : libraries) {
+    if (discovery.known(library)) continue;
+    discovery.remember(library);
+    unique.push_back(library);
   }
+  libraries = std::move(unique);
+  for (const auto& library : discovery.scan(scope)) libraries.push_back(library);
+  int nccl = 0;
+  for (const auto& library : libraries) {
+    auto attached = probes.attach(library);
+    std::string kind = library_kind_name(library.kind);
+    if (attached) {
+      nccl += library.kind == LibraryKind::nccl ? 1 : 0;
+      std::string detail = library.path + ": " + kind + ", " + std::to_string(attached->functions.size()) +
+                           (attached->functions.size() == 1 ? " function probed" : " functions probed");
+      if (!attached->missing.empty()) detail += " (" + std::to_string(attached->missing.size()) + " absent)";
+      report.line("library", true, detail);
+    } else {
+      report.line("library", false, library.path + ": " + attached.error().message);
+    }
+  }
+  if (nccl == 0)
+    report.line("library", true,
+                "no libnccl found yet: processes that map one are found while the agent runs; give the path of "
+                "your jobs' copy with --nccl-lib to catch their start (a wheel: "
+                ".../site-packages/nvidia/nccl/lib/libnccl.so.2)");
+}
 
+// The keys, then a hello to the collector with them.
+void check_collector(Report& report, const Options& options) {
   Options with_keys = options;
   if (auto keys = load_keys(with_keys); !keys) {
     report.line("keys", false, keys.error().message,
@@ -187,7 +176,31 @@ int run_check(const Options& options, std::ostream& out) {
   auto [reachable, detail] = reach_collector(with_keys);
   report.line("collector", reachable, options.collector + ": " + detail,
               "start rankscope-collector there, or give its address with --collector");
+}
 
+}  // namespace
+
+int run_check(const Options& options, std::ostream& out) {
+  Report report{out};
+  out << "rankscope-agent check, node " << options.node << "\n";
+  check_host(report);
+  auto scope = resolve_scope(options);
+  report.line("scope", scope.ok(), scope ? scope->describe() : scope.error().message);
+  if (!scope) scope = Scope{};
+
+  auto probes = NcclProbes::open(
+      *scope, [](const void*, size_t) {}, options.host_context);
+  report.line("BPF programs", probes.ok(), probes ? "loaded and verified" : probes.error().message);
+  if (probes && options.host_context) {
+    const auto& host = (*probes)->host_probes();
+    std::string attached;
+    for (const auto& what : host) attached += (attached.empty() ? "" : "; ") + what;
+    report.line("host context", host.size() == 3, host.empty() ? "no scheduler or TCP tracepoint attached" : attached,
+                "needs tp_btf support (Linux 5.5+ with BTF); without it off-CPU time and run-queue latency come "
+                "from /proc only and TCP retransmits are not counted");
+  }
+  if (probes) check_libraries(report, options, *scope, **probes);
+  check_collector(report, options);
   out << (report.problems == 0 ? "ready: this node can be traced\n"
                                : "not ready: " + std::to_string(report.problems) + " problem(s) above\n");
   return report.problems == 0 ? 0 : 1;
