@@ -130,6 +130,37 @@ void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transpor
   });
 }
 
+// Waits up to a tick for the collector's replies, waking at once for them
+// (a clock reply stamped late would look like a long round trip; records
+// wait for the tick), and takes them. A welcome after the first (the
+// collector restarted) sends every process's identity again. SIGTERM and
+// SIGINT interrupt the poll (EINTR, which cppzmq throws): the loop then
+// sees `stop` and shuts down cleanly instead of aborting.
+void take_replies(Transport& transport, Summariser& summariser, uint64_t& welcomes) {
+  zmq::pollitem_t items[] = {{transport.socket().handle(), 0, ZMQ_POLLIN, 0}};
+  try {
+    zmq::poll(items, 1, std::chrono::milliseconds(kTickMs));
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+  }
+  transport.service();
+  if (transport.welcomes() != welcomes) {
+    welcomes = transport.welcomes();
+    if (welcomes > 1) summariser.resend_identities();
+  }
+}
+
+// A short grace for the last batches' acks; what is left is in the spool, or lost.
+void await_last_acks(Transport& transport, const Options& options, const Clock& clock) {
+  uint64_t deadline = clock.monotonic_ns() + 2000 * kMs;
+  while (transport.unacked() > 0 && clock.monotonic_ns() < deadline) {
+    transport.service();
+    usleep(10000);
+  }
+  if (transport.unacked() > 0)
+    RS_LOG(warn, "stopping with %zu batch(es) not acknowledged by %s%s", transport.unacked(), options.collector.c_str(),
+           transport.spool() ? " (kept in the spool: the next start sends them)" : " (lost: no spool)");
+}
 }  // namespace
 
 int run(const Options& options, const std::atomic<bool>& stop) {
@@ -174,21 +205,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
   uint64_t welcomes = 0;
   while (!stop.load()) {
-    // Wake for the collector's replies at once (a clock reply stamped late
-    // would look like a long round trip), for records only on the tick.
-    zmq::pollitem_t items[] = {{transport.socket().handle(), 0, ZMQ_POLLIN, 0}};
-    // SIGTERM/SIGINT interrupt the poll (EINTR, which cppzmq throws): the
-    // loop then sees `stop` and shuts down cleanly instead of aborting.
-    try {
-      zmq::poll(items, 1, std::chrono::milliseconds(kTickMs));
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
-    transport.service();
-    if (transport.welcomes() != welcomes) {
-      welcomes = transport.welcomes();
-      if (welcomes > 1) summariser.resend_identities();
-    }
+    take_replies(transport, summariser, welcomes);
     bpf.consume();
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {
@@ -212,17 +229,10 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
   }
 
-  // Last records out, and a short grace for their acks.
+  // Last records out, several batches if one cannot carry it all.
   bpf.poll(0);
-  while (!summariser.empty()) flush();  // several batches if one cannot carry it all
-  uint64_t deadline = now() + 2000 * kMs;
-  while (transport.unacked() > 0 && now() < deadline) {
-    transport.service();
-    usleep(10000);
-  }
-  if (transport.unacked() > 0)
-    RS_LOG(warn, "stopping with %zu batch(es) not acknowledged by %s%s", transport.unacked(), options.collector.c_str(),
-           transport.spool() ? " (kept in the spool: the next start sends them)" : " (lost: no spool)");
+  while (!summariser.empty()) flush();
+  await_last_acks(transport, options, clock);
   RS_LOG(info, "stopped");
   return 0;
 }
