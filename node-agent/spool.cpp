@@ -118,6 +118,19 @@ uint64_t segment_number(const char* name) {
   }
   return n;
 }
+// Reads and checks the record at `offset` of a segment of `size` bytes
+// into `h`; "" if it is whole and its checksum matches, else what is wrong.
+std::string read_record(int fd, uint64_t size, uint64_t offset, Header& h) {
+  if (size - offset < sizeof h) return "a record header cut short";
+  if (!read_at(fd, reinterpret_cast<char*>(&h), sizeof h, offset)) return "unreadable: " + errno_text();
+  if (h.magic != kMagic || (h.kind != kBatch && h.kind != kAck) || h.length > kMaxRecord) return "not a spool record";
+  if (size - offset - sizeof h < h.length) return "a record cut short";
+  std::string payload(h.length, '\0');
+  if (h.length && !read_at(fd, payload.data(), h.length, offset + sizeof h)) return "unreadable: " + errno_text();
+  if (record_crc(h, payload.data(), payload.size()) != h.crc) return "a record whose checksum does not match";
+  return {};
+}
+
 }  // namespace
 
 Spool::Spool(std::string dir, const Limits& limits, int lock_fd)
@@ -182,31 +195,8 @@ Result<void> Spool::load() {
     std::string why;
     while (offset < size) {
       Header h{};
-      if (size - offset < sizeof h) {
-        why = "a record header cut short";
-        break;
-      }
-      if (!read_at(fd, reinterpret_cast<char*>(&h), sizeof h, offset)) {
-        why = "unreadable: " + errno_text();
-        break;
-      }
-      if (h.magic != kMagic || (h.kind != kBatch && h.kind != kAck) || h.length > kMaxRecord) {
-        why = "not a spool record";
-        break;
-      }
-      if (size - offset - sizeof h < h.length) {
-        why = "a record cut short";
-        break;
-      }
-      std::string payload(h.length, '\0');
-      if (h.length && !read_at(fd, payload.data(), h.length, offset + sizeof h)) {
-        why = "unreadable: " + errno_text();
-        break;
-      }
-      if (record_crc(h, payload.data(), payload.size()) != h.crc) {
-        why = "a record whose checksum does not match";
-        break;
-      }
+      why = read_record(fd, size, offset, h);
+      if (!why.empty()) break;
       auto key = std::make_pair(h.instance, h.seq);
       if (h.kind == kBatch) {
         Found f;
