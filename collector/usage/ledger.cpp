@@ -746,74 +746,7 @@ void UsageLedger::take_samples(uint64_t now_ns) {
     for (const auto& [pid, health] : node.health) {
       const HealthSample* sample = health.last();
       if (!sample) continue;
-      ProcessTrack& track = processes_[{name, pid}];
-      if (track.done || (track.seen && sample->sample_ns == track.last_sample_ns)) continue;
-      const ProcessInfo* process = ingest_.process(name, pid);
-      // Counted by the previous run up to its last flush: go on from there
-      // (the same process: its start time says a pid was not reused).
-      if (!track.seen) {
-        if (auto old = restored_.find({name, pid}); old != restored_.end()) {
-          if (!process || process->start_time == 0 || process->start_time == old->second.start_time) {
-            track = old->second;
-            track.dirty = true;
-          }
-          restored_.erase(old);
-          if (track.done) continue;
-        }
-      }
-      // Heartbeats can come before the batch that says who the process is:
-      // its first sample waits for that (the counters are cumulative, and
-      // the time counts from its start) for a while, then counts as unknown.
-      if (!process && !track.seen) {
-        if (track.deferred_since == 0) track.deferred_since = sample->sample_ns;
-        if (sample->sample_ns - track.deferred_since < kIdentityWaitNs && sample->alive) continue;
-      }
-      Identity identity = process ? Identity::of(*process) : Identity{};
-      uint64_t cpu = sample->host_known ? sample->process_cpu_ns : sample->cpu_ns;
-      uint64_t off = sample->host_known ? sample->off_cpu_ns : 0;
-      uint64_t at = node.clock.to_cluster(sample->sample_ns);
-      double gpus = gpus_of(process);
-      Usage usage;
-      uint64_t from = at;
-      // CPU time as the kernel accounts it (/proc/PID/stat, all threads)
-      // while the process is there to read; the BPF counters (wall time on a
-      // CPU, which also holds interrupts and, in a VM, stolen time) for the
-      // last stretch up to its exit, which only they saw.
-      uint64_t stat_cpu = sample->stat_cpu_ns;
-      if (!track.seen) {
-        // From its start when the agent saw it start; CPU counters are cumulative from zero.
-        if (process && process->start_time > 0) {
-          // The agent's word: a start time past 2^64 ns (found by fuzz_agent_message) is no start time.
-          double start_ns = static_cast<double>(process->start_time) / clock_ticks_per_s() * 1e9;
-          uint64_t start_node = start_ns < 1.8e19 ? static_cast<uint64_t>(start_ns) : UINT64_MAX;
-          if (start_node < sample->sample_ns && sample->sample_ns - start_node < kMaxStartGapNs)
-            from = node.clock.to_cluster(start_node);
-        }
-        usage.cpu_s = static_cast<double>(stat_cpu ? stat_cpu : cpu) / 1e9;
-        usage.off_cpu_s = static_cast<double>(off) / 1e9;
-        if (sample->alive) usage.gpu_s = static_cast<double>(at - std::min(at, from)) / 1e9 * gpus;
-        track.seen = true;
-      } else {
-        from = track.last_cluster_ns;
-        if (stat_cpu && track.stat_cpu_ns)
-          usage.cpu_s = static_cast<double>(stat_cpu - std::min(stat_cpu, track.stat_cpu_ns)) / 1e9;
-        else
-          usage.cpu_s = static_cast<double>(cpu - std::min(cpu, track.cpu_ns)) / 1e9;
-        usage.off_cpu_s = static_cast<double>(off - std::min(off, track.off_cpu_ns)) / 1e9;
-        // It exited somewhere between the last sample and this one: half way, on average.
-        uint64_t end = sample->alive ? at : from + (at - std::min(at, from)) / 2;
-        if (track.alive) usage.gpu_s = static_cast<double>(end - std::min(end, from)) / 1e9 * gpus;
-      }
-      add_usage_span(from, std::max(from, at), name, identity, usage);
-      track.alive = sample->alive;
-      track.done = !sample->alive;
-      track.dirty = true;
-      if (process && track.start_time == 0) track.start_time = process->start_time;
-      track.last_sample_ns = sample->sample_ns;
-      track.last_cluster_ns = at;
-      track.cpu_ns = std::max(track.cpu_ns, cpu);
-      track.stat_cpu_ns = std::max(track.stat_cpu_ns, stat_cpu);
-      track.off_cpu_ns = std::max(track.off_cpu_ns, off);
+      take_sample(name, node, pid, *sample);
     }
   }
   // Forget processes that left the collector's health table.
@@ -829,6 +762,78 @@ void UsageLedger::take_samples(uint64_t now_ns) {
     for (const auto& [key, track] : restored_) tracks_gone_.insert(key);
     restored_.clear();
   }
+}
+
+void UsageLedger::take_sample(const std::string& name, const NodeState& node, uint32_t pid,
+                              const HealthSample& sample) {
+  ProcessTrack& track = processes_[{name, pid}];
+  if (track.done || (track.seen && sample.sample_ns == track.last_sample_ns)) return;
+  const ProcessInfo* process = ingest_.process(name, pid);
+  // Counted by the previous run up to its last flush: go on from there
+  // (the same process: its start time says a pid was not reused).
+  if (!track.seen) {
+    if (auto old = restored_.find({name, pid}); old != restored_.end()) {
+      if (!process || process->start_time == 0 || process->start_time == old->second.start_time) {
+        track = old->second;
+        track.dirty = true;
+      }
+      restored_.erase(old);
+      if (track.done) return;
+    }
+  }
+  // Heartbeats can come before the batch that says who the process is:
+  // its first sample waits for that (the counters are cumulative, and
+  // the time counts from its start) for a while, then counts as unknown.
+  if (!process && !track.seen) {
+    if (track.deferred_since == 0) track.deferred_since = sample.sample_ns;
+    if (sample.sample_ns - track.deferred_since < kIdentityWaitNs && sample.alive) return;
+  }
+  Identity identity = process ? Identity::of(*process) : Identity{};
+  uint64_t cpu = sample.host_known ? sample.process_cpu_ns : sample.cpu_ns;
+  uint64_t off = sample.host_known ? sample.off_cpu_ns : 0;
+  uint64_t at = node.clock.to_cluster(sample.sample_ns);
+  double gpus = gpus_of(process);
+  Usage usage;
+  uint64_t from = at;
+  // CPU time as the kernel accounts it (/proc/PID/stat, all threads)
+  // while the process is there to read; the BPF counters (wall time on a
+  // CPU, which also holds interrupts and, in a VM, stolen time) for the
+  // last stretch up to its exit, which only they saw.
+  uint64_t stat_cpu = sample.stat_cpu_ns;
+  if (!track.seen) {
+    // From its start when the agent saw it start; CPU counters are cumulative from zero.
+    if (process && process->start_time > 0) {
+      // The agent's word: a start time past 2^64 ns (found by fuzz_agent_message) is no start time.
+      double start_ns = static_cast<double>(process->start_time) / clock_ticks_per_s() * 1e9;
+      uint64_t start_node = start_ns < 1.8e19 ? static_cast<uint64_t>(start_ns) : UINT64_MAX;
+      if (start_node < sample.sample_ns && sample.sample_ns - start_node < kMaxStartGapNs)
+        from = node.clock.to_cluster(start_node);
+    }
+    usage.cpu_s = static_cast<double>(stat_cpu ? stat_cpu : cpu) / 1e9;
+    usage.off_cpu_s = static_cast<double>(off) / 1e9;
+    if (sample.alive) usage.gpu_s = static_cast<double>(at - std::min(at, from)) / 1e9 * gpus;
+    track.seen = true;
+  } else {
+    from = track.last_cluster_ns;
+    if (stat_cpu && track.stat_cpu_ns)
+      usage.cpu_s = static_cast<double>(stat_cpu - std::min(stat_cpu, track.stat_cpu_ns)) / 1e9;
+    else
+      usage.cpu_s = static_cast<double>(cpu - std::min(cpu, track.cpu_ns)) / 1e9;
+    usage.off_cpu_s = static_cast<double>(off - std::min(off, track.off_cpu_ns)) / 1e9;
+    // It exited somewhere between the last sample and this one: half way, on average.
+    uint64_t end = sample.alive ? at : from + (at - std::min(at, from)) / 2;
+    if (track.alive) usage.gpu_s = static_cast<double>(end - std::min(end, from)) / 1e9 * gpus;
+  }
+  add_usage_span(from, std::max(from, at), name, identity, usage);
+  track.alive = sample.alive;
+  track.done = !sample.alive;
+  track.dirty = true;
+  if (process && track.start_time == 0) track.start_time = process->start_time;
+  track.last_sample_ns = sample.sample_ns;
+  track.last_cluster_ns = at;
+  track.cpu_ns = std::max(track.cpu_ns, cpu);
+  track.stat_cpu_ns = std::max(track.stat_cpu_ns, stat_cpu);
+  track.off_cpu_ns = std::max(track.off_cpu_ns, off);
 }
 
 void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {

@@ -213,6 +213,8 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   // The neighbour cgroup to blame for a late rank on `node`, if any.
   std::optional<WasteRow> neighbour_cause(const std::string& node, const ProcessInfo* late, uint32_t late_pid) const;
   void take_samples(uint64_t now_ns);
+  // One process's newest health sample: the usage since its last one.
+  void take_sample(const std::string& name, const NodeState& node, uint32_t pid, const HealthSample& sample);
   void hang_waste(uint64_t now_ns, const FindingBook& findings);
   void count_totals(const std::string& node, const Identity& identity, double gpu_s, double waste_s, double caused_s,
                     const std::string& cause_node, const Identity* cause);
