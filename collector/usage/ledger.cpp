@@ -957,6 +957,20 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
       it->second.gpu_s += delta;
     }
   }
+  if (auto added = write_rollups(writes, rollups, edge_rollups); !added) return added.error();
+  // How far the counting got, in the same commit as what it counted.
+  write_progress(writes);
+  // Minutes more than two minutes old are done (late data reloads them).
+  uint64_t keep_from = minute_of(now_ns) - std::min<uint64_t>(minute_of(now_ns), 120);
+  for (auto it = minutes_.begin(); it != minutes_.end();)
+    it = !it->second.dirty && get_be(it->first.data() + 1, 8) < keep_from ? minutes_.erase(it) : std::next(it);
+  for (auto it = edges_.begin(); it != edges_.end();)
+    it = !it->second.dirty && get_be(it->first.data() + 1, 8) < keep_from ? edges_.erase(it) : std::next(it);
+  return wrote;
+}
+
+Result<void> UsageLedger::write_rollups(WriteSet& writes, std::map<std::string, UsageRow>& rollups,
+                                        std::map<std::string, WasteRow>& edge_rollups) {
   for (auto& [key, row] : rollups) {
     auto stored = stored_usage(key);
     if (!stored) return stored.error();
@@ -977,7 +991,10 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
     }
     put(writes, key, encode_waste_row(row));
   }
-  // How far the counting got, in the same commit as what it counted.
+  return {};
+}
+
+void UsageLedger::write_progress(WriteSet& writes) {
   for (auto& [key, track] : processes_) {
     if (!track.dirty || !track.seen) continue;
     put(writes, track_key(key.first, key.second), encode_track(track));
@@ -994,13 +1011,6 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
   for (const auto& key : hangs_gone_) erase(writes, hang_key(key));
   hangs_dirty_.clear();
   hangs_gone_.clear();
-  // Minutes more than two minutes old are done (late data reloads them).
-  uint64_t keep_from = minute_of(now_ns) - std::min<uint64_t>(minute_of(now_ns), 120);
-  for (auto it = minutes_.begin(); it != minutes_.end();)
-    it = !it->second.dirty && get_be(it->first.data() + 1, 8) < keep_from ? minutes_.erase(it) : std::next(it);
-  for (auto it = edges_.begin(); it != edges_.end();)
-    it = !it->second.dirty && get_be(it->first.data() + 1, 8) < keep_from ? edges_.erase(it) : std::next(it);
-  return wrote;
 }
 
 }  // namespace rankscope::collector

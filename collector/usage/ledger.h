@@ -213,6 +213,12 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   // The neighbour cgroup to blame for a late rank on `node`, if any.
   std::optional<WasteRow> neighbour_cause(const std::string& node, const ProcessInfo* late, uint32_t late_pid) const;
   void take_samples(uint64_t now_ns);
+  // persist()'s hour and day rows: what is stored of each, plus this flush's change.
+  Result<void> write_rollups(WriteSet& writes, std::map<std::string, UsageRow>& rollups,
+                             std::map<std::string, WasteRow>& edge_rollups);
+  // persist()'s progress rows: each process's counting so far and the hangs
+  // counted, and the removal of those gone.
+  void write_progress(WriteSet& writes);
   // One process's newest health sample: the usage since its last one.
   void take_sample(const std::string& name, const NodeState& node, uint32_t pid, const HealthSample& sample);
   void hang_waste(uint64_t now_ns, const FindingBook& findings);
