@@ -10,7 +10,9 @@
 //              communicator's other ranks spend waiting (beyond the clocks'
 //              uncertainty)
 //   node_lost  an agent with live communicators stopped talking
-// Methods, parameters and limits: docs/detection.md.
+// Methods, parameters and limits: docs/detection.md. One class, one file per
+// pass: detector.cpp (events, evaluation, shared state), hang.cpp,
+// mismatch.cpp, straggler.cpp, node_lost.cpp; text.* (what findings say).
 #include <cstdint>
 #include <deque>
 #include <map>

@@ -57,20 +57,29 @@ double percentile(std::vector<double> v, double p) {
   size_t lo = static_cast<size_t>(std::floor(pos)), hi = static_cast<size_t>(std::ceil(pos));
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
-}  // namespace
-
-int score_run(const ScoreOptions& options) {
-  auto lines = read_json_lines(options.truth);
-  if (!lines) {
-    std::cerr << "rankscope-sim score: " << lines.error().message << "\n";
-    return 2;
-  }
+// What rankscope-sim run wrote: the run, its jobs, communicators, faults,
+// their true lateness and the clock samples to check.
+struct Truth {
   JsonObject run;
   std::map<std::string, TruthComm> comms;
   std::vector<TruthFault> faults;
   std::map<std::string, JsonObject> jobs;
-  std::map<std::tuple<int, std::string, int>, int64_t> true_lateness;  // (fault, comm, rank)
+  std::map<std::tuple<int, std::string, int>, int64_t> lateness;  // (fault, comm, rank)
   std::vector<JsonObject> clock_samples;
+  uint64_t t0 = 0, end = 0;
+  std::string run_id;
+};
+
+Result<Truth> read_truth(const std::string& path) {
+  auto lines = read_json_lines(path);
+  if (!lines) return lines.error();
+  Truth t;
+  JsonObject& run = t.run;
+  auto& comms = t.comms;
+  auto& faults = t.faults;
+  auto& jobs = t.jobs;
+  auto& true_lateness = t.lateness;
+  auto& clock_samples = t.clock_samples;
   for (auto& line : *lines) {
     std::string type = line.str("type");
     if (type == "run") run = line;
@@ -102,85 +111,99 @@ int score_run(const ScoreOptions& options) {
       clock_samples.push_back(line);
     }
   }
-  uint64_t t0 = static_cast<uint64_t>(run.i64("t0_ns")), run_end = static_cast<uint64_t>(run.i64("end_ns"));
-  std::string run_id = run.str("scenario") + "/" + std::to_string(run.i64("seed"));
+  t.t0 = static_cast<uint64_t>(run.i64("t0_ns"));
+  t.end = static_cast<uint64_t>(run.i64("end_ns"));
+  t.run_id = run.str("scenario") + "/" + std::to_string(run.i64("seed"));
+  return t;
+}
 
-  cli::QueryClient client(options.query, 10000);
-  // Findings: every one the collector still holds.
+query::Request::Builder new_request(capnp::MallocMessageBuilder& message) {
+  auto req = message.initRoot<query::Request>();
+  req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
+  return req;
+}
+
+// Every finding the collector still holds that opened during the run, in
+// opening order, its ranks mapped to the job's global ranks.
+Result<std::vector<SeenFinding>> seen_findings(cli::QueryClient& client, const Truth& truth) {
+  const auto& comms = truth.comms;
+  uint64_t t0 = truth.t0, run_end = truth.end;
   std::vector<SeenFinding> seen;
-  {
-    capnp::MallocMessageBuilder request;
-    auto req = request.initRoot<query::Request>();
-    req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
-    req.initFindings().setLimit(100000);
-    auto asked = client.ask(request, [&](query::Reply::Reader reply) {
-      for (auto f : reply.getFindings().getFindings()) {
-        SeenFinding s;
-        s.id = f.getId();
-        s.kind = f.getKind();
-        s.job = f.getJob();
-        s.comm = f.getComm() ? hex64(f.getComm()) : "";
-        s.opened = f.getOpenedNs();
-        s.resolved = f.getResolvedNs();
-        s.lateness_s = f.getLatenessS();
-        s.summary = f.getSummary();
-        for (auto n : f.getNodes()) s.nodes.push_back(n);
-        auto comm = comms.find(s.comm);
-        for (int32_t r : f.getRanks()) {
-          if (comm != comms.end() && r >= 0 && static_cast<size_t>(r) < comm->second.members.size())
-            s.ranks.push_back(comm->second.members[r]);
-          else if (s.kind == "node_lost")
-            s.ranks.push_back(-1);  // node_lost names comm ranks of several comms: use its nodes
-        }
-        if (s.opened >= t0 && s.opened <= run_end) seen.push_back(std::move(s));
+  capnp::MallocMessageBuilder request;
+  new_request(request).initFindings().setLimit(100000);
+  auto asked = client.ask(request, [&](query::Reply::Reader reply) {
+    for (auto f : reply.getFindings().getFindings()) {
+      SeenFinding s;
+      s.id = f.getId();
+      s.kind = f.getKind();
+      s.job = f.getJob();
+      s.comm = f.getComm() ? hex64(f.getComm()) : "";
+      s.opened = f.getOpenedNs();
+      s.resolved = f.getResolvedNs();
+      s.lateness_s = f.getLatenessS();
+      s.summary = f.getSummary();
+      for (auto n : f.getNodes()) s.nodes.push_back(n);
+      auto comm = comms.find(s.comm);
+      for (int32_t r : f.getRanks()) {
+        if (comm != comms.end() && r >= 0 && static_cast<size_t>(r) < comm->second.members.size())
+          s.ranks.push_back(comm->second.members[r]);
+        else if (s.kind == "node_lost")
+          s.ranks.push_back(-1);  // node_lost names comm ranks of several comms: use its nodes
       }
-    });
-    if (!asked) {
-      std::cerr << "rankscope-sim score: findings: " << asked.error().message << "\n";
-      return 2;
+      if (s.opened >= t0 && s.opened <= run_end) seen.push_back(std::move(s));
     }
-  }
+  });
+  if (!asked) return make_error(asked.error().code, "findings: " + asked.error().message);
   std::sort(seen.begin(), seen.end(), [](const SeenFinding& a, const SeenFinding& b) { return a.opened < b.opened; });
+  return seen;
+}
+
+// What the collector says of delivery and of each node's clock.
+struct CollectorStatus {
   uint64_t records_stored = 0, duplicates = 0, bad = 0, batch_bytes = 0, ringbuf_reported = 0;
   std::map<std::string, std::pair<int64_t, uint64_t>> offsets;  // node -> (offset, uncertainty)
   std::map<std::string, int64_t> refinements;                 // node -> correction from the collectives
-  {
-    capnp::MallocMessageBuilder request;
-    auto req = request.initRoot<query::Request>();
-    req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
-    req.setStatus();
-    auto asked = client.ask(request, [&](query::Reply::Reader reply) {
-      auto s = reply.getStatus();
-      records_stored = s.getRecordsStored();
-      duplicates = s.getDuplicateBatches();
-      bad = s.getBadMessages();
-      batch_bytes = s.getBatchBytes();
-      for (auto n : s.getNodes()) {
-        offsets[n.getNode()] = {n.getClockOffsetNs(), n.getClockUncertaintyNs()};
-        refinements[n.getNode()] = n.getClockRefinementNs();
-        ringbuf_reported += n.getDrops().getRingbufFull();
-      }
-    });
-    if (!asked) {
-      std::cerr << "rankscope-sim score: status: " << asked.error().message << "\n";
-      return 2;
-    }
-  }
+};
 
-  std::vector<std::string> out;
-  auto matches = [&](const SeenFinding& s, const TruthFault& f) {
-    if (s.job != f.job || s.kind != f.expect || s.opened < f.onset) return false;
-    if (f.expect == "node_lost") {
-      for (const auto& n : s.nodes)
-        if (f.nodes.count(n)) return true;
-      return false;
+Result<CollectorStatus> collector_status(cli::QueryClient& client) {
+  CollectorStatus st;
+  capnp::MallocMessageBuilder request;
+  new_request(request).setStatus();
+  auto asked = client.ask(request, [&](query::Reply::Reader reply) {
+    auto s = reply.getStatus();
+    st.records_stored = s.getRecordsStored();
+    st.duplicates = s.getDuplicateBatches();
+    st.bad = s.getBadMessages();
+    st.batch_bytes = s.getBatchBytes();
+    for (auto n : s.getNodes()) {
+      st.offsets[n.getNode()] = {n.getClockOffsetNs(), n.getClockUncertaintyNs()};
+      st.refinements[n.getNode()] = n.getClockRefinementNs();
+      st.ringbuf_reported += n.getDrops().getRingbufFull();
     }
-    for (int r : s.ranks)
-      if (f.ranks.count(r)) return true;
+  });
+  if (!asked) return make_error(asked.error().code, "status: " + asked.error().message);
+  return st;
+}
+
+// A finding that names the fault: same job, the expected kind, after the
+// onset, and one of its ranks (or, for node_lost, nodes).
+bool matches(const SeenFinding& s, const TruthFault& f) {
+  if (s.job != f.job || s.kind != f.expect || s.opened < f.onset) return false;
+  if (f.expect == "node_lost") {
+    for (const auto& n : s.nodes)
+      if (f.nodes.count(n)) return true;
     return false;
-  };
-  std::set<uint64_t> true_positive;
-  for (const auto& f : faults) {
+  }
+  for (int r : s.ranks)
+    if (f.ranks.count(r)) return true;
+  return false;
+}
+
+// One incident line per fault that started: found, how fast, the right
+// rank and node, the cost's error; `true_positive` gets the findings that named one.
+void score_faults(const Truth& truth, const std::vector<SeenFinding>& seen, std::set<uint64_t>& true_positive,
+                  std::vector<std::string>& out) {
+  for (const auto& f : truth.faults) {
     if (!f.started) continue;
     const SeenFinding* first_match = nullptr;
     const SeenFinding* first_of_kind = nullptr;
@@ -192,7 +215,7 @@ int score_run(const ScoreOptions& options) {
       // Findings that name another fault's culprit (several culprits in one
       // job) are that fault's, not this one's first.
       bool others = false;
-      for (const auto& g : faults)
+      for (const auto& g : truth.faults)
         if (g.id != f.id && g.started && matches(s, g) && !matches(s, f)) others = true;
       if (s.job == f.job && s.kind == f.expect && s.opened >= f.onset && !others &&
           (!first_of_kind ||
@@ -204,14 +227,18 @@ int score_run(const ScoreOptions& options) {
       true_positive.insert(s.id);
       if (!first_match) first_match = &s;
       if (s.kind == "straggler" && !s.ranks.empty()) {
-        auto t = true_lateness.find({f.id, s.comm, s.ranks[0]});
-        if (t != true_lateness.end() && t->second > 0)
+        auto t = truth.lateness.find({f.id, s.comm, s.ranks[0]});
+        if (t != truth.lateness.end() && t->second > 0)
           cost_errors.push_back((s.lateness_s * 1e9 - static_cast<double>(t->second)) / static_cast<double>(t->second));
       }
     }
     JsonLine line;
-    line.add("type", "incident").add("run", run_id).add("kind", f.kind).add("expect", f.expect).add("factor", f.factor);
-    line.add("ranks", static_cast<int64_t>(run.i64("ranks"))).add("detected", first_match != nullptr);
+    line.add("type", "incident")
+        .add("run", truth.run_id)
+        .add("kind", f.kind)
+        .add("expect", f.expect)
+        .add("factor", f.factor);
+    line.add("ranks", static_cast<int64_t>(truth.run.i64("ranks"))).add("detected", first_match != nullptr);
     if (first_match) line.add("latency_s", static_cast<double>(first_match->opened - f.onset) / 1e9);
     else line.null("latency_s");
     bool rank_ok = first_of_kind && !first_of_kind->ranks.empty() && f.ranks.count(first_of_kind->ranks[0]);
@@ -222,44 +249,56 @@ int score_run(const ScoreOptions& options) {
     else line.null("cost_rel_err");
     out.push_back(line.str());
   }
-  // Every other finding: collateral of a stopped job, or a false alarm.
+}
+
+// Every other finding: collateral of a stopped job, or a false alarm.
+void score_others(const Truth& truth, const std::vector<SeenFinding>& seen, const std::set<uint64_t>& true_positive,
+                  std::vector<std::string>& out) {
   for (const auto& s : seen) {
     if (true_positive.count(s.id)) continue;
     bool collateral = false, node_ok = false;
-    for (const auto& f : faults) {
+    for (const auto& f : truth.faults) {
       if (f.job != s.job || !f.started || s.opened < f.onset) continue;
       if (is_hang_like(f.kind)) collateral = true;  // the job stopped: every comm of it hangs
       for (const auto& n : s.nodes) node_ok |= f.nodes.count(n) > 0;
     }
-    auto job = jobs.find(s.job);
-    bool healthy_job = job != jobs.end() && job->second.i64("faults") == 0;
+    auto job = truth.jobs.find(s.job);
+    bool healthy_job = job != truth.jobs.end() && job->second.i64("faults") == 0;
     out.push_back(JsonLine()
                       .add("type", collateral ? "collateral" : "false_alarm")
-                      .add("run", run_id)
+                      .add("run", truth.run_id)
                       .add("finding", s.kind)
                       .add("healthy_job", healthy_job)
                       .add("node_ok", node_ok)
                       .add("summary", s.summary)
                       .str());
   }
-  // Exposure: simulated job time of the jobs without faults.
-  double nominal = run.num("nominal_step_s", 1);
+}
+
+// Simulated job time of the jobs without faults.
+std::string exposure_line(const Truth& truth) {
+  double nominal = truth.run.num("nominal_step_s", 1);
   int64_t healthy_steps = 0, healthy_jobs = 0;
-  for (const auto& [name, job] : jobs)
+  for (const auto& [name, job] : truth.jobs)
     if (job.i64("faults") == 0) healthy_steps += job.i64("steps"), ++healthy_jobs;
-  out.push_back(JsonLine()
-                    .add("type", "exposure")
-                    .add("run", run_id)
-                    .add("healthy_jobs", healthy_jobs)
-                    .add("healthy_steps", healthy_steps)
-                    .add("nominal_step_s", nominal)
-                    .add("job_days", static_cast<double>(healthy_steps) * nominal / 86400.0)
-                    .add("wall_s", run.num("duration_s"))
-                    .str());
-  // Clock: stored (corrected) issue times against the true ones.
+  return JsonLine()
+      .add("type", "exposure")
+      .add("run", truth.run_id)
+      .add("healthy_jobs", healthy_jobs)
+      .add("healthy_steps", healthy_steps)
+      .add("nominal_step_s", nominal)
+      .add("job_days", static_cast<double>(healthy_steps) * nominal / 86400.0)
+      .add("wall_s", truth.run.num("duration_s"))
+      .str();
+}
+
+// Stored (corrected) issue times against the true ones, per node; returns
+// the absolute median errors.
+std::vector<double> score_clocks(cli::QueryClient& client, const Truth& truth, const CollectorStatus& st,
+                                 std::vector<std::string>& out) {
   std::map<std::pair<std::string, int>, std::map<uint64_t, uint64_t>> wanted;  // (comm, rank) -> seq -> true
   std::map<std::pair<std::string, int>, std::string> node_of;
-  for (const auto& c : clock_samples) {
+  for (const auto& c : truth.clock_samples) {
     wanted[{c.str("comm"), static_cast<int>(c.i64("comm_rank"))}][static_cast<uint64_t>(c.i64("seq"))] =
         static_cast<uint64_t>(c.i64("true_ns"));
     node_of[{c.str("comm"), static_cast<int>(c.i64("comm_rank"))}] = c.str("node");
@@ -286,54 +325,90 @@ int score_run(const ScoreOptions& options) {
     double med = percentile(errors, 0.5);
     clock_errors.push_back(std::fabs(med));
     const std::string& node = node_of[key];
+    auto offset = st.offsets.find(node);
+    auto refined = st.refinements.find(node);
+    uint64_t uncertainty = offset == st.offsets.end() ? 0 : offset->second.second;
+    int64_t refinement = refined == st.refinements.end() ? 0 : refined->second;
     out.push_back(JsonLine()
                       .add("type", "clock")
-                      .add("run", run_id)
+                      .add("run", truth.run_id)
                       .add("node", node)
                       .add("error_ns", med)
-                      .add("uncertainty_ns", static_cast<int64_t>(offsets[node].second))
-                      .add("refinement_ns", refinements[node])
+                      .add("uncertainty_ns", static_cast<int64_t>(uncertainty))
+                      .add("refinement_ns", refinement)
                       .add("samples", static_cast<int64_t>(errors.size()))
-                      .add("probe_jitter_ms", run.num("probe_jitter_ms"))
+                      .add("probe_jitter_ms", truth.run.num("probe_jitter_ms"))
                       .str());
   }
-  out.push_back(JsonLine()
-                    .add("type", "delivery")
-                    .add("run", run_id)
-                    .add("records_sent", run.i64("records_sent"))
-                    .add("records_acked", run.i64("records_acked"))
-                    .add("records_stored", records_stored)
-                    .add("records_lost", run.i64("records_lost"))
-                    .add("records_lost_reported", ringbuf_reported)
-                    .add("sends_lost", run.i64("sends_lost"))
-                    .add("reordered", run.i64("reordered"))
-                    .add("duplicate_batches", duplicates)
-                    .add("bad_messages", bad)
-                    .add("batch_bytes", batch_bytes)
-                    .str());
+  return clock_errors;
+}
 
+std::string delivery_line(const Truth& truth, const CollectorStatus& st) {
+  return JsonLine()
+      .add("type", "delivery")
+      .add("run", truth.run_id)
+      .add("records_sent", truth.run.i64("records_sent"))
+      .add("records_acked", truth.run.i64("records_acked"))
+      .add("records_stored", st.records_stored)
+      .add("records_lost", truth.run.i64("records_lost"))
+      .add("records_lost_reported", st.ringbuf_reported)
+      .add("sends_lost", truth.run.i64("sends_lost"))
+      .add("reordered", truth.run.i64("reordered"))
+      .add("duplicate_batches", st.duplicates)
+      .add("bad_messages", st.bad)
+      .add("batch_bytes", st.batch_bytes)
+      .str();
+}
+
+// One line of totals, then the scored lines unless they went to a file.
+void print_score(const Truth& truth, const std::vector<SeenFinding>& seen, const CollectorStatus& st,
+                 const std::vector<double>& clock_errors, const std::vector<std::string>& out, bool print_lines) {
+  int detected = 0, incidents = 0, fa = 0;
+  for (const auto& l : out) {
+    auto o = parse_json_object(l);
+    if (!o) continue;
+    if (o->str("type") == "incident") ++incidents, detected += o->flag("detected") ? 1 : 0;
+    if (o->str("type") == "false_alarm") ++fa;
+  }
+  std::printf(
+      "%s: %d/%d incidents found, %d false alarm(s), %zu finding(s) in all; records %llu sent, %llu stored; "
+      "clock error median %.1f us, max %.1f us over %zu nodes\n",
+      truth.run_id.c_str(), detected, incidents, fa, seen.size(),
+      static_cast<unsigned long long>(truth.run.i64("records_sent")),
+      static_cast<unsigned long long>(st.records_stored), percentile(clock_errors, 0.5) / 1e3,
+      clock_errors.empty() ? NAN : *std::max_element(clock_errors.begin(), clock_errors.end()) / 1e3,
+      clock_errors.size());
+  if (print_lines)
+    for (const auto& l : out) std::printf("%s\n", l.c_str());
+}
+
+}  // namespace
+
+int score_run(const ScoreOptions& options) {
+  auto truth = read_truth(options.truth);
+  if (!truth) {
+    std::cerr << "rankscope-sim score: " << truth.error().message << "\n";
+    return 2;
+  }
+  cli::QueryClient client(options.query, 10000);
+  auto seen = seen_findings(client, *truth);
+  auto st = seen ? collector_status(client) : Result<CollectorStatus>(seen.error());
+  if (!st) {
+    std::cerr << "rankscope-sim score: " << st.error().message << "\n";
+    return 2;
+  }
+  std::vector<std::string> out;
+  std::set<uint64_t> true_positive;
+  score_faults(*truth, *seen, true_positive, out);
+  score_others(*truth, *seen, true_positive, out);
+  out.push_back(exposure_line(*truth));
+  std::vector<double> clock_errors = score_clocks(client, *truth, *st, out);
+  out.push_back(delivery_line(*truth, *st));
   if (!options.out.empty()) {
     std::ofstream file(options.out, std::ios::app);
     for (const auto& l : out) file << l << "\n";
   }
-  if (!options.quiet) {
-    int detected = 0, incidents = 0, fa = 0;
-    for (const auto& l : out) {
-      auto o = parse_json_object(l);
-      if (!o) continue;
-      if (o->str("type") == "incident") ++incidents, detected += o->flag("detected") ? 1 : 0;
-      if (o->str("type") == "false_alarm") ++fa;
-    }
-    std::printf("%s: %d/%d incidents found, %d false alarm(s), %zu finding(s) in all; records %llu sent, %llu stored; "
-                "clock error median %.1f us, max %.1f us over %zu nodes\n",
-                run_id.c_str(), detected, incidents, fa, seen.size(),
-                static_cast<unsigned long long>(run.i64("records_sent")), static_cast<unsigned long long>(records_stored),
-                percentile(clock_errors, 0.5) / 1e3,
-                clock_errors.empty() ? NAN : *std::max_element(clock_errors.begin(), clock_errors.end()) / 1e3,
-                clock_errors.size());
-    if (options.out.empty())
-      for (const auto& l : out) std::printf("%s\n", l.c_str());
-  }
+  if (!options.quiet) print_score(*truth, *seen, *st, clock_errors, out, options.out.empty());
   return 0;
 }
 

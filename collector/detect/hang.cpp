@@ -1,0 +1,511 @@
+// The hang detector: collectives and Send/Recv pairs some ranks wait in for
+// longer than the hang timeout, followed to the rank holding the job up.
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+
+#include "collector/detect/detector.h"
+#include "collector/detect/text.h"
+#include "common/format.h"
+#include "proto/records.h"
+
+namespace rankscope::collector {
+
+namespace {
+// The note a mismatch finding gets when the job goes on past it.
+constexpr const char* kWentOn = "Every rank went on past this collective by";
+// Send/Recv halves waiting this long (or the hang timeout, if shorter) are a stall.
+constexpr uint64_t kPairStallNs = 1'000'000'000ull;
+// How a hang in Send/Recv says what is missing (and how it is told from a collective's).
+constexpr const char* kNeverPosted = " never posted ";
+// Processes followed from one stall's missing ranks to the one holding them up.
+constexpr size_t kMaxChase = 4096;
+// Stalls folded into a hang that its detail names one by one.
+constexpr size_t kFoldedTold = 16;
+// Every rank inside a collective that does not move, but some running on
+// the CPU more than this share of the context window: working, not hung.
+constexpr double kBusyRunningShare = 0.2;
+// A process that cannot take part in anything: stopped, exited, a zombie.
+bool stuck_process(const ProcessHealth& health) {
+  return !health.alive() || health.state() == 'T' || health.state() == 't' || health.state() == 'Z';
+}
+}  // namespace
+
+void Detector::evaluate_hang(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                             const std::vector<const Finding*>& open_of_comm) {
+  const int32_t n = comm.nranks;
+  std::vector<int64_t> last(n, -1);
+  bool any_alive = false, any_known = false;
+  uint64_t last_activity = 0;
+  for (const auto& [rank, m] : comm.members) {
+    if (rank < 0 || rank >= n) continue;
+    last[rank] = m.last_seq;
+    last_activity = std::max(last_activity, m.last_issue_ns);
+    const ProcessHealth* health = health_of(m);
+    any_known |= health && health->known();
+    any_alive |= !health || health->alive();
+  }
+  if (any_known && !any_alive) {  // the job is gone: nothing hangs any more
+    resolve_comm(comm.hash, now_ns);
+    return;
+  }
+  int64_t min_last = *std::min_element(last.begin(), last.end());
+  int64_t max_last = *std::max_element(last.begin(), last.end());
+  resolve_progressed(state, now_ns, open_of_comm, min_last, max_last, last_activity);
+  if (max_last < 0) return;
+
+  Stall stall;
+  stall.comm = &comm;
+  stall.state = &state;
+  stall.finding.kind = FindingKind::hang;
+  stall.finding.job = comm.job;
+  stall.finding.comm = comm.hash;
+  bool noted = min_last < max_last ? note_partial_stall(stall, last, min_last, now_ns)
+                                   : note_inside_stall(stall, max_last, last_activity, now_ns);
+  if (noted) stalls_.push_back(std::move(stall));
+}
+
+void Detector::resolve_progressed(CommDetect& state, uint64_t now_ns, const std::vector<const Finding*>& open_of_comm,
+                                  int64_t min_last, int64_t max_last, uint64_t last_activity) {
+  for (const Finding* f : open_of_comm) {
+    if (is_pair_hang(*f)) continue;  // evaluate_pairs
+    std::string key = f->key();
+    bool inside = state.all_inside.count(key) > 0;
+    if (f->kind == FindingKind::mismatch) {
+      // Never resolved by itself: NCCL moving past a mismatched call can
+      // mean corrupted data. Said once when every rank went on past it.
+      if (min_last > f->seq && f->detail.find(kWentOn) == std::string::npos) {
+        Finding told = *f;
+        told.detail += std::string("\n") + kWentOn + " " + format_time_ns(last_activity) +
+                       ": what it computed since may be corrupt. This finding stays open until acknowledged "
+                       "(rankscope ack " +
+                       std::to_string(f->id) + ").";
+        book_.raise(std::move(told), now_ns);
+      }
+      continue;
+    }
+    bool progressed = inside ? max_last > f->seq : min_last >= f->seq;
+    if (progressed) {
+      state.all_inside.erase(key);
+      state.told.erase(key);
+      book_.resolve(key, now_ns);
+    }
+  }
+}
+
+bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last, int64_t min_last, uint64_t now_ns) {
+  const CommState& comm = *stall.comm;
+  const int32_t n = comm.nranks;
+  Finding& f = stall.finding;
+  // Some ranks reached N = min_last + 1, the others never entered it.
+  uint64_t n_seq = static_cast<uint64_t>(min_last + 1);
+  auto [instance_seq, instance] = matcher_.open_from(comm.hash, n_seq);
+  if (!instance) return false;
+  uint64_t reached_ns = instance->first_issue_ns;
+  stall.partial = true;
+  stall.since_ns = reached_ns;
+  stall.timed_out = now_ns >= reached_ns && now_ns - reached_ns >= options_.hang_timeout_ns;
+  f.seq = static_cast<int64_t>(n_seq);
+  for (int32_t r = 0; r < n; ++r) {
+    if (last[r] != min_last) continue;
+    f.ranks.push_back(r);
+    if (auto m = comm.members.find(r); m != comm.members.end())
+      stall.missing.emplace_back(m->second.node, m->second.pid);
+  }
+  // Missing ranks whose agent went silent are unseen, not hung: the
+  // node_lost finding of their node tells it (and counts this one).
+  if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return false;
+  // Told (and its culprits narrowed) only if it is raised or folded into
+  // one that is: most stalls of a busy fleet are collectives in flight.
+  stall.instance = instance;
+  stall.instance_seq = instance_seq;
+  stall.others = n - static_cast<int>(f.ranks.size());
+  return true;
+}
+
+bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_activity, uint64_t now_ns) {
+  const CommState& comm = *stall.comm;
+  CommDetect& state = *stall.state;
+  const int32_t n = comm.nranks;
+  Finding& f = stall.finding;
+  // The detail is the summary (which folding may extend) followed by this.
+  std::string& tail = f.detail;
+  // Every rank issued the same last collective and nothing moves.
+  if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return false;
+  std::vector<int32_t> all;
+  for (const auto& [rank, m] : comm.members) all.push_back(rank);
+  if (fold_into_lost_nodes(comm, all, true)) return false;
+  std::vector<int32_t> stuck, busy;
+  size_t in_gpu_wait = 0;
+  for (const auto& [rank, m] : comm.members) {
+    const ProcessHealth* health = health_of(m);
+    if (!health || !health->known()) continue;
+    in_gpu_wait += health->open_waits().empty() ? 0 : 1;
+    if (stuck_process(*health))
+      stuck.push_back(rank);
+    else if (health->shares(options_.context_window_ns).running > kBusyRunningShare)
+      busy.push_back(rank);
+  }
+  if (stuck.empty() && !busy.empty()) return false;  // ranks busy on the CPU: working, not hung
+  stall.since_ns = last_activity;
+  stall.timed_out = true;
+  f.seq = max_last;
+  f.ranks = stuck.empty() ? std::vector<int32_t>{} : stuck;
+  if (f.ranks.empty())
+    for (int32_t r = 0; r < n; ++r) f.ranks.push_back(r);
+  std::string idle = format_time_ns(last_activity);
+  if (!stuck.empty())
+    f.summary = where("hang", comm) + ": every rank entered collective #" + std::to_string(max_last) + " but rank" +
+                (stuck.size() > 1 ? "s " : " ") + join(stuck) +
+                " cannot progress (process stopped or exited); nothing has moved since " + idle;
+  else
+    f.summary = where("hang", comm) + ": all " + std::to_string(n) + " ranks entered collective #" +
+                std::to_string(max_last) + " and none has progressed since " + idle +
+                ": no rank is missing; suspect the network or a GPU (every process is alive and idle" +
+                (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
+  tail = ".\nRanks:";
+  state.all_inside.insert(f.key());
+  inside_stalls_[{comm.hash, static_cast<uint64_t>(max_last)}] = stalls_.size();
+  return true;
+}
+
+void Detector::evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                              const std::vector<const Finding*>& open_of_comm, bool stalled) {
+  if (comm.lanes.empty() || (comm.lanes.size() == 1 && comm.lanes.count(0))) return;  // no Send/Recv
+  std::vector<CollectiveMatcher::PendingPair> pending = matcher_.pending_pairs(comm.hash, now_ns);
+  // A half whose missing peer issued anything since (in any communicator)
+  // is not waited on by a stopped rank: its match was lost before the wire
+  // (a full ring buffer), like a sequence gap of a collective.
+  pending.erase(std::remove_if(pending.begin(), pending.end(),
+                               [&](const auto& p) {
+                                 auto m = comm.members.find(p.missing);
+                                 if (m == comm.members.end()) return false;
+                                 auto h = procs_.find({m->second.node, m->second.pid});
+                                 return h != procs_.end() && h->second.last_issue_ns > p.since_ns;
+                               }),
+                pending.end());
+  // A hang in Send/Recv resolves once its missing ranks hold no half back.
+  for (const Finding* f : open_of_comm) {
+    if (!is_pair_hang(*f)) continue;
+    bool held = std::any_of(pending.begin(), pending.end(), [&](const auto& p) {
+      return std::find(f->ranks.begin(), f->ranks.end(), p.missing) != f->ranks.end();
+    });
+    if (held) continue;
+    state.told.erase(f->key());
+    book_.resolve(f->key(), now_ns);
+  }
+  if (stalled) return;  // its collectives stall: that tells it (one finding per instance key)
+  // Halves waiting for a while: a stall (raised after the hang timeout, or
+  // folded with the stalls of the job that wait on it).
+  const uint64_t after = std::min(options_.hang_timeout_ns, kPairStallNs);
+  std::vector<CollectiveMatcher::PendingPair> stuck;
+  for (const auto& p : pending)
+    if (now_ns >= p.since_ns && now_ns - p.since_ns >= after) stuck.push_back(p);
+  if (stuck.empty()) return;
+  std::sort(stuck.begin(), stuck.end(), [](const auto& a, const auto& b) { return a.since_ns < b.since_ns; });
+  Stall stall;
+  stall.comm = &comm;
+  stall.state = &state;
+  stall.partial = true;
+  stall.since_ns = stuck.front().since_ns;
+  stall.timed_out = now_ns - stall.since_ns >= options_.hang_timeout_ns;
+  Finding& f = stall.finding;
+  f.kind = FindingKind::hang;
+  f.job = comm.job;
+  f.comm = comm.hash;
+  f.seq = static_cast<int64_t>(stuck.front().k);
+  std::set<int32_t> missing, waiting;
+  for (const auto& p : stuck) missing.insert(p.missing), waiting.insert(p.waiting);
+  f.ranks.assign(missing.begin(), missing.end());
+  if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;
+  for (int32_t r : f.ranks)
+    if (auto m = comm.members.find(r); m != comm.members.end())
+      stall.missing.emplace_back(m->second.node, m->second.pid);
+  std::vector<int32_t> waiters(waiting.begin(), waiting.end());
+  const auto& first = stuck.front();
+  std::string head = where("hang", comm) + ": ";
+  if (stuck.size() == 1)
+    f.summary = head + "rank " + std::to_string(first.missing) + kNeverPosted + "the " +
+                (first.waiting_receives ? "Send" : "Recv") + " matching rank " + std::to_string(first.waiting) + "'s " +
+                (first.waiting_receives ? "Recv" : "Send") + " #" + std::to_string(first.k) + "; rank " +
+                std::to_string(first.waiting) + " has waited for it since " + format_time_ns(first.since_ns);
+  else
+    f.summary = head + "rank" + (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + kNeverPosted + "their halves of " +
+                std::to_string(stuck.size()) + " Send/Recv pairs; rank" + (waiters.size() > 1 ? "s " : " ") +
+                join(waiters) + " have waited since " + format_time_ns(first.since_ns);
+  f.detail = ".\nMissing:";
+  stalls_.push_back(std::move(stall));
+}
+
+bool Detector::is_pair_hang(const Finding& f) {
+  return f.kind == FindingKind::hang && f.summary.find(kNeverPosted) != std::string::npos;
+}
+
+void Detector::describe_stall(Stall& stall) const {
+  Finding& f = stall.finding;
+  if (!stall.partial || !f.summary.empty()) return;
+  const CommState& comm = *stall.comm;
+  const uint64_t n_seq = static_cast<uint64_t>(f.seq);
+  std::string call = stall.instance_seq == n_seq ? stall.instance->first.describe() : "the next collective";
+  std::string op = proto::op_name(stall.instance->first.op());
+  // Of the missing ranks, those whose process is stopped or gone are the
+  // culprits; the live ones are most often blocked behind them inside the
+  // previous collective, where host tracing cannot see it.
+  std::vector<int32_t> stuck;
+  for (int32_t r : f.ranks)
+    if (auto m = comm.members.find(r); m != comm.members.end())
+      if (const ProcessHealth* health = health_of(m->second); health && health->known() && stuck_process(*health))
+        stuck.push_back(r);
+  if (!stuck.empty() && stuck.size() < f.ranks.size()) {
+    for (int32_t r : f.ranks)
+      if (std::find(stuck.begin(), stuck.end(), r) == stuck.end()) stall.also_missing.push_back(r);
+    f.ranks = stuck;
+  }
+  f.summary = where("hang", comm) + ": rank" + (f.ranks.size() > 1 ? "s " : " ") + join(f.ranks) + " never entered " +
+              op + " #" + std::to_string(n_seq);
+  if (!stall.also_missing.empty())
+    f.summary += " and cannot progress (process stopped or exited); rank" +
+                 std::string(stall.also_missing.size() > 1 ? "s " : " ") + join(stall.also_missing) +
+                 " never entered it either (alive)";
+  f.summary += "; " + std::to_string(stall.others) + " other rank(s) entered it from " +
+               format_time_ns(stall.since_ns) + " on and wait there";
+  f.detail = " (" + call + ").\nMissing:";
+}
+
+std::vector<Detector::ProcKey> Detector::waits_for(const ProcKey& p, size_t* inside) const {
+  *inside = SIZE_MAX;
+  std::vector<ProcKey> out;
+  auto h = procs_.find(p);
+  if (h == procs_.end() || h->second.last_issue_ns == 0) return out;
+  const ProcHistory& last = h->second;
+  auto comm = ingest_.comms().find(last.last_comm);
+  if (comm == ingest_.comms().end() || comm->second.ended) return out;
+  if (last.last_lane == 0) {
+    if (auto in = inside_stalls_.find({last.last_comm, last.last_seq}); in != inside_stalls_.end()) {
+      *inside = in->second;
+      return out;
+    }
+  }
+  for (int32_t r : matcher_.awaited(last.last_comm, last.last_rank, last.last_lane, last.last_seq))
+    if (auto m = comm->second.members.find(r); m != comm->second.members.end())
+      out.emplace_back(m->second.node, m->second.pid);
+  return out;
+}
+
+void Detector::raise_stalls(uint64_t now_ns) {
+  bool any_due = false;
+  for (const Stall& s : stalls_) any_due |= s.timed_out;
+  if (!any_due) return;
+  fold_stalls(link_stalls());
+  for (Stall& s : stalls_)
+    if (!s.owned && s.timed_out) raise_stall(s, now_ns);
+}
+
+bool Detector::tells_better(size_t a, size_t b) const {
+  bool open_a = book_.open_finding(stalls_[a].finding.key()) != nullptr;
+  bool open_b = book_.open_finding(stalls_[b].finding.key()) != nullptr;
+  if (open_a != open_b) return open_a;
+  if (stalls_[a].since_ns != stalls_[b].since_ns) return stalls_[a].since_ns < stalls_[b].since_ns;
+  return a < b;
+}
+
+Detector::StallLinks Detector::link_stalls() {
+  // Follow each stall's missing ranks through the exchanges they wait in,
+  // to the processes that wait in none (or to a stall every rank is
+  // inside). A stall that names one of those itself is where the job is
+  // held up; the others stall behind it.
+  StallLinks links;
+  links.roots.resize(stalls_.size());
+  links.insides.resize(stalls_.size());
+  links.direct.assign(stalls_.size(), true);
+  auto& roots = links.roots;
+  auto& insides = links.insides;
+  auto& direct = links.direct;
+  auto chase = [&](size_t i, const std::vector<ProcKey>& from) {
+    std::set<ProcKey> own(from.begin(), from.end()), seen = own;
+    std::deque<ProcKey> queue(from.begin(), from.end());
+    bool names_root = false;
+    for (size_t visited = 0; !queue.empty() && visited < kMaxChase; ++visited) {
+      ProcKey p = std::move(queue.front());
+      queue.pop_front();
+      size_t inside = SIZE_MAX;
+      std::vector<ProcKey> next = waits_for(p, &inside);
+      if (inside != SIZE_MAX) {
+        if (inside != i) insides[i].insert(inside);
+        continue;
+      }
+      if (next.empty()) {
+        names_root |= own.count(p) > 0;
+        roots[i].push_back(std::move(p));
+        continue;
+      }
+      for (auto& q : next)
+        if (seen.insert(q).second) queue.push_back(std::move(q));
+    }
+    return names_root;
+  };
+  for (size_t i = 0; i < stalls_.size(); ++i) {
+    Stall& s = stalls_[i];
+    if (s.partial) {
+      direct[i] = chase(i, s.missing) || (roots[i].empty() && insides[i].empty());
+      continue;
+    }
+    // Every rank entered its last collective and nothing moved, but none
+    // of them is in it any more: they all went on and wait elsewhere, so
+    // it stalls behind whatever holds them.
+    std::vector<ProcKey> members;
+    bool here = false, elsewhere = false;
+    for (const auto& [rank, m] : s.comm->members) {
+      members.emplace_back(m.node, m.pid);
+      size_t inside = SIZE_MAX;
+      elsewhere |= !waits_for(members.back(), &inside).empty();
+      here |= inside == i;
+      elsewhere |= inside != SIZE_MAX && inside != i;
+    }
+    if (here || !elsewhere) continue;
+    s.finding.summary = where("hang", *s.comm) + ": all " + std::to_string(members.size()) +
+                        " ranks went on past collective #" + std::to_string(s.finding.seq) +
+                        " and wait in other communicators; nothing has moved since " + format_time_ns(s.since_ns);
+    s.finding.ranks.clear();
+    for (const auto& [rank, m] : s.comm->members) s.finding.ranks.push_back(rank);
+    chase(i, members);
+    direct[i] = false;
+  }
+  return links;
+}
+
+void Detector::fold_stalls(const StallLinks& links) {
+  const auto& roots = links.roots;
+  const auto& insides = links.insides;
+  const auto& direct = links.direct;
+  // The stalls that name each process as missing.
+  std::map<ProcKey, std::vector<size_t>> naming;
+  for (size_t i = 0; i < stalls_.size(); ++i)
+    for (const ProcKey& p : stalls_[i].missing) naming[p].push_back(i);
+  // Stalls that name the same held-up process are one story: the best tells it.
+  std::vector<size_t> owner(stalls_.size());
+  for (size_t i = 0; i < stalls_.size(); ++i) owner[i] = i;
+  std::function<size_t(size_t)> find = [&](size_t i) { return owner[i] == i ? i : owner[i] = find(owner[i]); };
+  auto unite = [&](size_t a, size_t b) {
+    a = find(a), b = find(b);
+    if (a == b) return;
+    if (tells_better(a, b))
+      owner[b] = a;
+    else
+      owner[a] = b;
+  };
+  for (const auto& [p, named] : naming) {
+    size_t first = SIZE_MAX;
+    for (size_t c : named) {
+      if (!direct[c]) continue;
+      if (first == SIZE_MAX)
+        first = c;
+      else
+        unite(first, c);
+    }
+  }
+  // A stall behind others joins the best of the stalls it waits on.
+  for (size_t i = 0; i < stalls_.size(); ++i) {
+    if (direct[i]) continue;
+    size_t best = SIZE_MAX;
+    auto consider = [&](size_t c) {
+      c = find(c);
+      if (c != i && (best == SIZE_MAX || tells_better(c, best))) best = c;
+    };
+    for (const ProcKey& p : roots[i])
+      if (auto named = naming.find(p); named != naming.end())
+        for (size_t c : named->second)
+          if (direct[c]) consider(c);
+    for (size_t c : insides[i])
+      if (direct[c]) consider(c);
+    if (best != SIZE_MAX) {
+      owner[i] = best;
+      continue;
+    }
+    // Held up by ranks whose agent went silent: their node's finding tells it.
+    bool all_unseen = !roots[i].empty() && insides[i].empty();
+    for (const ProcKey& p : roots[i]) all_unseen &= unseen(p.first);
+    if (all_unseen && stalls_[i].timed_out) {
+      for (const ProcKey& p : roots[i]) folded_[p.first].insert(stalls_[i].comm->hash);
+      stalls_[i].owned = true;
+    }
+  }
+  for (size_t i = 0; i < stalls_.size(); ++i) {
+    size_t o = find(i);
+    if (o == i) continue;
+    stalls_[i].owned = true;
+    stalls_[o].folded.push_back(i);
+    stalls_[o].timed_out |= stalls_[i].timed_out;
+  }
+}
+
+void Detector::raise_stall(Stall& stall, uint64_t now_ns) {
+  const CommState& comm = *stall.comm;
+  describe_stall(stall);
+  for (size_t k : stall.folded) describe_stall(stalls_[k]);
+  Finding f = stall.finding;
+  // The story is told once, when the hang is found; it is rewritten only if
+  // the culprits change, what their processes are doing does (a rank found
+  // missing that then dies: its signal belongs in the story), or more
+  // communicators stall behind it.
+  std::string states;
+  const size_t told = std::min(f.ranks.size(), kJoined);  // the ranks the story names one by one
+  for (size_t i = 0; i < told; ++i) {
+    int32_t r = f.ranks[i];
+    auto m = comm.members.find(r);
+    const ProcessHealth* health = m == comm.members.end() ? nullptr : health_of(m->second);
+    states += std::to_string(r) + ":" + (health ? health->describe() : "?") + ";";
+  }
+  states += "behind:" + std::to_string(stall.folded.size());
+  const Finding* open = book_.open_finding(f.key());
+  if (open && open->ranks == f.ranks && stall.state->told[f.key()] == states) return;
+  stall.state->told[f.key()] = states;
+  if (!stall.folded.empty())
+    f.summary += "; " + std::to_string(stall.folded.size()) + " other communicator(s) stall behind it";
+  f.detail = f.summary + f.detail;
+  for (size_t i = 0; i < told; ++i) f.detail += "\n  " + describe_rank(comm, f.ranks[i], now_ns);
+  if (f.ranks.size() > told) f.detail += "\n  ... and " + std::to_string(f.ranks.size() - told) + " more rank(s)";
+  if (!stall.also_missing.empty()) {
+    f.detail += "\nAlso missing, alive:";
+    for (size_t i = 0; i < stall.also_missing.size() && i < kJoined; ++i)
+      f.detail += "\n  " + describe_rank(comm, stall.also_missing[i], now_ns);
+  }
+  if (!stall.folded.empty()) {
+    // Oldest first: the order the job stopped in.
+    std::vector<size_t> behind = stall.folded;
+    std::sort(behind.begin(), behind.end(),
+              [&](size_t a, size_t b) { return stalls_[a].since_ns < stalls_[b].since_ns; });
+    f.detail += "\nStalled behind it (their ranks wait on this one; not reported as separate hangs):";
+    for (size_t k = 0; k < behind.size() && k < kFoldedTold; ++k)
+      f.detail += "\n  " + stalls_[behind[k]].finding.summary;
+    if (behind.size() > kFoldedTold)
+      f.detail += "\n  ... and " + std::to_string(behind.size() - kFoldedTold) + " more communicator(s)";
+  }
+  for (int32_t r : f.ranks) {
+    auto m = comm.members.find(r);
+    if (m != comm.members.end() && std::find(f.nodes.begin(), f.nodes.end(), m->second.node) == f.nodes.end())
+      f.nodes.push_back(m->second.node);
+  }
+  book_.raise(std::move(f), now_ns);
+}
+
+bool Detector::fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks, bool note) {
+  // Folded when the ranks in question are all unseen (the missing ranks of a
+  // partial hang), or, for ranks all inside, when any member is unseen (its
+  // progress cannot be known).
+  std::set<std::string> nodes;
+  size_t unseen_ranks = 0;
+  for (int32_t r : ranks) {
+    auto m = comm.members.find(r);
+    if (m == comm.members.end() || !unseen(m->second.node)) continue;
+    nodes.insert(m->second.node);
+    unseen_ranks += 1;
+  }
+  bool all_inside = ranks.size() == comm.members.size() && !ranks.empty();
+  if (nodes.empty() || (!all_inside && unseen_ranks < ranks.size())) return false;
+  if (note)
+    for (const auto& node : nodes) folded_[node].insert(comm.hash);
+  return true;
+}
+
+}  // namespace rankscope::collector

@@ -1,0 +1,167 @@
+// The straggler detector: each settled collective's waiting attributed to
+// the ranks that caused it (detect/attribution.h), judged per communicator.
+#include <algorithm>
+#include <cstdio>
+
+#include "collector/detect/detector.h"
+#include "collector/detect/text.h"
+#include "common/format.h"
+
+namespace rankscope::collector {
+
+namespace {
+constexpr uint64_t kStragglerUpdateNs = 10'000'000'000ull;
+// How long a clock estimate's error is remembered after a better one
+// replaced it: records converted with it are scored within this (the
+// batching, the settling time and one re-send of a lost batch).
+constexpr uint64_t kMarginMemoryNs = 3'000'000'000ull;
+// A straggler finding with only what makes its key (comm, rank).
+Finding straggler_of(uint64_t comm, int32_t rank) {
+  Finding f;
+  f.kind = FindingKind::straggler;
+  f.comm = comm;
+  f.ranks = {rank};
+  return f;
+}
+}  // namespace
+
+void Detector::score(CommDetect& state, uint64_t now_ns) {
+  while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) score_front(state);
+}
+
+void Detector::score_front(CommDetect& state) {
+  // Blame is judged on each rank's own duration: from the moment it was
+  // free to go on (the release of its previous exchange: a collective or a
+  // Send/Recv pair) to this arrival. A rank that waited for someone else
+  // (a slowed pipeline partner, a slow rank of another communicator) was
+  // released late and is not to blame for it; the rank that arrived last
+  // there took long from its own release, and is. Where a member's release
+  // is unknown, plain arrival times are used.
+  const Completed& c = state.done.front();
+  const size_t n = c.issue.size();
+  // Without margins from when it completed, how far apart its arrivals
+  // really were is unknown: not scored.
+  if (n == state.ranks.size() && c.margin && state.margin && c.margin->size() == n && state.margin->size() == n) {
+    std::vector<int64_t> v(c.issue.begin(), c.issue.end());
+    bool durations = true, unknown = state.procs.size() != n;
+    for (size_t r = 0; r < n && !unknown; ++r) {
+      if (!state.procs[r]) {
+        unknown = true;
+        break;
+      }
+      auto [release, base] = state.procs[r]->base_before(c.issue[r]);
+      if (release == ProcHistory::Release::unknown)
+        unknown = true;
+      else if (release == ProcHistory::Release::ahead)
+        durations = false;
+      else
+        v[r] = static_cast<int64_t>(c.issue[r] - base);
+    }
+    // A member whose last exchange is not known: its own time cannot be
+    // told from time it spent waiting for that exchange. Not scored.
+    if (unknown) {
+      state.done.pop_front();
+      return;
+    }
+    if (!durations) v.assign(c.issue.begin(), c.issue.end());
+    state.scratch.resize(n);
+    for (size_t r = 0; r < n; ++r) state.scratch[r] = std::max((*c.margin)[r], (*state.margin)[r]);
+    state.waits->add(v, c.issue, state.scratch, c.last_ns);
+  }
+  state.done.pop_front();
+}
+
+void Detector::refresh_margins(const CommState& comm, CommDetect& state) const {
+  // A rank is compared with the others: its clock's error and the largest
+  // of theirs add up. The largest among the others is the largest overall,
+  // or the second largest for the rank that holds the largest: O(n).
+  // Records of the last few seconds may have been put on the cluster clock
+  // with an estimate a tighter probe replaced since: its error counts.
+  const uint64_t now = clock_.realtime_ns();
+  const uint64_t since = now > kMarginMemoryNs ? now - kMarginMemoryNs : 0;
+  const int32_t n = comm.nranks;
+  std::vector<uint64_t> u(n, UINT64_MAX / 4);
+  for (const auto& [rank, m] : comm.members)
+    if (rank >= 0 && rank < n) u[rank] = clock_uncertainty(m.node, since);
+  int32_t top = 0;
+  for (int32_t r = 1; r < n; ++r)
+    if (u[r] > u[top]) top = r;
+  uint64_t second = 0;
+  for (int32_t r = 0; r < n; ++r)
+    if (r != top) second = std::max(second, u[r]);
+  auto margin = std::make_shared<std::vector<uint64_t>>(n);
+  for (int32_t r = 0; r < n; ++r) (*margin)[r] = std::min(UINT64_MAX / 2, u[r] + (r == top ? second : u[top]));
+  state.margin = std::move(margin);
+}
+
+void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
+                                   const std::set<int32_t>* open_ranks) {
+  const int32_t n = comm.nranks;
+  if (n < 2) return;
+  std::vector<Standing> standings = state.waits->standings();
+  for (int32_t r = 0; r < n; ++r) {
+    RankStats& stats = state.ranks[r];
+    const Standing& st = standings[r];
+    bool is_open = open_ranks && open_ranks->count(r) > 0;
+    state.waits->set_open(r, is_open);
+    stats.under = st.under ? stats.under + 1 : 0;
+    Finding key_probe = straggler_of(comm.hash, r);
+    if (is_open && stats.under >= options_.close_after) {
+      book_.resolve(key_probe.key(), now_ns);
+      state.waits->set_open(r, false);
+      continue;
+    }
+    if (!st.over) continue;
+    // Figures are refreshed every 10 s; an explanation that became available
+    // is added at once. The host context is worked out only then (not for
+    // every rank over at every evaluation: at 8,192 ranks that kept the
+    // collector from keeping up).
+    std::string key = key_probe.key();
+    const Finding* open = is_open ? book_.open_finding(key) : nullptr;
+    bool refresh = !open || now_ns - open->updated_ns >= kStragglerUpdateNs;
+    bool unexplained = open && open->detail.find("\nWhy: ") == std::string::npos;
+    if (!refresh && !unexplained) continue;
+    std::string context = host_context(comm, r);
+    if (!refresh && context.empty()) continue;
+
+    Finding f = key_probe;
+    f.job = comm.job;
+    f.seq = -1;
+    double lateness = st.lateness_ns;
+    f.lateness_s = lateness / 1e9;
+    f.wait_share = std::min(1.0, st.share);
+    // Opening: the waste already seen in the evidence counts.
+    f.gpu_hours_lost = std::max(st.gpu_ns, static_cast<double>(st.owed_ns) * (n - 1)) / 1e9 / 3600.0;
+    auto m = comm.members.find(r);
+    std::string placed =
+        m == comm.members.end() ? "" : " on " + m->second.node + " (pid " + std::to_string(m->second.pid) + ")";
+    if (m != comm.members.end()) f.nodes.push_back(m->second.node);
+    char figures[320];
+    snprintf(figures, sizeof(figures),
+             "held up %u of the last %zu collectives, %s late when it did; the other %d ranks spent %s of the time "
+             "waiting for it",
+             st.held, st.instances, format_duration_ns(static_cast<int64_t>(lateness)).c_str(), n - 1,
+             format_percent(f.wait_share).c_str());
+    f.summary = where("straggler", comm) + ": rank " + std::to_string(r) + placed + " " + figures;
+    char cost[160];
+    snprintf(cost, sizeof(cost), "GPU-hours lost waiting for it so far: %.4f (%d GPUs idle while it was late)",
+             f.gpu_hours_lost, n - 1);
+    char why[480];
+    snprintf(why, sizeof(why),
+             "Waiting owed to it: %s of the job's time over the last %s (a typical rank: %s; its own structural share: "
+             "%s), against an allowance of %s; evidence %s beyond the allowance (a finding opens at %s). Its lateness "
+             "is its own (time from when it was free to go on, the end of its previous exchange, against the others'), "
+             "less the clocks' uncertainty of %s.",
+             format_percent(st.share).c_str(), format_duration_ns(static_cast<int64_t>(st.window_ns)).c_str(),
+             format_percent(st.typical).c_str(), format_percent(st.baseline).c_str(),
+             format_percent(st.allowance).c_str(), format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
+             format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)).c_str(),
+             format_duration_ns(static_cast<int64_t>(state.margin ? (*state.margin)[r] : 0)).c_str());
+    f.detail = f.summary + ".\n" + cost + ".\n" + why;
+    if (!context.empty()) f.detail += "\nWhy: " + context + ".";
+    book_.raise(std::move(f), now_ns);
+    state.waits->set_open(r, true);
+  }
+}
+
+}  // namespace rankscope::collector
