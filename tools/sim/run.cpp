@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <zmq.hpp>
@@ -21,10 +22,9 @@ constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kLookahead = 200 * kMs;  // steps are generated this far ahead of true time
 constexpr size_t kClockSamplesPerNode = 16;
 
-void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& options, uint64_t t0, int64_t end_rel,
-                 const std::vector<std::unique_ptr<SimAgent>>& agents,
-                 const std::vector<Fleet::ClockSample>& clock_samples) {
-  std::ofstream out(path);
+// The run's line: its configuration and every agent's counters summed.
+void write_run(std::ostream& out, const Fleet& fleet, const RunOptions& options, uint64_t t0, int64_t end_rel,
+               const std::vector<std::unique_ptr<SimAgent>>& agents) {
   const FleetConfig& c = fleet.config();
   AgentCounters total;
   for (const auto& a : agents) {
@@ -64,6 +64,10 @@ void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& 
              .add("wire_bytes", total.wire_bytes)
              .str()
       << "\n";
+}
+
+// Each job, with its communicators and their members.
+void write_jobs(std::ostream& out, const Fleet& fleet) {
   for (size_t j = 0; j < fleet.jobs().size(); ++j) {
     const JobDef& job = fleet.jobs()[j];
     int64_t faults = std::count_if(fleet.faults().begin(), fleet.faults().end(),
@@ -93,6 +97,10 @@ void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& 
           << "\n";
     }
   }
+}
+
+// The nodes' clocks and the faults, with whether each started before the end.
+void write_nodes_and_faults(std::ostream& out, const Fleet& fleet, uint64_t t0, int64_t end_rel) {
   for (const auto& node : fleet.nodes())
     out << JsonLine()
                .add("type", "node")
@@ -123,6 +131,12 @@ void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& 
                .str()
         << "\n";
   }
+}
+
+// Each fault's true lateness per (comm, rank), and the issue times whose
+// stored values check the clock correction.
+void write_lateness_and_clock(std::ostream& out, const Fleet& fleet, uint64_t t0,
+                              const std::vector<Fleet::ClockSample>& clock_samples) {
   for (const auto& [key, values] : fleet.lateness())
     out << JsonLine()
                .add("type", "lateness")
@@ -143,6 +157,62 @@ void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& 
                .add("true_ns", t0 + static_cast<uint64_t>(s.true_ns))
                .str()
         << "\n";
+}
+
+void write_truth(const std::string& path, const Fleet& fleet, const RunOptions& options, uint64_t t0, int64_t end_rel,
+                 const std::vector<std::unique_ptr<SimAgent>>& agents,
+                 const std::vector<Fleet::ClockSample>& clock_samples) {
+  std::ofstream out(path);
+  write_run(out, fleet, options, t0, end_rel, agents);
+  write_jobs(out, fleet);
+  write_nodes_and_faults(out, fleet, t0, end_rel);
+  write_lateness_and_clock(out, fleet, t0, clock_samples);
+}
+}  // namespace
+
+namespace {
+// Reads the replies waiting on the agents' sockets (every live agent's, or
+// only those of agents awaiting a clock probe's answer) within timeout_ms.
+struct Poller {
+  std::vector<zmq::pollitem_t> items;
+  std::vector<SimAgent*> polled;
+  void service(std::vector<std::unique_ptr<SimAgent>>& agents, bool probes_only, int timeout_ms,
+               const std::function<int64_t()>& rel_now) {
+    items.clear();
+    polled.clear();
+    for (auto& a : agents)
+      if (probes_only ? a->awaiting_probe() : !a->dead()) {
+        items.push_back({a->socket().handle(), 0, ZMQ_POLLIN, 0});
+        polled.push_back(a.get());
+      }
+    if (items.empty()) return;
+    zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
+    int64_t now = rel_now();
+    for (size_t i = 0; i < items.size(); ++i)
+      if (items[i].revents & ZMQ_POLLIN) polled[i]->service(now);
+  }
+};
+
+// The records of the last moments, and their acks (5 s at most).
+void finish(std::vector<std::unique_ptr<SimAgent>>& agents, Poller& poller, const std::function<int64_t()>& rel_now,
+            int64_t end_rel, int64_t duration) {
+  for (auto& a : agents) a->flush_now(end_rel);
+  int64_t deadline = end_rel + 5000 * kMs;
+  for (;;) {
+    size_t unacked = 0;
+    for (auto& a : agents) unacked += a->dead() ? 0 : a->unacked();
+    if (unacked == 0 || rel_now() > deadline) {
+      if (unacked) RS_LOG(warn, "%zu batch(es) not acknowledged at the end", unacked);
+      return;
+    }
+    poller.service(agents, false, 10, rel_now);
+    int64_t now = rel_now();
+    for (auto& a : agents)
+      if (!a->dead()) {
+        a->tick(std::min(now, duration - 1));
+        a->resend_due(now);  // a batch lost at the very end is re-sent too
+      }
+  }
 }
 }  // namespace
 
@@ -165,40 +235,11 @@ int run_fleet(const FleetConfig& config, const RunOptions& options) {
   std::map<int, std::deque<Fleet::ClockSample>> samples;
   int64_t duration = static_cast<int64_t>(options.duration_s * 1e9);
   int64_t rel = 0;
-  std::vector<zmq::pollitem_t> items;
-  std::vector<SimAgent*> polled;
-  auto service_all = [&](int timeout_ms) {
-    items.clear();
-    polled.clear();
-    for (auto& a : agents)
-      if (!a->dead()) {
-        items.push_back({a->socket().handle(), 0, ZMQ_POLLIN, 0});
-        polled.push_back(a.get());
-      }
-    if (items.empty()) return;
-    zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
-    int64_t now = rel_now();
-    for (size_t i = 0; i < items.size(); ++i)
-      if (items[i].revents & ZMQ_POLLIN) polled[i]->service(now);
-  };
+  Poller poller;
+  auto service_all = [&](int timeout_ms) { poller.service(agents, false, timeout_ms, rel_now); };
   // Probe replies are read as they come, between chunks of the fleet's
   // ticks: a reply left waiting for the whole pass would read as a long way back.
-  std::vector<zmq::pollitem_t> probe_items;
-  std::vector<SimAgent*> probing;
-  auto service_probes = [&] {
-    probe_items.clear();
-    probing.clear();
-    for (auto& a : agents)
-      if (a->awaiting_probe()) {
-        probe_items.push_back({a->socket().handle(), 0, ZMQ_POLLIN, 0});
-        probing.push_back(a.get());
-      }
-    if (probe_items.empty()) return;
-    zmq::poll(probe_items.data(), probe_items.size(), std::chrono::milliseconds(0));
-    int64_t now = rel_now();
-    for (size_t i = 0; i < probe_items.size(); ++i)
-      if (probe_items[i].revents & ZMQ_POLLIN) probing[i]->service(now);
-  };
+  auto service_probes = [&] { poller.service(agents, true, 0, rel_now); };
   while ((rel = rel_now()) < duration) {
     fleet.advance(rel + kLookahead, out);
     for (size_t n = 0; n < out.size(); ++n)
@@ -216,25 +257,8 @@ int run_fleet(const FleetConfig& config, const RunOptions& options) {
     }
     service_all(2);
   }
-  // The records of the last moments, and their acks.
   int64_t end_rel = rel_now();
-  for (auto& a : agents) a->flush_now(end_rel);
-  int64_t deadline = end_rel + 5000 * kMs;
-  for (;;) {
-    size_t unacked = 0;
-    for (auto& a : agents) unacked += a->dead() ? 0 : a->unacked();
-    if (unacked == 0 || rel_now() > deadline) {
-      if (unacked) RS_LOG(warn, "%zu batch(es) not acknowledged at the end", unacked);
-      break;
-    }
-    service_all(10);
-    int64_t now = rel_now();
-    for (auto& a : agents)
-      if (!a->dead()) {
-        a->tick(std::min(now, duration - 1));
-        a->resend_due(now);  // a batch lost at the very end is re-sent too
-      }
-  }
+  finish(agents, poller, rel_now, end_rel, duration);
   std::vector<Fleet::ClockSample> kept;
   for (auto& [node, ring] : samples) kept.insert(kept.end(), ring.begin(), ring.end());
   uint64_t records = 0, bytes = 0;
