@@ -412,65 +412,66 @@ int score_run(const ScoreOptions& options) {
   return 0;
 }
 
-int report(const std::vector<std::string>& files) {
+// A slowdown's size class; other faults by their kind.
+std::string bucket(const std::string& kind, double factor) {
+  if (kind.rfind("slowdown", 0) != 0) return kind;
+  const char* b = factor < 1.05 ? "1.02-1.05x" : factor < 1.1 ? "1.05-1.1x" : factor < 1.5 ? "1.1-1.5x" : "1.5-5x";
+  return kind + " " + b;
+}
+
+// What the scored lines of every run add up to.
+struct Tally {
   struct Group {
     int incidents = 0, detected = 0, rank_ok = 0, node_ok = 0;
     std::vector<double> latency, cost;
   };
-  std::map<std::string, Group> groups;
+  std::map<std::string, Group> groups;  // by fault kind (slowdowns by size)
   std::map<std::string, int> tp_findings, fa_findings, fa_node_ok, collateral;
   int fa_healthy = 0;
   double job_days = 0, wall_s = 0;
   std::vector<double> clock_errors;
   std::set<double> jitters;
   int64_t sent = 0, stored = 0, lost = 0, sends_lost = 0, reordered = 0, dups = 0;
-  auto bucket = [](const std::string& kind, double factor) {
-    if (kind.rfind("slowdown", 0) != 0) return kind;
-    const char* b = factor < 1.05 ? "1.02-1.05x" : factor < 1.1 ? "1.05-1.1x" : factor < 1.5 ? "1.1-1.5x" : "1.5-5x";
-    return kind + " " + b;
-  };
-  for (const auto& file : files) {
-    auto lines = read_json_lines(file);
-    if (!lines) {
-      std::cerr << "rankscope-sim report: " << lines.error().message << "\n";
-      return 2;
-    }
-    for (const auto& o : *lines) {
-      std::string type = o.str("type");
-      if (type == "incident") {
-        Group& g = groups[bucket(o.str("kind"), o.num("factor", 1))];
-        ++g.incidents;
-        if (o.flag("detected")) {
-          ++g.detected;
-          g.latency.push_back(o.num("latency_s"));
-          ++tp_findings[o.str("expect")];
-        }
-        g.rank_ok += o.flag("rank_ok");
-        g.node_ok += o.flag("node_ok");
-        if (o.has("cost_rel_err") && o.fields().at("cost_rel_err").kind == JsonValue::number)
-          g.cost.push_back(std::fabs(o.num("cost_rel_err")));
-      } else if (type == "false_alarm") {
-        ++fa_findings[o.str("finding")];
-        fa_node_ok[o.str("finding")] += o.flag("node_ok");
-        fa_healthy += o.flag("healthy_job");
-      } else if (type == "collateral") {
-        ++collateral[o.str("finding")];
-      } else if (type == "exposure") {
-        job_days += o.num("job_days");
-        wall_s += o.num("wall_s");
-      } else if (type == "clock") {
-        clock_errors.push_back(std::fabs(o.num("error_ns")));
-        jitters.insert(o.num("probe_jitter_ms"));
-      } else if (type == "delivery") {
-        sent += o.i64("records_sent");
-        stored += o.i64("records_stored");
-        lost += o.i64("records_lost");
-        sends_lost += o.i64("sends_lost");
-        reordered += o.i64("reordered");
-        dups += o.i64("duplicate_batches");
+
+  void add(const JsonObject& o) {
+    std::string type = o.str("type");
+    if (type == "incident") {
+      Group& g = groups[bucket(o.str("kind"), o.num("factor", 1))];
+      ++g.incidents;
+      if (o.flag("detected")) {
+        ++g.detected;
+        g.latency.push_back(o.num("latency_s"));
+        ++tp_findings[o.str("expect")];
       }
+      g.rank_ok += o.flag("rank_ok");
+      g.node_ok += o.flag("node_ok");
+      if (o.has("cost_rel_err") && o.fields().at("cost_rel_err").kind == JsonValue::number)
+        g.cost.push_back(std::fabs(o.num("cost_rel_err")));
+    } else if (type == "false_alarm") {
+      ++fa_findings[o.str("finding")];
+      fa_node_ok[o.str("finding")] += o.flag("node_ok");
+      fa_healthy += o.flag("healthy_job");
+    } else if (type == "collateral") {
+      ++collateral[o.str("finding")];
+    } else if (type == "exposure") {
+      job_days += o.num("job_days");
+      wall_s += o.num("wall_s");
+    } else if (type == "clock") {
+      clock_errors.push_back(std::fabs(o.num("error_ns")));
+      jitters.insert(o.num("probe_jitter_ms"));
+    } else if (type == "delivery") {
+      sent += o.i64("records_sent");
+      stored += o.i64("records_stored");
+      lost += o.i64("records_lost");
+      sends_lost += o.i64("sends_lost");
+      reordered += o.i64("reordered");
+      dups += o.i64("duplicate_batches");
     }
   }
+};
+
+// The accuracy, false-alarm, clock and delivery tables.
+void print_report(Tally& t) {
   auto f2 = [](double v, const char* fmt = "%.2f") {
     if (std::isnan(v)) return std::string("-");
     char buf[32];
@@ -479,7 +480,7 @@ int report(const std::vector<std::string>& files) {
   };
   std::printf("| fault | incidents | recall | latency p50 / p90 / p99 (s) | top-1 rank | top-1 node | cost error (median, abs) |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
-  for (const auto& [name, g] : groups) {
+  for (const auto& [name, g] : t.groups) {
     std::printf("| %s | %d | %s | %s / %s / %s | %s | %s | %s |\n", name.c_str(), g.incidents,
                 f2(g.incidents ? static_cast<double>(g.detected) / g.incidents : NAN).c_str(),
                 f2(percentile(g.latency, 0.5)).c_str(), f2(percentile(g.latency, 0.9)).c_str(),
@@ -491,26 +492,41 @@ int report(const std::vector<std::string>& files) {
   std::printf("\n| finding kind | true positives | false alarms | of which on the culprit's node | precision | collateral (job already stopped) |\n");
   std::printf("| --- | --- | --- | --- | --- | --- |\n");
   std::set<std::string> kinds;
-  for (const auto& [k, n] : tp_findings) kinds.insert(k);
-  for (const auto& [k, n] : fa_findings) kinds.insert(k);
+  for (const auto& [k, n] : t.tp_findings) kinds.insert(k);
+  for (const auto& [k, n] : t.fa_findings) kinds.insert(k);
   for (const auto& k : kinds) {
-    int tp = tp_findings[k], fa = fa_findings[k];
-    std::printf("| %s | %d | %d | %d | %s | %d |\n", k.c_str(), tp, fa, fa_node_ok[k],
-                f2(tp + fa ? static_cast<double>(tp) / (tp + fa) : NAN).c_str(), collateral[k]);
+    int tp = t.tp_findings[k], fa = t.fa_findings[k];
+    std::printf("| %s | %d | %d | %d | %s | %d |\n", k.c_str(), tp, fa, t.fa_node_ok[k],
+                f2(tp + fa ? static_cast<double>(tp) / (tp + fa) : NAN).c_str(), t.collateral[k]);
   }
   std::printf("\nHealthy jobs: %.2f simulated job-days (%.0f s of wall time), %d false alarm(s): %s per job-day.\n",
-              job_days, wall_s, fa_healthy, f2(job_days > 0 ? fa_healthy / job_days : NAN).c_str());
+              t.job_days, t.wall_s, t.fa_healthy, f2(t.job_days > 0 ? t.fa_healthy / t.job_days : NAN).c_str());
   std::string jit;
-  for (double j : jitters) jit += (jit.empty() ? "" : ", ") + f2(j, "%.1f");
-  std::printf("Clock: %zu node(s), probe jitter %s ms: error of the corrected issue times p50 %s us, p99 %s us, max %s us.\n",
-              clock_errors.size(), jit.c_str(), f2(percentile(clock_errors, 0.5) / 1e3, "%.1f").c_str(),
-              f2(percentile(clock_errors, 0.99) / 1e3, "%.1f").c_str(),
-              f2(clock_errors.empty() ? NAN : *std::max_element(clock_errors.begin(), clock_errors.end()) / 1e3, "%.1f")
-                  .c_str());
-  std::printf("Delivery: %lld records sent, %lld stored; %lld lost before the wire (sequence gaps), %lld batch sends lost "
-              "(re-sent), %lld reordered, %lld duplicate batches ignored.\n",
-              (long long)sent, (long long)stored, (long long)lost, (long long)sends_lost, (long long)reordered,
-              (long long)dups);
+  for (double j : t.jitters) jit += (jit.empty() ? "" : ", ") + f2(j, "%.1f");
+  std::printf(
+      "Clock: %zu node(s), probe jitter %s ms: error of the corrected issue times p50 %s us, p99 %s us, max %s us.\n",
+      t.clock_errors.size(), jit.c_str(), f2(percentile(t.clock_errors, 0.5) / 1e3, "%.1f").c_str(),
+      f2(percentile(t.clock_errors, 0.99) / 1e3, "%.1f").c_str(),
+      f2(t.clock_errors.empty() ? NAN : *std::max_element(t.clock_errors.begin(), t.clock_errors.end()) / 1e3, "%.1f")
+          .c_str());
+  std::printf(
+      "Delivery: %lld records sent, %lld stored; %lld lost before the wire (sequence gaps), %lld batch sends lost "
+      "(re-sent), %lld reordered, %lld duplicate batches ignored.\n",
+      (long long)t.sent, (long long)t.stored, (long long)t.lost, (long long)t.sends_lost, (long long)t.reordered,
+      (long long)t.dups);
+}
+
+int report(const std::vector<std::string>& files) {
+  Tally tally;
+  for (const auto& file : files) {
+    auto lines = read_json_lines(file);
+    if (!lines) {
+      std::cerr << "rankscope-sim report: " << lines.error().message << "\n";
+      return 2;
+    }
+    for (const auto& o : *lines) tally.add(o);
+  }
+  print_report(tally);
   return 0;
 }
 
