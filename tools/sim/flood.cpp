@@ -136,11 +136,10 @@ double query_ms(cli::QueryClient& client, const std::function<void(proto::query:
 }
 }  // namespace
 
-int run_flood(const FloodOptions& options) {
-  if (options.ranks < 8 || options.ranks % 8 != 0) {
-    RS_LOG(error, "--ranks must be a multiple of 8");
-    return 2;
-  }
+namespace {
+// The flooded job (8 ranks per node, 1 s steps, four pipeline stages when
+// its nodes divide by 4) and the one-node job whose history sits an hour back.
+std::pair<FleetConfig, FleetConfig> flood_configs(const FloodOptions& options) {
   FleetConfig main;
   main.seed = options.seed;
   main.prefix = "flood" + std::to_string(options.ranks);
@@ -154,6 +153,16 @@ int run_flood(const FloodOptions& options) {
   history.nodes_per_job = 1;
   history.pp = 1;
   history.world_op = false;
+  return {main, history};
+}
+}  // namespace
+
+int run_flood(const FloodOptions& options) {
+  if (options.ranks < 8 || options.ranks % 8 != 0) {
+    RS_LOG(error, "--ranks must be a multiple of 8");
+    return 2;
+  }
+  auto [main, history] = flood_configs(options);
 
   // The job's records end about now, the history's an hour before.
   uint64_t now = SystemClock::read(CLOCK_REALTIME);

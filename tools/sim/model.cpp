@@ -62,7 +62,7 @@ uint64_t Fleet::comm_hash(int j, const std::string& what) const {
 }
 
 void Fleet::build() {
-  const int G = config_.gpus, M = config_.nodes_per_job, P = config_.pp, D = M / P;
+  const int G = config_.gpus, M = config_.nodes_per_job, P = config_.pp;
   std::uniform_real_distribution<double> unit(0, 1);
   for (int j = 0; j < config_.jobs; ++j) {
     JobDef job;
@@ -96,42 +96,7 @@ void Fleet::build() {
       }
       nodes_.push_back(node);
     }
-    auto add_comm = [&](const std::string& kind, const std::string& what, std::vector<int> members) {
-      CommDef c;
-      c.kind = kind;
-      c.hash = comm_hash(j, what);
-      c.members = std::move(members);
-      jd.comms.push_back(std::move(c));
-      return static_cast<int>(jd.comms.size()) - 1;
-    };
-    if (G > 1)
-      for (int m = 0; m < M; ++m) {
-        std::vector<int> members;
-        for (int l = 0; l < G; ++l) members.push_back(m * G + l);
-        int c = add_comm("tp", "tp" + std::to_string(m), members);
-        for (int l = 0; l < G; ++l) jd.ranks[m * G + l].tp = c, jd.ranks[m * G + l].tp_rank = l;
-      }
-    if (D > 1)
-      for (int s = 0; s < P; ++s)
-        for (int l = 0; l < G; ++l) {
-          std::vector<int> members;
-          for (int d = 0; d < D; ++d) members.push_back((d * P + s) * G + l);
-          int c = add_comm("dp", "dp" + std::to_string(s) + "." + std::to_string(l), members);
-          for (int d = 0; d < D; ++d) jd.ranks[members[d]].dp = c, jd.ranks[members[d]].dp_rank = d;
-        }
-    if (P > 1)
-      for (int d = 0; d < D; ++d)
-        for (int l = 0; l < G; ++l) {
-          std::vector<int> members;
-          for (int s = 0; s < P; ++s) members.push_back((d * P + s) * G + l);
-          int c = add_comm("pp", "pp" + std::to_string(d) + "." + std::to_string(l), members);
-          for (int s = 0; s < P; ++s) jd.ranks[members[s]].pp = c, jd.ranks[members[s]].pp_rank = s;
-        }
-    if (config_.world_op && jd.ranks.size() > 1) {
-      std::vector<int> members;
-      for (size_t r = 0; r < jd.ranks.size(); ++r) members.push_back(static_cast<int>(r));
-      jd.world = add_comm("world", "world", members);
-    }
+    wire_comms(j, jd);
     JobRun run;
     run.t.assign(jd.ranks.size(), 0);
     // Ranks start their first step a little apart, as processes do.
@@ -142,6 +107,46 @@ void Fleet::build() {
     state_.emplace_back(jd.ranks.size());
     steps_.push_back(0);
     job_rng_.emplace_back(config_.seed * 1000003ull + static_cast<uint64_t>(j) * 7919ull + 1);
+  }
+}
+
+void Fleet::wire_comms(int j, JobDef& jd) {
+  const int G = config_.gpus, M = config_.nodes_per_job, P = config_.pp, D = M / P;
+  auto add_comm = [&](const std::string& kind, const std::string& what, std::vector<int> members) {
+    CommDef c;
+    c.kind = kind;
+    c.hash = comm_hash(j, what);
+    c.members = std::move(members);
+    jd.comms.push_back(std::move(c));
+    return static_cast<int>(jd.comms.size()) - 1;
+  };
+  if (G > 1)
+    for (int m = 0; m < M; ++m) {
+      std::vector<int> members;
+      for (int l = 0; l < G; ++l) members.push_back(m * G + l);
+      int c = add_comm("tp", "tp" + std::to_string(m), members);
+      for (int l = 0; l < G; ++l) jd.ranks[m * G + l].tp = c, jd.ranks[m * G + l].tp_rank = l;
+    }
+  if (D > 1)
+    for (int s = 0; s < P; ++s)
+      for (int l = 0; l < G; ++l) {
+        std::vector<int> members;
+        for (int d = 0; d < D; ++d) members.push_back((d * P + s) * G + l);
+        int c = add_comm("dp", "dp" + std::to_string(s) + "." + std::to_string(l), members);
+        for (int d = 0; d < D; ++d) jd.ranks[members[d]].dp = c, jd.ranks[members[d]].dp_rank = d;
+      }
+  if (P > 1)
+    for (int d = 0; d < D; ++d)
+      for (int l = 0; l < G; ++l) {
+        std::vector<int> members;
+        for (int s = 0; s < P; ++s) members.push_back((d * P + s) * G + l);
+        int c = add_comm("pp", "pp" + std::to_string(d) + "." + std::to_string(l), members);
+        for (int s = 0; s < P; ++s) jd.ranks[members[s]].pp = c, jd.ranks[members[s]].pp_rank = s;
+      }
+  if (config_.world_op && jd.ranks.size() > 1) {
+    std::vector<int> members;
+    for (size_t r = 0; r < jd.ranks.size(); ++r) members.push_back(static_cast<int>(r));
+    jd.world = add_comm("world", "world", members);
   }
 }
 

@@ -180,6 +180,9 @@ class Fleet {
   };
 
   void build();
+  // Job j's communicators: tensor-parallel inside a node, data-parallel per
+  // stage and local GPU, pipeline per replica and local GPU, and the world.
+  void wire_comms(int j, JobDef& jd);
   void draw_faults();
   void step(int j, std::vector<std::vector<SimEvent>>& out, size_t& made);
   void compute(int j, int r, double base_ns);
