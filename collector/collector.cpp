@@ -328,7 +328,7 @@ struct Pipeline {
     detect_options.hang_timeout_ns = options.hang_timeout_ns();
     detect_options.node_lost_timeout_ns = options.node_lost_timeout_ns();
     matcher = std::make_unique<CollectiveMatcher>(ingest);
-    detector = std::make_unique<Detector>(ingest, *matcher, findings, clock, detect_options);
+    detector = std::make_unique<Detector>(ingest.model(), *matcher, findings, clock, detect_options);
     refiner = std::make_unique<ClockRefiner>(ingest);
     ingest.add_observer(refiner.get());
     UsageOptions usage_options;

@@ -22,9 +22,9 @@ constexpr size_t kMinSettling = 1024;
 constexpr uint64_t kUnseenNs = 3'000'000'000ull;
 }  // namespace
 
-Detector::Detector(const Ingest& ingest, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
+Detector::Detector(const ClusterModel& model, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
                    DetectOptions options)
-    : ingest_(ingest), matcher_(matcher), book_(book), clock_(clock), options_(options) {
+    : model_(model), matcher_(matcher), book_(book), clock_(clock), options_(options) {
   matcher.subscribe(*this);
 }
 
@@ -141,8 +141,8 @@ std::vector<double> Detector::take_lateness_samples() {
 const NodeState* Detector::node_named(const std::string& name) const {
   // Nodes are never forgotten by the ingest: the pointer stays good.
   if (last_node_ && last_node_->name == name) return last_node_;
-  auto it = ingest_.nodes().find(name);
-  if (it == ingest_.nodes().end()) return nullptr;
+  auto it = model_.nodes.find(name);
+  if (it == model_.nodes.end()) return nullptr;
   last_node_ = &it->second;
   return last_node_;
 }
@@ -179,12 +179,12 @@ void Detector::evaluate(uint64_t now_ns) {
   stalls_.clear();
   inside_stalls_.clear();
   uint64_t unseen_after = std::min(options_.node_lost_timeout_ns, kUnseenNs);
-  for (const auto& [name, node] : ingest_.nodes()) {
-    uint64_t heard = std::max(node.last_contact_ns, ingest_.started_ns());
+  for (const auto& [name, node] : model_.nodes) {
+    uint64_t heard = std::max(node.last_contact_ns, model_.started_ns);
     if (now_ns > heard && now_ns - heard > unseen_after) silent_.insert(name);
   }
   forget_retired(now_ns);
-  for (const auto& [hash, comm] : ingest_.comms()) {
+  for (const auto& [hash, comm] : model_.comms) {
     if (comm.ended) continue;  // forget_retired
     if (comm.nranks <= 0) continue;
     CommDetect& state = state_of(comm);
@@ -208,7 +208,7 @@ void Detector::forget_retired(uint64_t now_ns) {
   // history of the processes no communicator still tracked has as a member.
   bool any = false;
   for (auto it = comms_.begin(); it != comms_.end();) {
-    if (ingest_.live(it->first)) {
+    if (model_.live(it->first)) {
       ++it;
       continue;
     }

@@ -25,8 +25,8 @@
 
 #include "collector/detect/attribution.h"
 #include "collector/detect/findings.h"
-#include "collector/ingest/ingest.h"
 #include "collector/match/matcher.h"
+#include "collector/model/cluster.h"
 
 namespace rankscope::collector {
 
@@ -46,7 +46,7 @@ struct DetectOptions {
 // model of nodes, communicators and processes.
 class Detector final : public MatchListener {
  public:
-  Detector(const Ingest& ingest, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
+  Detector(const ClusterModel& model, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
            DetectOptions options);
 
   void on_complete(const CollectiveComplete& done) override;
@@ -201,7 +201,7 @@ class Detector final : public MatchListener {
   // The node's clock uncertainty, over the estimates it used since `since_ns`.
   uint64_t clock_uncertainty(const std::string& node, uint64_t since_ns) const;
 
-  const Ingest& ingest_;
+  const ClusterModel& model_;
   CollectiveMatcher& matcher_;
   FindingBook& book_;
   const Clock& clock_;

@@ -278,8 +278,8 @@ std::vector<Detector::ProcKey> Detector::waits_for(const ProcKey& p, size_t* ins
   auto h = procs_.find(p);
   if (h == procs_.end() || h->second.last_issue_ns == 0) return out;
   const ProcHistory& last = h->second;
-  auto comm = ingest_.comms().find(last.last_comm);
-  if (comm == ingest_.comms().end() || comm->second.ended) return out;
+  auto comm = model_.comms.find(last.last_comm);
+  if (comm == model_.comms.end() || comm->second.ended) return out;
   if (last.last_lane == 0) {
     if (auto in = inside_stalls_.find({last.last_comm, last.last_seq}); in != inside_stalls_.end()) {
       *inside = in->second;

@@ -12,9 +12,9 @@ void Detector::evaluate_nodes(uint64_t now_ns) {
   // is silent, in one pass over the members (not one pass per node).
   std::map<std::string, std::pair<std::vector<int32_t>, std::set<std::string>>> ran;
   bool gathered = false;
-  for (const auto& [name, node] : ingest_.nodes()) {
+  for (const auto& [name, node] : model_.nodes) {
     // After a restart, a node's last contact is at least our own start.
-    uint64_t heard = std::max(node.last_contact_ns, ingest_.started_ns());
+    uint64_t heard = std::max(node.last_contact_ns, model_.started_ns);
     bool silent = now_ns > heard && now_ns - heard > options_.node_lost_timeout_ns;
     if (!silent) {
       if (open_lost_.count(name)) {
@@ -30,7 +30,7 @@ void Detector::evaluate_nodes(uint64_t now_ns) {
     f.kind = FindingKind::node_lost;
     f.nodes = {name};
     if (!gathered) {
-      for (const auto& [hash, comm] : ingest_.comms()) {
+      for (const auto& [hash, comm] : model_.comms) {
         if (comm.ended) continue;
         for (const auto& [rank, m] : comm.members) {
           const ProcessHealth* health = health_of(m);

@@ -24,7 +24,7 @@ std::string Detector::describe_rank(const CommState& comm, int32_t rank, uint64_
     return "rank " + std::to_string(rank) + ": never joined this communicator (no agent reported it)";
   const MemberState& m = it->second;
   std::string who = "pid " + std::to_string(m.pid);
-  if (const ProcessInfo* process = ingest_.process(m.node, m.pid)) {
+  if (const ProcessInfo* process = model_.process(m.node, m.pid)) {
     std::string gpu = process->gpu();
     if (!gpu.empty()) who += ", GPU " + gpu;
     if (!process->user.empty()) who += ", user " + process->user;
@@ -101,14 +101,14 @@ std::string Detector::host_context(const CommState& comm, int32_t rank) const {
 }
 
 std::string Detector::busy_neighbours(const MemberState& member) const {
-  auto node = ingest_.nodes().find(member.node);
-  if (node == ingest_.nodes().end()) return {};
-  const ProcessInfo* process = ingest_.process(member.node, member.pid);
+  auto node = model_.nodes.find(member.node);
+  if (node == model_.nodes.end()) return {};
+  const ProcessInfo* process = model_.process(member.node, member.pid);
   uint64_t own = process ? process->cgroup_id : 0;
   // Other ranks' cgroups on the node are the job itself, not neighbours.
   std::set<uint64_t> job_cgroups{own};
   for (const auto& [pid, health] : node->second.health)
-    if (const ProcessInfo* other = ingest_.process(member.node, pid))
+    if (const ProcessInfo* other = model_.process(member.node, pid))
       if (process && other->job == process->job) job_cgroups.insert(other->cgroup_id);
   std::vector<std::pair<double, std::string>> busy;
   for (const auto& [id, usage] : node->second.cgroups) {

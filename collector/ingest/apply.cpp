@@ -15,7 +15,7 @@ void Ingest::apply_processes(NodeState& node, wire::Batch::Reader batch) {
                   "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; process skipped");
       continue;
     }
-    ProcessInfo& info = processes_[{node.name, p.getPid()}];
+    ProcessInfo& info = model_.processes[{node.name, p.getPid()}];
     info.job = p.getJob();
     info.rank = p.getRank();
     info.local_rank = p.getLocalRank();
@@ -43,8 +43,9 @@ void Ingest::apply_comms(NodeState& node, wire::Batch::Reader batch, std::set<ui
       continue;
     }
     bool news = false;
-    if (auto known = comms_.find(c.getCommHash()); known != comms_.end() && c.getNranks() > 0 &&
-                                                   known->second.nranks > 0 && known->second.nranks != c.getNranks()) {
+    if (auto known = model_.comms.find(c.getCommHash()); known != model_.comms.end() && c.getNranks() > 0 &&
+                                                         known->second.nranks > 0 &&
+                                                         known->second.nranks != c.getNranks()) {
       // The first announcement binds the size: every vector sized by it
       // (detectors, ledger) stays right, and no member can grow or shrink it.
       refuse_claim(node, "comm " + hex64(c.getCommHash()) + " announced with " + std::to_string(c.getNranks()) +
@@ -102,8 +103,8 @@ void Ingest::apply_comms(NodeState& node, wire::Batch::Reader batch, std::set<ui
 
 void Ingest::apply_async_errors(NodeState& node, wire::Batch::Reader batch) {
   for (auto a : batch.getAsyncErrors()) {
-    auto it = comms_.find(a.getCommHash());
-    if (it == comms_.end()) continue;
+    auto it = model_.comms.find(a.getCommHash());
+    if (it == model_.comms.end()) continue;
     for (auto& [rank, member] : it->second.members) {
       if (member.node != node.name || member.pid != a.getPid()) continue;
       member.error = CommError{node.clock.to_cluster(a.getNs()), a.getResult(), a.getAsyncError()};
@@ -115,8 +116,8 @@ void Ingest::apply_async_errors(NodeState& node, wire::Batch::Reader batch) {
 
 void Ingest::apply_comm_ends(NodeState& node, wire::Batch::Reader batch, std::set<uint64_t>& changed) {
   for (auto e : batch.getCommEnds()) {
-    auto it = comms_.find(e.getCommHash());
-    if (it == comms_.end()) continue;
+    auto it = model_.comms.find(e.getCommHash());
+    if (it == model_.comms.end()) continue;
     CommState& comm = it->second;
     // A process ends its own membership; the communicator is over once every
     // member has ended it (a member that dies without ending it is the hang

@@ -32,7 +32,8 @@ std::string wait_call_name(wire::WaitKind kind) {
 }  // namespace
 
 Ingest::Ingest(TimelineStore& store, Commit& commit, const Clock& clock)
-    : store_(store), commit_(commit), pending_(commit.writes()), clock_(clock), started_ns_(clock.realtime_ns()) {
+    : store_(store), commit_(commit), pending_(commit.writes()), clock_(clock) {
+  model_.started_ns = clock.realtime_ns();
   commit.join(*this);
 }
 
@@ -46,7 +47,7 @@ bool Ingest::known_alive(const std::string& node_name, uint32_t pid) const {
 void Ingest::charge_nodes(const CommState& comm, bool charge) {
   std::set<std::string> joined;
   for (const auto& [rank, m] : comm.members) {
-    NodeState& node = nodes_[m.node];
+    NodeState& node = model_.nodes[m.node];
     if (node.name.empty()) node.name = m.node;
     const bool first = joined.insert(m.node).second;
     if (charge) {
@@ -61,7 +62,7 @@ void Ingest::charge_nodes(const CommState& comm, bool charge) {
 
 size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
   std::vector<uint64_t> over;
-  for (const auto& [hash, comm] : comms_) {
+  for (const auto& [hash, comm] : model_.comms) {
     if (now_ns < comm.last_ns || now_ns - comm.last_ns < quiet_ns) continue;
     bool alive = !comm.ended && std::any_of(comm.members.begin(), comm.members.end(),
                                             [&](const auto& m) { return known_alive(m.second.node, m.second.pid); });
@@ -69,31 +70,32 @@ size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
   }
   if (over.empty()) return 0;
   for (uint64_t hash : over) {
-    auto it = comms_.find(hash);
+    auto it = model_.comms.find(hash);
     const CommState& comm = it->second;
     charge_nodes(comm, false);
     persist_comm(comm, true);
     dirty_comms_.erase(hash);
     dirty_members_.erase(dirty_members_.lower_bound({hash, INT32_MIN}), dirty_members_.upper_bound({hash, INT32_MAX}));
-    comms_.erase(it);
+    model_.comms.erase(it);
   }
   counters_.retired_comms += over.size();
   // Processes no live communicator has as a member, and not known alive: who
   // they were is no longer needed.
-  std::set<ProcessKey> members;
-  for (const auto& [hash, comm] : comms_)
+  std::set<ClusterModel::ProcessKey> members;
+  for (const auto& [hash, comm] : model_.comms)
     for (const auto& [rank, m] : comm.members) members.insert({m.node, m.pid});
-  for (auto it = processes_.begin(); it != processes_.end();)
-    it = members.count(it->first) || known_alive(it->first.node, it->first.pid) ? std::next(it) : processes_.erase(it);
+  for (auto it = model_.processes.begin(); it != model_.processes.end();)
+    it = members.count(it->first) || known_alive(it->first.node, it->first.pid) ? std::next(it)
+                                                                                : model_.processes.erase(it);
   RS_LOG(info, "retired %zu communicator(s): over and quiet for %s; %zu live", over.size(),
-         format_duration_ns(quiet_ns).c_str(), comms_.size());
+         format_duration_ns(quiet_ns).c_str(), model_.comms.size());
   return over.size();
 }
 
 void Ingest::drop_if_empty(uint64_t hash) {
-  auto it = comms_.find(hash);
-  if (it == comms_.end() || !it->second.members.empty()) return;
-  comms_.erase(it);
+  auto it = model_.comms.find(hash);
+  if (it == model_.comms.end() || !it->second.members.empty()) return;
+  model_.comms.erase(it);
   dirty_comms_.erase(hash);
 }
 
@@ -118,7 +120,7 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
       out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::NEED_HELLO, "say hello first"));
       return;
     }
-    NodeState& node = nodes_[known->second];
+    NodeState& node = model_.nodes[known->second];
     if (!key_node.empty() && key_node != node.name) {
       // A connection's messages are its key's: the routing id only says
       // which Hello they follow (a peer that reuses another's routing id
@@ -155,7 +157,7 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
   });
   if (!result) {
     auto known = node_of_connection_.find(routing_id);
-    bad_message(known == node_of_connection_.end() ? nullptr : &nodes_[known->second], result.error().message);
+    bad_message(known == node_of_connection_.end() ? nullptr : &model_.nodes[known->second], result.error().message);
     out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, result.error().message));
   }
 }
@@ -210,7 +212,7 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     bad_message(node(key_node), "hello refused: the key of node " + key_node + " used to speak for node " + name);
   } else {
     reply.setAccepted(true);
-    NodeState& node = nodes_[name];
+    NodeState& node = model_.nodes[name];
     bool new_instance = node.instance != hello.getInstanceId();
     // A reboot restarts the node's monotonic clock: a fit restored from an earlier run no longer holds.
     if (!node.boot_id.empty() && node.boot_id != std::string(hello.getBootId().cStr())) node.clock = NodeClock{};
@@ -242,15 +244,15 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
 }
 
 CommState& Ingest::comm_for(uint64_t hash, const std::string& node, uint32_t pid, bool& changed) {
-  CommState& comm = comms_[hash];
+  CommState& comm = model_.comms[hash];
   if (comm.hash == 0) {
     comm.hash = hash;
     comm.first_ns = clock_.realtime_ns();
     changed = true;
   }
   if (comm.job.empty()) {
-    auto proc = processes_.find({node, pid});
-    if (proc != processes_.end() && !proc->second.job.empty()) {
+    auto proc = model_.processes.find({node, pid});
+    if (proc != model_.processes.end() && !proc->second.job.empty()) {
       comm.job = proc->second.job;
       changed = true;
     }

@@ -109,35 +109,21 @@ class Ingest final : public CommitParticipant {
   Result<CommState> retired_comm(const std::string& prefix) const;
   void add_observer(RecordObserver* observer) { observers_.push_back(observer); }
   NodeState* node(const std::string& name) {
-    auto it = nodes_.find(name);
-    return it == nodes_.end() ? nullptr : &it->second;
+    auto it = model_.nodes.find(name);
+    return it == model_.nodes.end() ? nullptr : &it->second;
   }
-  const NodeState* node(const std::string& name) const {
-    auto it = nodes_.find(name);
-    return it == nodes_.end() ? nullptr : &it->second;
-  }
+  const NodeState* node(const std::string& name) const { return model_.node(name); }
+  // What every later stage reads.
+  const ClusterModel& model() const { return model_; }
 
-  const std::map<std::string, NodeState>& nodes() const { return nodes_; }
-  const std::map<uint64_t, CommState>& comms() const { return comms_; }
-  // The communicator is in the live model and not ended: what the observers
-  // keep state for (they drop the state of the others).
-  bool live(uint64_t hash) const {
-    auto it = comms_.find(hash);
-    return it != comms_.end() && !it->second.ended;
-  }
+  const std::map<std::string, NodeState>& nodes() const { return model_.nodes; }
+  const std::map<uint64_t, CommState>& comms() const { return model_.comms; }
+  bool live(uint64_t hash) const { return model_.live(hash); }
   const IngestCounters& counters() const { return counters_; }
-  const ProcessInfo* process(const std::string& node, uint32_t pid) const {
-    auto it = processes_.find({node, pid});
-    return it == processes_.end() ? nullptr : &it->second;
-  }
-  uint64_t started_ns() const { return started_ns_; }
+  const ProcessInfo* process(const std::string& node, uint32_t pid) const { return model_.process(node, pid); }
+  uint64_t started_ns() const { return model_.started_ns; }
 
  private:
-  struct ProcessKey {
-    std::string node;
-    uint32_t pid;
-    bool operator<(const ProcessKey& o) const { return node != o.node ? node < o.node : pid < o.pid; }
-  };
   void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out, const std::string& key_node);
   void on_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, size_t wire_bytes,
                 Outbox& out);
@@ -188,10 +174,8 @@ class Ingest final : public CommitParticipant {
   Commit& commit_;
   WriteSet& pending_;  // commit_'s
   const Clock& clock_;
-  std::map<std::string, NodeState> nodes_;
+  ClusterModel model_;                                     // nodes, communicators, processes
   std::map<std::string, std::string> node_of_connection_;  // routing id -> node name
-  std::map<uint64_t, CommState> comms_;
-  std::map<ProcessKey, ProcessInfo> processes_;
   struct Uncommitted {
     std::string node;
     uint64_t instance, seq;
@@ -205,7 +189,6 @@ class Ingest final : public CommitParticipant {
   BadMessageLog bad_log_;
   BadMessageLog throttle_log_;
   BadMessageLog refused_log_;
-  uint64_t started_ns_;
   std::vector<RecordObserver*> observers_;
 };
 

@@ -62,15 +62,15 @@ Result<void> Ingest::restore() {
         return;
       }
       CommState comm = comm_from(stored);
-      comms_[comm.hash] = std::move(comm);
+      model_.comms[comm.hash] = std::move(comm);
     });
     if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
   }
   auto progress = store_.all_progress();
   if (!progress) return progress.error();
   for (const auto& row : *progress) {
-    auto comm = comms_.find(row.comm);
-    if (comm == comms_.end()) continue;
+    auto comm = model_.comms.find(row.comm);
+    if (comm == model_.comms.end()) continue;
     auto member = comm->second.members.find(row.rank);
     if (member == comm->second.members.end()) continue;
     if (auto applied = apply_progress(member->second, row.value, &comm->second.last_ns); !applied)
@@ -100,15 +100,15 @@ Result<void> Ingest::restore() {
       if (stored.getClockUncertaintyNs() != 0 && stored.getClockUncertaintyNs() != UINT64_MAX)
         node.clock.restore(stored.getClockOffsetNs(), stored.getClockRefinementNs(), stored.getClockDriftPpb(),
                            stored.getClockReferenceNs(), stored.getClockUncertaintyNs());
-      nodes_[node.name] = std::move(node);
+      model_.nodes[node.name] = std::move(node);
     });
     if (!read) return make_error(Errc::storage, "a stored node is unreadable: " + read.error().message);
   }
   // Each node's share of the live model, as claim_member and retire keep it.
-  for (const auto& [hash, comm] : comms_) charge_nodes(comm, true);
-  if (!comms_.empty() || !nodes_.empty())
+  for (const auto& [hash, comm] : model_.comms) charge_nodes(comm, true);
+  if (!model_.comms.empty() || !model_.nodes.empty())
     RS_LOG(info, "restored %zu node(s) and %zu communicator(s) from the database (%zu retired ones left there)",
-           nodes_.size(), comms_.size(), retired);
+           model_.nodes.size(), model_.comms.size(), retired);
   return {};
 }
 
@@ -207,12 +207,12 @@ void Ingest::persist_node(const NodeState& node) {
 
 Result<void> Ingest::stage(WriteSet&, uint64_t, bool) {
   for (uint64_t hash : dirty_comms_) {
-    auto it = comms_.find(hash);
-    if (it != comms_.end()) persist_comm(it->second);
+    auto it = model_.comms.find(hash);
+    if (it != model_.comms.end()) persist_comm(it->second);
   }
   for (const auto& [hash, rank] : dirty_members_) {
-    auto comm = comms_.find(hash);
-    if (comm == comms_.end()) continue;
+    auto comm = model_.comms.find(hash);
+    if (comm == model_.comms.end()) continue;
     auto member = comm->second.members.find(rank);
     if (member == comm->second.members.end()) continue;
     capnp::MallocMessageBuilder builder;
@@ -224,8 +224,8 @@ Result<void> Ingest::stage(WriteSet&, uint64_t, bool) {
     pending_.put_progress(hash, rank, proto::to_packed(builder));
   }
   for (const auto& name : dirty_nodes_) {
-    auto it = nodes_.find(name);
-    if (it != nodes_.end()) persist_node(it->second);
+    auto it = model_.nodes.find(name);
+    if (it != model_.nodes.end()) persist_node(it->second);
   }
   // Staged: a failed commit keeps them in the set and writes them again.
   dirty_comms_.clear();

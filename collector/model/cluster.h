@@ -142,4 +142,33 @@ struct ProcessInfo {
   std::string gpu() const;
 };
 
+// The live model: what the ingest keeps and every later stage reads
+// (through a const reference). Tests of the detectors build one by hand.
+struct ClusterModel {
+  struct ProcessKey {
+    std::string node;
+    uint32_t pid;
+    bool operator<(const ProcessKey& o) const { return node != o.node ? node < o.node : pid < o.pid; }
+  };
+  std::map<std::string, NodeState> nodes;
+  std::map<uint64_t, CommState> comms;
+  std::map<ProcessKey, ProcessInfo> processes;
+  uint64_t started_ns = 0;  // when this collector started (realtime): nodes unheard of since are not yet silent
+
+  const NodeState* node(const std::string& name) const {
+    auto it = nodes.find(name);
+    return it == nodes.end() ? nullptr : &it->second;
+  }
+  const ProcessInfo* process(const std::string& node, uint32_t pid) const {
+    auto it = processes.find({node, pid});
+    return it == processes.end() ? nullptr : &it->second;
+  }
+  // The communicator is in the live model and not ended: what the observers
+  // keep state for (they drop the state of the others).
+  bool live(uint64_t hash) const {
+    auto it = comms.find(hash);
+    return it != comms.end() && !it->second.ended;
+  }
+};
+
 }  // namespace rankscope::collector

@@ -66,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     collector::Ingest ingest(store.store(), commit, clock);
     collector::FindingBook findings;
     collector::CollectiveMatcher matcher(ingest);
-    collector::Detector detector(ingest, matcher, findings, clock, collector::DetectOptions{});
+    collector::Detector detector(ingest.model(), matcher, findings, clock, collector::DetectOptions{});
     collector::ClockRefiner refiner(ingest);
     collector::UsageLedger ledger(ingest, matcher, store.store(), collector::UsageOptions{});
     ingest.add_observer(&refiner);
@@ -106,7 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     collector::Ingest ingest(store.store(), commit, clock);
     collector::FindingBook findings;
     collector::CollectiveMatcher matcher(ingest);
-    collector::Detector detector(ingest, matcher, findings, clock, collector::DetectOptions{});
+    collector::Detector detector(ingest.model(), matcher, findings, clock, collector::DetectOptions{});
     collector::UsageLedger ledger(ingest, matcher, store.store(), collector::UsageOptions{});
     if (ingest.restore() && findings.restore(store.store()) && ledger.restore()) {
       clock.now += 1'000'000'000ull;

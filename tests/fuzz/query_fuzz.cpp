@@ -32,7 +32,7 @@ struct World {
   collector::Ingest ingest{store.store(), commit, clock};
   collector::FindingBook findings;
   collector::CollectiveMatcher matcher{ingest};
-  collector::Detector detector{ingest, matcher, findings, clock, collector::DetectOptions{}};
+  collector::Detector detector{ingest.model(), matcher, findings, clock, collector::DetectOptions{}};
   collector::QueryContext context{ingest, store.store(), findings, clock, 5'000'000'000ull};
 
   World() {

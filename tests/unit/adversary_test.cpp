@@ -128,7 +128,7 @@ class AdversaryTest : public ::testing::Test {
   Ingest ingest{*store, commit, clock};
   FindingBook findings;
   CollectiveMatcher matcher{ingest};
-  Detector detector{ingest, matcher, findings, clock, DetectOptions{}};
+  Detector detector{ingest.model(), matcher, findings, clock, DetectOptions{}};
   ClockRefiner refiner{ingest};
   UsageLedger ledger{ingest, matcher, *store, UsageOptions{}};
   std::map<int, uint64_t> seq_;

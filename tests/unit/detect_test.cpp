@@ -38,7 +38,7 @@ class DetectTest : public ::testing::Test {
   void SetUp() override {
     options.hang_timeout_ns = 5 * kSecond;
     options.node_lost_timeout_ns = 10 * kSecond;
-    detector = std::make_unique<Detector>(ingest, matcher, book, clock, options);
+    detector = std::make_unique<Detector>(ingest.model(), matcher, book, clock, options);
   }
 
   std::string node_of(int32_t rank) const { return "node-" + std::to_string(rank / 2); }
@@ -940,7 +940,7 @@ TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
   Ingest ingest_after(*store, commit_after, clock);
   ASSERT_TRUE(ingest_after.restore());
   CollectiveMatcher matcher_after(ingest_after);
-  Detector detector_after(ingest_after, matcher_after, restarted, clock, options);
+  Detector detector_after(ingest_after.model(), matcher_after, restarted, clock, options);
   Finding next;
   next.kind = FindingKind::hang;
   next.comm = kComm;

@@ -85,7 +85,7 @@ class HostileInputTest : public ::testing::Test {
   Ingest ingest{*store, commit, clock};
   FindingBook findings;
   CollectiveMatcher matcher{ingest};
-  Detector detector{ingest, matcher, findings, clock, DetectOptions{}};
+  Detector detector{ingest.model(), matcher, findings, clock, DetectOptions{}};
   ClockRefiner refiner{ingest};
 };
 

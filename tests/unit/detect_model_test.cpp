@@ -1,0 +1,157 @@
+// The detectors fed by the collective matcher alone: a cluster model built
+// by hand, records handed to the matcher as the ingest would hand them
+// (its progress first), no store, no wire messages.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "collector/detect/detector.h"
+#include "collector/detect/findings.h"
+#include "collector/match/matcher.h"
+#include "collector/model/cluster.h"
+#include "proto/records.h"
+#include "tests/support/manual_clock.h"
+
+namespace rankscope::collector {
+namespace {
+
+constexpr uint64_t kSecond = 1'000'000'000ull;
+constexpr uint64_t kMs = 1'000'000ull;
+constexpr uint64_t kComm = 0x5eed0000c0ffee11ull;
+
+class DetectFromMatcherTest : public ::testing::Test {
+ protected:
+  // `nranks` ranks, two per node, each node's clock exact to 100 ns.
+  void start(int32_t nranks) {
+    this->nranks = nranks;
+    CommState& comm = model.comms[kComm];
+    comm.hash = kComm;
+    comm.job = "job-1";
+    comm.nranks = nranks;
+    comm.lanes.insert(0);
+    for (int32_t r = 0; r < nranks; ++r) {
+      std::string node = "node-" + std::to_string(r / 2);
+      NodeState& n = model.nodes[node];
+      n.name = node;
+      n.last_contact_ns = clock.now;
+      if (n.clock.samples() == 0) n.clock.add({1000, 1050, 1060, 1110});
+      MemberState& m = comm.members[r];
+      m.rank = r;
+      m.node = node;
+      m.pid = 100 + static_cast<uint32_t>(r);
+      ProcessInfo& p = model.processes[{node, m.pid}];
+      p.job = "job-1";
+      p.rank = r;
+    }
+    options.hang_timeout_ns = 5 * kSecond;
+    detector = std::make_unique<Detector>(model, matcher, book, clock, options);
+  }
+
+  // Every rank not in `absent` issues AllReduce #seq at t + delay(rank): the
+  // member's progress as the ingest keeps it, then the record to the matcher.
+  void instance(uint64_t seq, uint64_t t, const std::function<int64_t(int32_t)>& delay,
+                const std::vector<int32_t>& absent = {}) {
+    CommState& comm = model.comms.at(kComm);
+    for (int32_t r = 0; r < nranks; ++r) {
+      if (std::find(absent.begin(), absent.end(), r) != absent.end()) continue;
+      proto::CallRecord call;
+      call.seq = seq;
+      call.issue_ns = t + static_cast<uint64_t>(delay(r));
+      call.return_ns = call.issue_ns + 10'000;
+      call.op = RS_OP_ALLREDUCE;
+      call.datatype = 7;
+      call.count = 1024;
+      MemberState& m = comm.members.at(r);
+      m.last_seq = static_cast<int64_t>(seq);
+      m.last_issue_ns = call.issue_ns;
+      ++m.records;
+      matcher.on_record(comm, r, 0, call);
+    }
+  }
+
+  void evaluate_at(uint64_t t) {
+    clock.now = t;
+    for (auto& [name, node] : model.nodes) node.last_contact_ns = t;  // every agent is heard from
+    matcher.sweep(model.comms);
+    detector->evaluate(t);
+  }
+
+  std::vector<const Finding*> open(FindingKind kind) const {
+    std::vector<const Finding*> out;
+    for (const Finding* f : book.open())
+      if (f->kind == kind) out.push_back(f);
+    return out;
+  }
+
+  ClusterModel model;
+  testing::ManualClock clock{1'000 * kSecond};
+  CollectiveMatcher matcher;
+  FindingBook book;
+  DetectOptions options;
+  std::unique_ptr<Detector> detector;
+  int32_t nranks = 0;
+};
+
+TEST_F(DetectFromMatcherTest, ARankLateAtEveryCollectiveIsTheOneStraggler) {
+  start(4);
+  const uint64_t t0 = clock.now;
+  uint64_t seq = 0;
+  auto step = [&](int64_t late) {
+    instance(seq, t0 + seq * 20 * kMs,
+             [&](int32_t r) { return (r == 1 ? late : 0) + static_cast<int64_t>((r * 37 + seq * 11) % 300) * 1000; });
+    ++seq;
+  };
+  // On time for a window first (the job's structure is learnt from whole
+  // windows), then 10 ms late at every collective.
+  const uint64_t window_steps = options.straggler.window_ns * 6 / 5 / (20 * kMs);
+  for (uint64_t i = 0; i < window_steps; ++i) step(0);
+  for (int i = 0; i < 3; ++i) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns + i * kMs);
+  EXPECT_TRUE(book.open().empty()) << "on time: nothing to say";
+  for (uint64_t i = 0; i < window_steps; ++i) step(10 * static_cast<int64_t>(kMs));
+  for (int i = 0; i < 3; ++i) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001);
+  EXPECT_EQ(stragglers[0]->nodes, std::vector<std::string>{"node-0"});
+  EXPECT_NE(stragglers[0]->summary.find("straggler in job job-1"), std::string::npos) << stragglers[0]->summary;
+}
+
+TEST_F(DetectFromMatcherTest, ARankThatNeverEntersACollectiveIsNamedInAHangAfterTheTimeout) {
+  start(4);
+  const uint64_t t0 = clock.now;
+  for (uint64_t seq = 0; seq < 10; ++seq) instance(seq, t0 + seq * 20 * kMs, [](int32_t) { return 0; });
+  instance(10, t0 + 200 * kMs, [](int32_t) { return 0; }, {3});  // rank 3 never comes
+  evaluate_at(t0 + 200 * kMs + options.hang_timeout_ns - kSecond);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << "not before the hang timeout";
+  evaluate_at(t0 + 200 * kMs + options.hang_timeout_ns + kSecond);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{3});
+  EXPECT_EQ(hangs[0]->seq, 10);
+  EXPECT_TRUE(open(FindingKind::straggler).empty());
+}
+
+TEST_F(DetectFromMatcherTest, RanksCallingDifferentCollectivesAreAMismatchNamingTheOddOne) {
+  start(4);
+  CommState& comm = model.comms.at(kComm);
+  for (int32_t r = 0; r < 4; ++r) {
+    proto::CallRecord call;
+    call.seq = 0;
+    call.issue_ns = clock.now + static_cast<uint64_t>(r) * 1000;
+    call.return_ns = call.issue_ns + 10'000;
+    call.op = r == 2 ? RS_OP_BROADCAST : RS_OP_ALLREDUCE;
+    call.datatype = 7;
+    call.count = 1024;
+    comm.members.at(r).last_seq = 0;
+    matcher.on_record(comm, r, 0, call);
+  }
+  auto mismatches = open(FindingKind::mismatch);
+  ASSERT_EQ(mismatches.size(), 1u);
+  EXPECT_EQ(mismatches[0]->ranks, std::vector<int32_t>{2});
+}
+
+}  // namespace
+}  // namespace rankscope::collector
