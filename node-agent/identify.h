@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/cgroup_path.h"
+
 namespace rankscope::agent {
 
 struct ProcessIdentity {
@@ -36,16 +38,10 @@ struct ProcessIdentity {
   std::string container_runtime;  // containerd, crio, docker
 };
 
-// What a cgroup path says about who runs there: Slurm's
-// ".../job_<id>/step_<n>/..." (v1 and v2, with "uid_<n>"), Kubernetes'
-// "kubepods...pod<uid>..." with a containerd, CRI-O or Docker container, a
-// plain Docker container. Fields it cannot find stay empty.
-struct CgroupIdentity {
-  std::string slurm_job, slurm_step;
-  int64_t slurm_uid = -1;
-  std::string pod_uid, container_id, container_runtime;
-};
-CgroupIdentity parse_cgroup_path(const std::string& path);
+// What a cgroup path says about who runs there (common/cgroup_path.h; the
+// collector's usage ledger reads its neighbours' paths with it too).
+using rankscope::CgroupIdentity;
+using rankscope::parse_cgroup_path;
 
 // Parses the NUL-separated contents of /proc/PID/environ.
 std::map<std::string, std::string> parse_environ(const std::string& raw);

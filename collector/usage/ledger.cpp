@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "collector/store/bytes.h"
+#include "common/cgroup_path.h"
 #include "common/format.h"
 #include "common/log.h"
 #include "proto/records.h"
@@ -112,15 +113,6 @@ std::string key_prefix(Level level, uint64_t bucket_s, char kind) {
   return key;
 }
 
-// The path component after `marker` ("/job_" -> "42" in ".../job_42/step_0").
-std::string component_after(const std::string& path, const std::string& marker) {
-  size_t at = path.find(marker);
-  if (at == std::string::npos) return {};
-  size_t start = at + marker.size();
-  size_t end = path.find_first_of("/.", start);
-  return path.substr(start, end == std::string::npos ? std::string::npos : end - start);
-}
-
 uint64_t minute_of(uint64_t ns) {
   return ns / kNs / 60 * 60;
 }
@@ -165,28 +157,13 @@ Identity Identity::of(const ProcessInfo& p) {
 }
 
 Identity Identity::of_cgroup_path(const std::string& path) {
+  CgroupIdentity found = parse_cgroup_path(path);
   Identity id;
   id.cgroup_path = path;
-  id.job = component_after(path, "/job_");
-  if (!id.job.empty()) id.step = component_after(path, "/step_");
-  if (path.find("kubepods") != std::string::npos) {
-    for (size_t at = path.find("pod"); at != std::string::npos; at = path.find("pod", at + 1)) {
-      if (at == 0 || (path[at - 1] != '/' && path[at - 1] != '-') || at + 3 >= path.size() ||
-          !isxdigit(static_cast<unsigned char>(path[at + 3])))
-        continue;
-      std::string pod = component_after(path.substr(at - 1), std::string(1, path[at - 1]) + "pod");
-      std::replace(pod.begin(), pod.end(), '_', '-');
-      id.pod_uid = pod;
-      break;
-    }
-  }
-  for (const char* prefix : {"cri-containerd-", "crio-", "docker-"}) {
-    std::string container = component_after(path, prefix);
-    if (container.size() >= 12) {
-      id.container_id = container;
-      break;
-    }
-  }
+  id.job = found.slurm_job;
+  id.step = found.slurm_step;
+  id.pod_uid = found.pod_uid;
+  id.container_id = found.container_id;
   return id;
 }
 
