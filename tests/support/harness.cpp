@@ -145,18 +145,59 @@ NetnsCluster::~NetnsCluster() {
 
 std::string bin_path(const std::string& name) { return std::string(RANKSCOPE_BIN_DIR) + "/" + name; }
 
+namespace {
+
+// The lowest port the kernel hands out for outgoing connections and bind(0)
+// (net.ipv4.ip_local_port_range), 32768 unless configured otherwise.
+int ephemeral_low() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  if (range >> low && low > 2048) return low;
+  return 32768;
+}
+
+bool bindable(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
 int free_port() {
+  // Below the ephemeral range: a port from bind(0) is one the kernel may give
+  // the next outgoing connection of any process (ours or a test running
+  // beside us) before our daemon binds it. Drawn at random so that tests run
+  // in parallel rarely draw the same one.
+  static std::atomic<uint64_t> draws{0};
+  int low = 10000, high = ephemeral_low() - 1;
+  if (high - low < 1000) low = 1024;
+  uint64_t seed = static_cast<uint64_t>(getpid()) << 32 ^
+                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    uint64_t x = seed + 0x9E3779B97F4A7C15ULL * ++draws;  // splitmix64
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+    int port = low + static_cast<int>(x % static_cast<uint64_t>(high - low + 1));
+    if (bindable(port)) return port;
+  }
+  // Every draw taken: what the kernel picks, as a last resort.
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
   bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
   close(fd);
-  return port;
+  return ntohs(addr.sin_port);
 }
 
 std::string slurp(const std::string& path) {

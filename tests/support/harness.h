@@ -113,7 +113,8 @@ class CgroupTree {
 int run_command(const std::string& command);
 // Absolute path of a program built into build/bin.
 std::string bin_path(const std::string& name);
-// A TCP port free on 127.0.0.1 at the time of the call.
+// A TCP port free on 127.0.0.1 at the time of the call, drawn at random
+// below the kernel's ephemeral range (which outgoing connections take from).
 int free_port();
 // The content of a file, or "" if it cannot be read.
 std::string slurp(const std::string& path);

@@ -187,6 +187,20 @@ bool RealSlurm::start() {
   hardware = hardware.substr(0, hardware.find('\n'));
   node_ = hardware.substr(9, hardware.find(' ') - 9);
 
+  // A port drawn free can still be taken before the daemon binds it (by a
+  // test running beside this one): then both daemons start again on others.
+  for (int attempt = 1;; ++attempt) {
+    std::string why;
+    if (start_daemons(hardware, &why)) return true;
+    bool port_taken = why.find("Address already in use") != std::string::npos;
+    if (!port_taken || attempt == 3) return fail(why);
+    daemons_.resize(1);  // munged stays
+    for (const char* log : {"slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"})
+      rename(dir_.file(log).c_str(), (dir_.file(log) + ".try" + std::to_string(attempt)).c_str());
+  }
+}
+
+bool RealSlurm::start_daemons(const std::string& hardware, std::string* why) {
   int ctld_port = free_port();
   int slurmd_port = free_port();
   while (slurmd_port == ctld_port) slurmd_port = free_port();
@@ -230,7 +244,10 @@ bool RealSlurm::start() {
          << "Prolog=" << hook("prolog") << "\nEpilog=" << hook("epilog") << "\nPrologFlags=Alloc\n"
          << hardware << " NodeAddr=127.0.0.1 State=UNKNOWN\n"
          << "PartitionName=" << partition_ << " Nodes=" << node_ << " Default=YES MaxTime=10 State=UP\n";
-    if (!conf) return fail("cannot write " + conf_);
+    if (!conf) {
+      *why = "cannot write " + conf_;
+      return false;
+    }
   }
 
   daemons_.push_back(spawn(ctl_cgroup_, {"/usr/sbin/slurmctld", "-D", "-f", conf_}, "slurmctld.out"));
@@ -244,9 +261,10 @@ bool RealSlurm::start() {
             return run("/usr/bin/sinfo -h -N -n " + node_ + " -o %T", &state, 10) == 0 && state == "idle\n";
           },
           std::chrono::seconds(30)) ||
-      state != "idle\n")
-    return fail("node " + node_ + " of cluster " + cluster_ + " did not become idle (sinfo says '" + state +
-                "')\n" + logs());
+      state != "idle\n") {
+    *why = "node " + node_ + " of cluster " + cluster_ + " did not become idle (sinfo says '" + state + "')\n" + logs();
+    return false;
+  }
   return true;
 }
 

@@ -67,6 +67,8 @@ class RealSlurm {
 
  private:
   bool start();
+  // slurm.conf with two free ports, then slurmctld and slurmd until the node is idle.
+  bool start_daemons(const std::string& hardware, std::string* why);
   bool fail(const std::string& why);
   std::unique_ptr<Process> spawn(const std::string& cgroup, const std::vector<std::string>& argv,
                                  const std::string& log);
