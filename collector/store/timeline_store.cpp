@@ -1,6 +1,7 @@
 #include "collector/store/timeline_store.h"
 
 #include <rocksdb/compaction_filter.h>
+#include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice_transform.h>
 #include <rocksdb/table.h>
@@ -171,30 +172,54 @@ uint64_t TimeHistogram::time_of_share(double share) const {
   return (buckets_.rbegin()->first + 1) << shift_;
 }
 
+void WriteSet::add(Family family, std::string key, std::string value, bool erase) {
+  writes_bytes_ += key.size() + value.size();
+  writes_.push_back(Write{family, erase, std::move(key), std::move(value)});
+}
+
 void WriteSet::put_comm(uint64_t comm, std::string value) {
   std::string key;
   put_be(key, comm, 8);
-  batch_.Put(comms_family_, key, value);
+  add(Family::comms, std::move(key), std::move(value));
 }
 
-void WriteSet::put_usage(const std::string& key, std::string value) { batch_.Put(usage_family_, key, value); }
+void WriteSet::put_usage(const std::string& key, std::string value) {
+  add(Family::usage, key, std::move(value));
+}
 
 void WriteSet::put_progress(uint64_t comm, int32_t rank, std::string value) {
   std::string key;
   put_be(key, comm, 8);
   put_be(key, static_cast<uint32_t>(rank), 4);
-  batch_.Put(progress_family_, key, value);
+  add(Family::progress, std::move(key), std::move(value));
 }
 
-void WriteSet::delete_usage(const std::string& key) { batch_.Delete(usage_family_, key); }
+void WriteSet::delete_usage(const std::string& key) {
+  add(Family::usage, key, "", true);
+}
 
-void WriteSet::put_node(const std::string& node, std::string value) { batch_.Put(nodes_family_, node, value); }
+void WriteSet::put_node(const std::string& node, std::string value) {
+  add(Family::nodes, node, std::move(value));
+}
 
 void WriteSet::put_finding(uint64_t id, std::string value) {
   std::string key;
   put_be(key, id, 8);
-  batch_.Put(findings_family_, key, value);
+  add(Family::findings, std::move(key), std::move(value));
 }
+
+struct TimelineStore::Rocks {
+  std::unique_ptr<rocksdb::CompactionFilter> retention_filter;  // outlives db (declared first)
+  std::unique_ptr<rocksdb::DB> db;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;  // in the order opened: default, records, then Family's order
+  rocksdb::ColumnFamilyHandle* records() const { return handles[1]; }
+  rocksdb::ColumnFamilyHandle* family(WriteSet::Family f) const { return handles[2 + static_cast<size_t>(f)]; }
+  ~Rocks() {
+    for (auto* handle : handles) db->DestroyColumnFamilyHandle(handle);
+  }
+};
+
+TimelineStore::TimelineStore() : rocks_(std::make_unique<Rocks>()) {}
 
 namespace {
 // With a disk cap: a memtable, and a table file, are a sixteenth of it.
@@ -241,33 +266,29 @@ Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& pa
   // was a fifth of the collector's time with 8,192 ranks; about 250 bytes
   // per prefix of memtable).
   records_options.memtable_insert_with_hint_prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(kRecordPrefixSize));
-  store->retention_filter_ = std::make_unique<RetentionFilter>(store->cutoff_);
-  records_options.compaction_filter = store->retention_filter_.get();
+  Rocks& rocks = *store->rocks_;
+  rocks.retention_filter = std::make_unique<RetentionFilter>(store->cutoff_);
+  records_options.compaction_filter = rocks.retention_filter.get();
+  // Opened by name: the order here is Rocks's (records, then WriteSet::Family's).
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions(options)},
       {"records", records_options},
       {"comms", rocksdb::ColumnFamilyOptions(options)},
+      {"progress", rocksdb::ColumnFamilyOptions(options)},
       {"nodes", rocksdb::ColumnFamilyOptions(options)},
       {"findings", rocksdb::ColumnFamilyOptions(options)},
       {"usage", rocksdb::ColumnFamilyOptions(options)},
-      {"progress", rocksdb::ColumnFamilyOptions(options)},
   };
   rocksdb::DB* db = nullptr;
-  rocksdb::Status status = rocksdb::DB::Open(options, path, families, &store->handles_, &db);
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::Status status = rocksdb::DB::Open(options, path, families, &handles, &db);
   if (!status.ok()) return storage_error(("opening the database at " + path).c_str(), status);
-  store->db_.reset(db);
-  store->records_ = store->handles_[1];
-  store->comms_ = store->handles_[2];
-  store->nodes_ = store->handles_[3];
-  store->findings_ = store->handles_[4];
-  store->usage_ = store->handles_[5];
-  store->progress_ = store->handles_[6];
+  rocks.db.reset(db);
+  rocks.handles = std::move(handles);
   return store;
 }
 
-TimelineStore::~TimelineStore() {
-  for (auto* handle : handles_) db_->DestroyColumnFamilyHandle(handle);
-}
+TimelineStore::~TimelineStore() = default;
 
 Result<void> TimelineStore::commit(WriteSet& writes) {
   if (struct statvfs fs; statvfs(path_.c_str(), &fs) == 0) {
@@ -281,23 +302,31 @@ Result<void> TimelineStore::commit(WriteSet& writes) {
   if (failed_) {
     // RocksDB stops writing after an I/O error until told to resume (once
     // the cause, e.g. a full disk, is gone); still failing: try next time.
-    if (rocksdb::Status resumed = db_->Resume(); !resumed.ok())
+    if (rocksdb::Status resumed = rocks_->db->Resume(); !resumed.ok())
       return storage_error("resuming RocksDB after a failed write", resumed);
     failed_ = false;
   }
+  rocksdb::WriteBatch batch;
   std::sort(writes.records_.begin(), writes.records_.end());
-  for (const auto& [key, value] : writes.records_) writes.batch_.Put(writes.records_family_, key, value);
-  writes.records_.clear();
-  writes.records_bytes_ = 0;
+  for (const auto& [key, value] : writes.records_) batch.Put(rocks_->records(), key, value);
+  for (const auto& write : writes.writes_) {
+    if (write.erase)
+      batch.Delete(rocks_->family(write.family), write.key);
+    else
+      batch.Put(rocks_->family(write.family), write.key, write.value);
+  }
   writes.flush_times();
   rocksdb::WriteOptions options;
   options.sync = true;
-  rocksdb::Status status = db_->Write(options, &writes.batch_);
+  rocksdb::Status status = rocks_->db->Write(options, &batch);
   if (!status.ok()) {
     failed_ = true;
     return storage_error("writing to RocksDB", status);
   }
-  writes.batch_.Clear();
+  writes.records_.clear();
+  writes.records_bytes_ = 0;
+  writes.writes_.clear();
+  writes.writes_bytes_ = 0;
   if (!writes.times_.empty()) {
     std::lock_guard lock(times_mutex_);
     times_.merge(writes.times_);
@@ -313,7 +342,7 @@ Result<void> TimelineStore::remove_before(uint64_t cutoff_ns) {
   rocksdb::CompactRangeOptions options;
   // The last level too: that is where the oldest records are.
   options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
-  rocksdb::Status status = db_->CompactRange(options, records_, nullptr, nullptr);
+  rocksdb::Status status = rocks_->db->CompactRange(options, rocks_->records(), nullptr, nullptr);
   if (!status.ok()) return storage_error("compacting the records for retention", status);
   std::lock_guard lock(times_mutex_);
   times_.drop_before(cutoff_->load());
@@ -341,7 +370,7 @@ TimeHistogram TimelineStore::times() const {
 Result<void> TimelineStore::scan_times() {
   rocksdb::ReadOptions read;
   read.fill_cache = false;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read, records_));
+  std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(read, rocks_->records()));
   TimeHistogram found;
   uint64_t cutoff = cutoff_->load();
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -360,7 +389,7 @@ Result<void> TimelineStore::scan_times() {
 Result<std::vector<StoredRecord>> TimelineStore::tail(uint64_t comm, uint32_t lane, int32_t rank,
                                                       uint32_t last) const {
   std::string prefix = lane_rank_prefix(comm, lane, rank);
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), records_));
+  std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->records()));
   std::vector<StoredRecord> out;
   auto take = [&]() -> Result<void> {
     auto key = decode_record_key(std::string_view(it->key().data(), it->key().size()));
@@ -386,24 +415,25 @@ Result<std::vector<StoredRecord>> TimelineStore::tail(uint64_t comm, uint32_t la
 
 Result<uint64_t> TimelineStore::count(uint64_t comm, uint32_t lane, int32_t rank) const {
   std::string prefix = lane_rank_prefix(comm, lane, rank);
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), records_));
+  std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->records()));
   uint64_t n = 0;
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) ++n;
   if (!it->status().ok()) return storage_error("counting records", it->status());
   return n;
 }
 
-Result<std::vector<std::string>> TimelineStore::all_values(rocksdb::ColumnFamilyHandle* family) const {
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), family));
+Result<std::vector<std::string>> TimelineStore::all_values(WriteSet::Family family, const char* what) const {
+  std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->family(family)));
   std::vector<std::string> out;
   for (it->SeekToFirst(); it->Valid(); it->Next()) out.push_back(it->value().ToString());
-  if (!it->status().ok()) return storage_error("reading metadata", it->status());
+  if (!it->status().ok()) return storage_error(what, it->status());
   return out;
 }
 
 Result<std::optional<std::string>> TimelineStore::get_usage(const std::string& key) const {
   std::string value;
-  rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), usage_, key, &value);
+  rocksdb::Status status =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->family(WriteSet::Family::usage), key, &value);
   if (status.IsNotFound()) return std::optional<std::string>();
   if (!status.ok()) return storage_error("reading the usage ledger", status);
   return std::optional<std::string>(std::move(value));
@@ -414,7 +444,7 @@ Result<void> TimelineStore::scan_usage(const std::string& from, const std::strin
   rocksdb::ReadOptions read;
   rocksdb::Slice upper(to);
   read.iterate_upper_bound = &upper;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read, usage_));
+  std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(read, rocks_->family(WriteSet::Family::usage)));
   for (it->Seek(from); it->Valid(); it->Next())
     if (!row(std::string_view(it->key().data(), it->key().size()), std::string_view(it->value().data(), it->value().size())))
       break;
@@ -422,13 +452,16 @@ Result<void> TimelineStore::scan_usage(const std::string& from, const std::strin
   return {};
 }
 
-Result<std::vector<std::string>> TimelineStore::all_comms() const { return all_values(comms_); }
+Result<std::vector<std::string>> TimelineStore::all_comms() const {
+  return all_values(WriteSet::Family::comms, "reading communicators");
+}
 
 Result<std::vector<std::string>> TimelineStore::comms_between(uint64_t first, uint64_t last) const {
   std::string from, to;
   put_be(from, first, 8);
   put_be(to, last, 8);
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), comms_));
+  std::unique_ptr<rocksdb::Iterator> it(
+      rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->family(WriteSet::Family::comms)));
   std::vector<std::string> out;
   for (it->Seek(from); it->Valid() && it->key().compare(to) <= 0; it->Next()) out.push_back(it->value().ToString());
   if (!it->status().ok()) return storage_error("reading communicators", it->status());
@@ -445,7 +478,8 @@ Result<std::vector<TimelineStore::Progress>> TimelineStore::progress_of(uint64_t
 
 Result<std::vector<TimelineStore::Progress>> TimelineStore::progress_rows(const std::string& prefix) const {
   std::vector<Progress> out;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), progress_));
+  std::unique_ptr<rocksdb::Iterator> it(
+      rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->family(WriteSet::Family::progress)));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     rocksdb::Slice key = it->key();
     if (key.size() != kProgressKeySize)
@@ -456,7 +490,11 @@ Result<std::vector<TimelineStore::Progress>> TimelineStore::progress_rows(const 
   if (!it->status().ok()) return storage_error("reading the members' progress", it->status());
   return out;
 }
-Result<std::vector<std::string>> TimelineStore::all_nodes() const { return all_values(nodes_); }
-Result<std::vector<std::string>> TimelineStore::all_findings() const { return all_values(findings_); }
+Result<std::vector<std::string>> TimelineStore::all_nodes() const {
+  return all_values(WriteSet::Family::nodes, "reading nodes");
+}
+Result<std::vector<std::string>> TimelineStore::all_findings() const {
+  return all_values(WriteSet::Family::findings, "reading findings");
+}
 
 }  // namespace rankscope::collector

@@ -7,11 +7,9 @@
 //   findings: id -> StoredFinding
 //   usage:   the usage ledger's rows (collector/usage/ledger.h), keys made there
 // Keys are big-endian so that RocksDB's byte order is sequence order.
-// rocksdb::Status is converted to Result here and never leaves this file.
-#include <rocksdb/compaction_filter.h>
-#include <rocksdb/db.h>
-#include <rocksdb/write_batch.h>
-
+// RocksDB itself is behind this header (timeline_store.cpp): no type or
+// status of it leaves the store, so the stages above it (ingest, detect,
+// usage) build and test without it.
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -69,7 +67,9 @@ class TimeHistogram {
   uint64_t total_ = 0;
 };
 
-// A set of writes that become durable together (made by TimelineStore::writes).
+// A set of writes that become durable together (TimelineStore::commit). It
+// is only a buffer: nothing reaches the database until the commit, and a
+// commit that fails leaves it whole.
 class WriteSet {
  public:
   void put_record(const StoredRecord& record);
@@ -80,25 +80,26 @@ class WriteSet {
   void put_usage(const std::string& key, std::string value);
   void delete_usage(const std::string& key);
   size_t records() const { return records_.size(); }
-  bool empty() const { return batch_.Count() == 0 && records_.empty(); }
+  bool empty() const { return writes_.empty() && records_.empty(); }
   // Bytes the set holds in memory (what a failing disk lets pile up).
-  uint64_t bytes() const { return batch_.GetDataSize() + records_bytes_; }
+  uint64_t bytes() const { return writes_bytes_ + records_bytes_; }
+
+  // Everything but the records, in the order written (a later write of a
+  // key wins): what a store applies, and what a test's store reads.
+  enum class Family : uint8_t { comms, progress, nodes, findings, usage };
+  struct Write {
+    Family family;
+    bool erase = false;
+    std::string key, value;
+  };
+  const std::vector<Write>& writes() const { return writes_; }
 
  private:
   friend class TimelineStore;
-  WriteSet(rocksdb::ColumnFamilyHandle* records, rocksdb::ColumnFamilyHandle* comms, rocksdb::ColumnFamilyHandle* nodes,
-           rocksdb::ColumnFamilyHandle* findings, rocksdb::ColumnFamilyHandle* usage,
-           rocksdb::ColumnFamilyHandle* progress)
-      : records_family_(records), comms_family_(comms), nodes_family_(nodes), findings_family_(findings),
-        usage_family_(usage), progress_family_(progress) {}
-  rocksdb::ColumnFamilyHandle* records_family_;
-  rocksdb::ColumnFamilyHandle* comms_family_;
-  rocksdb::ColumnFamilyHandle* nodes_family_;
-  rocksdb::ColumnFamilyHandle* findings_family_;
-  rocksdb::ColumnFamilyHandle* usage_family_;
-  rocksdb::ColumnFamilyHandle* progress_family_;
-  rocksdb::WriteBatch batch_;
-  // Records go into the batch at commit, in key order: RocksDB's memtable
+  void add(Family family, std::string key, std::string value, bool erase = false);
+  std::vector<Write> writes_;
+  uint64_t writes_bytes_ = 0;
+  // Records go into RocksDB's batch at commit, in key order: its memtable
   // (a skip list) then inserts each next to the one before, where records
   // in arrival order (every rank's newest few, all over the key space) cost
   // a search from the top each. (Encoded key, value.)
@@ -131,7 +132,7 @@ class TimelineStore {
   static Result<std::unique_ptr<TimelineStore>> open(const std::string& path, const StoreOptions& options = {});
   ~TimelineStore();
 
-  WriteSet writes() const { return WriteSet(records_, comms_, nodes_, findings_, usage_, progress_); }
+  WriteSet writes() const { return WriteSet(); }
   // Writes and syncs the write-ahead log before returning: what this
   // returns ok for survives a crash, so only then is it acknowledged. On
   // failure `writes` keeps everything it held (written again next time),
@@ -176,8 +177,9 @@ class TimelineStore {
   Result<void> scan_times();
 
  private:
-  TimelineStore() = default;
-  Result<std::vector<std::string>> all_values(rocksdb::ColumnFamilyHandle* family) const;
+  struct Rocks;  // the database, its column families and the retention filter
+  TimelineStore();
+  Result<std::vector<std::string>> all_values(WriteSet::Family family, const char* what) const;
   // The progress rows whose key starts with `prefix` ("": all).
   Result<std::vector<Progress>> progress_rows(const std::string& prefix) const;
 
@@ -187,15 +189,7 @@ class TimelineStore {
   std::shared_ptr<std::atomic<uint64_t>> cutoff_ = std::make_shared<std::atomic<uint64_t>>(0);
   mutable std::mutex times_mutex_;
   TimeHistogram times_;
-  std::unique_ptr<rocksdb::CompactionFilter> retention_filter_;  // outlives db_ (declared first)
-  std::unique_ptr<rocksdb::DB> db_;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
-  rocksdb::ColumnFamilyHandle* records_ = nullptr;
-  rocksdb::ColumnFamilyHandle* comms_ = nullptr;
-  rocksdb::ColumnFamilyHandle* nodes_ = nullptr;
-  rocksdb::ColumnFamilyHandle* findings_ = nullptr;
-  rocksdb::ColumnFamilyHandle* usage_ = nullptr;
-  rocksdb::ColumnFamilyHandle* progress_ = nullptr;
+  std::unique_ptr<Rocks> rocks_;
 };
 
 }  // namespace rankscope::collector
