@@ -357,7 +357,7 @@ void evaluate(Pipeline& p, Outputs& outputs, const Sockets& sockets, const Optio
   p.refiner->update();
   p.matcher->sweep(p.ingest.comms());
   p.detector->evaluate(now);
-  p.ledger->tick(now, p.findings);
+  p.ledger->tick(now, p.findings.open());
   if (outputs.alertmanager) outputs.alertmanager->sync(p.findings.for_alerts(now - kAlertResolvedWindowNs), now);
   if (outputs.drainer) outputs.drainer->evaluate(p.findings.all(), now);
   if (!outputs.metrics_export) return;
@@ -455,7 +455,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
   }
   // What the ledger counted since its last flush.
-  p.ledger->tick(clock.realtime_ns(), p.findings);
+  p.ledger->tick(clock.realtime_ns(), p.findings.open());
   if (auto committed = p.commit.run(clock.realtime_ns(), true); !committed)
     RS_LOG(error, "stopping with %llu bytes not written: %s", static_cast<unsigned long long>(p.commit.backlog_bytes()),
            committed.error().message.c_str());

@@ -27,6 +27,7 @@
 #include "collector/detect/findings.h"
 #include "collector/match/matcher.h"
 #include "collector/model/cluster.h"
+#include "common/clock.h"
 
 namespace rankscope::collector {
 

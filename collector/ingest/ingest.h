@@ -53,16 +53,6 @@ struct IngestCounters {
   uint64_t retired_comms = 0;   // communicators that left the live model (Ingest::retire)
 };
 
-// Told about every collective record as it is ingested (the detectors).
-class RecordObserver {
- public:
-  virtual ~RecordObserver() = default;
-  // `record` times are on the cluster clock.
-  virtual void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) = 0;
-  // A host wait on the GPU that ended; times on the cluster clock.
-  virtual void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {}
-};
-
 // Replies to send: some at once, acks only once their batch is durable.
 struct Outbox {
   std::vector<std::pair<std::string, std::string>> now;  // (routing id, bytes)

@@ -20,10 +20,12 @@
 #include <utility>
 #include <vector>
 
-#include "collector/ingest/ingest.h"
 #include "collector/match/open_budget.h"
+#include "collector/model/cluster.h"
 
 namespace rankscope::collector {
+
+class Ingest;
 
 // What a rank called at a sequence number.
 struct CallShape {
@@ -91,7 +93,7 @@ class CollectiveMatcher final : public RecordObserver {
   // Alone: records come from on_record (the matcher's own tests).
   CollectiveMatcher() = default;
   // Takes every record `ingest` applies.
-  explicit CollectiveMatcher(Ingest& ingest) { ingest.add_observer(this); }
+  explicit CollectiveMatcher(Ingest& ingest);
   // Listeners hear events in the order they subscribed.
   void subscribe(MatchListener& listener) { listeners_.push_back(&listener); }
 

@@ -15,6 +15,7 @@
 #include "collector/model/clock.h"
 #include "collector/model/health.h"
 #include "common/drops.h"
+#include "proto/records.h"
 
 namespace rankscope::collector {
 
@@ -169,6 +170,17 @@ struct ClusterModel {
     auto it = comms.find(hash);
     return it != comms.end() && !it->second.ended;
   }
+};
+
+// Told about every collective record as the ingest applies it to the model
+// (the matcher, the clock refiner, the usage ledger).
+class RecordObserver {
+ public:
+  virtual ~RecordObserver() = default;
+  // `record` times are on the cluster clock.
+  virtual void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) = 0;
+  // A host wait on the GPU that ended; times on the cluster clock.
+  virtual void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {}
 };
 
 }  // namespace rankscope::collector

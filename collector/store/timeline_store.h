@@ -127,10 +127,23 @@ struct StoreOptions {
 // like an I/O error (kept and written again once there is room).
 uint64_t free_space_reserve(const StoreOptions& options);
 
-class TimelineStore {
+// The usage ledger's rows (its own keys, collector/usage/ledger.h), read
+// back: the store, or a test's map.
+class UsageRows {
+ public:
+  virtual ~UsageRows() = default;
+  // One row by key (nullopt: none).
+  virtual Result<std::optional<std::string>> get_usage(const std::string& key) const = 0;
+  // Every row with from <= key < to in key order, handed to `row` (which returns false to stop).
+  virtual Result<void> scan_usage(
+      const std::string& from, const std::string& to,
+      const std::function<bool(std::string_view key, std::string_view value)>& row) const = 0;
+};
+
+class TimelineStore final : public UsageRows {
  public:
   static Result<std::unique_ptr<TimelineStore>> open(const std::string& path, const StoreOptions& options = {});
-  ~TimelineStore();
+  ~TimelineStore() override;
 
   WriteSet writes() const { return WriteSet(); }
   // Writes and syncs the write-ahead log before returning: what this
@@ -158,11 +171,10 @@ class TimelineStore {
   Result<std::vector<std::string>> all_nodes() const;  // values
   Result<std::vector<std::string>> all_findings() const;  // values, in id order
 
-  // The usage ledger's rows: one by key (nullopt: none), and every row with
-  // from <= key < to in key order, handed to `row` (which returns false to stop).
-  Result<std::optional<std::string>> get_usage(const std::string& key) const;
+  // The usage ledger's rows (UsageRows).
+  Result<std::optional<std::string>> get_usage(const std::string& key) const override;
   Result<void> scan_usage(const std::string& from, const std::string& to,
-                          const std::function<bool(std::string_view key, std::string_view value)>& row) const;
+                          const std::function<bool(std::string_view key, std::string_view value)>& row) const override;
   // Retention (safe to call from another thread than the one that commits).
   // Removes every record issued before `cutoff_ns` (cluster clock): a
   // compaction filter drops them as RocksDB rewrites its files, and a full

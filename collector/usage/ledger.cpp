@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "collector/ingest/ingest.h"
 #include "collector/store/bytes.h"
 #include "common/cgroup_path.h"
 #include "common/format.h"
@@ -372,7 +373,7 @@ std::vector<LevelRange> plan_ranges(uint64_t since_s, uint64_t until_s, Level co
   return out;
 }
 
-Result<void> scan_ledger(const TimelineStore& store, uint64_t since_s, uint64_t until_s,
+Result<void> scan_ledger(const UsageRows& store, uint64_t since_s, uint64_t until_s,
                          const std::function<void(const LedgerEntry&)>& entry, Level coarsest) {
   for (const LevelRange& range : plan_ranges(since_s, until_s, coarsest)) {
     std::string from(1, static_cast<char>(range.level)), to(1, static_cast<char>(range.level));
@@ -398,10 +399,15 @@ Result<void> scan_ledger(const TimelineStore& store, uint64_t since_s, uint64_t 
 
 // ---------------------------------------------------------------- the ledger
 
-UsageLedger::UsageLedger(Ingest& ingest, CollectiveMatcher& matcher, const TimelineStore& store, UsageOptions options)
-    : ingest_(ingest), store_(store), options_(options) {
-  ingest.add_observer(this);
+UsageLedger::UsageLedger(const ClusterModel& model, CollectiveMatcher& matcher, const UsageRows& rows,
+                         UsageOptions options)
+    : model_(model), rows_(rows), options_(options) {
   matcher.subscribe(*this);
+}
+
+UsageLedger::UsageLedger(Ingest& ingest, CollectiveMatcher& matcher, const TimelineStore& store, UsageOptions options)
+    : UsageLedger(ingest.model(), matcher, store, options) {
+  ingest.add_observer(this);
 }
 
 double UsageLedger::gpus_of(const ProcessInfo* process) const {
@@ -437,7 +443,7 @@ std::optional<UsageLedger::ProcessTrack> UsageLedger::decode_track(std::string_v
 
 Result<void> UsageLedger::restore() {
   size_t unreadable = 0;
-  auto tracks = store_.scan_usage("t", "u", [&](std::string_view key, std::string_view value) {
+  auto tracks = rows_.scan_usage("t", "u", [&](std::string_view key, std::string_view value) {
     size_t zero = key.find('\0', 1);
     auto track = decode_track(value);
     if (zero == std::string_view::npos || key.size() != zero + 5 || !track) {
@@ -448,7 +454,7 @@ Result<void> UsageLedger::restore() {
     return true;
   });
   if (!tracks) return tracks.error();
-  auto hangs = store_.scan_usage("k", "l", [&](std::string_view key, std::string_view value) {
+  auto hangs = rows_.scan_usage("k", "l", [&](std::string_view key, std::string_view value) {
     if (value.size() != 8) {
       ++unreadable;
       return true;
@@ -597,7 +603,7 @@ void UsageLedger::on_complete(const CollectiveComplete& done) {
   if (late == comm.members.end()) return;
   // Never waste by less than the clock can tell apart.
   uint64_t uncertainty = 0;
-  if (const NodeState* node = ingest_.node(late->second.node))
+  if (const NodeState* node = model_.node(late->second.node))
     uncertainty = node->clock.uncertainty_ns() > 1'000'000'000ull ? 0 : node->clock.uncertainty_ns();
   if (delay < options_.min_wait_ns + 2 * uncertainty) return;
   PendingWait& wait = pending_waits_[{comm.hash, last, minute_of(static_cast<uint64_t>(from))}];
@@ -608,18 +614,18 @@ void UsageLedger::on_complete(const CollectiveComplete& done) {
 void UsageLedger::fold_records() {
   for (const auto& [key, usage] : record_usage_) {
     const auto& [minute_s, node, pid] = key;
-    const ProcessInfo* process = ingest_.process(node, pid);
+    const ProcessInfo* process = model_.process(node, pid);
     add_usage(minute_s * kNs, node, process ? Identity::of(*process) : Identity{}, usage);
   }
   record_usage_.clear();
   last_usage_ = LastUsage{};
   for (const auto& [key, wait] : pending_waits_) {
     const auto& [hash, last, minute_s] = key;
-    auto comm = ingest_.comms().find(hash);
-    if (comm == ingest_.comms().end()) continue;
+    auto comm = model_.comms.find(hash);
+    if (comm == model_.comms.end()) continue;
     auto late = comm->second.members.find(last);
     if (late == comm->second.members.end()) continue;
-    const ProcessInfo* late_process = ingest_.process(late->second.node, late->second.pid);
+    const ProcessInfo* late_process = model_.process(late->second.node, late->second.pid);
     WasteRow cause;
     if (auto neighbour = neighbour_cause(late->second.node, late_process, late->second.pid)) {
       cause = *neighbour;
@@ -631,7 +637,7 @@ void UsageLedger::fold_records() {
     }
     for (const auto& [r, m] : comm->second.members) {
       if (r == last) continue;
-      const ProcessInfo* p = ingest_.process(m.node, m.pid);
+      const ProcessInfo* p = model_.process(m.node, m.pid);
       WasteRow row = cause;
       row.node = m.node;
       row.identity = p ? Identity::of(*p) : Identity{};
@@ -644,7 +650,7 @@ void UsageLedger::fold_records() {
 
 std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_name, const ProcessInfo* late,
                                                      uint32_t late_pid) const {
-  const NodeState* node = ingest_.node(node_name);
+  const NodeState* node = model_.node(node_name);
   if (!node) return std::nullopt;
   // Only when the late rank itself waited for a CPU: a busy neighbour of a
   // rank late for another reason is not the cause.
@@ -656,13 +662,13 @@ std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_nam
   std::set<uint64_t> own;
   if (late) own.insert(late->cgroup_id);
   for (const auto& [pid, h] : node->health)
-    if (const ProcessInfo* other = ingest_.process(node_name, pid))
+    if (const ProcessInfo* other = model_.process(node_name, pid))
       if (late && other->job == late->job) own.insert(other->cgroup_id);
   // Tenants first: a busy cgroup that is a Slurm job, a pod or runs traced
   // processes is billed as the cause before a busier system or session one.
   std::set<uint64_t> traced;
   for (const auto& [pid, h] : node->health)
-    if (const ProcessInfo* p = ingest_.process(node_name, pid)) traced.insert(p->cgroup_id);
+    if (const ProcessInfo* p = model_.process(node_name, pid)) traced.insert(p->cgroup_id);
   double best = 0;
   bool best_tenant = false;
   uint64_t best_id = 0;
@@ -686,7 +692,7 @@ std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_nam
   // A traced process in that cgroup says who it is; else the path does.
   const ProcessInfo* owner = nullptr;
   for (const auto& [pid, h] : node->health)
-    if (const ProcessInfo* p = ingest_.process(node_name, pid); p && p->cgroup_id == best_id) owner = p;
+    if (const ProcessInfo* p = model_.process(node_name, pid); p && p->cgroup_id == best_id) owner = p;
   row.cause = owner ? Identity::of(*owner) : Identity::of_cgroup_path(best_usage->path);
   if (row.cause.cgroup_path.empty()) row.cause.cgroup_path = best_usage->path;
   char cpus[32];
@@ -698,28 +704,28 @@ std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_nam
 
 void UsageLedger::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
   if (end_ns <= start_ns) return;
-  const ProcessInfo* process = ingest_.process(node, pid);
+  const ProcessInfo* process = model_.process(node, pid);
   Usage usage;
   usage.wait_s = static_cast<double>(end_ns - start_ns) / 1e9;
   add_usage_span(start_ns, end_ns, node, process ? Identity::of(*process) : Identity{}, usage);
 }
 
-void UsageLedger::tick(uint64_t now_ns, const FindingBook& findings) {
+void UsageLedger::tick(uint64_t now_ns, const std::vector<const Finding*>& open) {
   fold_records();
   // What is left open of communicators every member ended never completes.
   for (auto it = comms_.begin(); it != comms_.end();) {
-    if (ingest_.live(it->first)) {
+    if (model_.live(it->first)) {
       ++it;
       continue;
     }
     it = comms_.erase(it);
   }
   take_samples(now_ns);
-  hang_waste(now_ns, findings);
+  hang_waste(now_ns, open);
 }
 
 void UsageLedger::take_samples(uint64_t now_ns) {
-  for (const auto& [name, node] : ingest_.nodes()) {
+  for (const auto& [name, node] : model_.nodes) {
     for (const auto& [pid, health] : node.health) {
       const HealthSample* sample = health.last();
       if (!sample) continue;
@@ -728,7 +734,7 @@ void UsageLedger::take_samples(uint64_t now_ns) {
   }
   // Forget processes that left the collector's health table.
   for (auto it = processes_.begin(); it != processes_.end();) {
-    const NodeState* node = ingest_.node(it->first.first);
+    const NodeState* node = model_.node(it->first.first);
     bool known = node && node->health.count(it->first.second);
     if (!known) tracks_gone_.insert(it->first);
     it = known ? std::next(it) : processes_.erase(it);
@@ -745,7 +751,7 @@ void UsageLedger::take_sample(const std::string& name, const NodeState& node, ui
                               const HealthSample& sample) {
   ProcessTrack& track = processes_[{name, pid}];
   if (track.done || (track.seen && sample.sample_ns == track.last_sample_ns)) return;
-  const ProcessInfo* process = ingest_.process(name, pid);
+  const ProcessInfo* process = model_.process(name, pid);
   // Counted by the previous run up to its last flush: go on from there
   // (the same process: its start time says a pid was not reused).
   if (!track.seen) {
@@ -813,12 +819,12 @@ void UsageLedger::take_sample(const std::string& name, const NodeState& node, ui
   track.off_cpu_ns = std::max(track.off_cpu_ns, off);
 }
 
-void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
+void UsageLedger::hang_waste(uint64_t now_ns, const std::vector<const Finding*>& open_findings) {
   std::set<std::string> open;
-  for (const Finding* f : findings.open()) {
+  for (const Finding* f : open_findings) {
     if (f->kind != FindingKind::hang) continue;
-    auto comm = ingest_.comms().find(f->comm);
-    if (comm == ingest_.comms().end()) continue;
+    auto comm = model_.comms.find(f->comm);
+    if (comm == model_.comms.end()) continue;
     std::string key = f->key();
     open.insert(key);
     auto [it, first] = hang_counted_ns_.try_emplace(key, 0);
@@ -837,7 +843,7 @@ void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
     int32_t first_culprit = f->ranks.empty() ? -1 : f->ranks.front();
     auto culprit = comm->second.members.find(first_culprit);
     if (culprit != comm->second.members.end()) {
-      const ProcessInfo* p = ingest_.process(culprit->second.node, culprit->second.pid);
+      const ProcessInfo* p = model_.process(culprit->second.node, culprit->second.pid);
       cause.cause_node = culprit->second.node;
       cause.cause = p ? Identity::of(*p) : Identity{};
       if (cause.cause.job.empty()) cause.cause.job = comm->second.job;
@@ -846,7 +852,7 @@ void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
                          std::to_string(f->id);
     for (const auto& [r, m] : comm->second.members) {
       if (!everyone && culprits.count(r)) continue;
-      const ProcessInfo* p = ingest_.process(m.node, m.pid);
+      const ProcessInfo* p = model_.process(m.node, m.pid);
       WasteRow row = cause;
       row.node = m.node;
       row.identity = p ? Identity::of(*p) : Identity{};
@@ -868,7 +874,7 @@ void UsageLedger::hang_waste(uint64_t now_ns, const FindingBook& findings) {
 
 Result<std::optional<std::string>> UsageLedger::stored_usage(const std::string& key) const {
   if (auto it = unsettled_.find(key); it != unsettled_.end()) return it->second;
-  return store_.get_usage(key);
+  return rows_.get_usage(key);
 }
 
 void UsageLedger::put(WriteSet& writes, const std::string& key, std::string value) {

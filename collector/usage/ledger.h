@@ -29,13 +29,16 @@
 #include <string_view>
 #include <vector>
 
-#include "collector/detect/findings.h"
-#include "collector/ingest/ingest.h"
+#include "collector/commit.h"
+#include "collector/detect/finding.h"
 #include "collector/match/matcher.h"
+#include "collector/model/cluster.h"
 #include "collector/store/timeline_store.h"
 #include "common/result.h"
 
 namespace rankscope::collector {
+
+class Ingest;
 
 // Who a process is, as far as billing goes (not which rank or pid).
 struct Identity {
@@ -119,7 +122,7 @@ struct LevelRange {
 // the benchmark's baseline).
 std::vector<LevelRange> plan_ranges(uint64_t since_s, uint64_t until_s, Level coarsest = Level::day);
 // Every entry of [since, until) (unix seconds), each bucket counted once.
-Result<void> scan_ledger(const TimelineStore& store, uint64_t since_s, uint64_t until_s,
+Result<void> scan_ledger(const UsageRows& rows, uint64_t since_s, uint64_t until_s,
                          const std::function<void(const LedgerEntry&)>& entry, Level coarsest = Level::day);
 
 struct UsageOptions {
@@ -135,7 +138,11 @@ struct UsageOptions {
 // collectives and waits), a match listener for whom it waited on.
 class UsageLedger final : public RecordObserver, public MatchListener, public CommitParticipant {
  public:
-  // Takes `ingest`'s records and `matcher`'s completed collectives.
+  // Reads the cluster `model`, hears `matcher`'s completed collectives, and
+  // reads back its own rows from `rows`; records reach it as a
+  // RecordObserver of whoever applies them (the ingest).
+  UsageLedger(const ClusterModel& model, CollectiveMatcher& matcher, const UsageRows& rows, UsageOptions options);
+  // The collector's wiring: `ingest`'s model and records, rows in `store`.
   UsageLedger(Ingest& ingest, CollectiveMatcher& matcher, const TimelineStore& store, UsageOptions options);
   // What an earlier run had counted of the processes and hangs still going.
   Result<void> restore();
@@ -146,7 +153,8 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   void on_complete(const CollectiveComplete& done) override;
   // Takes the processes' new heartbeat samples (GPU, CPU and off-CPU time)
   // and the open hangs' waiting; `now_ns` on the cluster clock.
-  void tick(uint64_t now_ns, const FindingBook& findings);
+  // `open`: the open findings (the hangs' waiting is counted from them).
+  void tick(uint64_t now_ns, const std::vector<const Finding*>& open);
   // Writes what changed into `writes` once per flush interval (or now, with
   // force); returns whether it wrote.
   Result<bool> persist(WriteSet& writes, uint64_t now_ns, bool force = false);
@@ -221,12 +229,12 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   void write_progress(WriteSet& writes);
   // One process's newest health sample: the usage since its last one.
   void take_sample(const std::string& name, const NodeState& node, uint32_t pid, const HealthSample& sample);
-  void hang_waste(uint64_t now_ns, const FindingBook& findings);
+  void hang_waste(uint64_t now_ns, const std::vector<const Finding*>& open);
   void count_totals(const std::string& node, const Identity& identity, double gpu_s, double waste_s, double caused_s,
                     const std::string& cause_node, const Identity* cause);
 
-  const Ingest& ingest_;
-  const TimelineStore& store_;
+  const ClusterModel& model_;
+  const UsageRows& rows_;
   UsageOptions options_;
   std::map<std::pair<std::string, uint32_t>, ProcessTrack> processes_;
   std::map<uint64_t, CommTrack> comms_;

@@ -37,7 +37,7 @@ void fill_row(const ReportLine& line, proto::query::ReportRow::Builder out) {
 }
 }  // namespace
 
-Result<Report> make_report(const TimelineStore& store, uint64_t since_s, uint64_t until_s, TenantKey by,
+Result<Report> make_report(const UsageRows& rows, uint64_t since_s, uint64_t until_s, TenantKey by,
                            const std::string& job, Level coarsest) {
   bool job_bill = !job.empty();
   if (job_bill) by = TenantKey::node;
@@ -50,7 +50,7 @@ Result<Report> make_report(const TimelineStore& store, uint64_t since_s, uint64_
     return l;
   };
   auto scanned = scan_ledger(
-      store, since_s, until_s,
+      rows, since_s, until_s,
       [&](const LedgerEntry& e) {
         ++report.entries;
         if (!e.waste) {

@@ -40,7 +40,7 @@ struct Report {
 
 // `job` non-empty: only that job's rows (by node), the waste it suffered and
 // the waste it caused others.
-Result<Report> make_report(const TimelineStore& store, uint64_t since_s, uint64_t until_s, TenantKey by,
+Result<Report> make_report(const UsageRows& rows, uint64_t since_s, uint64_t until_s, TenantKey by,
                            const std::string& job, Level coarsest = Level::day);
 
 Result<void> answer_report(const TimelineStore& store, const FindingBook& findings, uint64_t now_ns,

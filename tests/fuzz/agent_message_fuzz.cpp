@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       refiner.update();
       matcher.sweep(ingest.comms());
       detector.evaluate(clock.now);
-      ledger.tick(clock.now, findings);
+      ledger.tick(clock.now, findings.open());
       (void)commit.run(clock.now, true);
     };
 
@@ -111,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (ingest.restore() && findings.restore(store.store()) && ledger.restore()) {
       clock.now += 1'000'000'000ull;
       detector.evaluate(clock.now);
-      ledger.tick(clock.now, findings);
+      ledger.tick(clock.now, findings.open());
     }
   }
 

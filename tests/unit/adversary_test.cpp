@@ -118,7 +118,7 @@ class AdversaryTest : public ::testing::Test {
   void evaluate() {
     matcher.sweep(ingest.comms());
     detector.evaluate(clock.now);
-    ledger.tick(clock.now, findings);
+    ledger.tick(clock.now, findings.open());
   }
 
   testing::TempDir dir;

@@ -161,7 +161,7 @@ TEST_F(CommitTest, AFailedCommitLosesNothingAndAReSentBatchIsCountedOnce) {
   straggler.summary = "rank 1 is late";
   uint64_t id = findings.raise(straggler, t0 + 10 * kS).id;
   clock.now = t0 + 20 * kS;
-  ledger->tick(clock.now, findings);
+  ledger->tick(clock.now, findings.open());
   auto failed = commit->run(clock.now);
   ASSERT_FALSE(failed) << "the disk is full";
   EXPECT_NE(failed.error().message.find("No space left"), std::string::npos) << failed.error().message;
@@ -176,13 +176,13 @@ TEST_F(CommitTest, AFailedCommitLosesNothingAndAReSentBatchIsCountedOnce) {
   EXPECT_EQ(again0.after_commit.size() + again1.after_commit.size(), 2u) << "acked only once durable";
   EXPECT_TRUE(again0.now.empty() && again1.now.empty()) << "not acked before the commit";
   clock.now += 10 * kS;
-  ledger->tick(clock.now, findings);
+  ledger->tick(clock.now, findings.open());
   EXPECT_FALSE(commit->run(clock.now)) << "still full";
 
   // Space again: the next commit writes everything that was staged.
   disk->full = false;
   clock.now += 10 * kS;
-  ledger->tick(clock.now, findings);
+  ledger->tick(clock.now, findings.open());
   ASSERT_TRUE(commit->run(clock.now, true));
   EXPECT_FALSE(commit->failing());
   EXPECT_EQ(commit->failures(), 2u);
@@ -226,14 +226,14 @@ TEST_F(CommitTest, RollupsAddUpAcrossAFailedCommit) {
   calls(0, 2, t0);
   calls(1, 2, t0);
   clock.now = t0 + 20 * kS;
-  ledger->tick(clock.now, findings);
+  ledger->tick(clock.now, findings.open());
   disk->full = true;
   ASSERT_FALSE(commit->run(clock.now, true));
   disk->full = false;
   calls(0, 3, t0 + 60 * kS);
   calls(1, 3, t0 + 60 * kS);
   clock.now = t0 + 80 * kS;
-  ledger->tick(clock.now, findings);
+  ledger->tick(clock.now, findings.open());
   ASSERT_TRUE(commit->run(clock.now, true));
   // The hour's row (read when the range is whole hours) holds both flushes.
   auto r = make_report(*store, kDay0, kDay0 + 3600, TenantKey::account, "");

@@ -300,11 +300,11 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
       }
     });
     clock.now = kDay0 * kS + at_s * kS;
-    ledger->tick(clock.now, FindingBook{});
+    ledger->tick(clock.now, {});
   };
   beat(10, true, 1);
   beat(11, true, 1);  // the same sample twice is counted once
-  ledger->tick(clock.now, FindingBook{});
+  ledger->tick(clock.now, {});
   beat(70, true, 31);
   beat(130, false, 61);
   beat(131, false, 61);  // gone: nothing more
@@ -361,7 +361,7 @@ TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
       }
     });
     clock.now = kDay0 * kS + at_s * kS;
-    ledger->tick(clock.now, FindingBook{});
+    ledger->tick(clock.now, {});
   };
   hello();
   identities(600);
@@ -456,7 +456,7 @@ TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
     });
   }
   clock.now = t0 + 20 * kS;
-  ledger->tick(clock.now, FindingBook{});
+  ledger->tick(clock.now, {});
   flush();
   Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
   const ReportLine* physics = row(r, "physics");
