@@ -1,28 +1,21 @@
 #include "collector/collector.h"
 
 #include <cerrno>
-#include <fstream>
-#include <iterator>
-#include <set>
 #include <zmq.hpp>
 
-#include "collector/alert/alertmanager.h"
-#include "collector/alert/drain.h"
 #include "collector/auth.h"
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
 #include "collector/ingest/ingest.h"
 #include "collector/ingest/rate_limit.h"
-#include "collector/metrics.h"
 #include "collector/model/clock_refine.h"
+#include "collector/outputs.h"
 #include "collector/query.h"
 #include "collector/retention.h"
 #include "collector/store/timeline_store.h"
 #include "collector/usage/ledger.h"
 #include "common/clock.h"
 #include "common/curve.h"
-#include "common/drops.h"
-#include "common/format.h"
 #include "common/log.h"
 
 namespace rankscope::collector {
@@ -43,8 +36,6 @@ constexpr int64_t kMaxAgentMessageBytes = 16ll << 20;
 constexpr int64_t kMaxQueryMessageBytes = 64ll << 10;
 // How often the hang, straggler and node-lost detectors look at the picture.
 constexpr uint64_t kEvaluationIntervalNs = 500'000'000ull;
-// Resolved findings still handed to the Alertmanager client (it repeats a resolution once).
-constexpr uint64_t kAlertResolvedWindowNs = 600'000'000'000ull;
 
 std::string frame(const zmq::message_t& message) {
   return std::string(static_cast<const char*>(message.data()), message.size());
@@ -93,73 +84,6 @@ std::string limit_key(const Received& message) {
   return message.user_id.empty() ? "connection " + message.routing_id : "key " + message.user_id;
 }
 
-// Mirrors the collector's state into the Prometheus metrics.
-class MetricsExport {
- public:
-  explicit MetricsExport(Metrics& metrics) : metrics_(metrics) {}
-
-  void update(const Ingest& ingest, const FindingBook& findings, Detector& detector, uint64_t now_ns,
-              uint64_t liveness_ns) {
-    for (FindingKind kind : {FindingKind::hang, FindingKind::mismatch, FindingKind::straggler, FindingKind::node_lost})
-      metrics_.set_open_findings(kind, findings.open_count(kind));
-    for (const Finding* f : findings.all()) {
-      if (f->id <= newest_finding_) break;  // newest first
-      metrics_.count_opened(f->kind);
-    }
-    if (auto all = findings.all(); !all.empty()) newest_finding_ = std::max(newest_finding_, all.front()->id);
-    // GPU-seconds lost to open findings, per job: a straggler's as its
-    // finding counts them; a hang's, every rank of its communicator idle
-    // since it opened.
-    std::map<std::pair<FindingKind, std::string>, double> lost;
-    for (const Finding* f : findings.open()) {
-      double seconds = f->gpu_hours_lost * 3600;
-      if (f->kind == FindingKind::hang) {
-        auto comm = ingest.comms().find(f->comm);
-        int32_t ranks = comm == ingest.comms().end() ? 0 : std::max(0, comm->second.nranks);
-        seconds = now_ns > f->opened_ns ? static_cast<double>(now_ns - f->opened_ns) / 1e9 * ranks : 0;
-      }
-      if (f->kind == FindingKind::hang || f->kind == FindingKind::straggler)
-        lost[{f->kind, f->job.empty() ? "(unknown)" : f->job}] += seconds;
-    }
-    metrics_.set_findings_waste_gpu_seconds(lost);
-    for (const auto& [name, node] : ingest.nodes()) {
-      metrics_.set_node_clock(name, static_cast<double>(node.clock.offset_ns()) / 1e9,
-                              static_cast<double>(node.clock.uncertainty_ns()) / 1e9, node.clock.drift_ppb() / 1e9,
-                              static_cast<double>(node.wall_offset_ns - node.clock.offset_ns()) / 1e9);
-      metrics_.set_node_up(name, node.last_contact_ns != 0 && now_ns - node.last_contact_ns < liveness_ns);
-      metrics_.set_node_unacked_batches(name, node.unacked_batches);
-      metrics_.set_node_last_contact(name, static_cast<double>(node.last_contact_ns) / 1e9);
-      for (const DropReason& reason : kDropReasons)
-        metrics_.set_node_drops(name, std::string(reason.name), node.drops.*reason.count);
-      metrics_.set_node_bad_messages(name, node.bad_messages);
-      metrics_.set_node_refused_claims(name, node.refused_claims);
-    }
-    // Series of communicators ended or retired go.
-    for (auto it = exported_comms_.begin(); it != exported_comms_.end();) {
-      if (ingest.live(*it)) {
-        ++it;
-        continue;
-      }
-      metrics_.forget_comm(hex64(*it));
-      it = exported_comms_.erase(it);
-    }
-    for (const auto& [hash, comm] : ingest.comms()) {
-      std::string hex = hex64(hash);
-      if (comm.ended) continue;
-      exported_comms_.insert(hash);
-      for (const auto& [rank, member] : comm.members) metrics_.set_comm_progress(comm.job, hex, rank, member.last_seq);
-    }
-    for (double lateness : detector.take_lateness_samples()) metrics_.observe_lateness(lateness);
-    const IngestCounters& c = ingest.counters();
-    metrics_.set_ingest_totals(c.batches_stored, c.records_stored, c.duplicate_batches, c.bad_messages, c.batch_bytes);
-  }
-
- private:
-  Metrics& metrics_;
-  uint64_t newest_finding_ = 0;
-  std::set<uint64_t> exported_comms_;
-};
-
 Result<void> bind(zmq::socket_t& socket, const std::string& endpoint, const char* what) {
   try {
     socket.bind(endpoint);
@@ -168,88 +92,6 @@ Result<void> bind(zmq::socket_t& socket, const std::string& endpoint, const char
   }
   return {};
 }
-// A secret's file: its content less a trailing newline; never empty.
-Result<std::string> read_secret(const std::string& path, const char* option) {
-  std::ifstream in(path);
-  if (!in) return make_error(Errc::io, std::string(option) + " " + path + ": cannot be read");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-  if (text.empty()) return make_error(Errc::invalid_argument, std::string(option) + " " + path + " is empty");
-  return text;
-}
-
-// How the collector reaches Alertmanager: TLS files and credentials.
-Result<HttpClientOptions> alertmanager_http(const Options& options) {
-  HttpClientOptions http;
-  for (const auto& [path, option] : {std::pair{&options.alertmanager_ca_file, "--alertmanager-ca-file"},
-                                     {&options.alertmanager_cert_file, "--alertmanager-cert-file"},
-                                     {&options.alertmanager_key_file, "--alertmanager-key-file"}})
-    if (!path->empty() && !std::ifstream(*path))
-      return make_error(Errc::io, std::string(option) + " " + *path + ": cannot be read");
-  http.ca_file = options.alertmanager_ca_file;
-  http.cert_file = options.alertmanager_cert_file;
-  http.key_file = options.alertmanager_key_file;
-  if (!options.alertmanager_bearer_token_file.empty()) {
-    auto token = read_secret(options.alertmanager_bearer_token_file, "--alertmanager-bearer-token-file");
-    if (!token) return token.error();
-    http.bearer_token = std::move(*token);
-  }
-  if (!options.alertmanager_basic_auth_user.empty()) {
-    auto password = read_secret(options.alertmanager_password_file, "--alertmanager-password-file");
-    if (!password) return password.error();
-    http.username = options.alertmanager_basic_auth_user;
-    http.password = std::move(*password);
-  }
-  return http;
-}
-
-// What the collector tells the outside world, beside its query socket.
-struct Outputs {
-  std::unique_ptr<Metrics> metrics;
-  std::unique_ptr<MetricsExport> metrics_export;
-  std::unique_ptr<AlertmanagerClient> alertmanager;
-  std::unique_ptr<NodeDrainer> drainer;
-};
-
-// The outputs the options ask for; nullopt after logging why one cannot start.
-std::optional<Outputs> start_outputs(const Options& options) {
-  Outputs out;
-  if (!options.metrics.empty()) {
-    auto started = Metrics::start(options.metrics);
-    if (!started) {
-      RS_LOG(error, "--metrics %s: %s", options.metrics.c_str(), started.error().message.c_str());
-      return std::nullopt;
-    }
-    out.metrics = std::move(*started);
-    out.metrics_export = std::make_unique<MetricsExport>(*out.metrics);
-    RS_LOG(info, "Prometheus metrics on %s (port %u)", options.metrics.c_str(), out.metrics->port());
-  }
-  if (!options.alertmanager.empty()) {
-    auto http = alertmanager_http(options);
-    if (!http) {
-      RS_LOG(error, "--alertmanager: %s", http.error().message.c_str());
-      return std::nullopt;
-    }
-    AlertmanagerOptions alert_options;
-    alert_options.http = std::move(*http);
-    auto created = AlertmanagerClient::create(options.alertmanager, alert_options);
-    if (!created) {
-      RS_LOG(error, "--alertmanager %s: %s", options.alertmanager.c_str(), created.error().message.c_str());
-      return std::nullopt;
-    }
-    out.alertmanager = std::move(*created);
-    RS_LOG(info, "pushing findings to the Alertmanager at %s", options.alertmanager.c_str());
-  }
-  if (options.drain_after_jobs > 0) {
-    out.drainer = std::make_unique<NodeDrainer>(
-        DrainOptions{options.drain_after_jobs, static_cast<uint64_t>(options.drain_window_h * 3600e9),
-                     options.drain_command, options.drain_dry_run});
-    RS_LOG(info, "a node straggling in %u jobs within %.0f h will be drained with %s%s", options.drain_after_jobs,
-           options.drain_window_h, options.drain_command.c_str(), options.drain_dry_run ? " (dry run: logged only)" : "");
-  }
-  return out;
-}
-
 // The agents' and the queries' sockets: bounded, then CurveZMQ with the
 // ZAP handler (unless --insecure), then bound. nullopt after logging why not.
 struct Sockets {
@@ -358,18 +200,17 @@ void evaluate(Pipeline& p, Outputs& outputs, const Sockets& sockets, const Optio
   p.matcher->sweep(p.ingest.comms());
   p.detector->evaluate(now);
   p.ledger->tick(now, p.findings.open());
-  if (outputs.alertmanager) outputs.alertmanager->sync(p.findings.for_alerts(now - kAlertResolvedWindowNs), now);
-  if (outputs.drainer) outputs.drainer->evaluate(p.findings.all(), now);
-  if (!outputs.metrics_export) return;
-  Metrics& metrics = *outputs.metrics;
-  outputs.metrics_export->update(p.ingest, p.findings, *p.detector, now, liveness_ns);
-  for (const auto& [account, totals] : p.ledger->totals(TenantKey::account))
-    metrics.set_tenant_usage(account, totals.gpu_s, totals.waste_s, totals.caused_s);
-  if (outputs.alertmanager)
-    metrics.set_alert_posts(outputs.alertmanager->posts_ok(), outputs.alertmanager->posts_failed());
-  metrics.set_security_totals(sockets.zap ? sockets.zap->admitted() : 0, sockets.zap ? sockets.zap->refused() : 0,
-                              p.ingest.counters().throttled_messages, query_throttled);
-  metrics.set_commit_totals(p.commit.failures(), p.ingest.counters().held_batches);
+  Evaluated evaluated{now,
+                      liveness_ns,
+                      p.ingest,
+                      p.findings,
+                      *p.detector,
+                      *p.ledger,
+                      p.commit,
+                      sockets.zap ? sockets.zap->admitted() : 0,
+                      sockets.zap ? sockets.zap->refused() : 0,
+                      query_throttled};
+  for (auto& output : outputs) output->publish(evaluated);
 }
 
 // Takes in up to kMaxMessagesPerCommit agent messages, each within its

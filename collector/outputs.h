@@ -1,0 +1,46 @@
+#pragma once
+// What the collector tells the outside world after each evaluation, beside
+// its query socket: the Alertmanager (--alertmanager), the Slurm node
+// drainer (--drain-after-jobs) and the Prometheus exposition (--metrics).
+// Each is an Output; the collector starts those its options ask for and
+// hands every one the same picture, in that order, twice a second.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "collector/options.h"
+
+namespace rankscope::collector {
+
+class Commit;
+class Detector;
+class FindingBook;
+class Ingest;
+class UsageLedger;
+
+// The pipeline just after an evaluation.
+struct Evaluated {
+  uint64_t now_ns = 0;       // cluster clock
+  uint64_t liveness_ns = 0;  // a node unheard of for this long is down
+  const Ingest& ingest;
+  const FindingBook& findings;
+  Detector& detector;   // its lateness samples are taken by the metrics
+  UsageLedger& ledger;  // totals() builds its view on demand
+  const Commit& commit;
+  uint64_t keys_admitted = 0, keys_refused = 0;  // CurveZMQ keys (the ZAP handler)
+  uint64_t queries_throttled = 0;
+};
+
+class Output {
+ public:
+  virtual ~Output() = default;
+  virtual void publish(const Evaluated& evaluated) = 0;
+};
+
+using Outputs = std::vector<std::unique_ptr<Output>>;
+
+// The outputs the options ask for; nullopt after logging why one cannot start.
+std::optional<Outputs> start_outputs(const Options& options);
+
+}  // namespace rankscope::collector
