@@ -18,6 +18,7 @@
 #include "node-agent/spool.h"
 #include "node-agent/summarise.h"
 #include "node-agent/transport.h"
+#include "proto/agent_wire.h"
 #include "proto/codec.h"
 
 namespace rankscope::agent {
@@ -107,13 +108,9 @@ DropCounts drop_counts(const NcclProbes& bpf, const Summariser& summariser, cons
 // the transport.
 void send_batch(NcclProbes& bpf, Summariser& summariser, Transport& transport, uint64_t instance, uint64_t seq,
                 uint64_t now) {
-  capnp::MallocMessageBuilder message;
-  auto batch = message.initRoot<wire::AgentMessage>().initBatch();
-  batch.setInstanceId(instance);
-  batch.setSeq(seq);
-  batch.setCreatedNs(now);
-  summariser.fill(batch, drop_counts(bpf, summariser, transport));
-  transport.submit(seq, proto::to_packed(message));
+  DropCounts drops = drop_counts(bpf, summariser, transport);
+  transport.submit(
+      seq, proto::encode_batch(instance, seq, now, [&](wire::Batch::Builder batch) { summariser.fill(batch, drops); }));
 }
 
 // The heartbeat: traced processes, drops, each process's health and host

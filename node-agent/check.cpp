@@ -14,6 +14,7 @@
 #include "node-agent/attach.h"
 #include "node-agent/discover.h"
 #include "node-agent/transport.h"
+#include "proto/agent_wire.h"
 #include "proto/codec.h"
 
 namespace rankscope::agent {
@@ -63,12 +64,10 @@ std::pair<bool, std::string> reach_collector(const Options& options) {
   socket.set(zmq::sockopt::sndtimeo, 3000);
   curve::apply(socket, options.keys);
   socket.connect(options.collector);
-  capnp::MallocMessageBuilder message;
-  auto hello = message.initRoot<wire::AgentMessage>().initHello();
-  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
-  hello.setNode(options.node);
-  hello.setInstanceId(1);
-  std::string bytes = proto::to_packed(message);
+  proto::Hello hello;
+  hello.node = options.node;
+  hello.instance_id = 1;
+  std::string bytes = proto::encode_hello(hello);
   socket.send(zmq::buffer(bytes), zmq::send_flags::none);
   zmq::message_t reply;
   if (!socket.recv(reply, zmq::recv_flags::none))

@@ -9,34 +9,12 @@
 #include <vector>
 
 #include "common/cgroup_path.h"
+#include "proto/agent_wire.h"
 
 namespace rankscope::agent {
 
-struct ProcessIdentity {
-  uint32_t pid = 0;
-  uint64_t start_time = 0;  // /proc/PID/stat field 22, clock ticks since boot
-  std::string exe;
-  uint32_t uid = 0;
-  std::string user;
-  std::string job;          // SLURM_JOB_ID, RANKSCOPE_JOB_ID, TORCHELASTIC_RUN_ID; "" if none
-  std::string account;      // the Slurm job's, as its Prolog recorded it (read_slurm_account)
-  int32_t rank = -1;
-  int32_t local_rank = -1;
-  int32_t world_size = -1;
-  std::string visible_devices;      // CUDA_VISIBLE_DEVICES; a later setenv in the process wins
-  std::vector<int32_t> cuda_devices;  // ordinals chosen with cudaSetDevice, in order first used
-  // From the cgroup path (cgroup v2, else the first v1 hierarchy); the job and
-  // step only where the environment does not name them:
-  std::string cgroup_path;
-  uint64_t cgroup_id = 0;      // from the events (bpf_get_current_cgroup_id)
-  std::string slurm_step;      // SLURM_STEP_ID, else the cgroup's step_<n>: "0", "batch", "extern"...
-  int64_t slurm_uid = -1;
-  std::string pod_uid;         // Kubernetes
-  std::string pod_namespace;   // POD_NAMESPACE, else the container runtime's annotations
-  std::string pod_name;        // POD_NAME, else the container runtime's annotations
-  std::string container_id;    // Kubernetes or Docker
-  std::string container_runtime;  // containerd, crio, docker
-};
+// Who a traced process is (what the agent announces: proto/agent_wire.h).
+using ProcessIdentity = proto::ProcessIdentity;
 
 // What a cgroup path says about who runs there (common/cgroup_path.h; the
 // collector's usage ledger reads its neighbours' paths with it too).

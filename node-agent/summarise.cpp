@@ -115,8 +115,9 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
   }
   comms_[{e.hdr.pid, e.comm}] = comm;
   if (proc.identity.job.empty()) proc.identity.job = "nccl-" + hex64(comm.hash).substr(0, 12);
-  new_comms_.push_back(PendingComm{e.hdr.pid, comm.hash, e.comm, parent_hash, shift(e.entry_ns), shift(e.hdr.ts_ns),
-                                   comm.rank, comm.nranks, e.result, comm.origin, e.color, e.key});
+  new_comms_.push_back(proto::CommJoined{e.hdr.pid, comm.hash, e.comm, parent_hash, shift(e.entry_ns),
+                                         shift(e.hdr.ts_ns), comm.rank, comm.nranks, e.result, comm.origin, e.color,
+                                         e.key});
   RS_LOG(debug, "process %u: communicator %s rank %d/%d", e.hdr.pid, hex64(comm.hash).c_str(), comm.rank,
          comm.nranks);
 }
@@ -133,8 +134,8 @@ void Summariser::on_call(const rs_call_event& e) {
     comm.rank = proc.identity.rank;
     comm.nranks = proc.identity.world_size;
     it = comms_.emplace(CommKey{e.hdr.pid, e.comm}, comm).first;
-    new_comms_.push_back(PendingComm{e.hdr.pid, comm.hash, e.comm, 0, 0, 0, comm.rank, comm.nranks, 0,
-                                     wire::CommOrigin::UNKNOWN, 0, 0});
+    new_comms_.push_back(proto::CommJoined{e.hdr.pid, comm.hash, e.comm, 0, 0, 0, comm.rank, comm.nranks, 0,
+                                           wire::CommOrigin::UNKNOWN, 0, 0});
     if (proc.identity.job.empty()) proc.identity.job = "nccl-unknown";
   }
   if (e.flags & RS_CALL_UNKNOWN_COMM) ++unknown_comm_;
@@ -290,61 +291,22 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
 void Summariser::fill_processes(wire::Batch::Builder batch) {
   unsigned unsent = 0;
   for (const auto& [pid, entry] : processes_) unsent += entry.sent ? 0 : 1;
-  auto procs = batch.initProcesses(std::min(unsent, proto::kMaxListEntries));
-  unsigned i = 0;
+  std::vector<const ProcessIdentity*> sent;
   for (auto& [pid, entry] : processes_) {
     if (entry.sent) continue;
-    if (i == procs.size()) break;
-    const ProcessIdentity& id = entry.identity;
-    auto p = procs[i++];
-    p.setPid(pid);
-    p.setStartTime(id.start_time);
-    p.setExe(id.exe);
-    p.setJob(id.job);
-    p.setRank(id.rank);
-    p.setLocalRank(id.local_rank);
-    p.setWorldSize(id.world_size);
-    p.setUid(id.uid);
-    p.setUser(id.user);
-    p.setAccount(id.account);
-    p.setVisibleDevices(id.visible_devices);
-    p.setCgroupPath(id.cgroup_path);
-    p.setSlurmStep(id.slurm_step);
-    p.setPodUid(id.pod_uid);
-    p.setPodNamespace(id.pod_namespace);
-    p.setPodName(id.pod_name);
-    p.setContainerId(id.container_id);
-    p.setCgroupId(id.cgroup_id);
-    if (!id.cuda_devices.empty()) {
-      auto devices = p.initCudaDevices(static_cast<unsigned>(id.cuda_devices.size()));
-      for (unsigned d = 0; d < id.cuda_devices.size(); ++d) devices.set(d, id.cuda_devices[d]);
-    }
+    if (sent.size() == std::min(unsent, proto::kMaxListEntries)) break;
+    entry.identity.pid = pid;
+    sent.push_back(&entry.identity);
     entry.sent = true;
   }
+  proto::write_processes(sent, batch);
 }
 
 void Summariser::fill_comms(wire::Batch::Builder batch) {
-  const size_t sent_comms = std::min<size_t>(new_comms_.size(), proto::kMaxListEntries);
-  auto comms = batch.initComms(static_cast<unsigned>(sent_comms));
-  for (unsigned k = 0; k < sent_comms; ++k) {
-    const auto& c = new_comms_[k];
-    auto out = comms[k];
-    out.setPid(c.pid);
-    out.setCommHash(c.hash);
-    out.setHandle(c.handle);
-    out.setRank(c.rank);
-    out.setNranks(c.nranks);
-    out.setOrigin(c.origin);
-    out.setEntryNs(c.entry_ns);
-    out.setReturnNs(c.return_ns);
-    out.setResult(c.result);
-    out.setParentHash(c.parent_hash);
-    if (c.origin == wire::CommOrigin::SPLIT) {
-      out.setSplitColor(c.color);
-      out.setSplitKey(c.key);
-    }
-  }
-  new_comms_.erase(new_comms_.begin(), new_comms_.begin() + static_cast<std::ptrdiff_t>(sent_comms));
+  auto end =
+      new_comms_.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(new_comms_.size(), proto::kMaxListEntries));
+  proto::write_comms(std::vector<proto::CommJoined>(new_comms_.begin(), end), batch);
+  new_comms_.erase(new_comms_.begin(), end);
 }
 
 void Summariser::fill_ends(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held) {
@@ -399,15 +361,10 @@ uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set
 }
 
 void Summariser::fill_clock_samples(wire::Batch::Builder batch) {
-  const size_t sent_samples = std::min<size_t>(clock_samples_.size(), proto::kMaxClockSamples);
-  auto samples = batch.initClockSamples(static_cast<unsigned>(sent_samples));
-  for (unsigned k = 0; k < sent_samples; ++k) {
-    samples[k].setT1(clock_samples_[k][0]);
-    samples[k].setT2(clock_samples_[k][1]);
-    samples[k].setT3(clock_samples_[k][2]);
-    samples[k].setT4(clock_samples_[k][3]);
-  }
-  clock_samples_.erase(clock_samples_.begin(), clock_samples_.begin() + static_cast<std::ptrdiff_t>(sent_samples));
+  auto end = clock_samples_.begin() +
+             static_cast<std::ptrdiff_t>(std::min<size_t>(clock_samples_.size(), proto::kMaxClockSamples));
+  proto::write_clock_samples(std::vector<std::array<uint64_t, 4>>(clock_samples_.begin(), end), batch);
+  clock_samples_.erase(clock_samples_.begin(), end);
 }
 
 void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records) {

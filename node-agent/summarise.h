@@ -132,20 +132,13 @@ class Summariser {
   std::vector<PendingAsyncError> async_errors_;
   std::map<CommKey, CommEntry> comms_;
   std::map<BlockKey, proto::ColumnBlock> blocks_;
-  struct PendingComm {
-    uint32_t pid;
-    uint64_t hash, handle, parent_hash, entry_ns, return_ns;
-    int32_t rank, nranks, result;
-    wire::CommOrigin origin;
-    int32_t color, key;  // CommSplit
-  };
   struct PendingEnd {
     uint32_t pid;
     uint64_t hash, ns;
     int32_t result;
     bool abort;
   };
-  std::vector<PendingComm> new_comms_;
+  std::vector<proto::CommJoined> new_comms_;
   std::vector<PendingEnd> ended_comms_;
   std::vector<std::array<uint64_t, 4>> clock_samples_;
   std::vector<rs_wait_event> waits_;

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "node-agent/identify.h"
+#include "proto/agent_wire.h"
 #include "proto/codec.h"
 
 namespace rankscope::agent {
@@ -101,19 +102,17 @@ bool Transport::send_bytes(const std::string& bytes) {
 }
 
 void Transport::send_hello() {
-  capnp::MallocMessageBuilder message;
-  auto hello = message.initRoot<wire::AgentMessage>().initHello();
-  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
-  hello.setNode(options_.node);
-  hello.setInstanceId(instance_id_);
-  hello.setBootId(boot_id());
-  hello.setAgentVersion(kAgentVersion);
+  proto::Hello hello;
+  hello.node = options_.node;
+  hello.instance_id = instance_id_;
+  hello.boot_id = boot_id();
+  hello.agent_version = kAgentVersion;
   utsname uts{};
-  if (uname(&uts) == 0) hello.setKernelRelease(uts.release);
-  hello.setMonotonicNs(now());
-  hello.setRealtimeNs(clock_.realtime_ns());
+  if (uname(&uts) == 0) hello.kernel_release = uts.release;
+  hello.monotonic_ns = now();
+  hello.realtime_ns = clock_.realtime_ns();
   // Not sent (no connection yet): try again on the next service() call.
-  last_hello_ns_ = send_bytes(proto::to_packed(message)) ? now() : 0;
+  last_hello_ns_ = send_bytes(proto::encode_hello(hello)) ? now() : 0;
 }
 
 void Transport::submit(uint64_t seq, std::string bytes) {
@@ -212,24 +211,19 @@ uint64_t Transport::ack_wait_ns(const Pending& pending) const {
 
 void Transport::send_clock_probe() {
   if (!accepted_) return;
-  capnp::MallocMessageBuilder message;
-  message.initRoot<wire::AgentMessage>().initClockProbe().setT1(now());
-  send_bytes(proto::to_packed(message));
+  send_bytes(proto::encode_clock_probe(now()));
 }
 
 void Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill) {
   if (!accepted_) return;
-  capnp::MallocMessageBuilder message;
-  auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();
-  hb.setInstanceId(instance_id_);
-  hb.setMonotonicNs(now());
-  hb.setUnackedBatches(static_cast<uint32_t>(queue_.size()));
-  fill(hb);
-  auto drops = hb.getDrops();
-  drops.setSendQueueFull(discarded_);
-  drops.setLostRecords(lost_records_);
-  drops.setSpoolDamaged(spool_damaged());
-  send_bytes(proto::to_packed(message));
+  proto::HeartbeatHeader header{instance_id_, now(), static_cast<uint32_t>(queue_.size())};
+  send_bytes(proto::encode_heartbeat(header, [&](wire::Heartbeat::Builder hb) {
+    fill(hb);
+    auto drops = hb.getDrops();
+    drops.setSendQueueFull(discarded_);
+    drops.setLostRecords(lost_records_);
+    drops.setSpoolDamaged(spool_damaged());
+  }));
 }
 
 void Transport::service() {

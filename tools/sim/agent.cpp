@@ -1,15 +1,12 @@
 #include "tools/sim/agent.h"
 
-#include <capnp/message.h>
-
 #include <algorithm>
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "proto/agent_wire.h"
 
 namespace rankscope::sim {
-
-namespace wire = ::rankscope::proto::wire;
 
 namespace {
 // The agent's defaults (node-agent/options.h).
@@ -50,17 +47,15 @@ void SimAgent::send(const std::string& bytes) {
 }
 
 void SimAgent::send_hello(int64_t rel_ns) {
-  capnp::MallocMessageBuilder message;
-  auto hello = message.initRoot<wire::AgentMessage>().initHello();
-  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
-  hello.setNode(node_.name);
-  hello.setInstanceId(node_.instance);
-  hello.setBootId("sim-boot-" + std::to_string(node_.instance));
-  hello.setAgentVersion("rankscope-sim 0.1.0");
-  hello.setKernelRelease("sim");
-  hello.setMonotonicNs(node_clock(rel_ns));
-  hello.setRealtimeNs(static_cast<uint64_t>(static_cast<int64_t>(t0_real_) + rel_ns + node_.wall_skew_ns));
-  send(proto::to_packed(message));
+  proto::Hello hello;
+  hello.node = node_.name;
+  hello.instance_id = node_.instance;
+  hello.boot_id = "sim-boot-" + std::to_string(node_.instance);
+  hello.agent_version = "rankscope-sim 0.1.0";
+  hello.kernel_release = "sim";
+  hello.monotonic_ns = node_clock(rel_ns);
+  hello.realtime_ns = static_cast<uint64_t>(static_cast<int64_t>(t0_real_) + rel_ns + node_.wall_skew_ns);
+  send(proto::encode_hello(hello));
   last_hello_ = rel_ns;
   ++counters_.hellos;
 }
@@ -77,19 +72,18 @@ void SimAgent::send_probe() {
   uint64_t t1 = node_clock(now_rel() - out);
   probe_in_flight_[t1] = back;
   while (probe_in_flight_.size() > 16) probe_in_flight_.erase(probe_in_flight_.begin());
-  capnp::MallocMessageBuilder message;
-  message.initRoot<wire::AgentMessage>().initClockProbe().setT1(t1);
-  send(proto::to_packed(message));
+  send(proto::encode_clock_probe(t1));
   ++counters_.probes;
 }
 
 void SimAgent::send_heartbeat(int64_t rel_ns) {
+  proto::HeartbeatHeader header{node_.instance, node_clock(rel_ns), static_cast<uint32_t>(queue_.size())};
+  send(proto::encode_heartbeat(header, [&](wire::Heartbeat::Builder hb) { fill_heartbeat(hb, rel_ns); }));
+  ++counters_.heartbeats;
+}
+
+void SimAgent::fill_heartbeat(wire::Heartbeat::Builder hb, int64_t rel_ns) {
   const JobDef& job = fleet_.jobs()[node_.job];
-  capnp::MallocMessageBuilder message;
-  auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();
-  hb.setInstanceId(node_.instance);
-  hb.setMonotonicNs(node_clock(rel_ns));
-  hb.setUnackedBatches(static_cast<uint32_t>(queue_.size()));
   hb.setTracedProcesses(static_cast<uint32_t>(node_.ranks.size() - reported_dead_.size()));
   auto drops = hb.initDrops();
   drops.setRingbufFull(ringbuf_lost_);
@@ -138,8 +132,6 @@ void SimAgent::send_heartbeat(int64_t rel_ns) {
     open[i].setKind(wire::WaitKind::STREAM_SYNCHRONIZE);
     open[i].setStartNs(node_clock(st.blocked_at));
   }
-  send(proto::to_packed(message));
-  ++counters_.heartbeats;
 }
 
 void SimAgent::add_events(std::vector<SimEvent>& events) {
@@ -169,53 +161,63 @@ void SimAgent::flush(int64_t rel_ns) {
 }
 
 std::string SimAgent::build_batch(int64_t rel_ns) {
+  std::string bytes = proto::encode_batch(node_.instance, ++batch_seq_, node_clock(rel_ns),
+                                          [&](wire::Batch::Builder batch) { fill_batch(batch); });
+  counters_.records += pending_records_;
+  ++counters_.batches;
+  blocks_.clear();
+  waits_.clear();
+  samples_.clear();
+  pending_records_ = 0;
+  batch_opened_ = -1;
+  return bytes;
+}
+
+void SimAgent::announce(wire::Batch::Builder batch) {
   const JobDef& job = fleet_.jobs()[node_.job];
-  capnp::MallocMessageBuilder message;
-  auto batch = message.initRoot<wire::AgentMessage>().initBatch();
-  batch.setInstanceId(node_.instance);
-  batch.setSeq(++batch_seq_);
-  batch.setCreatedNs(node_clock(rel_ns));
+  std::vector<proto::ProcessIdentity> processes;
+  std::vector<proto::CommJoined> comms;
+  for (int r : node_.ranks) {
+    const RankDef& rd = job.ranks[r];
+    proto::ProcessIdentity& p = processes.emplace_back();
+    p.pid = rd.pid;
+    p.start_time = 1000 + rd.pid;
+    p.exe = "/usr/bin/python3";
+    p.job = job.name;
+    p.rank = r;
+    p.local_rank = rd.local;
+    p.world_size = static_cast<int32_t>(job.ranks.size());
+    // Tenants as a shared cluster has them: each job one of ten accounts
+    // and of 25 users (what reports --by account / user group).
+    p.uid = 1000 + static_cast<uint32_t>(node_.job % 25);
+    p.user = "user-" + std::to_string(node_.job % 25);
+    p.account = fleet_.config().prefix + "-account-" + std::to_string(node_.job % 10);
+    p.visible_devices = std::to_string(rd.local);
+    for (int c : {rd.tp, rd.dp, rd.pp, job.world})
+      if (c >= 0) {
+        const CommDef& comm = job.comms[c];
+        proto::CommJoined& joined = comms.emplace_back();
+        joined.pid = rd.pid;
+        joined.hash = comm.hash;
+        joined.handle = 0x7f0000000000ull + comm.hash % 0xffffff;
+        joined.rank =
+            static_cast<int32_t>(std::find(comm.members.begin(), comm.members.end(), r) - comm.members.begin());
+        joined.nranks = static_cast<int32_t>(comm.members.size());
+        joined.origin = wire::CommOrigin::INIT_RANK;
+        joined.entry_ns = joined.return_ns = node_clock(0);
+      }
+  }
+  std::vector<const proto::ProcessIdentity*> listed;
+  for (const auto& p : processes) listed.push_back(&p);
+  proto::write_processes(listed, batch);
+  proto::write_comms(comms, batch);
+}
+
+void SimAgent::fill_batch(wire::Batch::Builder batch) {
   if (!announced_) {
     // Processes and communicators, once, in the first batch (as the agent
     // sends them when it first sees them).
-    auto procs = batch.initProcesses(static_cast<unsigned>(node_.ranks.size()));
-    std::vector<std::tuple<uint32_t, const CommDef*, int>> comms;
-    for (unsigned i = 0; i < node_.ranks.size(); ++i) {
-      int r = node_.ranks[i];
-      const RankDef& rd = job.ranks[r];
-      auto p = procs[i];
-      p.setPid(rd.pid);
-      p.setStartTime(1000 + rd.pid);
-      p.setExe("/usr/bin/python3");
-      p.setJob(job.name);
-      p.setRank(r);
-      p.setLocalRank(rd.local);
-      p.setWorldSize(static_cast<int32_t>(job.ranks.size()));
-      // Tenants as a shared cluster has them: each job one of ten accounts
-      // and of 25 users (what reports --by account / user group).
-      p.setUid(1000 + static_cast<uint32_t>(node_.job % 25));
-      p.setUser("user-" + std::to_string(node_.job % 25));
-      p.setAccount(fleet_.config().prefix + "-account-" + std::to_string(node_.job % 10));
-      p.setVisibleDevices(std::to_string(rd.local));
-      for (int c : {rd.tp, rd.dp, rd.pp, job.world})
-        if (c >= 0) {
-          const CommDef& comm = job.comms[c];
-          int comm_rank = static_cast<int>(std::find(comm.members.begin(), comm.members.end(), r) - comm.members.begin());
-          comms.emplace_back(rd.pid, &comm, comm_rank);
-        }
-    }
-    auto out = batch.initComms(static_cast<unsigned>(comms.size()));
-    for (unsigned i = 0; i < comms.size(); ++i) {
-      auto [pid, comm, comm_rank] = comms[i];
-      out[i].setPid(pid);
-      out[i].setCommHash(comm->hash);
-      out[i].setHandle(0x7f0000000000ull + comm->hash % 0xffffff);
-      out[i].setRank(comm_rank);
-      out[i].setNranks(static_cast<int32_t>(comm->members.size()));
-      out[i].setOrigin(wire::CommOrigin::INIT_RANK);
-      out[i].setEntryNs(node_clock(0));
-      out[i].setReturnNs(node_clock(0));
-    }
+    announce(batch);
     announced_ = true;
   }
   std::vector<const proto::ColumnBlock*> blocks;
@@ -224,22 +226,8 @@ std::string SimAgent::build_batch(int64_t rel_ns) {
   std::vector<proto::WaitBlock> waits;
   for (auto& [pid, block] : waits_) waits.push_back(std::move(block));
   proto::encode_waits(waits, batch);
-  auto samples = batch.initClockSamples(static_cast<unsigned>(samples_.size()));
-  for (unsigned i = 0; i < samples_.size(); ++i) {
-    samples[i].setT1(samples_[i][0]);
-    samples[i].setT2(samples_[i][1]);
-    samples[i].setT3(samples_[i][2]);
-    samples[i].setT4(samples_[i][3]);
-  }
+  proto::write_clock_samples(samples_, batch);
   batch.initDrops().setRingbufFull(ringbuf_lost_);
-  counters_.records += pending_records_;
-  ++counters_.batches;
-  blocks_.clear();
-  waits_.clear();
-  samples_.clear();
-  pending_records_ = 0;
-  batch_opened_ = -1;
-  return proto::to_packed(message);
 }
 
 void SimAgent::take_due(int64_t rel_ns) {

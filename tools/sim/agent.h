@@ -26,6 +26,8 @@
 
 namespace rankscope::sim {
 
+namespace wire = ::rankscope::proto::wire;
+
 struct AgentCounters {
   uint64_t batches = 0, records = 0, records_lost = 0, sends_lost = 0, reordered = 0, resent = 0;
   uint64_t acked = 0, records_acked = 0, probes = 0, heartbeats = 0, hellos = 0;
@@ -89,8 +91,12 @@ class SimAgent {
   void send_hello(int64_t rel_ns);
   void send_probe();
   void send_heartbeat(int64_t rel_ns);
+  void fill_heartbeat(wire::Heartbeat::Builder hb, int64_t rel_ns);
   void flush(int64_t rel_ns);
   std::string build_batch(int64_t rel_ns);
+  // The batch's content: the first announces the processes and communicators.
+  void fill_batch(wire::Batch::Builder batch);
+  void announce(wire::Batch::Builder batch);
   void take_due(int64_t rel_ns);
   void transmit(Pending& p, int64_t rel_ns, bool first);
   void handle(const std::string& bytes, int64_t rel_ns);

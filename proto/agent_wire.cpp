@@ -1,0 +1,112 @@
+#include "proto/agent_wire.h"
+
+#include <capnp/message.h>
+
+#include "proto/codec.h"
+
+namespace rankscope::proto {
+
+std::string encode_hello(const Hello& h) {
+  capnp::MallocMessageBuilder message;
+  auto hello = message.initRoot<wire::AgentMessage>().initHello();
+  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+  hello.setNode(h.node);
+  hello.setInstanceId(h.instance_id);
+  hello.setBootId(h.boot_id);
+  hello.setAgentVersion(h.agent_version);
+  hello.setKernelRelease(h.kernel_release);
+  hello.setMonotonicNs(h.monotonic_ns);
+  hello.setRealtimeNs(h.realtime_ns);
+  return to_packed(message);
+}
+
+std::string encode_clock_probe(uint64_t t1) {
+  capnp::MallocMessageBuilder message;
+  message.initRoot<wire::AgentMessage>().initClockProbe().setT1(t1);
+  return to_packed(message);
+}
+
+std::string encode_heartbeat(const HeartbeatHeader& header, const std::function<void(wire::Heartbeat::Builder)>& fill) {
+  capnp::MallocMessageBuilder message;
+  auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();
+  hb.setInstanceId(header.instance_id);
+  hb.setMonotonicNs(header.monotonic_ns);
+  hb.setUnackedBatches(header.unacked_batches);
+  fill(hb);
+  return to_packed(message);
+}
+
+std::string encode_batch(uint64_t instance_id, uint64_t seq, uint64_t created_ns,
+                         const std::function<void(wire::Batch::Builder)>& fill) {
+  capnp::MallocMessageBuilder message;
+  auto batch = message.initRoot<wire::AgentMessage>().initBatch();
+  batch.setInstanceId(instance_id);
+  batch.setSeq(seq);
+  batch.setCreatedNs(created_ns);
+  fill(batch);
+  return to_packed(message);
+}
+
+void write_processes(const std::vector<const ProcessIdentity*>& processes, wire::Batch::Builder batch) {
+  auto procs = batch.initProcesses(static_cast<unsigned>(processes.size()));
+  for (unsigned i = 0; i < processes.size(); ++i) {
+    const ProcessIdentity& id = *processes[i];
+    auto p = procs[i];
+    p.setPid(id.pid);
+    p.setStartTime(id.start_time);
+    p.setExe(id.exe);
+    p.setJob(id.job);
+    p.setRank(id.rank);
+    p.setLocalRank(id.local_rank);
+    p.setWorldSize(id.world_size);
+    p.setUid(id.uid);
+    p.setUser(id.user);
+    p.setAccount(id.account);
+    p.setVisibleDevices(id.visible_devices);
+    p.setCgroupPath(id.cgroup_path);
+    p.setSlurmStep(id.slurm_step);
+    p.setPodUid(id.pod_uid);
+    p.setPodNamespace(id.pod_namespace);
+    p.setPodName(id.pod_name);
+    p.setContainerId(id.container_id);
+    p.setCgroupId(id.cgroup_id);
+    if (!id.cuda_devices.empty()) {
+      auto devices = p.initCudaDevices(static_cast<unsigned>(id.cuda_devices.size()));
+      for (unsigned d = 0; d < id.cuda_devices.size(); ++d) devices.set(d, id.cuda_devices[d]);
+    }
+  }
+}
+
+void write_comms(const std::vector<CommJoined>& comms, wire::Batch::Builder batch) {
+  auto out = batch.initComms(static_cast<unsigned>(comms.size()));
+  for (unsigned k = 0; k < comms.size(); ++k) {
+    const CommJoined& c = comms[k];
+    auto o = out[k];
+    o.setPid(c.pid);
+    o.setCommHash(c.hash);
+    o.setHandle(c.handle);
+    o.setRank(c.rank);
+    o.setNranks(c.nranks);
+    o.setOrigin(c.origin);
+    o.setEntryNs(c.entry_ns);
+    o.setReturnNs(c.return_ns);
+    o.setResult(c.result);
+    o.setParentHash(c.parent_hash);
+    if (c.origin == wire::CommOrigin::SPLIT) {
+      o.setSplitColor(c.color);
+      o.setSplitKey(c.key);
+    }
+  }
+}
+
+void write_clock_samples(const std::vector<std::array<uint64_t, 4>>& samples, wire::Batch::Builder batch) {
+  auto out = batch.initClockSamples(static_cast<unsigned>(samples.size()));
+  for (unsigned k = 0; k < samples.size(); ++k) {
+    out[k].setT1(samples[k][0]);
+    out[k].setT2(samples[k][1]);
+    out[k].setT3(samples[k][2]);
+    out[k].setT4(samples[k][3]);
+  }
+}
+
+}  // namespace rankscope::proto

@@ -1,0 +1,83 @@
+#pragma once
+// The agent's messages as the wire carries them (proto/agent.capnp), built
+// from plain values: the node agent and the simulator's agents (rankscope-sim)
+// assemble their Hello, clock probes, heartbeats and batches with these, so
+// that what the simulator sends is what an agent sends.
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "proto/agent.capnp.h"
+
+namespace rankscope::proto {
+
+struct Hello {
+  std::string node;
+  uint64_t instance_id = 0;
+  std::string boot_id, agent_version, kernel_release;
+  uint64_t monotonic_ns = 0;  // the node's clock
+  uint64_t realtime_ns = 0;   // its wall clock (the collector compares it with its own)
+};
+// Packed bytes of an AgentMessage holding `hello` at this build's protocol version.
+std::string encode_hello(const Hello& hello);
+
+// Packed bytes of a clock probe sent at `t1` (node clock).
+std::string encode_clock_probe(uint64_t t1);
+
+struct HeartbeatHeader {
+  uint64_t instance_id = 0;
+  uint64_t monotonic_ns = 0;
+  uint32_t unacked_batches = 0;
+};
+// Packed bytes of a heartbeat: the header, then what `fill` writes.
+std::string encode_heartbeat(const HeartbeatHeader& header, const std::function<void(wire::Heartbeat::Builder)>& fill);
+
+// Packed bytes of a batch: the header, then what `fill` writes.
+std::string encode_batch(uint64_t instance_id, uint64_t seq, uint64_t created_ns,
+                         const std::function<void(wire::Batch::Builder)>& fill);
+
+// Who a traced process is, as the agent announces it once per process.
+struct ProcessIdentity {
+  uint32_t pid = 0;
+  uint64_t start_time = 0;  // /proc/PID/stat field 22, clock ticks since boot
+  std::string exe;
+  uint32_t uid = 0;
+  std::string user;
+  std::string job;      // SLURM_JOB_ID, RANKSCOPE_JOB_ID, TORCHELASTIC_RUN_ID; "" if none
+  std::string account;  // the Slurm job's, as its Prolog recorded it
+  int32_t rank = -1;
+  int32_t local_rank = -1;
+  int32_t world_size = -1;
+  std::string visible_devices;        // CUDA_VISIBLE_DEVICES; a later setenv in the process wins
+  std::vector<int32_t> cuda_devices;  // ordinals chosen with cudaSetDevice, in order first used
+  // From the cgroup path (cgroup v2, else the first v1 hierarchy); the job and
+  // step only where the environment does not name them:
+  std::string cgroup_path;
+  uint64_t cgroup_id = 0;         // from the events (bpf_get_current_cgroup_id)
+  std::string slurm_step;         // SLURM_STEP_ID, else the cgroup's step_<n>: "0", "batch", "extern"...
+  int64_t slurm_uid = -1;         // not sent: the job's owner, to check a Prolog record against
+  std::string pod_uid;            // Kubernetes
+  std::string pod_namespace;      // POD_NAMESPACE, else the container runtime's annotations
+  std::string pod_name;           // POD_NAME, else the container runtime's annotations
+  std::string container_id;       // Kubernetes or Docker
+  std::string container_runtime;  // not sent: containerd, crio, docker
+};
+void write_processes(const std::vector<const ProcessIdentity*>& processes, wire::Batch::Builder batch);
+
+// A communicator a process joined (ncclCommInitRank, ncclCommSplit...).
+struct CommJoined {
+  uint32_t pid = 0;
+  uint64_t hash = 0, handle = 0, parent_hash = 0;
+  uint64_t entry_ns = 0, return_ns = 0;  // of the init call, node clock
+  int32_t rank = -1, nranks = -1, result = 0;
+  wire::CommOrigin origin = wire::CommOrigin::UNKNOWN;
+  int32_t color = 0, key = 0;  // CommSplit's
+};
+void write_comms(const std::vector<CommJoined>& comms, wire::Batch::Builder batch);
+
+// NTP-style samples (t1..t4) of the node's clock against the collector's.
+void write_clock_samples(const std::vector<std::array<uint64_t, 4>>& samples, wire::Batch::Builder batch);
+
+}  // namespace rankscope::proto
