@@ -13,6 +13,7 @@
 #include "collector/model/cluster.h"
 #include "proto/records.h"
 #include "tests/support/manual_clock.h"
+#include "tests/support/model.h"
 
 namespace rankscope::collector {
 namespace {
@@ -26,25 +27,8 @@ class DetectFromMatcherTest : public ::testing::Test {
   // `nranks` ranks, two per node, each node's clock exact to 100 ns.
   void start(int32_t nranks) {
     this->nranks = nranks;
-    CommState& comm = model.comms[kComm];
-    comm.hash = kComm;
-    comm.job = "job-1";
-    comm.nranks = nranks;
-    comm.lanes.insert(0);
-    for (int32_t r = 0; r < nranks; ++r) {
-      std::string node = "node-" + std::to_string(r / 2);
-      NodeState& n = model.nodes[node];
-      n.name = node;
-      n.last_contact_ns = clock.now;
-      if (n.clock.samples() == 0) n.clock.add({1000, 1050, 1060, 1110});
-      MemberState& m = comm.members[r];
-      m.rank = r;
-      m.node = node;
-      m.pid = 100 + static_cast<uint32_t>(r);
-      ProcessInfo& p = model.processes[{node, m.pid}];
-      p.job = "job-1";
-      p.rank = r;
-    }
+    testing::add_comm(model, kComm, nranks, "job-1");
+    for (auto& [name, node] : model.nodes) node.last_contact_ns = clock.now;
     options.hang_timeout_ns = 5 * kSecond;
     detector = std::make_unique<Detector>(model, matcher, book, clock, options);
   }
@@ -56,17 +40,7 @@ class DetectFromMatcherTest : public ::testing::Test {
     CommState& comm = model.comms.at(kComm);
     for (int32_t r = 0; r < nranks; ++r) {
       if (std::find(absent.begin(), absent.end(), r) != absent.end()) continue;
-      proto::CallRecord call;
-      call.seq = seq;
-      call.issue_ns = t + static_cast<uint64_t>(delay(r));
-      call.return_ns = call.issue_ns + 10'000;
-      call.op = RS_OP_ALLREDUCE;
-      call.datatype = 7;
-      call.count = 1024;
-      MemberState& m = comm.members.at(r);
-      m.last_seq = static_cast<int64_t>(seq);
-      m.last_issue_ns = call.issue_ns;
-      ++m.records;
+      proto::CallRecord call = testing::allreduce(comm.members.at(r), seq, t + static_cast<uint64_t>(delay(r)));
       matcher.on_record(comm, r, 0, call);
     }
   }

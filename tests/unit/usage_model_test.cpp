@@ -13,6 +13,7 @@
 #include "collector/usage/ledger.h"
 #include "collector/usage/report.h"
 #include "proto/records.h"
+#include "tests/support/model.h"
 
 namespace rankscope::collector {
 namespace {
@@ -55,25 +56,8 @@ class UsageFromMatcherTest : public ::testing::Test {
   // the others' to "physics".
   void start(int32_t nranks) {
     this->nranks = nranks;
-    CommState& comm = model.comms[kComm];
-    comm.hash = kComm;
-    comm.job = "job-1";
-    comm.nranks = nranks;
-    comm.lanes.insert(0);
-    for (int32_t r = 0; r < nranks; ++r) {
-      std::string node = "node-" + std::to_string(r / 2);
-      NodeState& n = model.nodes[node];
-      n.name = node;
-      if (n.clock.samples() == 0) n.clock.add({1000, 1050, 1060, 1110});
-      MemberState& m = comm.members[r];
-      m.rank = r;
-      m.node = node;
-      m.pid = 100 + static_cast<uint32_t>(r);
-      ProcessInfo& p = model.processes[{node, m.pid}];
-      p.job = "job-1";
-      p.rank = r;
-      p.account = r == nranks - 1 ? "chem" : "physics";
-    }
+    testing::add_comm(model, kComm, nranks, "job-1");
+    for (auto& [key, process] : model.processes) process.account = process.rank == nranks - 1 ? "chem" : "physics";
     ledger = std::make_unique<UsageLedger>(model, matcher, rows, UsageOptions{});
   }
 
@@ -82,17 +66,7 @@ class UsageFromMatcherTest : public ::testing::Test {
   void instance(uint64_t seq, uint64_t t, const std::function<uint64_t(int32_t)>& delay) {
     CommState& comm = model.comms.at(kComm);
     for (int32_t r = 0; r < nranks; ++r) {
-      proto::CallRecord call;
-      call.seq = seq;
-      call.issue_ns = t + delay(r);
-      call.return_ns = call.issue_ns + 10'000;
-      call.op = RS_OP_ALLREDUCE;
-      call.datatype = 7;  // float32
-      call.count = 1024;
-      MemberState& m = comm.members.at(r);
-      m.last_seq = static_cast<int64_t>(seq);
-      m.last_issue_ns = call.issue_ns;
-      ++m.records;
+      proto::CallRecord call = testing::allreduce(comm.members.at(r), seq, t + delay(r));
       matcher.on_record(comm, r, 0, call);
       ledger->on_record(comm, r, 0, call);
     }
@@ -209,8 +183,9 @@ TEST_F(UsageFromMatcherTest, ALedgerRestartedOnItsRowsGoesOnCountingAHangWhereTh
   ledger->tick(opened + 10 * kS, {&hang});
   commit(opened + 10 * kS);
 
-  // A new collector: a new ledger on the same rows and model.
-  ledger = std::make_unique<UsageLedger>(model, matcher, rows, UsageOptions{});
+  // A new collector: a new matcher and ledger on the same rows and model.
+  CollectiveMatcher matcher_after;
+  ledger = std::make_unique<UsageLedger>(model, matcher_after, rows, UsageOptions{});
   auto restored = ledger->restore();
   ASSERT_TRUE(restored) << restored.error().message;
   ledger->tick(opened + 15 * kS, {&hang});
