@@ -17,6 +17,7 @@
 
 #include "collector/alert/http.h"
 #include "proto/agent.capnp.h"
+#include "proto/agent_wire.h"
 #include "proto/codec.h"
 #include "tests/support/harness.h"
 #include "tests/support/keys.h"
@@ -90,12 +91,7 @@ class RawAgent {
   }
   // Says hello as `node`; the collector's answer (accepted, reason), or nothing within `timeout`.
   std::optional<std::pair<bool, std::string>> hello(const std::string& node, std::chrono::milliseconds timeout) {
-    capnp::MallocMessageBuilder message;
-    auto h = message.initRoot<wire::AgentMessage>().initHello();
-    h.setProtocolVersion(wire::PROTOCOL_VERSION);
-    h.setNode(node);
-    h.setInstanceId(42);
-    send(proto::to_packed(message));
+    send(proto::encode_hello({.node = node, .instance_id = 42}));
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
       auto bytes = receive(std::chrono::milliseconds(100));

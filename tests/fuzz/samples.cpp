@@ -2,6 +2,7 @@
 
 #include <capnp/message.h>
 
+#include "proto/agent_wire.h"
 #include "proto/codec.h"
 
 namespace rankscope::fuzz {
@@ -30,17 +31,13 @@ std::string join_messages(const std::vector<std::string>& messages) {
 }
 
 std::string hello(const std::string& node, uint64_t instance) {
-  capnp::MallocMessageBuilder message;
-  auto h = message.initRoot<wire::AgentMessage>().initHello();
-  h.setProtocolVersion(wire::PROTOCOL_VERSION);
-  h.setNode(node);
-  h.setInstanceId(instance);
-  h.setBootId("2f6a1c1e-8d2b-4c55-9a7e-0c3d1f5e9b21");
-  h.setAgentVersion("0.1.0");
-  h.setKernelRelease("6.1.0-18-amd64");
-  h.setMonotonicNs(1'000'000'000);
-  h.setRealtimeNs(1'800'000'000'000'000'000ull);
-  return proto::to_packed(message);
+  return proto::encode_hello({.node = node,
+                              .instance_id = instance,
+                              .boot_id = "2f6a1c1e-8d2b-4c55-9a7e-0c3d1f5e9b21",
+                              .agent_version = "0.1.0",
+                              .kernel_release = "6.1.0-18-amd64",
+                              .monotonic_ns = 1'000'000'000,
+                              .realtime_ns = 1'800'000'000'000'000'000ull});
 }
 
 std::string routed(uint8_t route, const std::string& message) { return std::string(1, static_cast<char>(route)) + message; }

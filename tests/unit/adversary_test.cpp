@@ -14,6 +14,7 @@
 #include "collector/model/clock_refine.h"
 #include "collector/usage/ledger.h"
 #include "common/format.h"
+#include "proto/agent_wire.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
@@ -24,14 +25,8 @@ namespace {
 using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node, uint64_t instance) {
-  capnp::MallocMessageBuilder message;
-  auto h = message.initRoot<wire::AgentMessage>().initHello();
-  h.setProtocolVersion(wire::PROTOCOL_VERSION);
-  h.setNode(node);
-  h.setInstanceId(instance);
-  h.setMonotonicNs(1'000);
-  h.setRealtimeNs(1'800'000'000'000'000'000ull);
-  return proto::to_packed(message);
+  return proto::encode_hello(
+      {.node = node, .instance_id = instance, .monotonic_ns = 1'000, .realtime_ns = 1'800'000'000'000'000'000ull});
 }
 
 struct Claim {

@@ -15,6 +15,7 @@
 #include "collector/ingest/ingest.h"
 #include "collector/usage/ledger.h"
 #include "collector/usage/report.h"
+#include "proto/agent_wire.h"
 #include "proto/records.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
@@ -64,23 +65,21 @@ class CommitTest : public ::testing::Test {
     commit->join(findings);
     commit->join(*ledger);
   }
+  Outbox say(int rank, const std::string& bytes) {
+    Outbox out;
+    ingest->on_agent_message("conn-" + std::to_string(rank), bytes, out);
+    return out;
+  }
   Outbox say(int rank, const std::function<void(wire::AgentMessage::Builder)>& fill) {
     capnp::MallocMessageBuilder message;
     fill(message.initRoot<wire::AgentMessage>());
-    Outbox out;
-    ingest->on_agent_message("conn-" + std::to_string(rank), proto::to_packed(message), out);
-    return out;
+    return say(rank, proto::to_packed(message));
   }
   // node-<rank>'s agent: hello, then its process (job-1, an account per
   // rank) and its membership of the 2-rank communicator in batch 1.
   void join(int rank) {
     std::string node = "node-" + std::to_string(rank);
-    say(rank, [&](auto m) {
-      auto h = m.initHello();
-      h.setProtocolVersion(wire::PROTOCOL_VERSION);
-      h.setNode(node);
-      h.setInstanceId(7);
-    });
+    say(rank, proto::encode_hello({.node = node, .instance_id = 7}));
     say(rank, [&](auto m) {
       auto b = m.initBatch();
       b.setInstanceId(7);

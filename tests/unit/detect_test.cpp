@@ -7,6 +7,7 @@
 
 #include "collector/detect/detector.h"
 #include "collector/query.h"
+#include "proto/agent_wire.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
@@ -46,6 +47,7 @@ class DetectTest : public ::testing::Test {
   void send(const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
     testing::feed(ingest, commit, node, fill);
   }
+  void send(const std::string& node, const std::string& bytes) { testing::feed(ingest, commit, node, bytes); }
 
   // Hello from every node, the communicator on every rank, and (if
   // `tight_clocks`) probes that make every clock exact to 100 ns.
@@ -53,12 +55,7 @@ class DetectTest : public ::testing::Test {
     this->nranks = nranks;
     for (int32_t rank = 0; rank < nranks; rank += 2) {
       std::string node = node_of(rank);
-      send(node, [&](auto m) {
-        auto h = m.initHello();
-        h.setProtocolVersion(wire::PROTOCOL_VERSION);
-        h.setNode(node);
-        h.setInstanceId(7);
-      });
+      send(node, proto::encode_hello({.node = node, .instance_id = 7}));
       send(node, [&](auto m) {
         auto b = m.initBatch();
         b.setInstanceId(7);

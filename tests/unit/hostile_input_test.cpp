@@ -12,6 +12,7 @@
 #include "collector/ingest/ingest.h"
 #include "collector/model/clock_refine.h"
 #include "node-agent/summarise.h"
+#include "proto/agent_wire.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
@@ -22,14 +23,8 @@ namespace {
 using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node) {
-  capnp::MallocMessageBuilder message;
-  auto h = message.initRoot<wire::AgentMessage>().initHello();
-  h.setProtocolVersion(wire::PROTOCOL_VERSION);
-  h.setNode(node);
-  h.setInstanceId(99);
-  h.setMonotonicNs(1'000);
-  h.setRealtimeNs(1'000 + 5'000'000);
-  return proto::to_packed(message);
+  return proto::encode_hello(
+      {.node = node, .instance_id = 99, .monotonic_ns = 1'000, .realtime_ns = 1'000 + 5'000'000});
 }
 
 // A valid batch of `records` collectives of rank 1 (of 2); `edit` changes it before it is packed.

@@ -13,6 +13,7 @@
 #include "collector/options.h"
 #include "collector/retention.h"
 #include "common/curve.h"
+#include "proto/agent_wire.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
@@ -142,12 +143,7 @@ TEST_F(AllowListTest, MissingDirectoryIsAClearError) {
 using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node) {
-  capnp::MallocMessageBuilder message;
-  auto h = message.initRoot<wire::AgentMessage>().initHello();
-  h.setProtocolVersion(wire::PROTOCOL_VERSION);
-  h.setNode(node);
-  h.setInstanceId(5);
-  return proto::to_packed(message);
+  return proto::encode_hello({.node = node, .instance_id = 5});
 }
 
 struct HelloAnswer {

@@ -6,6 +6,7 @@
 
 #include "collector/usage/ledger.h"
 #include "collector/usage/report.h"
+#include "proto/agent_wire.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
@@ -39,14 +40,8 @@ class UsageTest : public ::testing::Test {
   }
   // node-0's agent (instance 7) says hello, its clock at 0 on kDay0.
   void hello() {
-    testing::feed(*ingest, *commit, "node-0", [&](wire::AgentMessage::Builder m) {
-      auto h = m.initHello();
-      h.setProtocolVersion(wire::PROTOCOL_VERSION);
-      h.setNode("node-0");
-      h.setInstanceId(7);
-      h.setMonotonicNs(0);
-      h.setRealtimeNs(kDay0 * kS);
-    });
+    testing::feed(*ingest, *commit, "node-0",
+                  proto::encode_hello({.node = "node-0", .instance_id = 7, .realtime_ns = kDay0 * kS}));
   }
   // Everything the ledger counted, written now (as when the collector stops).
   void flush() {
@@ -405,12 +400,7 @@ TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
   };
   for (int32_t rank = 0; rank < 2; ++rank) {
     std::string node = "node-" + std::to_string(rank);
-    send(node, [&](auto m) {
-      auto h = m.initHello();
-      h.setProtocolVersion(wire::PROTOCOL_VERSION);
-      h.setNode(node);
-      h.setInstanceId(7);
-    });
+    testing::feed(*ingest, *commit, node, proto::encode_hello({.node = node, .instance_id = 7}));
     send(node, [&](auto m) {
       auto b = m.initBatch();
       b.setInstanceId(7);
