@@ -4,6 +4,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "proto/agent_wire.h"
 
 namespace rankscope::sim {
@@ -51,7 +52,7 @@ void SimAgent::send_hello(int64_t rel_ns) {
   hello.node = node_.name;
   hello.instance_id = node_.instance;
   hello.boot_id = "sim-boot-" + std::to_string(node_.instance);
-  hello.agent_version = "rankscope-sim 0.1.0";
+  hello.agent_version = std::string("rankscope-sim ") + kVersion;
   hello.kernel_release = "sim";
   hello.monotonic_ns = node_clock(rel_ns);
   hello.realtime_ns = static_cast<uint64_t>(static_cast<int64_t>(t0_real_) + rel_ns + node_.wall_skew_ns);
