@@ -587,13 +587,13 @@ static __always_inline struct pending_call *init__enter(struct pt_regs *ctx, __u
   return p;
 }
 
-/* ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank).
+/* ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank)
+ * and ncclCommInitRankConfig(..., int rank, ncclConfig_t* config).
  * The 128-byte ncclUniqueId is a MEMORY-class argument: it is copied onto the
  * stack and takes no register, so `rank` is the third integer register. */
-SEC("uprobe")
-int BPF_KPROBE(nccl_comm_init_rank_enter)
+static __always_inline int init_rank__enter(struct pt_regs *ctx, __u8 op)
 {
-  struct pending_call *p = init__enter(ctx, RS_OP_COMM_INIT_RANK);
+  struct pending_call *p = init__enter(ctx, op);
   if (!p)
     return 0;
   p->comm_out = PT_REGS_PARM1(ctx);
@@ -603,18 +603,16 @@ int BPF_KPROBE(nccl_comm_init_rank_enter)
   return 0;
 }
 
-/* ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) */
+SEC("uprobe")
+int BPF_KPROBE(nccl_comm_init_rank_enter)
+{
+  return init_rank__enter(ctx, RS_OP_COMM_INIT_RANK);
+}
+
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_init_rank_config_enter)
 {
-  struct pending_call *p = init__enter(ctx, RS_OP_COMM_INIT_RANK_CONFIG);
-  if (!p)
-    return 0;
-  p->comm_out = PT_REGS_PARM1(ctx);
-  p->nranks = (__s32)PT_REGS_PARM2(ctx);
-  p->rank = (__s32)PT_REGS_PARM3(ctx);
-  bpf_probe_read_user(p->unique_id, sizeof(p->unique_id), (void *)(PT_REGS_SP(ctx) + 8));
-  return 0;
+  return init_rank__enter(ctx, RS_OP_COMM_INIT_RANK_CONFIG);
 }
 
 /* ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) */
