@@ -17,9 +17,9 @@
 
 #include "collector/alert/http.h"
 #include "proto/agent.capnp.h"
-#include "proto/agent_wire.h"
 #include "proto/codec.h"
 #include "tests/support/harness.h"
+#include "tests/support/hello.h"
 #include "tests/support/keys.h"
 #include "tools/cli/client.h"
 
@@ -91,7 +91,7 @@ class RawAgent {
   }
   // Says hello as `node`; the collector's answer (accepted, reason), or nothing within `timeout`.
   std::optional<std::pair<bool, std::string>> hello(const std::string& node, std::chrono::milliseconds timeout) {
-    send(proto::encode_hello({.node = node, .instance_id = 42}));
+    send(testing::hello_message(node, 42));
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
       auto bytes = receive(std::chrono::milliseconds(100));

@@ -14,8 +14,8 @@
 #include "collector/model/clock_refine.h"
 #include "collector/usage/ledger.h"
 #include "common/format.h"
-#include "proto/agent_wire.h"
 #include "tests/support/harness.h"
+#include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
 
@@ -25,8 +25,7 @@ namespace {
 using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node, uint64_t instance) {
-  return proto::encode_hello(
-      {.node = node, .instance_id = instance, .monotonic_ns = 1'000, .realtime_ns = 1'800'000'000'000'000'000ull});
+  return testing::hello_message(node, instance, 1'800'000'000'000'000'000ull, 1'000);
 }
 
 struct Claim {

@@ -5,9 +5,9 @@
 
 #include <gtest/gtest.h>
 
-#include "proto/agent_wire.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
+#include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
 
@@ -30,7 +30,7 @@ class ClockRefineTest : public ::testing::Test {
   void start(uint64_t uncertainty_ns) {
     for (int node = 0; node < 2; ++node) {
       std::string name = "node-" + std::to_string(node);
-      testing::feed(ingest, commit, name, proto::encode_hello({.node = name, .instance_id = 1}));
+      testing::feed(ingest, commit, name, testing::hello_message(name, 1));
       send(name, [&](auto m) {
         auto b = m.initBatch();
         b.setInstanceId(1);

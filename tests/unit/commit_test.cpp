@@ -15,9 +15,9 @@
 #include "collector/ingest/ingest.h"
 #include "collector/usage/ledger.h"
 #include "collector/usage/report.h"
-#include "proto/agent_wire.h"
 #include "proto/records.h"
 #include "tests/support/harness.h"
+#include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 
 namespace rankscope::collector {
@@ -79,7 +79,7 @@ class CommitTest : public ::testing::Test {
   // rank) and its membership of the 2-rank communicator in batch 1.
   void join(int rank) {
     std::string node = "node-" + std::to_string(rank);
-    say(rank, proto::encode_hello({.node = node, .instance_id = 7}));
+    say(rank, testing::hello_message(node, 7));
     say(rank, [&](auto m) {
       auto b = m.initBatch();
       b.setInstanceId(7);

@@ -7,9 +7,9 @@
 
 #include "collector/detect/detector.h"
 #include "collector/query.h"
-#include "proto/agent_wire.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
+#include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
 
@@ -55,7 +55,7 @@ class DetectTest : public ::testing::Test {
     this->nranks = nranks;
     for (int32_t rank = 0; rank < nranks; rank += 2) {
       std::string node = node_of(rank);
-      send(node, proto::encode_hello({.node = node, .instance_id = 7}));
+      send(node, testing::hello_message(node, 7));
       send(node, [&](auto m) {
         auto b = m.initBatch();
         b.setInstanceId(7);

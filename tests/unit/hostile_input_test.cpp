@@ -12,8 +12,8 @@
 #include "collector/ingest/ingest.h"
 #include "collector/model/clock_refine.h"
 #include "node-agent/summarise.h"
-#include "proto/agent_wire.h"
 #include "tests/support/harness.h"
+#include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
 
@@ -23,8 +23,7 @@ namespace {
 using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node) {
-  return proto::encode_hello(
-      {.node = node, .instance_id = 99, .monotonic_ns = 1'000, .realtime_ns = 1'000 + 5'000'000});
+  return testing::hello_message(node, 99, 1'000 + 5'000'000, 1'000);
 }
 
 // A valid batch of `records` collectives of rank 1 (of 2); `edit` changes it before it is packed.

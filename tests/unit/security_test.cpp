@@ -13,8 +13,8 @@
 #include "collector/options.h"
 #include "collector/retention.h"
 #include "common/curve.h"
-#include "proto/agent_wire.h"
 #include "tests/support/harness.h"
+#include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
 
@@ -143,7 +143,7 @@ TEST_F(AllowListTest, MissingDirectoryIsAClearError) {
 using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node) {
-  return proto::encode_hello({.node = node, .instance_id = 5});
+  return testing::hello_message(node, 5);
 }
 
 struct HelloAnswer {

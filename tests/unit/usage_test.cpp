@@ -6,9 +6,9 @@
 
 #include "collector/usage/ledger.h"
 #include "collector/usage/report.h"
-#include "proto/agent_wire.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
+#include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
 
@@ -39,10 +39,7 @@ class UsageTest : public ::testing::Test {
     commit->join(*ledger);
   }
   // node-0's agent (instance 7) says hello, its clock at 0 on kDay0.
-  void hello() {
-    testing::feed(*ingest, *commit, "node-0",
-                  proto::encode_hello({.node = "node-0", .instance_id = 7, .realtime_ns = kDay0 * kS}));
-  }
+  void hello() { testing::feed(*ingest, *commit, "node-0", testing::hello_message("node-0", 7, kDay0 * kS)); }
   // Everything the ledger counted, written now (as when the collector stops).
   void flush() {
     auto committed = commit->run(clock.now, true);
@@ -400,7 +397,7 @@ TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
   };
   for (int32_t rank = 0; rank < 2; ++rank) {
     std::string node = "node-" + std::to_string(rank);
-    testing::feed(*ingest, *commit, node, proto::encode_hello({.node = node, .instance_id = 7}));
+    testing::feed(*ingest, *commit, node, testing::hello_message(node, 7));
     send(node, [&](auto m) {
       auto b = m.initBatch();
       b.setInstanceId(7);
