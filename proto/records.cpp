@@ -37,7 +37,7 @@ std::string op_name(uint8_t op) {
   return "op" + std::to_string(op);
 }
 
-uint8_t op_from_name(const std::string& name) {
+uint8_t op_from_name(std::string_view name) {
   for (const auto& entry : kOps)
     if (name == entry.name) return entry.op;
   return RS_OP_NONE;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "bpf/nccl_events.h"
 
@@ -28,7 +29,7 @@ struct CallRecord {
 // "AllReduce", "Send", ...; "op<N>" for a code this build does not know.
 std::string op_name(uint8_t op);
 // Parses op_name's output back; returns RS_OP_NONE if unknown.
-uint8_t op_from_name(const std::string& name);
+uint8_t op_from_name(std::string_view name);
 bool op_is_collective(uint8_t op);
 // "float32", "bfloat16", ...; "type<N>" if unknown.
 std::string datatype_name(uint8_t datatype);

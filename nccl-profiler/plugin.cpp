@@ -1,0 +1,310 @@
+// librankscope-nccl-profiler.so: NCCL's profiler plugin (abi.h), writing each
+// event NCCL reports into the process's shared-memory ring (ring.h) for the
+// node agent. Loaded by NCCL when NCCL_PROFILER_PLUGIN names it; docs/gpu-timing.md.
+//
+// NCCL's hot path (startEvent, stopEvent, recordEventState) takes an event
+// slot from a fixed per-communicator pool, reads the monotonic clock (vDSO)
+// and writes one record: no allocation, no lock, no system call. init and
+// finalize, once per communicator, may do all three.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "nccl-profiler/abi.h"
+#include "nccl-profiler/ring.h"
+#include "proto/records.h"
+
+namespace rankscope::profiler {
+namespace {
+
+constexpr uint32_t kEventsPerComm = 1u << 13;  // live events a communicator may hold (recycled in turn)
+
+uint64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// This process's start time (/proc/self/stat field 22), which the agent
+// compares with the pid's: a ring left by a process whose pid was reused is
+// not that process's.
+uint64_t own_start_time() {
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  const char* p = text.c_str() + close + 2;  // field 3
+  for (int field = 3; field < 22 && *p; ++field) p = std::strchr(p, ' ') ? std::strchr(p, ' ') + 1 : "";
+  return std::strtoull(p, nullptr, 10);
+}
+
+// The process's ring, made at the first init; none if it could not be made
+// (then every record is counted as dropped, here only).
+struct Process {
+  std::once_flag made;
+  RingView ring;
+  std::string name;
+  std::atomic<uint64_t> unrecorded{0};
+  std::atomic<int> comms{0};
+
+  void make() {
+    name = ring_name(static_cast<uint32_t>(getpid()));
+    int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+    if (fd < 0) return;
+    size_t bytes = ring_bytes(kRingSlots);
+    void* map = ftruncate(fd, static_cast<off_t>(bytes)) == 0
+                    ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                    : MAP_FAILED;
+    close(fd);
+    if (map == MAP_FAILED) {
+      shm_unlink(name.c_str());
+      return;
+    }
+    ring.header = static_cast<RingHeader*>(map);
+    ring.records = reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(RingHeader));
+    ring_init(ring, kRingSlots, static_cast<uint32_t>(getpid()), own_start_time());
+  }
+  void write(const Record& record) {
+    if (!ring.header) {
+      unrecorded.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    ring_write(ring, record);
+  }
+  bool detail() const { return ring.header && ring.header->detail.load(std::memory_order_relaxed) != 0; }
+  // At exit: a ring nobody reads goes with the process; one an agent reads
+  // is left for it to drain and remove.
+  ~Process() {
+    if (ring.header && ring.header->reader.load() == 0) shm_unlink(name.c_str());
+  }
+} process;
+
+struct Comm;
+
+struct Event {
+  Comm* comm = nullptr;
+  uint32_t id = 0;
+  RecordKind stop_kind = RecordKind::coll_stop;  // what stopEvent writes (none for kernels: their state does)
+  bool stop_writes = true;
+  uint8_t op = 0;
+  uint8_t channel = 0;
+  int32_t peer = -1;
+  uint64_t seq_number = 0;
+};
+
+struct Comm {
+  uint64_t hash = 0;
+  int32_t rank = -1;
+  int* mask = nullptr;  // NCCL's activation mask, read again at each operation
+  bool detail = false;
+  std::atomic<uint32_t> next{0};
+  std::unique_ptr<Event[]> events = std::make_unique<Event[]>(kEventsPerComm);
+
+  Event* take() {
+    uint32_t id = next.fetch_add(1, std::memory_order_relaxed);
+    Event* e = &events[id & (kEventsPerComm - 1)];
+    e->comm = this;
+    e->id = id;
+    return e;
+  }
+  // Proxy events on while the agent asks for them (detail on demand).
+  void follow_detail() {
+    bool wanted = process.detail();
+    if (wanted == detail || !mask) return;
+    detail = wanted;
+    int proxy = static_cast<int>(abi::kProxyOp | abi::kProxyStep);
+    *mask = wanted ? (*mask | proxy) : (*mask & ~proxy);
+  }
+};
+
+constexpr int kBaseMask = static_cast<int>(abi::kColl | abi::kP2p | abi::kKernelCh);
+
+void fill(Record& r, const Event& e, RecordKind kind) {
+  r.comm_hash = e.comm->hash;
+  r.seq_number = e.seq_number;
+  r.host_ns = monotonic_ns();
+  r.gpu_ns = 0;
+  r.bytes = 0;
+  r.rank = e.comm->rank;
+  r.peer = e.peer;
+  r.event = e.id;
+  r.kind = kind;
+  r.op = e.op;
+  r.channel = e.channel;
+  r.state = 0;
+}
+
+abi::Result init(void** context, uint64_t comm_hash, int* mask, int rank) {
+  std::call_once(process.made, [] { process.make(); });
+  auto* comm = new Comm;
+  comm->hash = comm_hash;
+  comm->rank = rank;
+  comm->mask = mask;
+  if (mask) *mask = kBaseMask;
+  comm->follow_detail();
+  process.comms.fetch_add(1);
+  *context = comm;
+  return abi::kSuccess;
+}
+
+// The descriptor's fields, whichever version's they are.
+struct Descr {
+  uint64_t type;
+  void* parent;
+  const abi::CollDescr* coll;
+  const abi::P2pDescr* p2p;
+  const abi::ProxyOpDescr* proxy_op;
+  int step;
+  const abi::KernelChDescr* kernel_ch;
+};
+
+abi::Result start(void* context, void** handle, const Descr& d) {
+  *handle = nullptr;
+  auto* comm = static_cast<Comm*>(context);
+  auto* parent = static_cast<Event*>(d.parent);
+  Event* e = nullptr;
+  Record r;
+  switch (d.type) {
+    case abi::kColl: {
+      comm->follow_detail();
+      e = comm->take();
+      e->op = proto::op_from_name(d.coll->func ? d.coll->func : "");
+      e->seq_number = d.coll->seq_number;
+      e->peer = d.coll->root;
+      e->channel = d.coll->n_channels;
+      e->stop_kind = RecordKind::coll_stop;
+      e->stop_writes = true;
+      fill(r, *e, RecordKind::coll_start);
+      r.bytes = d.coll->count;
+      break;
+    }
+    case abi::kP2p: {
+      e = comm->take();
+      e->op = proto::op_from_name(d.p2p->func ? d.p2p->func : "");
+      e->seq_number = 0;
+      e->peer = d.p2p->peer;
+      e->channel = d.p2p->n_channels;
+      e->stop_kind = RecordKind::p2p_stop;
+      e->stop_writes = true;
+      fill(r, *e, RecordKind::p2p_start);
+      r.bytes = d.p2p->count;
+      break;
+    }
+    case abi::kKernelCh: {
+      // A channel of the collective or p2p operation `parent`.
+      e = comm->take();
+      e->op = parent ? parent->op : 0;
+      e->seq_number = parent ? parent->seq_number : 0;
+      e->peer = parent ? parent->peer : -1;
+      e->channel = d.kernel_ch->channel_id;
+      e->stop_writes = false;  // its stop is the KernelChStop state, with the GPU time
+      fill(r, *e, RecordKind::kernel_start);
+      r.gpu_ns = d.kernel_ch->gpu_start_ns;
+      if (parent) r.event = parent->id;
+      break;
+    }
+    case abi::kProxyOp: {
+      e = comm->take();
+      e->op = parent ? parent->op : 0;
+      e->seq_number = parent ? parent->seq_number : 0;
+      e->peer = d.proxy_op->peer;
+      e->channel = d.proxy_op->channel_id;
+      e->stop_kind = RecordKind::proxy_op_stop;
+      e->stop_writes = true;
+      fill(r, *e, RecordKind::proxy_op_start);
+      r.bytes = static_cast<uint64_t>(d.proxy_op->n_steps) * static_cast<uint64_t>(d.proxy_op->chunk_size);
+      if (parent) r.event = parent->id;
+      break;
+    }
+    case abi::kProxyStep: {
+      if (!parent) return abi::kSuccess;
+      e = comm->take();
+      e->op = parent->op;
+      e->seq_number = parent->seq_number;
+      e->peer = parent->peer;
+      e->channel = parent->channel;
+      e->stop_writes = false;
+      fill(r, *e, RecordKind::proxy_step);
+      r.bytes = 0;
+      r.event = parent->id;
+      r.state = 0;
+      break;
+    }
+    default:
+      return abi::kSuccess;  // not enabled by rankscope
+  }
+  process.write(r);
+  *handle = e;
+  return abi::kSuccess;
+}
+
+abi::Result stop(void* handle) {
+  auto* e = static_cast<Event*>(handle);
+  if (!e || !e->stop_writes) return abi::kSuccess;
+  Record r;
+  fill(r, *e, e->stop_kind);
+  process.write(r);
+  return abi::kSuccess;
+}
+
+abi::Result record_state(void* handle, int state, abi::StateArgs* args) {
+  auto* e = static_cast<Event*>(handle);
+  if (!e) return abi::kSuccess;
+  if (state == abi::kKernelChStop) {
+    Record r;
+    fill(r, *e, RecordKind::kernel_stop);
+    r.gpu_ns = args ? args->kernel_ch.gpu_stop_ns : 0;
+    process.write(r);
+  } else if (state >= abi::kProxyStepSendGpuWait && state <= abi::kProxyStepRecvGpuWait) {
+    Record r;
+    fill(r, *e, RecordKind::proxy_step);
+    r.state = static_cast<uint8_t>(state);
+    r.bytes = args ? args->proxy_step.trans_size : 0;
+    process.write(r);
+  }
+  return abi::kSuccess;
+}
+
+abi::Result finalize(void* context) {
+  delete static_cast<Comm*>(context);
+  process.comms.fetch_sub(1);
+  return abi::kSuccess;
+}
+
+abi::Result init_v5(void** context, uint64_t comm_hash, int* mask, const char*, int, int, int rank, abi::Logger) {
+  return init(context, comm_hash, mask, rank);
+}
+abi::Result init_v4(void** context, int* mask, const char*, uint64_t comm_hash, int, int, int rank, abi::Logger) {
+  return init(context, comm_hash, mask, rank);
+}
+
+abi::Result start_v5(void* context, void** handle, abi::EventDescrV5* d) {
+  return start(context, handle,
+               Descr{d->type, d->parent, &d->coll.d, &d->p2p.d, &d->proxy_op, d->proxy_step.step, &d->kernel_ch});
+}
+abi::Result start_v4(void* context, void** handle, abi::EventDescrV4* d) {
+  return start(context, handle,
+               Descr{d->type, d->parent, &d->coll, &d->p2p, &d->proxy_op, d->proxy_step.step, &d->kernel_ch});
+}
+
+}  // namespace
+}  // namespace rankscope::profiler
+
+namespace rp = rankscope::profiler;
+
+extern "C" {
+__attribute__((visibility("default"))) rp::abi::ProfilerV5 ncclProfiler_v5 = {
+    "rankscope", rp::init_v5, rp::start_v5, rp::stop, rp::record_state, rp::finalize};
+__attribute__((visibility("default"))) rp::abi::ProfilerV4 ncclProfiler_v4 = {
+    "rankscope", rp::init_v4, rp::start_v4, rp::stop, rp::record_state, rp::finalize};
+}

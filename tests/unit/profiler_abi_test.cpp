@@ -1,0 +1,303 @@
+// librankscope-nccl-profiler.so as NCCL sees it: loaded with dlopen, its
+// table found by NCCL's symbol names (v5 first, then v4), every struct laid
+// out as NCCL's, and its events arriving in the process's ring in the order
+// NCCL reports them.
+//
+// The sizes and offsets below are facts of NCCL's public plugin headers
+// (NVIDIA/nccl, plugins/profiler/example/nccl/profiler_v5.h and
+// profiler_v4.h, compiled for x86-64): NCCL passes these structs by pointer,
+// so one byte off reads the wrong field.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "bpf/nccl_events.h"
+#include "nccl-profiler/abi.h"
+#include "nccl-profiler/ring.h"
+
+namespace rankscope::profiler {
+namespace {
+
+using namespace abi;
+
+TEST(ProfilerAbi, EveryStructHasNcclsSizeAndOffsets) {
+  EXPECT_EQ(sizeof(EventDescrV5), 112u);
+  EXPECT_EQ(offsetof(EventDescrV5, type), 0u);
+  EXPECT_EQ(offsetof(EventDescrV5, parent), 8u);
+  EXPECT_EQ(offsetof(EventDescrV5, rank), 16u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll.d.seq_number), 24u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll.d.func), 32u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll.d.count), 56u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll.d.root), 64u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll.d.datatype), 72u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll.d.n_channels), 80u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll.d.algo), 88u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll.parent_group), 104u);
+  EXPECT_EQ(offsetof(EventDescrV5, p2p.d.func), 24u);
+  EXPECT_EQ(offsetof(EventDescrV5, p2p.d.datatype), 40u);
+  EXPECT_EQ(offsetof(EventDescrV5, p2p.d.count), 48u);
+  EXPECT_EQ(offsetof(EventDescrV5, p2p.d.peer), 56u);
+  EXPECT_EQ(offsetof(EventDescrV5, p2p.d.n_channels), 60u);
+  EXPECT_EQ(offsetof(EventDescrV5, p2p.parent_group), 64u);
+  EXPECT_EQ(offsetof(EventDescrV5, proxy_op.pid), 24u);
+  EXPECT_EQ(offsetof(EventDescrV5, proxy_op.channel_id), 28u);
+  EXPECT_EQ(offsetof(EventDescrV5, proxy_op.peer), 32u);
+  EXPECT_EQ(offsetof(EventDescrV5, proxy_op.n_steps), 36u);
+  EXPECT_EQ(offsetof(EventDescrV5, proxy_op.chunk_size), 40u);
+  EXPECT_EQ(offsetof(EventDescrV5, proxy_op.is_send), 44u);
+  EXPECT_EQ(offsetof(EventDescrV5, proxy_step.step), 24u);
+  EXPECT_EQ(offsetof(EventDescrV5, kernel_ch.channel_id), 24u);
+  EXPECT_EQ(offsetof(EventDescrV5, kernel_ch.gpu_start_ns), 32u);
+  EXPECT_EQ(offsetof(EventDescrV5, coll_api.graph_captured), 64u);
+
+  EXPECT_EQ(sizeof(EventDescrV4), 104u);
+  EXPECT_EQ(offsetof(EventDescrV4, type), 0u);
+  EXPECT_EQ(offsetof(EventDescrV4, parent), 8u);
+  EXPECT_EQ(offsetof(EventDescrV4, rank), 16u);
+  EXPECT_EQ(offsetof(EventDescrV4, coll.seq_number), 24u);
+  EXPECT_EQ(offsetof(EventDescrV4, coll.func), 32u);
+  EXPECT_EQ(offsetof(EventDescrV4, coll.count), 56u);
+  EXPECT_EQ(offsetof(EventDescrV4, coll.root), 64u);
+  EXPECT_EQ(offsetof(EventDescrV4, coll.datatype), 72u);
+  EXPECT_EQ(offsetof(EventDescrV4, coll.n_channels), 80u);
+  EXPECT_EQ(offsetof(EventDescrV4, coll.algo), 88u);
+  EXPECT_EQ(offsetof(EventDescrV4, p2p.func), 24u);
+  EXPECT_EQ(offsetof(EventDescrV4, p2p.datatype), 40u);
+  EXPECT_EQ(offsetof(EventDescrV4, p2p.count), 48u);
+  EXPECT_EQ(offsetof(EventDescrV4, p2p.peer), 56u);
+  EXPECT_EQ(offsetof(EventDescrV4, p2p.n_channels), 60u);
+  EXPECT_EQ(offsetof(EventDescrV4, proxy_op.pid), 24u);
+  EXPECT_EQ(offsetof(EventDescrV4, proxy_op.channel_id), 28u);
+  EXPECT_EQ(offsetof(EventDescrV4, proxy_op.peer), 32u);
+  EXPECT_EQ(offsetof(EventDescrV4, proxy_op.n_steps), 36u);
+  EXPECT_EQ(offsetof(EventDescrV4, proxy_op.chunk_size), 40u);
+  EXPECT_EQ(offsetof(EventDescrV4, proxy_op.is_send), 44u);
+  EXPECT_EQ(offsetof(EventDescrV4, proxy_step.step), 24u);
+  EXPECT_EQ(offsetof(EventDescrV4, kernel_ch.channel_id), 24u);
+  EXPECT_EQ(offsetof(EventDescrV4, kernel_ch.gpu_start_ns), 32u);
+
+  EXPECT_EQ(sizeof(StateArgs), 8u);
+  for (size_t size : {sizeof(ProfilerV5), sizeof(ProfilerV4)}) EXPECT_EQ(size, 48u);
+  EXPECT_EQ(offsetof(ProfilerV5, name), 0u);
+  EXPECT_EQ(offsetof(ProfilerV5, init), 8u);
+  EXPECT_EQ(offsetof(ProfilerV5, start_event), 16u);
+  EXPECT_EQ(offsetof(ProfilerV5, stop_event), 24u);
+  EXPECT_EQ(offsetof(ProfilerV5, record_event_state), 32u);
+  EXPECT_EQ(offsetof(ProfilerV5, finalize), 40u);
+  // ncclProfilerEventState_t's numbers rankscope reads, and the event types' bits.
+  EXPECT_EQ(kKernelChStop, 22);
+  EXPECT_EQ(kProxyStepSendGpuWait, 8);
+  EXPECT_EQ(kProxyStepRecvGpuWait, 12);
+  EXPECT_EQ(kColl, 2u);
+  EXPECT_EQ(kKernelCh, 64u);
+}
+
+// The built plugin, loaded the way NCCL loads it, with this process as the
+// agent reading its ring.
+class ProfilerPlugin : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    lib = dlopen(RANKSCOPE_PROFILER_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(lib, nullptr) << dlerror();
+    // NCCL 2.28 looks for v5, then v4, ...
+    v5 = static_cast<ProfilerV5*>(dlsym(lib, "ncclProfiler_v5"));
+    v4 = static_cast<ProfilerV4*>(dlsym(lib, "ncclProfiler_v4"));
+    ASSERT_NE(v5, nullptr);
+    ASSERT_NE(v4, nullptr);
+    EXPECT_EQ(dlsym(lib, "ncclProfiler_v6"), nullptr) << "v6 is not exported: NCCL 2.29+ adapt v5";
+  }
+  void TearDown() override {
+    for (void* context : contexts) v5->finalize(context);
+    // Nobody reads it now: the plugin removes the ring when this process
+    // exits (a test that fails before attaching leaves none either).
+    if (ring.header) {
+      ring.header->reader.store(0);
+      ring.header->detail.store(0);
+      munmap(ring.header, ring_bytes(ring.header->slots));
+    }
+  }
+  void* init_v5(uint64_t hash, int rank, int* mask) {
+    void* context = nullptr;
+    EXPECT_EQ(v5->init(&context, hash, mask, "test", 1, 4, rank, nullptr), kSuccess);
+    contexts.push_back(context);
+    return context;
+  }
+  // The ring the plugin made at its first init, mapped as the agent maps it.
+  void attach() {
+    int fd = shm_open(ring_name(static_cast<uint32_t>(getpid())).c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0) << "no ring";
+    void* map = mmap(nullptr, ring_bytes(kRingSlots), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    ASSERT_NE(map, MAP_FAILED);
+    ring.header = static_cast<RingHeader*>(map);
+    ring.records = reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(RingHeader));
+    ASSERT_EQ(ring.header->magic, kRingMagic);
+    ASSERT_EQ(ring.header->version, kRingVersion);
+    ASSERT_EQ(ring.header->record_size, sizeof(Record));
+    EXPECT_EQ(ring.header->pid, static_cast<uint32_t>(getpid()));
+    ring.header->reader.store(static_cast<uint32_t>(getpid()));
+    drain();  // what earlier tests in this process left
+  }
+  std::vector<RecordKind> drain(std::deque<Record>* out = nullptr) {
+    std::vector<RecordKind> kinds;
+    Record r;
+    while (ring_read(ring, r)) {
+      kinds.push_back(r.kind);
+      if (out) {
+        out->emplace_back();
+        Record& o = out->back();
+        o.comm_hash = r.comm_hash, o.seq_number = r.seq_number, o.host_ns = r.host_ns, o.gpu_ns = r.gpu_ns;
+        o.bytes = r.bytes, o.rank = r.rank, o.peer = r.peer, o.event = r.event, o.kind = r.kind, o.op = r.op;
+        o.channel = r.channel, o.state = r.state;
+      }
+    }
+    return kinds;
+  }
+
+  void* lib = nullptr;
+  ProfilerV5* v5 = nullptr;
+  ProfilerV4* v4 = nullptr;
+  std::vector<void*> contexts;
+  RingView ring;
+};
+
+EventDescrV5 coll(uint64_t seq, const char* func, size_t count) {
+  EventDescrV5 d{};
+  d.type = kColl;
+  d.rank = 2;
+  d.coll.d.seq_number = seq;
+  d.coll.d.func = func;
+  d.coll.d.count = count;
+  d.coll.d.root = -1;
+  d.coll.d.datatype = "ncclFloat32";
+  d.coll.d.n_channels = 2;
+  return d;
+}
+
+TEST_F(ProfilerPlugin, ACollectiveAndItsKernelChannelsReachTheRingWithGpuTimes) {
+  int mask = 0;
+  void* context = init_v5(0xc0ffee, 2, &mask);
+  EXPECT_EQ(mask, static_cast<int>(kColl | kP2p | kKernelCh)) << "only what rankscope reads";
+  attach();
+
+  EventDescrV5 c = coll(88121, "AllReduce", 1024);
+  void* coll_handle = nullptr;
+  ASSERT_EQ(v5->start_event(context, &coll_handle, &c), kSuccess);
+  ASSERT_NE(coll_handle, nullptr);
+  EventDescrV5 k{};
+  k.type = kKernelCh;
+  k.parent = coll_handle;
+  k.rank = 2;
+  k.kernel_ch.channel_id = 1;
+  k.kernel_ch.gpu_start_ns = 5'000;
+  void* kernel_handle = nullptr;
+  ASSERT_EQ(v5->start_event(context, &kernel_handle, &k), kSuccess);
+  ASSERT_EQ(v5->stop_event(coll_handle), kSuccess);  // enqueued: before the kernel ends
+  StateArgs stop{};
+  stop.kernel_ch.gpu_stop_ns = 905'000;
+  ASSERT_EQ(v5->record_event_state(kernel_handle, kKernelChStop, &stop), kSuccess);
+  ASSERT_EQ(v5->stop_event(kernel_handle), kSuccess);
+
+  std::deque<Record> got;
+  EXPECT_EQ(drain(&got), (std::vector<RecordKind>{RecordKind::coll_start, RecordKind::kernel_start,
+                                                  RecordKind::coll_stop, RecordKind::kernel_stop}));
+  ASSERT_EQ(got.size(), 4u);
+  for (const Record& r : got) {
+    EXPECT_EQ(r.comm_hash, 0xc0ffeeu);
+    EXPECT_EQ(r.seq_number, 88121u);
+    EXPECT_EQ(r.rank, 2);
+    EXPECT_EQ(r.op, RS_OP_ALLREDUCE);
+    EXPECT_GT(r.host_ns, 0u);
+  }
+  EXPECT_EQ(got[0].bytes, 1024u);
+  EXPECT_EQ(got[1].gpu_ns, 5'000u);
+  EXPECT_EQ(got[1].channel, 1);
+  EXPECT_EQ(got[1].event, got[0].event) << "the kernel names its collective";
+  EXPECT_EQ(got[3].gpu_ns, 905'000u);
+  EXPECT_LE(got[0].host_ns, got[3].host_ns);
+}
+
+TEST_F(ProfilerPlugin, TheV4TableTakesItsOwnArgumentOrderAndDescriptor) {
+  int mask = 0;
+  void* context = nullptr;
+  ASSERT_EQ(v4->init(&context, &mask, "test", 0xbeef, 1, 2, 1, nullptr), kSuccess);
+  attach();
+  EventDescrV4 d{};
+  d.type = kP2p;
+  d.rank = 1;
+  d.p2p.func = "Send";
+  d.p2p.count = 64;
+  d.p2p.peer = 0;
+  void* handle = nullptr;
+  ASSERT_EQ(v4->start_event(context, &handle, &d), kSuccess);
+  ASSERT_EQ(v4->stop_event(handle), kSuccess);
+  std::deque<Record> got;
+  EXPECT_EQ(drain(&got), (std::vector<RecordKind>{RecordKind::p2p_start, RecordKind::p2p_stop}));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].comm_hash, 0xbeefu);
+  EXPECT_EQ(got[0].op, RS_OP_SEND);
+  EXPECT_EQ(got[0].peer, 0);
+  EXPECT_EQ(got[0].bytes, 64u);
+  EXPECT_EQ(v4->finalize(context), kSuccess);
+}
+
+TEST_F(ProfilerPlugin, WithNoReaderEveryEventIsOnlyCountedAndProxyDetailComesOnDemand) {
+  int mask = 0;
+  void* context = init_v5(0x5eed, 0, &mask);
+  attach();
+  ring.header->reader.store(0);  // no agent
+  uint64_t dropped = ring.header->dropped.load();
+  EventDescrV5 c = coll(1, "AllGather", 8);
+  void* handle = nullptr;
+  ASSERT_EQ(v5->start_event(context, &handle, &c), kSuccess);
+  ASSERT_EQ(v5->stop_event(handle), kSuccess);
+  EXPECT_EQ(ring.header->dropped.load(), dropped + 2);
+  EXPECT_TRUE(drain().empty());
+
+  // The agent asks for proxy events: the next operation turns them on in
+  // NCCL's mask (which NCCL reads at each operation), and off again.
+  ring.header->reader.store(static_cast<uint32_t>(getpid()));
+  ring.header->detail.store(1);
+  ASSERT_EQ(v5->start_event(context, &handle, &c), kSuccess);
+  EXPECT_EQ(mask & static_cast<int>(kProxyOp | kProxyStep), static_cast<int>(kProxyOp | kProxyStep));
+  ring.header->detail.store(0);
+  ASSERT_EQ(v5->start_event(context, &handle, &c), kSuccess);
+  EXPECT_EQ(mask & static_cast<int>(kProxyOp | kProxyStep), 0);
+}
+
+TEST(ProfilerRing, AFullRingDropsAndCountsAndKeepsOrder) {
+  constexpr uint32_t kSlots = 8;
+  std::vector<char> memory(ring_bytes(kSlots) + 64);
+  void* aligned = memory.data() + (64 - reinterpret_cast<uintptr_t>(memory.data()) % 64) % 64;
+  RingView ring{static_cast<RingHeader*>(aligned),
+                reinterpret_cast<Record*>(static_cast<char*>(aligned) + sizeof(RingHeader))};
+  std::fill(static_cast<char*>(aligned), static_cast<char*>(aligned) + ring_bytes(kSlots), 0);
+  ring_init(ring, kSlots, 1, 0);
+  ring.header->reader.store(1);
+  Record r{};
+  for (uint64_t i = 0; i < kSlots + 3; ++i) {
+    r.seq_number = i;
+    EXPECT_EQ(ring_write(ring, r), i < kSlots) << i;
+  }
+  EXPECT_EQ(ring.header->dropped.load(), 3u);
+  Record out;
+  for (uint64_t i = 0; i < kSlots; ++i) {
+    ASSERT_TRUE(ring_read(ring, out));
+    EXPECT_EQ(out.seq_number, i);
+  }
+  EXPECT_FALSE(ring_read(ring, out));
+  r.seq_number = 100;
+  EXPECT_TRUE(ring_write(ring, r)) << "room again once read";
+  ASSERT_TRUE(ring_read(ring, out));
+  EXPECT_EQ(out.seq_number, 100u);
+}
+
+}  // namespace
+}  // namespace rankscope::profiler
