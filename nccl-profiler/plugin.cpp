@@ -82,6 +82,16 @@ struct Process {
     ring_write(ring, record);
   }
   bool detail() const { return ring.header && ring.header->detail.load(std::memory_order_relaxed) != 0; }
+  // Someone drains the ring; else an event is only counted (no handle, so
+  // NCCL makes no further call for it).
+  bool read() {
+    if (ring.header && ring.header->reader.load(std::memory_order_relaxed) != 0) return true;
+    if (ring.header)
+      ring.header->dropped.fetch_add(1, std::memory_order_relaxed);
+    else
+      unrecorded.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   // At exit: a ring nobody reads goes with the process; one an agent reads
   // is left for it to drain and remove.
   ~Process() {
@@ -171,12 +181,13 @@ struct Descr {
 abi::Result start(void* context, void** handle, const Descr& d) {
   *handle = nullptr;
   auto* comm = static_cast<Comm*>(context);
+  if (d.type == abi::kColl) comm->follow_detail();
+  if (!process.read()) return abi::kSuccess;
   auto* parent = static_cast<Event*>(d.parent);
   Event* e = nullptr;
   Record r;
   switch (d.type) {
     case abi::kColl: {
-      comm->follow_detail();
       e = comm->take();
       e->op = proto::op_from_name(d.coll->func ? d.coll->func : "");
       e->seq_number = d.coll->seq_number;

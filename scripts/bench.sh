@@ -120,3 +120,7 @@ rs_cleanup
 trap - EXIT INT TERM
 echo
 "$here/scripts/bench-overhead.sh" "$build"
+
+# The NCCL profiler plugin per collective, called as NCCL calls it.
+echo
+"$here/scripts/bench-profiler.sh" "$build"

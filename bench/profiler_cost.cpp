@@ -1,0 +1,196 @@
+// rankscope-bench-profiler: what librankscope-nccl-profiler.so costs NCCL per
+// collective, called as NCCL calls it: the collective's start, two kernel
+// channels started and stopped with their GPU times, then the collective's
+// stop (eight calls), timed one collective at a time. Three runs in the same
+// process: through a table of empty functions (the floor: NCCL's indirect
+// calls alone), through the plugin with a reader draining its ring (as the
+// agent does), and through the plugin with no reader (records only counted).
+// docs/benchmarks.md, "NCCL profiler plugin".
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nccl-profiler/abi.h"
+#include "nccl-profiler/ring.h"
+
+namespace po = boost::program_options;
+using namespace rankscope::profiler;
+namespace pabi = rankscope::profiler::abi;
+
+namespace {
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The floor: a table whose functions do nothing (but hand out a handle).
+int handle_storage;
+pabi::Result noop_init(void** context, uint64_t, int* mask, const char*, int, int, int, pabi::Logger) {
+  *context = &handle_storage;
+  *mask = 0x46;
+  return 0;
+}
+pabi::Result noop_start(void*, void** handle, pabi::EventDescrV5*) {
+  *handle = &handle_storage;
+  return 0;
+}
+pabi::Result noop_stop(void*) {
+  return 0;
+}
+pabi::Result noop_state(void*, int, pabi::StateArgs*) {
+  return 0;
+}
+pabi::Result noop_finalize(void*) {
+  return 0;
+}
+pabi::ProfilerV5 noop_table = {"noop", noop_init, noop_start, noop_stop, noop_state, noop_finalize};
+
+struct Figures {
+  double median_ns = 0, p99_ns = 0;
+};
+
+// `collectives` collectives through `table`, per-collective times; every
+// kBurst collectives, `between` runs untimed (the agent's drain).
+constexpr int kBurst = 2'000;  // 12,000 records: within the ring, as a tick's worth is
+Figures run(pabi::ProfilerV5* table, void* context, int collectives, const std::function<void()>& between = {}) {
+  asm volatile("" : "+r"(table));  // no devirtualising: every call indirect, as NCCL makes them
+  std::vector<uint64_t> took(static_cast<size_t>(collectives));
+  pabi::EventDescrV5 coll{};
+  coll.type = pabi::kColl;
+  coll.coll.d.func = "AllReduce";
+  coll.coll.d.count = 1 << 20;
+  coll.coll.d.datatype = "ncclFloat32";
+  coll.coll.d.n_channels = 2;
+  pabi::EventDescrV5 kernel{};
+  kernel.type = pabi::kKernelCh;
+  pabi::StateArgs stop{};
+  for (int i = 0; i < collectives; ++i) {
+    if (between && i % kBurst == 0) between();
+    uint64_t start = now_ns();
+    coll.coll.d.seq_number = static_cast<uint64_t>(i);
+    void* c = nullptr;
+    table->start_event(context, &c, &coll);
+    void* k[2] = {nullptr, nullptr};
+    for (int ch = 0; ch < 2; ++ch) {
+      kernel.parent = c;
+      kernel.kernel_ch.channel_id = static_cast<uint8_t>(ch);
+      kernel.kernel_ch.gpu_start_ns = static_cast<uint64_t>(i) * 1000;
+      table->start_event(context, &k[ch], &kernel);
+    }
+    table->stop_event(c);
+    for (int ch = 0; ch < 2; ++ch) {
+      stop.kernel_ch.gpu_stop_ns = static_cast<uint64_t>(i) * 1000 + 500;
+      table->record_event_state(k[ch], pabi::kKernelChStop, &stop);
+      table->stop_event(k[ch]);
+    }
+    took[static_cast<size_t>(i)] = now_ns() - start;
+  }
+  std::sort(took.begin(), took.end());
+  return {static_cast<double>(took[took.size() / 2]), static_cast<double>(took[took.size() * 99 / 100])};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int collectives = 200'000;
+  std::string plugin;
+  po::options_description desc("rankscope-bench-profiler");
+  desc.add_options()("help", "this text")("plugin", po::value(&plugin)->required(),
+                                          "path of librankscope-nccl-profiler.so")(
+      "collectives", po::value(&collectives)->default_value(collectives), "collectives per run");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    if (vm.count("help")) {
+      std::cout << desc;
+      return 0;
+    }
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rankscope-bench-profiler: %s\n", e.what());
+    return 2;
+  }
+  void* lib = dlopen(plugin.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    std::fprintf(stderr, "rankscope-bench-profiler: %s\n", dlerror());
+    return 2;
+  }
+  auto* table = static_cast<pabi::ProfilerV5*>(dlsym(lib, "ncclProfiler_v5"));
+  if (!table) {
+    std::fprintf(stderr, "rankscope-bench-profiler: %s has no ncclProfiler_v5\n", plugin.c_str());
+    return 2;
+  }
+  void* context = nullptr;
+  int mask = 0;
+  table->init(&context, 0x1234, &mask, "bench", 1, 8, 0, nullptr);
+  void* noop_context = nullptr;
+  noop_table.init(&noop_context, 0, &mask, "bench", 1, 8, 0, nullptr);
+
+  // The agent's side: the ring, mapped, and drained by another thread
+  // between bursts of collectives (as the agent drains it once a tick).
+  std::string name = ring_name(static_cast<uint32_t>(getpid()));
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  void* map = fd >= 0 ? mmap(nullptr, ring_bytes(kRingSlots), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (fd >= 0) close(fd);
+  if (map == MAP_FAILED) {
+    std::fprintf(stderr, "rankscope-bench-profiler: the plugin made no ring %s\n", name.c_str());
+    return 2;
+  }
+  RingView ring{static_cast<RingHeader*>(map), reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(RingHeader))};
+  std::atomic<bool> stop{false}, drain{false};
+  std::atomic<uint64_t> drained{0};
+  std::thread reader([&] {
+    Record r;
+    while (!stop.load()) {
+      if (!drain.load()) {
+        std::this_thread::yield();
+        continue;
+      }
+      while (ring_read(ring, r)) drained.fetch_add(1, std::memory_order_relaxed);
+      drain.store(false);
+    }
+  });
+  auto drain_now = [&] {
+    drain.store(true);
+    while (drain.load()) std::this_thread::yield();
+  };
+
+  run(&noop_table, noop_context, collectives / 10);  // warm-up
+  Figures floor = run(&noop_table, noop_context, collectives);
+  ring.header->reader.store(static_cast<uint32_t>(getpid()));
+  uint64_t dropped_before = ring.header->dropped.load();
+  Figures read = run(table, context, collectives, drain_now);
+  drain_now();
+  uint64_t dropped_reading = ring.header->dropped.load() - dropped_before;
+  ring.header->reader.store(0);
+  Figures unread = run(table, context, collectives);
+  stop.store(true);
+  reader.join();
+  table->finalize(context);
+  munmap(map, ring_bytes(kRingSlots));
+
+  std::printf("| run | median ns per collective | p99 ns | median / floor |\n| --- | ---: | ---: | ---: |\n");
+  std::printf("| empty table (floor: 8 indirect calls) | %.0f | %.0f | 1.0 |\n", floor.median_ns, floor.p99_ns);
+  std::printf("| plugin, ring drained by another thread between bursts | %.0f | %.0f | %.1f |\n", read.median_ns,
+              read.p99_ns, read.median_ns / std::max(1.0, floor.median_ns));
+  std::printf("| plugin, no reader (counted only) | %.0f | %.0f | %.1f |\n", unread.median_ns, unread.p99_ns,
+              unread.median_ns / std::max(1.0, floor.median_ns));
+  std::printf("\n%d collectives per run; %llu records read, %llu dropped while read (ring of %u).\n", collectives,
+              static_cast<unsigned long long>(drained.load()), static_cast<unsigned long long>(dropped_reading),
+              kRingSlots);
+  return 0;
+}
