@@ -91,11 +91,12 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
   uint64_t parent_hash = 0;
   if (e.op == RS_OP_COMM_SPLIT) {
     // Every member splits the parent in the same order with the same color:
-    // (parent, order, color) names the child the same way everywhere.
+    // (parent, order, color) names the child the same way everywhere, as
+    // NCCL names it (its commHash).
     auto parent = comms_.find({e.hdr.pid, e.parent_comm});
     if (parent != comms_.end()) {
       parent_hash = parent->second.hash;
-      comm.hash = mix_hash({parent_hash, parent->second.splits++, static_cast<uint64_t>(static_cast<int64_t>(e.color))});
+      comm.hash = proto::comm_hash_of_split(parent_hash, static_cast<int32_t>(++parent->second.splits), e.color);
       // A member of a child is named by its rank in the parent: unique among
       // the members, the same on every node, and the rank users know (NCCL's
       // own child rank follows from the keys; the collector can derive it).

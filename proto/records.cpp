@@ -71,13 +71,60 @@ std::string result_name(int32_t result) {
   return "ncclResult(" + std::to_string(result) + ")";
 }
 
-uint64_t comm_hash_of_unique_id(const uint8_t* id, size_t len) {
-  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
-  for (size_t i = 0; i < len; ++i) {
-    hash ^= id[i];
-    hash *= 0x100000001b3ull;  // FNV-1a 64 prime
+namespace {
+// NCCL's hash, as its commHash uses it (NVIDIA/nccl src/include/bitops.h):
+// a two-word accumulator; each input is prefixed by its length and fed eight
+// bytes (little-endian, zero-padded) at a time, then the words are folded.
+struct NcclHash {
+  uint64_t a = 1, b = 1;
+  void eat(const void* bytes, size_t size) {
+    const auto* p = static_cast<const uint8_t*>(bytes);
+    a ^= size;
+    while (size != 0) {
+      a += b;
+      b ^= a;
+      a ^= a >> 31;
+      a *= 0x9de62bbc8cef3ce3ull;
+      b ^= b >> 32;
+      b *= 0x485cd6311b599e79ull;
+      size_t chunk = size < 8 ? size : 8;
+      uint64_t x = 0;
+      for (size_t i = 0; i < chunk; ++i) x |= static_cast<uint64_t>(p[i]) << (8 * i);
+      p += chunk;
+      size -= chunk;
+      a += x;
+    }
   }
-  return hash;
+  uint64_t digest() const {
+    uint64_t h = a;
+    h ^= h >> 31;
+    h *= 0xbac3bd562846de6bull;
+    h += b;
+    h ^= h >> 32;
+    h *= 0x995a187a14e7b445ull;
+    return h;
+  }
+};
+}  // namespace
+
+uint64_t comm_hash_of_unique_id(const uint8_t* id, size_t len) {
+  NcclHash h;
+  h.eat(id, len);
+  return h.digest();
+}
+
+uint64_t comm_hash_of_split(uint64_t parent_hash, int32_t child_count, int32_t color) {
+  NcclHash h;
+  uint8_t bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(parent_hash >> (8 * i));
+  h.eat(bytes, 8);
+  for (int32_t v : {child_count, color}) {
+    auto u = static_cast<uint32_t>(v);
+    uint8_t four[4] = {static_cast<uint8_t>(u), static_cast<uint8_t>(u >> 8), static_cast<uint8_t>(u >> 16),
+                       static_cast<uint8_t>(u >> 24)};
+    h.eat(four, 4);
+  }
+  return h.digest();
 }
 
 }  // namespace rankscope::proto

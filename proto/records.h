@@ -42,7 +42,12 @@ uint64_t record_bytes(const CallRecord& record);
 // "ncclSuccess"-style names of ncclResult_t.
 std::string result_name(int32_t result);
 
-// FNV-1a over the ncclUniqueId: the communicator's identity on every member.
+// A communicator's identity on every member: NCCL's own commHash (what its
+// profiler plugin reports), the hash of the ncclUniqueId it was made from...
 uint64_t comm_hash_of_unique_id(const uint8_t* id, size_t len);
+// ...or, for a child of ncclCommSplit, of its parent's hash, how many splits
+// of the parent there have been counting this one (NCCL_SPLIT_NOCOLOR ones
+// too), and its color.
+uint64_t comm_hash_of_split(uint64_t parent_hash, int32_t child_count, int32_t color);
 
 }  // namespace rankscope::proto

@@ -219,3 +219,26 @@ TEST(Records, NamesAndSizesFollowNcclH) {
 
 }  // namespace
 }  // namespace rankscope::proto
+
+namespace rankscope::proto {
+namespace {
+
+// The agent's communicator hash is NCCL's commHash, so the profiler
+// plugin's records (which carry NCCL's) join the uprobes' by value. The
+// expected values are NCCL's: its getHash and split hashing
+// (NVIDIA/nccl src/include/bitops.h, src/init.cc) compiled and run on these
+// inputs.
+TEST(CommHash, IsNcclsCommHashOfTheUniqueIdAndOfASplit) {
+  uint8_t id[128];
+  for (int i = 0; i < 128; ++i) id[i] = static_cast<uint8_t>(i);
+  uint64_t hash = comm_hash_of_unique_id(id, sizeof(id));
+  EXPECT_EQ(hash, 0x6afe1cc17717e1f4ull);
+  std::vector<uint8_t> ab(128, 0xab);
+  EXPECT_EQ(comm_hash_of_unique_id(ab.data(), ab.size()), 0xfa8282068074ca8aull);
+  // NCCL's first split of a parent has childCount 1.
+  EXPECT_EQ(comm_hash_of_split(hash, 1, 0), 0x79030d073b3c579full);
+  EXPECT_EQ(comm_hash_of_split(hash, 2, 3), 0x761890fa75046d6cull);
+}
+
+}  // namespace
+}  // namespace rankscope::proto
