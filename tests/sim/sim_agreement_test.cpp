@@ -30,7 +30,7 @@ class SimAgreement : public ::testing::Test {
     std::string truth = dir_->file("truth.jsonl"), scores = dir_->file("scores.jsonl");
     Process sim({{bin_path("rankscope-sim"), "run", "--collector", agents, "--truth", truth, "--scenario", "mixed",
                   "--seed", "7", "--jobs", "7", "--nodes-per-job", "6", "--gpus", "4", "--pp", "2", "--step-ms", "50",
-                  "--duration-s", "16", "--fault-after-s", "5", "--fault-window-s", "2", "--factor", "2",
+                  "--duration-s", "24", "--fault-after-s", "5", "--fault-window-s", "2", "--factor", "2",
                   "--max-skew-s", "2", "--max-drift-ppm", "30", "--probe-jitter-ms", "1", "--batch-loss", "0.02",
                   "--batch-reorder", "0.05", "--record-loss", "0.0005"},
                  {},
@@ -81,6 +81,7 @@ TEST_F(SimAgreement, EveryFaultIsFoundAndPinnedOnItsCulprit) {
     ASSERT_TRUE(incidents.count(kind)) << context();
     const auto& i = incidents[kind];
     EXPECT_TRUE(i.flag("detected")) << context();
+    if (i.flag("detected")) RecordProperty(std::string(kind) + "_latency_s", std::to_string(i.num("latency_s")));
   }
   // Hangs, mismatches and lost nodes: the first finding names the culprit
   // rank and node (a stopped rank's other stalled communicators are folded
