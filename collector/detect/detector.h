@@ -177,6 +177,9 @@ class Detector final : public MatchListener {
   // Stalls that name the same held-up process become one (the one that
   // tells it best owns the others); a stall behind others joins the best of them.
   void fold_stalls(const StallLinks& links);
+  // The partial stalls (some rank never entered) whose open collective one
+  // of `members` entered: stall i, which they are all inside, is behind them.
+  std::set<size_t> entered_elsewhere(size_t i, const std::vector<ProcKey>& members) const;
   // Of two stalls, the one whose finding tells the story: the one already
   // open, else the one waited on longest.
   bool tells_better(size_t a, size_t b) const;

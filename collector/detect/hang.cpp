@@ -362,7 +362,19 @@ Detector::StallLinks Detector::link_stalls() {
       here |= inside == i;
       elsewhere |= inside != SIZE_MAX && inside != i;
     }
-    if (here || !elsewhere) continue;
+    if (here) {
+      // Every rank is inside it, but one of them entered, before it, a
+      // collective of another communicator that some rank never entered:
+      // NCCL runs a process's work on its GPU in the order it was issued, so
+      // this one cannot move before that one does. It stalls behind it.
+      std::set<size_t> before = entered_elsewhere(i, members);
+      if (!before.empty()) {
+        insides[i].insert(before.begin(), before.end());
+        direct[i] = false;
+      }
+      continue;
+    }
+    if (!elsewhere) continue;
     s.finding.summary = where("hang", *s.comm) + ": all " + std::to_string(members.size()) +
                         " ranks went on past collective #" + std::to_string(s.finding.seq) +
                         " and wait in other communicators; nothing has moved since " + format_time_ns(s.since_ns);
@@ -372,6 +384,23 @@ Detector::StallLinks Detector::link_stalls() {
     direct[i] = false;
   }
   return links;
+}
+
+std::set<size_t> Detector::entered_elsewhere(size_t i, const std::vector<ProcKey>& members) const {
+  std::set<size_t> out;
+  std::set<ProcKey> procs(members.begin(), members.end());
+  for (size_t j = 0; j < stalls_.size(); ++j) {
+    const Stall& other = stalls_[j];
+    if (j == i || !other.partial || !other.instance) continue;
+    for (const auto& [rank, m] : other.comm->members) {
+      if (rank < 0 || static_cast<size_t>(rank) >= other.instance->issue.size()) continue;
+      if (other.instance->issue[static_cast<size_t>(rank)] != 0 && procs.count({m.node, m.pid})) {
+        out.insert(j);
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 void Detector::fold_stalls(const StallLinks& links) {
