@@ -45,6 +45,8 @@ enum class MetricId {
   ingest_bytes,
   ingest_held_batches,
   commit_failures,
+  split_children,
+  ingest_split_waits,
   alertmanager_posts,
   handshakes,
   throttled_messages,
@@ -156,6 +158,16 @@ const MetricInfo kCatalogue[] = {
      "",
      {},
      "Commits to the database that failed; what they held is written by the next commit, and nothing of it was acknowledged."},
+    {"rankscope_split_children_total",
+     Type::counter,
+     "",
+     {"result"},
+     "Children of ncclCommSplit whose size and ranks the collector derived (sized), or could not (abandoned: kept, never matched, so no finding on them)."},
+    {"rankscope_ingest_split_waits_total",
+     Type::counter,
+     "",
+     {},
+     "Batches not acknowledged (agents re-send them) because they hold records of a split child not sized yet, or follow one that does."},
     {"rankscope_alertmanager_posts_total",
      Type::counter,
      "",
@@ -341,6 +353,10 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   commit_failures_.counter = &counter(r, MetricId::commit_failures);
   ingest_bad_messages_.counter = &counter(r, MetricId::ingest_bad_messages);
   ingest_bytes_.counter = &counter(r, MetricId::ingest_bytes);
+  auto& splits = counters(r, MetricId::split_children);
+  splits_sized_.counter = &splits.Add({{"result", "sized"}});
+  splits_abandoned_.counter = &splits.Add({{"result", "abandoned"}});
+  split_waits_.counter = &counter(r, MetricId::ingest_split_waits);
   auto& posts = counters(r, MetricId::alertmanager_posts);
   alert_posts_ok_.counter = &posts.Add({{"result", "ok"}});
   alert_posts_failed_.counter = &posts.Add({{"result", "failed"}});
@@ -537,6 +553,12 @@ void Metrics::set_security_totals(uint64_t admitted, uint64_t refused, uint64_t 
   advance(handshakes_refused_, refused);
   advance(throttled_agent_, agent_throttled);
   advance(throttled_query_, query_throttled);
+}
+
+void Metrics::set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t waits) {
+  advance(splits_sized_, sized);
+  advance(splits_abandoned_, abandoned);
+  advance(split_waits_, waits);
 }
 
 void Metrics::set_alert_posts(uint64_t ok, uint64_t failed) {

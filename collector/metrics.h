@@ -102,6 +102,8 @@ class Metrics {
   // dropped over the rate limit on each socket.
   // Failed commits (Commit::failures) and batches held back meanwhile (IngestCounters::held_batches).
   void set_commit_totals(uint64_t failures, uint64_t held_batches);
+  // Split children sized and abandoned, and batches sent back to wait for one (IngestCounters).
+  void set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t waits);
   void set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled, uint64_t query_throttled);
 
   // Running totals of one Slurm account since the collector started (the
@@ -180,6 +182,7 @@ class Metrics {
   prometheus::Histogram* issue_lateness_;
   CounterTotal ingest_batches_, ingest_records_, ingest_duplicate_batches_, ingest_bad_messages_, ingest_bytes_;
   CounterTotal ingest_held_batches_, commit_failures_;
+  CounterTotal splits_sized_, splits_abandoned_, split_waits_;
   CounterTotal alert_posts_ok_, alert_posts_failed_;
   CounterTotal handshakes_admitted_, handshakes_refused_, throttled_agent_, throttled_query_;
   prometheus::Counter* series_dropped_;

@@ -37,6 +37,8 @@ class MetricsOutput final : public Output {
     metrics_.set_security_totals(e.keys_admitted, e.keys_refused, e.ingest.counters().throttled_messages,
                                  e.queries_throttled);
     metrics_.set_commit_totals(e.commit.failures(), e.ingest.counters().held_batches);
+    const IngestCounters& counters = e.ingest.counters();
+    metrics_.set_split_totals(counters.splits_sized, counters.splits_abandoned, counters.split_waits);
   }
 
  private:

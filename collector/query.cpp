@@ -69,6 +69,9 @@ void fill_comm(const Ingest& ingest, const CommState& comm, query::CommInfo::Bui
     r.setRecords(m.records);
     r.setLastSeq(m.last_seq);
     r.setLastIssueNs(m.last_issue_ns);
+    r.setAnnouncedRank(m.announced_rank);
+    r.setParentRank(m.parent_rank);
+    r.setSplitKey(m.split_key);
     if (const ProcessInfo* process = ingest.process(m.node, m.pid)) {
       r.setGpu(process->gpu());
       r.setUser(process->user);

@@ -77,9 +77,17 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
   if (e.result != 0 || e.comm == 0) {
     // NCCL_SPLIT_NOCOLOR: the rank took part in the split and got no child.
     // It still counts among the parent's splits, so that the next child is
-    // named alike on every member (below).
+    // named alike on every member (below), and it is announced, so that the
+    // collector knows when every rank of the parent has said what it did
+    // in this split (it sizes the children then: docs/architecture.md).
     if (e.op == RS_OP_COMM_SPLIT && e.result == 0)
-      if (auto parent = comms_.find({e.hdr.pid, e.parent_comm}); parent != comms_.end()) parent->second.splits++;
+      if (auto parent = comms_.find({e.hdr.pid, e.parent_comm}); parent != comms_.end()) {
+        const auto index = static_cast<int32_t>(++parent->second.splits);
+        new_comms_.push_back(proto::CommJoined{e.hdr.pid, proto::comm_hash_of_split(parent->second.hash, index, e.color),
+                                               0, parent->second.hash, shift(e.entry_ns), shift(e.hdr.ts_ns),
+                                               parent->second.rank, -1, e.result, wire::CommOrigin::SPLIT, e.color,
+                                               e.key, index});
+      }
     RS_LOG(info, "process %u: %s returned %s; no communicator", e.hdr.pid, proto::op_name(e.op).c_str(),
            proto::result_name(e.result).c_str());
     return;
@@ -89,6 +97,7 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
   comm.nranks = e.nranks;
   comm.rank = e.rank;
   uint64_t parent_hash = 0;
+  int32_t split_index = 0;
   if (e.op == RS_OP_COMM_SPLIT) {
     // Every member splits the parent in the same order with the same color:
     // (parent, order, color) names the child the same way everywhere, as
@@ -96,7 +105,8 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
     auto parent = comms_.find({e.hdr.pid, e.parent_comm});
     if (parent != comms_.end()) {
       parent_hash = parent->second.hash;
-      comm.hash = proto::comm_hash_of_split(parent_hash, static_cast<int32_t>(++parent->second.splits), e.color);
+      split_index = static_cast<int32_t>(++parent->second.splits);
+      comm.hash = proto::comm_hash_of_split(parent_hash, split_index, e.color);
       // A member of a child is named by its rank in the parent: unique among
       // the members, the same on every node, and the rank users know (NCCL's
       // own child rank follows from the keys; the collector can derive it).
@@ -118,7 +128,7 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
   if (proc.identity.job.empty()) proc.identity.job = "nccl-" + hex64(comm.hash).substr(0, 12);
   new_comms_.push_back(proto::CommJoined{e.hdr.pid, comm.hash, e.comm, parent_hash, shift(e.entry_ns),
                                          shift(e.hdr.ts_ns), comm.rank, comm.nranks, e.result, comm.origin, e.color,
-                                         e.key});
+                                         e.key, split_index});
   RS_LOG(debug, "process %u: communicator %s rank %d/%d", e.hdr.pid, hex64(comm.hash).c_str(), comm.rank,
          comm.nranks);
 }

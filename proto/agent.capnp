@@ -137,6 +137,11 @@ struct Comm {
   parentHash @9 :UInt64;    # for a split child
   splitColor @10 :Int32;    # for a split child: ncclCommSplit's color and key (NCCL orders the child's
   splitKey @11 :Int32;      # ranks by key, then parent rank; rank above is the member's parent rank)
+  splitIndex @12 :Int32;    # for a split child: which split of the parent it came from (NCCL's childCount:
+                            # 1 for the first; NCCL_SPLIT_NOCOLOR splits count). 0: not sent (older agents).
+                            # A member that took part with NCCL_SPLIT_NOCOLOR (-1) and got no child is
+                            # announced too (splitColor -1, handle 0), so the collector knows when every
+                            # rank of the parent has said what it did in that split.
 }
 
 enum CommEndKind {

@@ -95,6 +95,7 @@ void write_comms(const std::vector<CommJoined>& comms, wire::Batch::Builder batc
     if (c.origin == wire::CommOrigin::SPLIT) {
       o.setSplitColor(c.color);
       o.setSplitKey(c.key);
+      o.setSplitIndex(c.split_index);
     }
   }
 }

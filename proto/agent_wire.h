@@ -74,6 +74,7 @@ struct CommJoined {
   int32_t rank = -1, nranks = -1, result = 0;
   wire::CommOrigin origin = wire::CommOrigin::UNKNOWN;
   int32_t color = 0, key = 0;  // CommSplit's
+  int32_t split_index = 0;     // CommSplit's: NCCL's childCount of the parent (1 for its first split)
 };
 void write_comms(const std::vector<CommJoined>& comms, wire::Batch::Builder batch);
 

@@ -202,6 +202,12 @@ struct RankInfo {
   podNamespace @15 :Text;   # Kubernetes, where the agent could read it ("" otherwise)
   podName @16 :Text;
   ended @17 :Bool;          # its process destroyed or aborted the communicator
+  # A split child's member: its rank in the parent communicator, the key it
+  # gave ncclCommSplit, and the rank its agent named it by (its rank in the
+  # communicator the chain of splits began from). -1: not a split child's.
+  parentRank @18 :Int32 = -1;
+  splitKey @19 :Int32;
+  announcedRank @20 :Int32 = -1;
 }
 
 struct TimelineReply {

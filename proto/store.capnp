@@ -22,6 +22,16 @@ struct StoredComm {
   lanes @7 :List(UInt32);   # lanes seen (0: collectives; others: point-to-point)
   ended @8 :Bool;
   retired @9 :Bool;       # out of the live model (over and quiet): kept for queries, not restored
+  # A child of ncclCommSplit (collector/ingest/split.cpp): its parent, the
+  # split's index and color, and whether its size and ranks were derived
+  # (SplitSizing in collector/model/cluster.h: 0 none, 1 pending, 2 derived,
+  # 3 abandoned). Members of a pending or abandoned child are keyed by
+  # their parent ranks; of a derived one, by their ranks in the child.
+  parentHash @10 :UInt64;
+  splitIndex @11 :Int32;
+  splitColor @12 :Int32;
+  splitSizing @13 :UInt8;
+  splitSinceNs @14 :UInt64;  # when the collector first heard of it (realtime), for the sizing's grace
 }
 
 # How far one member of a communicator has got, written with every commit

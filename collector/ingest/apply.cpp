@@ -42,6 +42,10 @@ void Ingest::apply_comms(NodeState& node, wire::Batch::Reader batch, std::set<ui
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; skipped");
       continue;
     }
+    if (c.getOrigin() == wire::CommOrigin::SPLIT && c.getNranks() == -1) {
+      apply_split(node, c, changed);
+      continue;
+    }
     bool news = false;
     if (auto known = model_.comms.find(c.getCommHash()); known != model_.comms.end() && c.getNranks() > 0 &&
                                                          known->second.nranks > 0 &&
@@ -154,7 +158,10 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
     }
     bool news = false;
     CommState& comm = comm_for(block->comm_hash, node.name, block->pid, news);
-    MemberState* claimed = claim_member(node, comm, block->rank, block->pid, news, "collectives");
+    // A split child's member is named by its agent with the rank it had
+    // before the split; stored and matched by its rank in the child.
+    const std::optional<int32_t> rank = rank_in(node, comm, block->rank);
+    MemberState* claimed = rank ? claim_member(node, comm, *rank, block->pid, news, "collectives") : nullptr;
     if (!claimed) {
       if (comm.members.empty()) {
         changed.erase(comm.hash);
@@ -171,7 +178,7 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
     size_t taken = 0, future = 0;
     for (const auto& call : block->records) {
       StoredRecord record;
-      record.key = RecordKey{block->comm_hash, block->lane, block->rank, call.seq};
+      record.key = RecordKey{block->comm_hash, block->lane, *rank, call.seq};
       record.call = call;
       record.call.issue_ns = node.clock.to_cluster(call.issue_ns);
       record.call.return_ns = node.clock.to_cluster(call.return_ns);
@@ -186,7 +193,7 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
         member.last_seq = static_cast<int64_t>(call.seq);
         member.last_issue_ns = record.call.issue_ns;
       }
-      for (RecordObserver* observer : observers_) observer->on_record(comm, block->rank, block->lane, record.call);
+      for (RecordObserver* observer : observers_) observer->on_record(comm, *rank, block->lane, record.call);
     }
     if (future)
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + std::to_string(future) +
@@ -194,7 +201,7 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
                              " stamped more than an hour past the collector's clock; skipped");
     member.records += taken;
     records += taken;
-    dirty_members_.emplace(comm.hash, block->rank);
+    dirty_members_.emplace(comm.hash, *rank);
   }
   return records;
 }

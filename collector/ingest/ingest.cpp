@@ -73,6 +73,10 @@ size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
     auto it = model_.comms.find(hash);
     const CommState& comm = it->second;
     charge_nodes(comm, false);
+    if (comm.split.sizing == SplitSizing::pending)
+      if (auto group = model_.pending_splits.find({comm.split.parent, comm.split.index});
+          group != model_.pending_splits.end())
+        group->second.erase(hash);
     persist_comm(comm, true);
     dirty_comms_.erase(hash);
     dirty_members_.erase(dirty_members_.lower_bound({hash, INT32_MIN}), dirty_members_.upper_bound({hash, INT32_MAX}));
@@ -326,6 +330,12 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   apply_processes(node, batch);
   std::set<uint64_t> changed;  // what restore needs of these changed: written whole
   apply_comms(node, batch, changed);
+  if (held_for_split(node, batch, changed)) {
+    // Not acknowledged: its agent sends it again, and what it announced is
+    // applied again, alike.
+    dirty_comms_.insert(changed.begin(), changed.end());
+    return;
+  }
   apply_async_errors(node, batch);
   apply_comm_ends(node, batch, changed);
   const proto::BatchFrame frame(batch);

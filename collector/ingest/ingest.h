@@ -51,7 +51,14 @@ struct IngestCounters {
   uint64_t batch_bytes = 0;     // wire size of the batches stored
   uint64_t waits = 0;           // host waits on the GPU reported
   uint64_t retired_comms = 0;   // communicators that left the live model (Ingest::retire)
+  uint64_t splits_sized = 0;    // children of ncclCommSplit whose size and ranks were derived (ingest/split.cpp)
+  uint64_t splits_abandoned = 0;  // children that could not be: kept, never matched
+  uint64_t split_waits = 0;     // batches sent back to wait for a split's sizing (not acknowledged)
 };
+
+// How long a split child's records wait for every rank of its parent to say
+// what it did in the split; past it the child is abandoned (ingest/split.cpp).
+constexpr uint64_t kSplitSizingGraceNs = 20'000'000'000ull;
 
 // Replies to send: some at once, acks only once their batch is durable.
 struct Outbox {
@@ -126,6 +133,17 @@ class Ingest final : public CommitParticipant {
   // gathers the communicators to write whole.
   void apply_processes(NodeState& node, wire::Batch::Reader batch);
   void apply_comms(NodeState& node, wire::Batch::Reader batch, std::set<uint64_t>& changed);
+  // Children of ncclCommSplit (ingest/split.cpp): a member's announcement;
+  // the split's children sized once every rank of the parent has said; a
+  // split that cannot be; a batch that waits (true) for a split's sizing,
+  // or behind another batch of its agent that does; the rank a record of
+  // `comm` named `announced` by its agent has there (null: refused).
+  void apply_split(NodeState& node, wire::Comm::Reader comm, std::set<uint64_t>& changed);
+  void size_split(uint64_t parent, int32_t index, std::set<uint64_t>& changed);
+  void derive_child(CommState& child, std::set<uint64_t>& changed);
+  void abandon_split(uint64_t parent, int32_t index, std::set<uint64_t>& changed, const std::string& why);
+  bool held_for_split(NodeState& node, wire::Batch::Reader batch, std::set<uint64_t>& changed);
+  std::optional<int32_t> rank_in(NodeState& node, const CommState& comm, int32_t announced);
   void apply_async_errors(NodeState& node, wire::Batch::Reader batch);
   void apply_comm_ends(NodeState& node, wire::Batch::Reader batch, std::set<uint64_t>& changed);
   // Returns the records taken.
@@ -175,6 +193,9 @@ class Ingest final : public CommitParticipant {
   std::set<uint64_t> dirty_comms_;                        // members, lanes or size changed since the last stage
   std::set<std::pair<uint64_t, int32_t>> dirty_members_;  // (comm, rank) whose progress moved since
   std::set<std::string> dirty_nodes_;
+  // By node: the first batch (agent instance, seq) sent back to wait for a
+  // split's sizing; the agent's later batches wait behind it.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> held_batches_;
   IngestCounters counters_;
   BadMessageLog bad_log_;
   BadMessageLog throttle_log_;

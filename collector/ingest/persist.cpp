@@ -24,9 +24,20 @@ CommState comm_from(proto::store::StoredComm::Reader stored) {
   comm.last_ns = stored.getLastNs();
   comm.ended = stored.getEnded();
   for (auto lane : stored.getLanes()) comm.lanes.insert(lane);
+  comm.split.parent = stored.getParentHash();
+  comm.split.index = stored.getSplitIndex();
+  comm.split.color = stored.getSplitColor();
+  comm.split.sizing = stored.getSplitSizing() <= static_cast<uint8_t>(SplitSizing::abandoned)
+                          ? static_cast<SplitSizing>(stored.getSplitSizing())
+                          : SplitSizing::abandoned;
+  comm.split.since_ns = stored.getSplitSinceNs();
   for (auto m : stored.getMembers()) {
     MemberState member;
     member.rank = m.getRank();
+    member.announced_rank = m.getAnnouncedRank();
+    member.parent_rank = m.getParentRank();
+    member.split_key = m.getSplitKey();
+    if (comm.split.sizing == SplitSizing::derived) comm.rank_of_announced[member.announced_rank] = member.rank;
     member.node = m.getNode();
     member.pid = m.getPid();
     member.records = m.getRecords();
@@ -62,6 +73,8 @@ Result<void> Ingest::restore() {
         return;
       }
       CommState comm = comm_from(stored);
+      if (comm.split.sizing == SplitSizing::pending)
+        model_.pending_splits[{comm.split.parent, comm.split.index}].insert(comm.hash);
       model_.comms[comm.hash] = std::move(comm);
     });
     if (!read) return make_error(Errc::storage, "a stored communicator is unreadable: " + read.error().message);
@@ -158,6 +171,13 @@ void Ingest::persist_comm(const CommState& comm, bool retired) {
   stored.setLastNs(comm.last_ns);
   stored.setEnded(comm.ended);
   stored.setRetired(retired);
+  if (comm.split.sizing != SplitSizing::none) {
+    stored.setParentHash(comm.split.parent);
+    stored.setSplitIndex(comm.split.index);
+    stored.setSplitColor(comm.split.color);
+    stored.setSplitSizing(static_cast<uint8_t>(comm.split.sizing));
+    stored.setSplitSinceNs(comm.split.since_ns);
+  }
   auto lanes = stored.initLanes(static_cast<unsigned>(comm.lanes.size()));
   unsigned i = 0;
   for (uint32_t lane : comm.lanes) lanes.set(i++, lane);
@@ -172,6 +192,9 @@ void Ingest::persist_comm(const CommState& comm, bool retired) {
     out.setLastSeq(m.last_seq);
     out.setLastIssueNs(m.last_issue_ns);
     out.setEnded(m.ended);
+    out.setAnnouncedRank(m.announced_rank);
+    out.setParentRank(m.parent_rank);
+    out.setSplitKey(m.split_key);
   }
   pending_.put_comm(comm.hash, proto::to_packed(builder));
 }

@@ -100,6 +100,13 @@ struct CommError {
 
 struct MemberState {
   int32_t rank = -1;
+  // A split child's member: the rank its agent names it by (its rank in the
+  // communicator the chain of splits began from: the agent cannot know its
+  // rank in the child), its rank in the parent, and the key it gave
+  // ncclCommSplit. -1: not a split child's member.
+  int32_t announced_rank = -1;
+  int32_t parent_rank = -1;
+  int32_t split_key = 0;
   std::string node;
   uint32_t pid = 0;
   uint64_t records = 0;
@@ -107,6 +114,24 @@ struct MemberState {
   uint64_t last_issue_ns = 0;  // cluster clock
   bool ended = false;          // its process destroyed or aborted the communicator
   std::optional<CommError> error;
+};
+
+// A child of ncclCommSplit. NCCL sizes it by the parent's ranks that gave
+// its color and ranks them by (key, parent rank); no one agent knows either,
+// so its members are announced by their parent ranks, and the collector
+// derives both once every rank of the parent has said what it did in that
+// split (collector/ingest/split.cpp). Until then (pending) its records wait
+// with the agents; a child that cannot be sized (its parent unknown, a
+// member never heard of) is abandoned: kept by parent ranks, never matched.
+enum class SplitSizing : uint8_t { none = 0, pending = 1, derived = 2, abandoned = 3 };
+// NCCL_SPLIT_NOCOLOR (nccl.h): a member of the split that gets no child.
+constexpr int32_t kSplitNoColor = -1;
+struct SplitOf {
+  uint64_t parent = 0;
+  int32_t index = 0;  // NCCL's childCount of the parent: 1 for its first split
+  int32_t color = 0;  // kSplitNoColor: the members of the split that got no child
+  SplitSizing sizing = SplitSizing::none;
+  uint64_t since_ns = 0;  // collector realtime, when first heard of
 };
 
 struct CommState {
@@ -118,6 +143,8 @@ struct CommState {
   std::set<uint32_t> lanes;
   uint64_t first_ns = 0, last_ns = 0;
   bool ended = false;  // every member ended it
+  SplitOf split;       // a child of ncclCommSplit
+  std::map<int32_t, int32_t> rank_of_announced;  // a derived split child's ranks, by announced rank
 };
 
 // Who a traced process is, as its agent identified it.
@@ -154,6 +181,9 @@ struct ClusterModel {
   std::map<std::string, NodeState> nodes;
   std::map<uint64_t, CommState> comms;
   std::map<ProcessKey, ProcessInfo> processes;
+  // The children of each split not sized yet, by (parent, split index),
+  // with the members that got no child (collector/ingest/split.cpp).
+  std::map<std::pair<uint64_t, int32_t>, std::set<uint64_t>> pending_splits;
   uint64_t started_ns = 0;  // when this collector started (realtime): nodes unheard of since are not yet silent
 
   const NodeState* node(const std::string& name) const {

@@ -77,6 +77,7 @@ void set_every_metric(Metrics& metrics) {
   metrics.observe_lateness(0.0042);
   metrics.set_ingest_totals(12, 3400, 1, 2, 52000);
   metrics.set_alert_posts(5, 1);
+  metrics.set_split_totals(4, 1, 3);
   metrics.set_tenant_usage("physics", 7200, 360, 0);
   metrics.set_tenant_usage("(unknown)", 60, 0, 12.5);
   metrics.set_node_unacked_batches("gpu-0", 42);

@@ -170,8 +170,15 @@ TEST_P(PatternE2E, TheSlowedRankAloneIsNamedAndAHealthyJobRaisesNothing) {
   for (const auto& f : deployment->findings(false))
     if (f.kind == "straggler") stragglers.push_back(f);
   ASSERT_GE(stragglers.size(), 1u);
+  // The victim's process, by the rank it has in the finding's communicator:
+  // its world rank in the world, its rank in a split child (pipeline,
+  // tp-dp), which NCCL numbers by key (docs/architecture.md).
+  const std::string victim = "(pid " + std::to_string(ranks[kVictim].pid()) + ")";
   for (const auto& f : stragglers) {
-    EXPECT_EQ(f.ranks, std::vector<int32_t>{kVictim}) << f.detail << "\n" << dump();
+    ASSERT_EQ(f.ranks.size(), 1u) << f.detail << "\n" << dump();
+    EXPECT_NE(f.detail.find(victim), std::string::npos) << "not the victim " << victim << ": " << f.detail << "\n"
+                                                        << dump();
+    EXPECT_EQ(f.nodes, std::vector<std::string>{deployment->node_name(kVictim / 2)}) << f.detail;
     // The cause: its cgroup's quota; or the wait for a CPU (the neighbour's
     // cgroup is a cgroup v1 one here: the agent names cgroup v2 ones).
     if (c.slowed == Slowed::quota) {
@@ -205,9 +212,21 @@ TEST_P(PatternE2E, TheSlowedRankAloneIsNamedAndAHealthyJobRaisesNothing) {
 //     job's time against a 5% allowance), found here in some runs and not
 //     in others. A slow GPU is for the GPU-side source (NCCL's profiler
 //     plugin, docs/detection.md);
-//   - pipeline, tp-dp: the collectives of communicators made by
-//     ncclCommSplit are not matched (their size is not derived yet,
-//     docs/architecture.md, Split communicators), so nothing is found.
+//   - pipeline, tp-dp hogs and quota: the communicators made by
+//     ncclCommSplit are sized and matched (docs/architecture.md, Split
+//     communicators; SplitHangE2E below), and the slowed rank is named, but
+//     so is a partner of it: the slowed process's GPU stream (fakenccl's
+//     worker, in the same cgroup) is as slow as its host, its pipeline or
+//     tensor-parallel partner waits on its GPU for that data and then
+//     issues its next collective of another group late from its last
+//     host-visible release. In one run: pipeline hogs and quota named the
+//     victim in 2 communicators and its stage-0 partner in 2 (6-9% of the
+//     job's time owed to each); tp-dp quota named the victim in 2 and its
+//     tensor-parallel partner in 2. Issue times cannot tell a rank held by
+//     a peer's GPU from one slow on its own (docs/detection.md); tp-dp
+//     hogs passed. Healthy: pipeline passed 1 of 1 runs, tp-dp 4 of 5 (the
+//     failed run, right after the pipeline hogs and quota cases, named both
+//     ranks of node 0, 1.27 s late at 3 of 852 collectives: not explained).
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const char* pattern : {"ddp", "sync-each", "fsdp", "accum", "jitter"})
@@ -217,6 +236,48 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, PatternE2E, ::testing::ValuesIn(cases()), case_name);
+
+}  // namespace
+}  // namespace rankscope::testing
+
+namespace rankscope::testing {
+namespace {
+
+// A stopped rank in a job whose collectives all run on communicators made
+// by ncclCommSplit (tp-dp: tensor- and data-parallel groups): the collector
+// sizes the children from what every member said of the split, matches
+// their collectives under NCCL's ranks, and the hang names the stopped
+// process.
+class SplitHangE2E : public PatternE2E {};
+
+TEST_P(SplitHangE2E, AStoppedRankOfASplitChildIsNamedInTheHang) {
+  launch(GetParam().pattern, Slowed::none);
+  ASSERT_TRUE(wait_for([&] { return deployment->min_active_progress() >= 40; }, std::chrono::seconds(60))) << dump();
+  ranks[kVictim].signal(SIGSTOP);
+  std::vector<SeenFinding> hangs;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        hangs.clear();
+        for (const auto& f : deployment->findings(true))
+          if (f.kind == "hang") hangs.push_back(f);
+        return !hangs.empty();
+      },
+      std::chrono::seconds(30)))
+      << "no hang within 30 s of the stop\n" << dump();
+  const std::string victim = "(pid " + std::to_string(ranks[kVictim].pid()) + ",";
+  EXPECT_EQ(hangs.size(), 1u) << "one hang, the others folded into it\n" << dump();
+  for (const auto& f : hangs) {
+    EXPECT_NE(f.detail.find(victim), std::string::npos) << "the hang does not name the stopped " << victim << ": "
+                                                        << f.detail << "\n" << dump();
+    EXPECT_NE(f.detail.find("stopped"), std::string::npos) << f.detail;
+    // World rank 3 is rank 1 of each of its children (of two ranks each).
+    EXPECT_EQ(f.ranks, std::vector<int32_t>{1}) << f.detail;
+  }
+  ranks[kVictim].signal(SIGCONT);
+}
+
+INSTANTIATE_TEST_SUITE_P(Splits, SplitHangE2E,
+                         ::testing::Values(Case{"tp-dp", Slowed::none}), case_name);
 
 }  // namespace
 }  // namespace rankscope::testing

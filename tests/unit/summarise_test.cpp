@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 
+#include "proto/records.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 
@@ -62,7 +63,50 @@ TEST(Summarise, ASplitWithoutAChildStillCountsAmongItsParentsSplits) {
   ASSERT_EQ(hashes.count({b, 0x32}), 1u);
   EXPECT_EQ(hashes.at({a, 0x31}), hashes.at({b, 0x32})) << "the two members of the second split's child disagree";
   EXPECT_NE(hashes.at({b, 0x21}), hashes.at({b, 0x32}));
-  EXPECT_EQ(hashes.count({a, 0}), 0u) << "a split without a child announced a communicator";
+  // NCCL's own names (its commHash) for the children: (parent, split count, color).
+  const uint64_t parent = hashes.at({a, 0x10});
+  EXPECT_EQ(hashes.at({b, 0x21}), proto::comm_hash_of_split(parent, 1, 3));
+  EXPECT_EQ(hashes.at({a, 0x31}), proto::comm_hash_of_split(parent, 2, 5));
+}
+
+// What each member said of each split reaches the collector, which sizes
+// the children from it: the split's index, color and key, the member's
+// parent rank, and a member that got no child (announced with no handle).
+TEST(Summarise, EveryMemberOfASplitIsAnnouncedWithTheSplitsIndexColorAndKey) {
+  testing::TempDir proc;
+  Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  const uint32_t a = 100, b = 101;
+  for (uint32_t pid : {a, b}) summariser.on_event(init_event(pid, RS_OP_COMM_INIT_RANK, 0x10, 0, 0, 1'000));
+  auto none = init_event(a, RS_OP_COMM_SPLIT, 0, 0x10, -1, 2'000);
+  none.key = 4;
+  summariser.on_event(none);
+  auto child = init_event(b, RS_OP_COMM_SPLIT, 0x21, 0x10, 3, 2'000);
+  child.key = 7;
+  summariser.on_event(child);
+  capnp::MallocMessageBuilder message;
+  auto batch = message.initRoot<wire::AgentMessage>().initBatch();
+  summariser.fill(batch, DropCounts{});
+  uint64_t parent = 0;
+  std::map<uint32_t, wire::Comm::Reader> splits;
+  for (auto c : batch.getComms()) {
+    if (c.getOrigin() == wire::CommOrigin::SPLIT) splits.emplace(c.getPid(), c.asReader());
+    else parent = c.getCommHash();
+  }
+  ASSERT_EQ(splits.size(), 2u) << "both members of the split are announced";
+  auto without = splits.at(a), with = splits.at(b);
+  EXPECT_EQ(without.getHandle(), 0u);
+  EXPECT_EQ(without.getSplitColor(), -1);
+  EXPECT_EQ(without.getSplitKey(), 4);
+  EXPECT_EQ(without.getSplitIndex(), 1);
+  EXPECT_EQ(without.getRank(), static_cast<int32_t>(a % 2)) << "named by its parent rank";
+  EXPECT_EQ(without.getParentHash(), parent);
+  EXPECT_EQ(without.getCommHash(), proto::comm_hash_of_split(parent, 1, -1));
+  EXPECT_EQ(with.getHandle(), 0x21u);
+  EXPECT_EQ(with.getSplitColor(), 3);
+  EXPECT_EQ(with.getSplitKey(), 7);
+  EXPECT_EQ(with.getSplitIndex(), 1);
+  EXPECT_EQ(with.getRank(), static_cast<int32_t>(b % 2));
+  EXPECT_EQ(with.getNranks(), -1) << "no one member knows the child's size";
 }
 
 }  // namespace

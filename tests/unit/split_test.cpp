@@ -1,0 +1,233 @@
+// Children of ncclCommSplit through the collector's real ingest (a real
+// RocksDB): sized and ranked as NCCL does once every rank of the parent has
+// said what it did in the split; their records wait with their agents until
+// then and are stored under the child's own ranks; forged and incomplete
+// splits (collector/ingest/split.cpp).
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "collector/ingest/ingest.h"
+#include "collector/match/matcher.h"
+#include "proto/records.h"
+#include "tests/support/harness.h"
+#include "tests/support/hello.h"
+#include "tests/support/manual_clock.h"
+#include "tests/support/store_commit.h"
+
+namespace rankscope::collector {
+namespace {
+
+constexpr uint64_t kParent = 0x5eed0000aa11ull;
+
+// One rank of the parent: its node, pid, and what it did in split 1.
+struct Rank {
+  std::string node;
+  uint32_t pid;
+  int32_t color, key;
+};
+
+uint64_t child_of(int32_t color, int32_t index = 1) { return proto::comm_hash_of_split(kParent, index, color); }
+
+proto::CallRecord allreduce(uint64_t seq) {
+  proto::CallRecord r;
+  r.seq = seq;
+  r.issue_ns = 10'000 + seq * 1'000;
+  r.return_ns = r.issue_ns + 10;
+  r.count = 64;
+  r.op = RS_OP_ALLREDUCE;
+  r.datatype = 7;
+  return r;
+}
+
+class SplitTest : public ::testing::Test {
+ protected:
+  testing::TempDir dir;
+  std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
+  testing::ManualClock clock;
+  testing::StoreCommit commit{*store};
+  std::unique_ptr<Ingest> ingest = std::make_unique<Ingest>(*store, commit, clock);
+  std::map<std::string, uint64_t> sent;  // by node: the agent's last batch seq
+
+  void hello(const std::string& node) {
+    Outbox out;
+    ingest->on_agent_message("conn-" + node, testing::hello_message(node, 7, clock.now, 1'000), out);
+  }
+  // A batch of `node`'s agent: the parent's members on it, what each did
+  // in split 1 (announced by its parent rank), and `records` collectives
+  // of each child it joined. Returns the batch, to be sent again.
+  std::string batch(const std::string& node, const std::vector<Rank>& ranks, size_t records,
+                    std::optional<uint64_t> seq = std::nullopt) {
+    capnp::MallocMessageBuilder message;
+    auto b = message.initRoot<wire::AgentMessage>().initBatch();
+    b.setInstanceId(7);
+    b.setSeq(seq ? *seq : ++sent[node]);
+    std::vector<proto::CommJoined> comms;
+    std::vector<proto::ColumnBlock> blocks;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const Rank& rank = ranks[r];
+      if (rank.node != node) continue;
+      comms.push_back({rank.pid, kParent, 0x100 + r, 0, 1, 2, static_cast<int32_t>(r),
+                       static_cast<int32_t>(ranks.size()), 0, wire::CommOrigin::INIT_RANK});
+      comms.push_back({rank.pid, child_of(rank.color), rank.color == kSplitNoColor ? 0 : 0x200 + r, kParent, 3, 4,
+                       static_cast<int32_t>(r), -1, 0, wire::CommOrigin::SPLIT, rank.color, rank.key, 1});
+      if (rank.color == kSplitNoColor || records == 0) continue;
+      proto::ColumnBlock block;
+      block.pid = rank.pid;
+      block.comm_hash = child_of(rank.color);
+      block.rank = static_cast<int32_t>(r);  // as the agent names a child's member
+      for (uint64_t s = 0; s < records; ++s) block.records.push_back(allreduce(s));
+      blocks.push_back(block);
+    }
+    proto::write_comms(comms, b);
+    std::vector<const proto::ColumnBlock*> parts;
+    for (const auto& block : blocks) parts.push_back(&block);
+    proto::encode_collectives(parts, b);
+    return proto::to_packed(message);
+  }
+  // Sends it; true when it was acknowledged (stored).
+  bool send(const std::string& node, const std::string& bytes) {
+    Outbox out;
+    ingest->on_agent_message("conn-" + node, bytes, out);
+    EXPECT_TRUE(commit.run(0));
+    return !out.after_commit.empty() || !out.now.empty();
+  }
+  const CommState& comm(uint64_t hash) { return ingest->comms().at(hash); }
+};
+
+// Two nodes, four ranks; color = parent rank % 2; keys that reorder color 0.
+const std::vector<Rank> kFour = {
+    {"gpu-1", 10, 0, 5}, {"gpu-1", 11, 1, 0}, {"gpu-2", 20, 0, 1}, {"gpu-2", 21, 1, 0}};
+
+TEST_F(SplitTest, ChildrenAreSizedAndRankedByKeyThenParentRankOnceEveryParentRankHasSaid) {
+  hello("gpu-1");
+  hello("gpu-2");
+  const std::string first = batch("gpu-1", kFour, 3);
+  EXPECT_FALSE(send("gpu-1", first)) << "acknowledged records of a child nobody can number yet";
+  EXPECT_EQ(comm(child_of(0)).nranks, -1);
+  EXPECT_EQ(comm(child_of(0)).split.sizing, SplitSizing::pending);
+  EXPECT_EQ(ingest->counters().split_waits, 1u);
+
+  // The other node's members say theirs: every child is sized, and its
+  // batch goes through at once.
+  EXPECT_TRUE(send("gpu-2", batch("gpu-2", kFour, 3)));
+  for (int32_t color : {0, 1}) {
+    EXPECT_EQ(comm(child_of(color)).nranks, 2) << "color " << color;
+    EXPECT_EQ(comm(child_of(color)).split.sizing, SplitSizing::derived);
+  }
+  // Color 0: parent ranks 0 (key 5) and 2 (key 1): by key, rank 2 first.
+  EXPECT_EQ(comm(child_of(0)).members.at(0).pid, 20u);
+  EXPECT_EQ(comm(child_of(0)).members.at(1).pid, 10u);
+  EXPECT_EQ(comm(child_of(0)).members.at(1).announced_rank, 0);
+  // Color 1: equal keys, by parent rank.
+  EXPECT_EQ(comm(child_of(1)).members.at(0).pid, 11u);
+  EXPECT_EQ(comm(child_of(1)).members.at(1).pid, 21u);
+  EXPECT_EQ(ingest->counters().splits_sized, 2u);
+
+  // gpu-1's agent sends its batch again: stored, under the child's ranks.
+  EXPECT_TRUE(send("gpu-1", first));
+  EXPECT_EQ(*store->count(child_of(0), 0, 1), 3u) << "parent rank 0 is rank 1 of its child";
+  EXPECT_EQ(*store->count(child_of(0), 0, 0), 3u);
+  EXPECT_EQ(*store->count(child_of(1), 0, 0), 3u);
+  EXPECT_EQ(*store->count(child_of(1), 0, 1), 3u);
+  EXPECT_EQ(ingest->node("gpu-1")->refused_claims + ingest->node("gpu-2")->refused_claims, 0u);
+
+  // A restarted collector knows the numbering: a later batch is stored alike.
+  ingest.reset();
+  ingest = std::make_unique<Ingest>(*store, commit, clock);
+  ASSERT_TRUE(ingest->restore());
+  EXPECT_EQ(comm(child_of(0)).nranks, 2);
+  hello("gpu-1");
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  b.setInstanceId(7);
+  b.setSeq(++sent["gpu-1"]);
+  proto::ColumnBlock block;
+  block.pid = 10;
+  block.comm_hash = child_of(0);
+  block.rank = 0;
+  block.records.push_back(allreduce(3));
+  proto::encode_collectives({&block}, b);
+  EXPECT_TRUE(send("gpu-1", proto::to_packed(message)));
+  EXPECT_EQ(*store->count(child_of(0), 0, 1), 4u);
+}
+
+// The matcher sees a sized child's collectives complete: what the
+// detectors and the ledger are fed.
+TEST_F(SplitTest, ASizedChildsCollectivesAreMatched) {
+  CollectiveMatcher matcher(*ingest);
+  struct Completions : MatchListener {
+    std::map<uint64_t, size_t> by_comm;
+    void on_complete(const CollectiveComplete& done) override { ++by_comm[done.comm.hash]; }
+  } completions;
+  matcher.subscribe(completions);
+  hello("gpu-1");
+  hello("gpu-2");
+  const std::string first = batch("gpu-1", kFour, 4);
+  send("gpu-1", first);
+  send("gpu-2", batch("gpu-2", kFour, 4));
+  send("gpu-1", first);
+  EXPECT_EQ(completions.by_comm[child_of(0)], 4u);
+  EXPECT_EQ(completions.by_comm[child_of(1)], 4u);
+}
+
+// NCCL_SPLIT_NOCOLOR: a rank that takes part and gets no child. Its word
+// is what completes the split.
+TEST_F(SplitTest, ARankWithoutAColorCompletesTheSplit) {
+  const std::vector<Rank> three = {{"gpu-1", 10, 0, 0}, {"gpu-1", 11, kSplitNoColor, 0}, {"gpu-2", 20, 0, 0}};
+  hello("gpu-1");
+  hello("gpu-2");
+  // gpu-2 first, then gpu-1's member with a color but not yet the one without.
+  EXPECT_TRUE(send("gpu-2", batch("gpu-2", three, 0)));
+  EXPECT_EQ(comm(child_of(0)).split.sizing, SplitSizing::pending);
+  EXPECT_TRUE(send("gpu-1", batch("gpu-1", three, 0)));
+  EXPECT_EQ(comm(child_of(0)).nranks, 2);
+  EXPECT_EQ(comm(child_of(0)).members.at(1).pid, 20u);
+  EXPECT_FALSE(ingest->live(child_of(kSplitNoColor))) << "the ranks without a child are not a communicator to watch";
+}
+
+// Only the parent's own member may speak for its rank, and only of a child
+// NCCL would name so.
+TEST_F(SplitTest, ForgedSplitAnnouncementsAreRefused) {
+  hello("gpu-1");
+  hello("gpu-2");
+  EXPECT_TRUE(send("gpu-1", batch("gpu-1", kFour, 0)));
+  const uint64_t refused = ingest->node("gpu-2")->refused_claims;
+  auto forged = [&](uint32_t pid, int32_t rank, uint64_t hash) {
+    capnp::MallocMessageBuilder message;
+    auto b = message.initRoot<wire::AgentMessage>().initBatch();
+    b.setInstanceId(7);
+    b.setSeq(++sent["gpu-2"]);
+    proto::write_comms({{pid, hash, 0x999, kParent, 3, 4, rank, -1, 0, wire::CommOrigin::SPLIT, 1, 0, 1}}, b);
+    return proto::to_packed(message);
+  };
+  // gpu-2 speaking for rank 0, which is gpu-1's pid 10.
+  send("gpu-2", forged(10, 0, child_of(1)));
+  EXPECT_EQ(ingest->node("gpu-2")->refused_claims, refused + 1);
+  // Its own rank 2, but a hash that is not NCCL's name for color 1 of split 1.
+  send("gpu-2", batch("gpu-2", kFour, 0));
+  send("gpu-2", forged(20, 2, 0xf00d));
+  EXPECT_EQ(ingest->node("gpu-2")->refused_claims, refused + 2);
+  EXPECT_EQ(ingest->comms().count(0xf00d), 0u);
+}
+
+// A split some rank never speaks of (its agent is down) is abandoned after
+// the grace: its records are taken, kept by the ranks their agents named,
+// and never matched.
+TEST_F(SplitTest, ASplitNeverCompletedIsAbandonedAfterTheGraceAndItsRecordsAreKept) {
+  hello("gpu-1");
+  const std::string first = batch("gpu-1", kFour, 2);
+  EXPECT_FALSE(send("gpu-1", first));
+  const std::string second = batch("gpu-1", kFour, 2);
+  EXPECT_FALSE(send("gpu-1", second)) << "a later batch of the same agent went ahead of a waiting one";
+  clock.now += kSplitSizingGraceNs + 1;
+  EXPECT_TRUE(send("gpu-1", first));
+  EXPECT_TRUE(send("gpu-1", second));
+  EXPECT_EQ(comm(child_of(0)).split.sizing, SplitSizing::abandoned);
+  EXPECT_EQ(comm(child_of(0)).nranks, -1);
+  EXPECT_EQ(*store->count(child_of(0), 0, 0), 2u);
+  EXPECT_EQ(ingest->counters().splits_abandoned, 2u);
+}
+
+}  // namespace
+}  // namespace rankscope::collector
