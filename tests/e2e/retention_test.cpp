@@ -35,7 +35,10 @@ struct Picture {
   size_t stored = 0;           // records still stored for that rank
 };
 
-Picture look(cli::QueryClient& client) {
+// `comm`: the communicator to look at (hex); empty: the first one whose
+// rank 0 issued collectives (a pipeline's Send/Recv-only communicator has
+// none on lane 0).
+Picture look(cli::QueryClient& client, const std::string& comm = {}) {
   Picture p;
   auto request = [&](auto fill, auto use) {
     capnp::MallocMessageBuilder message;
@@ -50,11 +53,12 @@ Picture look(cli::QueryClient& client) {
   request([](auto req) { req.setJobs(); },
           [&](proto::query::Reply::Reader reply) {
             for (auto job : reply.getJobs().getJobs())
-              for (auto comm : job.getComms()) {
+              for (auto c : job.getComms()) {
                 if (!p.comm.empty()) return;
-                for (auto rank : comm.getRanks())
-                  if (rank.getRank() == 0) {
-                    p.comm = hex64(comm.getCommHash());
+                if (!comm.empty() && hex64(c.getCommHash()) != comm) continue;
+                for (auto rank : c.getRanks())
+                  if (rank.getRank() == 0 && (rank.getLastSeq() >= 0 || !comm.empty())) {
+                    p.comm = hex64(c.getCommHash());
                     p.last_seq = rank.getLastSeq();
                   }
               }
@@ -115,7 +119,7 @@ TEST(Retention, SmallDiskCapKeepsTheNewestAndTakesNewData) {
     steady_most = std::max(steady_most, dir_bytes(dir.file("db")));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  Picture late = look(client);
+  Picture late = look(client, early.comm);
   std::string log = slurp(dir.file("collector.log"));
   std::cout << "[ retention ] " << early.records_stored << " -> " << late.records_stored
             << " records stored; database at most " << steady_most << " bytes once full (cap " << kCap
