@@ -30,7 +30,7 @@ class SimAgreement : public ::testing::Test {
     std::string truth = dir_->file("truth.jsonl"), scores = dir_->file("scores.jsonl");
     Process sim({{bin_path("rankscope-sim"), "run", "--collector", agents, "--truth", truth, "--scenario", "mixed",
                   "--seed", "7", "--jobs", "7", "--nodes-per-job", "6", "--gpus", "4", "--pp", "2", "--step-ms", "50",
-                  "--duration-s", "24", "--fault-after-s", "5", "--fault-window-s", "2", "--factor", "2",
+                  "--duration-s", "30", "--fault-after-s", "5", "--fault-window-s", "2", "--factor", "2",
                   "--max-skew-s", "2", "--max-drift-ppm", "30", "--probe-jitter-ms", "1", "--batch-loss", "0.02",
                   "--batch-reorder", "0.05", "--record-loss", "0.0005"},
                  {},
