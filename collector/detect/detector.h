@@ -177,8 +177,8 @@ class Detector final : public MatchListener {
   // Stalls that name the same held-up process become one (the one that
   // tells it best owns the others); a stall behind others joins the best of them.
   void fold_stalls(const StallLinks& links);
-  // The partial stalls (some rank never entered) whose open collective one
-  // of `members` entered: stall i, which they are all inside, is behind them.
+  // The other stalls whose stalled collective one of `members` (whose latest
+  // call is in stall i) entered: i, issued after it, is behind them.
   std::set<size_t> entered_elsewhere(size_t i, const std::vector<ProcKey>& members) const;
   // Of two stalls, the one whose finding tells the story: the one already
   // open, else the one waited on longest.

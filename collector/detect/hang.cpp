@@ -1,6 +1,7 @@
 // The hang detector: collectives and Send/Recv pairs some ranks wait in for
 // longer than the hang timeout, followed to the rank holding the job up.
 #include <algorithm>
+#include <deque>
 #include <cstdint>
 #include <functional>
 
@@ -353,21 +354,22 @@ Detector::StallLinks Detector::link_stalls() {
     // Every rank entered its last collective and nothing moved, but none
     // of them is in it any more: they all went on and wait elsewhere, so
     // it stalls behind whatever holds them.
-    std::vector<ProcKey> members;
+    std::vector<ProcKey> members, in_here;
     bool here = false, elsewhere = false;
     for (const auto& [rank, m] : s.comm->members) {
       members.emplace_back(m.node, m.pid);
       size_t inside = SIZE_MAX;
       elsewhere |= !waits_for(members.back(), &inside).empty();
       here |= inside == i;
+      if (inside == i) in_here.push_back(members.back());
       elsewhere |= inside != SIZE_MAX && inside != i;
     }
     if (here) {
-      // Every rank is inside it, but one of them entered, before it, a
-      // collective of another communicator that some rank never entered:
-      // NCCL runs a process's work on its GPU in the order it was issued, so
-      // this one cannot move before that one does. It stalls behind it.
-      std::set<size_t> before = entered_elsewhere(i, members);
+      // Every rank is inside it, but one whose latest call it is entered,
+      // before it, the stalled collective of another communicator: NCCL runs
+      // a process's work on its GPU in the order it was issued, so this one
+      // cannot move before that one does. It stalls behind it.
+      std::set<size_t> before = entered_elsewhere(i, in_here);
       if (!before.empty()) {
         insides[i].insert(before.begin(), before.end());
         direct[i] = false;
@@ -391,10 +393,13 @@ std::set<size_t> Detector::entered_elsewhere(size_t i, const std::vector<ProcKey
   std::set<ProcKey> procs(members.begin(), members.end());
   for (size_t j = 0; j < stalls_.size(); ++j) {
     const Stall& other = stalls_[j];
-    if (j == i || !other.partial || !other.instance) continue;
+    if (j == i || (other.partial && !other.instance)) continue;
     for (const auto& [rank, m] : other.comm->members) {
-      if (rank < 0 || static_cast<size_t>(rank) >= other.instance->issue.size()) continue;
-      if (other.instance->issue[static_cast<size_t>(rank)] != 0 && procs.count({m.node, m.pid})) {
+      if (!procs.count({m.node, m.pid})) continue;
+      // Some rank never entered it: did this one? Every rank is inside it: yes.
+      bool entered = !other.partial || (rank >= 0 && static_cast<size_t>(rank) < other.instance->issue.size() &&
+                                        other.instance->issue[static_cast<size_t>(rank)] != 0);
+      if (entered) {
         out.insert(j);
         break;
       }
@@ -441,12 +446,26 @@ void Detector::fold_stalls(const StallLinks& links) {
       c = find(c);
       if (c != i && (best == SIZE_MAX || tells_better(c, best))) best = c;
     };
-    for (const ProcKey& p : roots[i])
-      if (auto named = naming.find(p); named != naming.end())
-        for (size_t c : named->second)
-          if (direct[c]) consider(c);
-    for (size_t c : insides[i])
+    // Through the stalls it is behind that are behind others in turn (a
+    // data-parallel group behind a tensor-parallel one behind the stopped
+    // rank's), to the ones that are not.
+    std::set<size_t> visited{i};
+    std::deque<size_t> behind;
+    auto follow = [&](size_t k) {
+      for (const ProcKey& p : roots[k])
+        if (auto named = naming.find(p); named != naming.end())
+          for (size_t c : named->second)
+            if (direct[c]) consider(c);
+      for (size_t c : insides[k]) behind.push_back(c);
+    };
+    follow(i);
+    while (!behind.empty()) {
+      size_t c = behind.front();
+      behind.pop_front();
+      if (!visited.insert(c).second) continue;
       if (direct[c]) consider(c);
+      else follow(c);
+    }
     if (best != SIZE_MAX) {
       owner[i] = best;
       continue;
