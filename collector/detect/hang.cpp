@@ -1,8 +1,8 @@
 // The hang detector: collectives and Send/Recv pairs some ranks wait in for
 // longer than the hang timeout, followed to the rank holding the job up.
 #include <algorithm>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <functional>
 
 #include "collector/detect/detector.h"

@@ -237,12 +237,6 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, PatternE2E, ::testing::ValuesIn(cases()), case_name);
 
-}  // namespace
-}  // namespace rankscope::testing
-
-namespace rankscope::testing {
-namespace {
-
 // A stopped rank in a job whose collectives all run on communicators made
 // by ncclCommSplit (tp-dp: tensor- and data-parallel groups): the collector
 // sizes the children from what every member said of the split, matches
