@@ -4,16 +4,12 @@
 #include <zmq.hpp>
 
 #include "collector/auth.h"
-#include "collector/detect/detector.h"
-#include "collector/detect/findings.h"
-#include "collector/ingest/ingest.h"
 #include "collector/ingest/rate_limit.h"
-#include "collector/model/clock_refine.h"
 #include "collector/outputs.h"
 #include "collector/query.h"
 #include "collector/retention.h"
+#include "collector/service.h"
 #include "collector/store/timeline_store.h"
-#include "collector/usage/ledger.h"
 #include "common/clock.h"
 #include "common/curve.h"
 #include "common/log.h"
@@ -151,62 +147,27 @@ std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& opti
   return out;
 }
 
-// The store and everything that reads the agents' records, wired in the
-// order they are built: one commit for every writer (the ingest first, then
-// the findings and the ledger: collector/commit.h); the model and the
-// findings restored before anything observes them; records to the matcher
-// (first), the clock refiner and the ledger; the matcher's events to the
-// detector and the ledger.
-struct Pipeline {
-  Pipeline(TimelineStore& store, const Clock& clock) : target(store), commit(target), ingest(store, commit, clock) {
-    commit.join(findings);
-  }
-  // Restores what the database holds, then builds the observers; an error
-  // says which part of the database could not be read.
-  Result<void> start(TimelineStore& store, const Options& options, const Clock& clock) {
-    for (auto restored : {ingest.restore(), findings.restore(store)})
-      if (!restored) return restored;
-    DetectOptions detect_options;
-    detect_options.hang_timeout_ns = options.hang_timeout_ns();
-    detect_options.node_lost_timeout_ns = options.node_lost_timeout_ns();
-    matcher = std::make_unique<CollectiveMatcher>(ingest);
-    detector = std::make_unique<Detector>(ingest.model(), *matcher, findings, clock, detect_options);
-    refiner = std::make_unique<ClockRefiner>(ingest);
-    ingest.add_observer(refiner.get());
-    UsageOptions usage_options;
-    usage_options.hang_timeout_ns = options.hang_timeout_ns();
-    ledger = std::make_unique<UsageLedger>(ingest, *matcher, store, usage_options);
-    if (auto restored = ledger->restore(); !restored) return restored;
-    commit.join(*ledger);
-    return {};
-  }
-
-  StoreTarget target;
-  Commit commit;
-  Ingest ingest;
-  FindingBook findings;
-  std::unique_ptr<CollectiveMatcher> matcher;
-  std::unique_ptr<Detector> detector;
-  std::unique_ptr<ClockRefiner> refiner;
-  std::unique_ptr<UsageLedger> ledger;
-};
+ServiceOptions service_options(const Options& options) {
+  ServiceOptions out;
+  out.detect.hang_timeout_ns = options.hang_timeout_ns();
+  out.detect.node_lost_timeout_ns = options.node_lost_timeout_ns();
+  out.usage.hang_timeout_ns = options.hang_timeout_ns();
+  out.retire_after_ns = options.retire_after_ns();
+  return out;
+}
 
 // Every kEvaluationIntervalNs: retire, refine the clocks, judge, bill, and
 // tell the outputs.
-void evaluate(Pipeline& p, Outputs& outputs, const Sockets& sockets, const Options& options, uint64_t now,
-              uint64_t liveness_ns, uint64_t query_throttled) {
-  p.ingest.retire(now, options.retire_after_ns());
-  p.refiner->update();
-  p.matcher->sweep(p.ingest.comms());
-  p.detector->evaluate(now);
-  p.ledger->tick(now, p.findings.open());
+void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64_t now, uint64_t liveness_ns,
+              uint64_t query_throttled) {
+  service.evaluate(now);
   Evaluated evaluated{now,
                       liveness_ns,
-                      p.ingest,
-                      p.findings,
-                      *p.detector,
-                      *p.ledger,
-                      p.commit,
+                      service.ingest(),
+                      service.findings(),
+                      service.detector(),
+                      service.ledger(),
+                      service.commit(),
                       sockets.zap ? sockets.zap->admitted() : 0,
                       sockets.zap ? sockets.zap->refused() : 0,
                       query_throttled};
@@ -246,8 +207,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     return 2;
   }
   SystemClock clock;
-  Pipeline p(**store, clock);
-  if (auto started = p.start(**store, options, clock); !started) {
+  Service service(**store, clock, service_options(options));
+  if (auto started = service.restore(); !started) {
     RS_LOG(error, "%s", started.error().message.c_str());
     return 2;
   }
@@ -262,7 +223,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   RateLimiter query_limit(options.max_messages_per_s, options.max_bytes_per_s);
   uint64_t query_throttled = 0;  // query requests dropped over the limit (the metrics count them)
   BadMessageLog query_throttle_log;
-  QueryContext query_context{p.ingest, **store, p.findings, clock, options.liveness_ns()};
+  QueryContext query_context{service.ingest(), **store, service.findings(), clock, options.liveness_ns()};
   uint64_t last_evaluation = 0;
   while (!stop.load()) {
     zmq::pollitem_t items[] = {{sockets->agents.handle(), 0, ZMQ_POLLIN, 0},
@@ -275,13 +236,13 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       throw;
     }
     Outbox outbox;
-    take_agent_messages(*sockets, p.ingest, agent_limit, options, clock, outbox);
+    take_agent_messages(*sockets, service.ingest(), agent_limit, options, clock, outbox);
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
-      evaluate(p, *outputs, *sockets, options, now, query_context.liveness_ns, query_throttled);
+      evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled);
       last_evaluation = now;
     }
-    if (auto committed = p.commit.run(now); committed) {
+    if (auto committed = service.commit().run(now); committed) {
       for (const auto& [id, bytes] : outbox.after_commit) send_to(sockets->agents, id, bytes, false);
     }  // else logged by the commit; these acks are dropped, and the agents' re-sends are acknowledged by the commit that writes them
     while (auto request = receive(sockets->queries)) {
@@ -295,11 +256,9 @@ int run(const Options& options, const std::atomic<bool>& stop) {
               true);
     }
   }
-  // What the ledger counted since its last flush.
-  p.ledger->tick(clock.realtime_ns(), p.findings.open());
-  if (auto committed = p.commit.run(clock.realtime_ns(), true); !committed)
-    RS_LOG(error, "stopping with %llu bytes not written: %s", static_cast<unsigned long long>(p.commit.backlog_bytes()),
-           committed.error().message.c_str());
+  if (auto committed = service.stop(clock.realtime_ns()); !committed)
+    RS_LOG(error, "stopping with %llu bytes not written: %s",
+           static_cast<unsigned long long>(service.commit().backlog_bytes()), committed.error().message.c_str());
   RS_LOG(info, "stopped");
   return 0;
 }

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "collector/store/timeline_store.h"
+#include "collector/store/write_set.h"
 #include "common/result.h"
 
 namespace rankscope::collector {
@@ -33,22 +33,13 @@ class CommitParticipant {
   virtual void committed() {}
 };
 
-// Where a commit goes: the store, or a test's store whose disk fails.
+// Where a commit goes: the store (StoreTarget, store/timeline_store.h), or a
+// test's store whose disk fails.
 class CommitTarget {
  public:
   virtual ~CommitTarget() = default;
   virtual WriteSet writes() const = 0;
   virtual Result<void> commit(WriteSet& writes) = 0;
-};
-
-class StoreTarget final : public CommitTarget {
- public:
-  explicit StoreTarget(TimelineStore& store) : store_(store) {}
-  WriteSet writes() const override { return store_.writes(); }
-  Result<void> commit(WriteSet& writes) override { return store_.commit(writes); }
-
- private:
-  TimelineStore& store_;
 };
 
 class Commit {

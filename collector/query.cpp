@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <optional>
 
-#include "collector/usage/report.h"
+#include "collector/detect/finding_store.h"
+#include "collector/usage/report_query.h"
 #include "common/format.h"
 #include "common/version.h"
 #include "proto/codec.h"

@@ -1,24 +1,23 @@
 #pragma once
 // The book of findings: opened, updated and resolved by the detectors, one
-// open finding per condition (Finding::key), written to RocksDB with the next
-// commit and read back after a restart.
+// open finding per condition (Finding::key). What changed is written to the
+// database with the next commit, and read back after a restart, by
+// FindingWriter (detect/finding_store.h).
 #include <cstdint>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "collector/commit.h"
 #include "collector/detect/finding.h"
-#include "collector/store/timeline_store.h"
 #include "common/result.h"
-#include "proto/query.capnp.h"
 
 namespace rankscope::collector {
 
-class FindingBook final : public CommitParticipant {
+class FindingBook final {
  public:
-  Result<void> restore(const TimelineStore& store);
+  // Takes back the findings a database held (after a restart).
+  void restore(std::vector<Finding> stored);
 
   // Opens a finding for f's condition, or updates the open one with f's
   // ranks, nodes, text and cost (keeping its id and opening time).
@@ -37,8 +36,9 @@ class FindingBook final : public CommitParticipant {
   std::vector<Finding> for_alerts(uint64_t since_ns) const;
   size_t open_count(FindingKind kind) const;
 
-  // The commit protocol (collector/commit.h): what changed since the last stage.
-  Result<void> stage(WriteSet& writes, uint64_t now_ns, bool final) override;
+  // The findings changed since the last call (opened, updated, resolved,
+  // acknowledged), to be written; each is kept in memory until then.
+  std::vector<Finding> take_changed();
 
  private:
   static constexpr size_t kResolvedInMemory = 10000;
@@ -49,9 +49,5 @@ class FindingBook final : public CommitParticipant {
   std::set<uint64_t> dirty_;
   uint64_t next_id_ = 1;
 };
-
-void fill_finding(const Finding& finding, proto::query::Finding::Builder out);
-std::string encode_finding(const Finding& finding);
-Result<Finding> decode_finding(const std::string& bytes);
 
 }  // namespace rankscope::collector

@@ -105,6 +105,8 @@ class Ingest final : public CommitParticipant {
   // queries of finished jobs; not_found if none, an error if ambiguous.
   Result<CommState> retired_comm(const std::string& prefix) const;
   void add_observer(RecordObserver* observer) { observers_.push_back(observer); }
+  // What the clock refiner found (model/clock_refine.h), applied to the nodes' clocks.
+  void adjust_clocks(const ClockAdjustments& adjustments) { model_.adjust_clocks(adjustments); }
   NodeState* node(const std::string& name) {
     auto it = model_.nodes.find(name);
     return it == model_.nodes.end() ? nullptr : &it->second;

@@ -2,14 +2,9 @@
 
 #include <algorithm>
 
-#include "collector/ingest/ingest.h"
 #include "proto/records.h"
 
 namespace rankscope::collector {
-
-CollectiveMatcher::CollectiveMatcher(Ingest& ingest) {
-  ingest.add_observer(this);
-}
 
 namespace {
 bool has_root(uint8_t op) {

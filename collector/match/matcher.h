@@ -25,8 +25,6 @@
 
 namespace rankscope::collector {
 
-class Ingest;
-
 // What a rank called at a sequence number.
 struct CallShape {
   uint32_t code = 0;   // op | datatype << 8 | redop << 16
@@ -90,10 +88,8 @@ class CollectiveMatcher final : public RecordObserver {
  public:
   static constexpr size_t kMaxPendingPairs = 65536;  // Send/Recv halves waiting for their other half, per communicator
 
-  // Alone: records come from on_record (the matcher's own tests).
+  // Records come from on_record: the ingest's first observer (collector/service.h).
   CollectiveMatcher() = default;
-  // Takes every record `ingest` applies.
-  explicit CollectiveMatcher(Ingest& ingest);
   // Listeners hear events in the order they subscribed.
   void subscribe(MatchListener& listener) { listeners_.push_back(&listener); }
 

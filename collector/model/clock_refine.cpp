@@ -6,7 +6,7 @@
 
 namespace rankscope::collector {
 
-void ClockRefiner::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
+void ClockRefiner::on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {
   if (lane != 0 || comm.nranks < 2 || rank < 0) return;
   RankIssues& known = comms_[comm.hash].ranks[rank];
   auto& issues = known.issues;
@@ -14,17 +14,24 @@ void ClockRefiner::on_record(const CommState& comm, int32_t rank, uint32_t lane,
     known.pid = member->second.pid;
     members_of_[{member->second.node, member->second.pid}].emplace_back(comm.hash, rank);
   }
-  if (!issues.empty() && issues.back().first >= record.seq) return;
-  issues.emplace_back(record.seq, record.issue_ns);
+  if (!issues.empty() && issues.back().first >= seq) return;
+  issues.emplace_back(seq, issue_ns);
   while (issues.size() > kIssueHistory) issues.pop_front();
+}
+
+void ClockRefiner::on_complete(const CollectiveComplete& done) {
+  if (done.comm.nranks < 2) return;
+  auto& arrivals = comms_[done.comm.hash].last_arrival;
+  arrivals[done.seq] = *std::max_element(done.issue.begin(), done.issue.end());
+  while (arrivals.size() > kIssueHistory) arrivals.erase(arrivals.begin());
 }
 
 void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
   auto process = members_of_.find({node, pid});
   if (process == members_of_.end()) return;
   for (const auto& [hash, rank] : process->second) {
-    auto it = ingest_.comms().find(hash);
-    if (it == ingest_.comms().end()) continue;
+    auto it = model_.comms.find(hash);
+    if (it == model_.comms.end()) continue;
     const CommState& comm = it->second;
     if (comm.ended || comm.nranks < 2) continue;
     auto member = comm.members.find(rank);
@@ -47,14 +54,10 @@ void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start
 }
 
 void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t seq, const Group& group) {
-  // The collective's last arrival: nobody can have left before it.
-  uint64_t last_arrival = 0;
-  for (const auto& [rank, stats] : track.ranks) {
-    // Ascending seq: a binary search, not a walk of every rank's history.
-    auto it = std::lower_bound(stats.issues.begin(), stats.issues.end(), seq,
-                               [](const auto& issue, uint64_t s) { return issue.first < s; });
-    if (it != stats.issues.end() && it->first == seq) last_arrival = std::max(last_arrival, it->second);
-  }
+  // The collective's last arrival: nobody can have left before it (0: the
+  // instance did not complete, its ranks called different things).
+  auto arrival = track.last_arrival.find(seq);
+  uint64_t last_arrival = arrival == track.last_arrival.end() ? 0 : arrival->second;
   // Residuals are taken on the probes' clocks alone (the refinement now
   // applied removed), so that they do not move as the refinement does.
   std::vector<int64_t> raw_ends;
@@ -63,9 +66,7 @@ void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t se
     auto member = comm.members.find(rank);
     if (member == comm.members.end()) return;
     const std::string& node = member->second.node;
-    if (last_arrival && end < last_arrival) {
-      if (NodeState* state = ingest_.node(node)) state->clock_violations += 1;
-    }
+    if (last_arrival && end < last_arrival) violations_[node] += 1;
     int64_t raw = static_cast<int64_t>(end) - applied(node);
     raw_ends.push_back(raw);
     by_node[node].push_back(raw);
@@ -80,11 +81,11 @@ void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t se
 }
 
 void ClockRefiner::forget_retired() {
-  // Communicators out of the live model (collector/ingest/ingest.h, retire), and
-  // the processes that were their members.
+  // Communicators out of the live model (ended, or retired by the ingest),
+  // and the processes that were their members.
   bool any = false;
   for (auto it = comms_.begin(); it != comms_.end();) {
-    bool keep = ingest_.live(it->first);
+    bool keep = model_.live(it->first);
     any |= !keep;
     it = keep ? std::next(it) : comms_.erase(it);
   }
@@ -97,31 +98,34 @@ void ClockRefiner::forget_retired() {
   }
 }
 
-void ClockRefiner::update() {
+ClockAdjustments ClockRefiner::update() {
   forget_retired();
+  ClockAdjustments out;
+  out.violations = std::move(violations_);
+  violations_.clear();
   std::map<std::string, int64_t> target;
   for (const auto& [node, ring] : residuals_) {
     if (ring.size() < kMinResiduals) continue;
     target[node] = -median(std::vector<int64_t>(ring.begin(), ring.end()));
   }
-  if (target.size() < 2) return;
+  if (target.size() < 2) return out;
   // Anchor: the nodes' mean stays where the probes put it.
   int64_t mean = 0;
   for (const auto& [node, t] : target) mean += t;
   mean /= static_cast<int64_t>(target.size());
   for (const auto& [node, t] : target) {
-    NodeState* state = ingest_.node(node);
+    const NodeState* state = model_.node(node);
     if (!state) continue;
     // Within what the probes allow: they bound the offset, the collectives
     // choose inside the bound.
     int64_t bound = static_cast<int64_t>(std::min<uint64_t>(state->clock.probe_uncertainty_ns(), 1'000'000'000ull));
-    int64_t correction = std::clamp(t - mean, -bound, bound);
-    state->clock.set_refinement(correction);
+    out.refinement_ns[node] = std::clamp(t - mean, -bound, bound);
   }
+  return out;
 }
 
 int64_t ClockRefiner::applied(const std::string& node) const {
-  const NodeState* state = ingest_.node(node);
+  const NodeState* state = model_.node(node);
   return state ? state->clock.refinement_ns() : 0;
 }
 

@@ -172,6 +172,13 @@ struct ProcessInfo {
 
 // The live model: what the ingest keeps and every later stage reads
 // (through a const reference). Tests of the detectors build one by hand.
+// What the clock refiner (model/clock_refine.h) found since its last
+// update, for the model's owner to apply.
+struct ClockAdjustments {
+  std::map<std::string, int64_t> refinement_ns;  // node -> its new refinement (NodeClock::set_refinement)
+  std::map<std::string, uint64_t> violations;    // node -> ranks seen leaving a collective before its last arrival
+};
+
 struct ClusterModel {
   struct ProcessKey {
     std::string node;
@@ -200,6 +207,13 @@ struct ClusterModel {
     auto it = comms.find(hash);
     return it != comms.end() && !it->second.ended;
   }
+  // Applies what the clock refiner found (nodes not in the model are skipped).
+  void adjust_clocks(const ClockAdjustments& adjustments) {
+    for (const auto& [name, refinement] : adjustments.refinement_ns)
+      if (auto it = nodes.find(name); it != nodes.end()) it->second.clock.set_refinement(refinement);
+    for (const auto& [name, count] : adjustments.violations)
+      if (auto it = nodes.find(name); it != nodes.end()) it->second.clock_violations += count;
+  }
 };
 
 // Told about every collective record as the ingest applies it to the model
@@ -208,7 +222,7 @@ class RecordObserver {
  public:
   virtual ~RecordObserver() = default;
   // `record` times are on the cluster clock.
-  virtual void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) = 0;
+  virtual void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {}
   // A host wait on the GPU that ended; times on the cluster clock.
   virtual void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {}
 };

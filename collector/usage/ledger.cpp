@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "collector/ingest/ingest.h"
 #include "collector/store/bytes.h"
 #include "common/cgroup_path.h"
 #include "common/format.h"
@@ -403,11 +402,6 @@ UsageLedger::UsageLedger(const ClusterModel& model, CollectiveMatcher& matcher, 
                          UsageOptions options)
     : model_(model), rows_(rows), options_(options) {
   matcher.subscribe(*this);
-}
-
-UsageLedger::UsageLedger(Ingest& ingest, CollectiveMatcher& matcher, const TimelineStore& store, UsageOptions options)
-    : UsageLedger(ingest.model(), matcher, store, options) {
-  ingest.add_observer(this);
 }
 
 double UsageLedger::gpus_of(const ProcessInfo* process) const {

@@ -33,12 +33,10 @@
 #include "collector/detect/finding.h"
 #include "collector/match/matcher.h"
 #include "collector/model/cluster.h"
-#include "collector/store/timeline_store.h"
+#include "collector/store/write_set.h"
 #include "common/result.h"
 
 namespace rankscope::collector {
-
-class Ingest;
 
 // Who a process is, as far as billing goes (not which rank or pid).
 struct Identity {
@@ -140,10 +138,8 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
  public:
   // Reads the cluster `model`, hears `matcher`'s completed collectives, and
   // reads back its own rows from `rows`; records reach it as a
-  // RecordObserver of whoever applies them (the ingest).
+  // RecordObserver of whoever applies them (the ingest: collector/service.h).
   UsageLedger(const ClusterModel& model, CollectiveMatcher& matcher, const UsageRows& rows, UsageOptions options);
-  // The collector's wiring: `ingest`'s model and records, rows in `store`.
-  UsageLedger(Ingest& ingest, CollectiveMatcher& matcher, const TimelineStore& store, UsageOptions options);
   // What an earlier run had counted of the processes and hangs still going.
   Result<void> restore();
 

@@ -2,17 +2,16 @@
 // Usage and cost reports: the usage ledger's rows over a time range, summed
 // per tenant (--by), with the waste each tenant suffered and caused, and who
 // it waited on. Cost is the CLI's (a price per GPU-hour times the figures).
+// The query's answer is built from it by usage/report_query.h.
 #include <cstdint>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "collector/detect/findings.h"
-#include "collector/store/timeline_store.h"
+#include "collector/store/write_set.h"
 #include "collector/usage/ledger.h"
 #include "common/result.h"
-#include "proto/query.capnp.h"
 
 namespace rankscope::collector {
 
@@ -42,8 +41,5 @@ struct Report {
 // the waste it caused others.
 Result<Report> make_report(const UsageRows& rows, uint64_t since_s, uint64_t until_s, TenantKey by,
                            const std::string& job, Level coarsest = Level::day);
-
-Result<void> answer_report(const TimelineStore& store, const FindingBook& findings, uint64_t now_ns,
-                           proto::query::ReportQuery::Reader query, proto::query::ReportReply::Builder out);
 
 }  // namespace rankscope::collector

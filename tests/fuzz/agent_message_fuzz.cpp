@@ -20,11 +20,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "collector/detect/detector.h"
-#include "collector/detect/findings.h"
-#include "collector/ingest/ingest.h"
-#include "collector/model/clock_refine.h"
-#include "collector/usage/ledger.h"
+#include "collector/service.h"
 #include "common/log.h"
 #include "proto/codec.h"
 #include "tests/fuzz/fuzz_store.h"
@@ -61,24 +57,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::ManualClock clock;
   collector::Outbox out;
   {
-    collector::StoreTarget target(store.store());
-    collector::Commit commit(target);
-    collector::Ingest ingest(store.store(), commit, clock);
-    collector::FindingBook findings;
-    collector::CollectiveMatcher matcher(ingest);
-    collector::Detector detector(ingest.model(), matcher, findings, clock, collector::DetectOptions{});
-    collector::ClockRefiner refiner(ingest);
-    collector::UsageLedger ledger(ingest, matcher, store.store(), collector::UsageOptions{});
-    ingest.add_observer(&refiner);
-    commit.join(findings);
-    commit.join(ledger);
+    collector::ServiceOptions options;
+    options.retire_after_ns = kRetireAfterNs;
+    collector::Service service(store.store(), clock, options);
+    collector::Ingest& ingest = service.ingest();
     auto round = [&] {
-      ingest.retire(clock.now, kRetireAfterNs);
-      refiner.update();
-      matcher.sweep(ingest.comms());
-      detector.evaluate(clock.now);
-      ledger.tick(clock.now, findings.open());
-      (void)commit.run(clock.now, true);
+      service.evaluate(clock.now);
+      (void)service.commit().run(clock.now, true);
     };
 
     const char* const nodes[] = {"node-a", "node-b"};
@@ -101,17 +86,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // A restart on the same database: restore, then look at what came back.
   {
-    collector::StoreTarget target(store.store());
-    collector::Commit commit(target);
-    collector::Ingest ingest(store.store(), commit, clock);
-    collector::FindingBook findings;
-    collector::CollectiveMatcher matcher(ingest);
-    collector::Detector detector(ingest.model(), matcher, findings, clock, collector::DetectOptions{});
-    collector::UsageLedger ledger(ingest, matcher, store.store(), collector::UsageOptions{});
-    if (ingest.restore() && findings.restore(store.store()) && ledger.restore()) {
+    collector::Service service(store.store(), clock, collector::ServiceOptions{});
+    if (service.restore()) {
       clock.now += 1'000'000'000ull;
-      detector.evaluate(clock.now);
-      ledger.tick(clock.now, findings.open());
+      service.evaluate(clock.now);
     }
   }
 

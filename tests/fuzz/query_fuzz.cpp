@@ -12,10 +12,8 @@
 #include <memory>
 #include <string_view>
 
-#include "collector/detect/detector.h"
-#include "collector/detect/findings.h"
-#include "collector/ingest/ingest.h"
 #include "collector/query.h"
+#include "collector/service.h"
 #include "common/log.h"
 #include "proto/codec.h"
 #include "tests/fuzz/fuzz_store.h"
@@ -27,12 +25,9 @@ namespace {
 struct World {
   fuzz::FuzzStore store;
   fuzz::ManualClock clock;
-  collector::StoreTarget target{store.store()};
-  collector::Commit commit{target};
-  collector::Ingest ingest{store.store(), commit, clock};
-  collector::FindingBook findings;
-  collector::CollectiveMatcher matcher{ingest};
-  collector::Detector detector{ingest.model(), matcher, findings, clock, collector::DetectOptions{}};
+  collector::Service service{store.store(), clock, collector::ServiceOptions{}};
+  collector::Ingest& ingest = service.ingest();
+  collector::FindingBook& findings = service.findings();
   collector::QueryContext context{ingest, store.store(), findings, clock, 5'000'000'000ull};
 
   World() {
@@ -45,10 +40,9 @@ struct World {
     ingest.on_agent_message("conn-b", fuzz::heartbeat(101, true, true), out);
     for (int i = 0; i < 4; ++i) {
       clock.now += 31'000'000'000ull;
-      detector.evaluate(clock.now);
+      service.evaluate(clock.now);
     }
-    commit.join(findings);
-    if (auto committed = commit.run(clock.now); !committed) {
+    if (auto committed = service.commit().run(clock.now); !committed) {
       fprintf(stderr, "query fuzz: %s\n", committed.error().message.c_str());
       abort();
     }

@@ -9,15 +9,11 @@
 
 #include <functional>
 
-#include "collector/detect/detector.h"
-#include "collector/ingest/ingest.h"
-#include "collector/model/clock_refine.h"
-#include "collector/usage/ledger.h"
+#include "collector/service.h"
 #include "common/format.h"
 #include "tests/support/harness.h"
 #include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
-#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -90,7 +86,6 @@ std::string batch(uint64_t instance, uint64_t seq, const std::vector<Claim>& cla
 class AdversaryTest : public ::testing::Test {
  protected:
   AdversaryTest() {
-    ingest.add_observer(&refiner);
     say("conn-1", hello("gpu-1", 1), "gpu-1");
     say("conn-2", hello("gpu-2", 2), "gpu-2");
   }
@@ -110,21 +105,17 @@ class AdversaryTest : public ::testing::Test {
   }
   uint64_t refused(int node) const { return ingest.node("gpu-" + std::to_string(node))->refused_claims; }
   void evaluate() {
-    matcher.sweep(ingest.comms());
-    detector.evaluate(clock.now);
-    ledger.tick(clock.now, findings.open());
+    service.evaluate(clock.now);
   }
 
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
   FixedClock clock;
-  testing::StoreCommit commit{*store};
-  Ingest ingest{*store, commit, clock};
-  FindingBook findings;
-  CollectiveMatcher matcher{ingest};
-  Detector detector{ingest.model(), matcher, findings, clock, DetectOptions{}};
-  ClockRefiner refiner{ingest};
-  UsageLedger ledger{ingest, matcher, *store, UsageOptions{}};
+  Service service{*store, clock, ServiceOptions{}};
+  Commit& commit = service.commit();
+  Ingest& ingest = service.ingest();
+  CollectiveMatcher& matcher = service.matcher();
+  Detector& detector = service.detector();
   std::map<int, uint64_t> seq_;
 };
 

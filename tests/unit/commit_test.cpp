@@ -11,9 +11,7 @@
 #include <map>
 #include <string>
 
-#include "collector/detect/findings.h"
-#include "collector/ingest/ingest.h"
-#include "collector/usage/ledger.h"
+#include "collector/service.h"
 #include "collector/usage/report.h"
 #include "proto/records.h"
 #include "tests/support/harness.h"
@@ -56,14 +54,15 @@ class CommitTest : public ::testing::Test {
     store = std::move(*opened);
     disk = std::make_unique<FullableDisk>(*store);
   }
-  // The collector's writers on one commit, as collector::run joins them.
+  // The collector's writers on one commit, as collector::run has them (its Service).
   void start(uint64_t max_backlog_bytes = Commit::kMaxBacklogBytes) {
-    commit = std::make_unique<Commit>(*disk, max_backlog_bytes);
-    ingest = std::make_unique<Ingest>(*store, *commit, clock);
-    matcher = std::make_unique<CollectiveMatcher>(*ingest);
-    ledger = std::make_unique<UsageLedger>(*ingest, *matcher, *store, UsageOptions{});
-    commit->join(findings);
-    commit->join(*ledger);
+    ServiceOptions options;
+    options.max_commit_backlog_bytes = max_backlog_bytes;
+    service = std::make_unique<Service>(*store, *disk, clock, options);
+    commit = &service->commit();
+    ingest = &service->ingest();
+    ledger = &service->ledger();
+    findings = &service->findings();
   }
   Outbox say(int rank, const std::string& bytes) {
     Outbox out;
@@ -133,11 +132,11 @@ class CommitTest : public ::testing::Test {
   testing::ManualClock clock{kDay0 * kS};
   std::unique_ptr<TimelineStore> store;
   std::unique_ptr<FullableDisk> disk;
-  std::unique_ptr<Commit> commit;
-  std::unique_ptr<Ingest> ingest;
-  std::unique_ptr<CollectiveMatcher> matcher;
-  FindingBook findings;
-  std::unique_ptr<UsageLedger> ledger;
+  std::unique_ptr<Service> service;
+  Commit* commit = nullptr;
+  Ingest* ingest = nullptr;
+  UsageLedger* ledger = nullptr;
+  FindingBook* findings = nullptr;
 };
 
 TEST_F(CommitTest, AFailedCommitLosesNothingAndAReSentBatchIsCountedOnce) {
@@ -158,9 +157,9 @@ TEST_F(CommitTest, AFailedCommitLosesNothingAndAReSentBatchIsCountedOnce) {
   straggler.comm = kComm;
   straggler.ranks = {1};
   straggler.summary = "rank 1 is late";
-  uint64_t id = findings.raise(straggler, t0 + 10 * kS).id;
+  uint64_t id = findings->raise(straggler, t0 + 10 * kS).id;
   clock.now = t0 + 20 * kS;
-  ledger->tick(clock.now, findings.open());
+  ledger->tick(clock.now, findings->open());
   auto failed = commit->run(clock.now);
   ASSERT_FALSE(failed) << "the disk is full";
   EXPECT_NE(failed.error().message.find("No space left"), std::string::npos) << failed.error().message;
@@ -175,13 +174,13 @@ TEST_F(CommitTest, AFailedCommitLosesNothingAndAReSentBatchIsCountedOnce) {
   EXPECT_EQ(again0.after_commit.size() + again1.after_commit.size(), 2u) << "acked only once durable";
   EXPECT_TRUE(again0.now.empty() && again1.now.empty()) << "not acked before the commit";
   clock.now += 10 * kS;
-  ledger->tick(clock.now, findings.open());
+  ledger->tick(clock.now, findings->open());
   EXPECT_FALSE(commit->run(clock.now)) << "still full";
 
   // Space again: the next commit writes everything that was staged.
   disk->full = false;
   clock.now += 10 * kS;
-  ledger->tick(clock.now, findings.open());
+  ledger->tick(clock.now, findings->open());
   ASSERT_TRUE(commit->run(clock.now, true));
   EXPECT_FALSE(commit->failing());
   EXPECT_EQ(commit->failures(), 2u);
@@ -192,7 +191,7 @@ TEST_F(CommitTest, AFailedCommitLosesNothingAndAReSentBatchIsCountedOnce) {
 
   // The finding and the ledger's rows survive, each counted once.
   FindingBook reread;
-  ASSERT_TRUE(reread.restore(*store));
+  ASSERT_TRUE(FindingWriter(reread).restore(*store));
   ASSERT_NE(reread.open_finding(straggler.key()), nullptr) << "the finding staged in the failed commit is stored";
   EXPECT_EQ(reread.open_finding(straggler.key())->id, id);
   auto r = make_report(*store, kDay0, kDay0 + 3600, TenantKey::account, "");
@@ -225,14 +224,14 @@ TEST_F(CommitTest, RollupsAddUpAcrossAFailedCommit) {
   calls(0, 2, t0);
   calls(1, 2, t0);
   clock.now = t0 + 20 * kS;
-  ledger->tick(clock.now, findings.open());
+  ledger->tick(clock.now, findings->open());
   disk->full = true;
   ASSERT_FALSE(commit->run(clock.now, true));
   disk->full = false;
   calls(0, 3, t0 + 60 * kS);
   calls(1, 3, t0 + 60 * kS);
   clock.now = t0 + 80 * kS;
-  ledger->tick(clock.now, findings.open());
+  ledger->tick(clock.now, findings->open());
   ASSERT_TRUE(commit->run(clock.now, true));
   // The hour's row (read when the range is whole hours) holds both flushes.
   auto r = make_report(*store, kDay0, kDay0 + 3600, TenantKey::account, "");

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "collector/detect/detector.h"
+#include "collector/detect/finding_store.h"
 #include "collector/query.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
@@ -39,6 +40,7 @@ class DetectTest : public ::testing::Test {
   void SetUp() override {
     options.hang_timeout_ns = 5 * kSecond;
     options.node_lost_timeout_ns = 10 * kSecond;
+    ingest.add_observer(&matcher);
     detector = std::make_unique<Detector>(ingest.model(), matcher, book, clock, options);
   }
 
@@ -220,7 +222,7 @@ class DetectTest : public ::testing::Test {
   TestClock clock{1'000 * kSecond};
   testing::StoreCommit commit{*store};
   Ingest ingest{*store, commit, clock};
-  CollectiveMatcher matcher{ingest};
+  CollectiveMatcher matcher;
   FindingBook book;
   DetectOptions options;
   std::unique_ptr<Detector> detector;
@@ -920,13 +922,14 @@ TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
   evaluate_at(t + options.hang_timeout_ns + kSecond);
   ASSERT_EQ(open(FindingKind::hang).size(), 1u);
   const Finding before = *open(FindingKind::hang)[0];
-  commit.join(book);
+  FindingWriter writer(book);
+  commit.join(writer);
   ASSERT_TRUE(commit.run(clock.now));
 
   // A new collector on the same database: the same open finding, same id,
   // and it still resolves on its own.
   FindingBook restarted;
-  ASSERT_TRUE(restarted.restore(*store));
+  ASSERT_TRUE(FindingWriter(restarted).restore(*store));
   auto open_after = restarted.open();
   ASSERT_EQ(open_after.size(), 1u);
   EXPECT_EQ(open_after[0]->id, before.id);
@@ -936,7 +939,8 @@ TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
   testing::StoreCommit commit_after{*store};
   Ingest ingest_after(*store, commit_after, clock);
   ASSERT_TRUE(ingest_after.restore());
-  CollectiveMatcher matcher_after(ingest_after);
+  CollectiveMatcher matcher_after;
+  ingest_after.add_observer(&matcher_after);
   Detector detector_after(ingest_after.model(), matcher_after, restarted, clock, options);
   Finding next;
   next.kind = FindingKind::hang;

@@ -8,14 +8,11 @@
 #include <cstring>
 #include <functional>
 
-#include "collector/detect/detector.h"
-#include "collector/ingest/ingest.h"
-#include "collector/model/clock_refine.h"
+#include "collector/service.h"
 #include "node-agent/summarise.h"
 #include "tests/support/harness.h"
 #include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
-#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -66,7 +63,6 @@ bool is_error(const std::string& bytes) {
 class HostileInputTest : public ::testing::Test {
  protected:
   HostileInputTest() {
-    ingest.add_observer(&refiner);
     Outbox out;
     ingest.on_agent_message("conn-1", hello("gpu-1"), out);
   }
@@ -75,12 +71,9 @@ class HostileInputTest : public ::testing::Test {
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
   FixedClock clock;
-  testing::StoreCommit commit{*store};
-  Ingest ingest{*store, commit, clock};
-  FindingBook findings;
-  CollectiveMatcher matcher{ingest};
-  Detector detector{ingest.model(), matcher, findings, clock, DetectOptions{}};
-  ClockRefiner refiner{ingest};
+  Service service{*store, clock, ServiceOptions{}};
+  Commit& commit = service.commit();
+  Ingest& ingest = service.ingest();
 };
 
 // One process of a user's stand-in libnccl.so opens 70,000 communicators

@@ -155,7 +155,8 @@ TEST_F(SplitTest, ChildrenAreSizedAndRankedByKeyThenParentRankOnceEveryParentRan
 // The matcher sees a sized child's collectives complete: what the
 // detectors and the ledger are fed.
 TEST_F(SplitTest, ASizedChildsCollectivesAreMatched) {
-  CollectiveMatcher matcher(*ingest);
+  CollectiveMatcher matcher;
+  ingest->add_observer(&matcher);
   struct Completions : MatchListener {
     std::map<uint64_t, size_t> by_comm;
     void on_complete(const CollectiveComplete& done) override { ++by_comm[done.comm.hash]; }

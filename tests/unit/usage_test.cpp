@@ -4,13 +4,12 @@
 // CPU-seconds.
 #include <gtest/gtest.h>
 
-#include "collector/usage/ledger.h"
+#include "collector/service.h"
 #include "collector/usage/report.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
 #include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
-#include "tests/support/store_commit.h"
 
 namespace rankscope::collector {
 namespace {
@@ -27,16 +26,13 @@ class UsageTest : public ::testing::Test {
     store = std::move(*opened);
     start_collector();
   }
-  // A collector run on the store: its ingest and its ledger (anew after a restart).
+  // A collector run on the store, as collector::run has it (anew after a restart).
   void start_collector() {
-    ledger.reset();
-    matcher.reset();
-    ingest.reset();
-    commit = std::make_unique<testing::StoreCommit>(*store);
-    ingest = std::make_unique<Ingest>(*store, *commit, clock);
-    matcher = std::make_unique<CollectiveMatcher>(*ingest);
-    ledger = std::make_unique<UsageLedger>(*ingest, *matcher, *store, UsageOptions{});
-    commit->join(*ledger);
+    service.reset();
+    service = std::make_unique<Service>(*store, clock, ServiceOptions{});
+    commit = &service->commit();
+    ingest = &service->ingest();
+    ledger = &service->ledger();
   }
   // node-0's agent (instance 7) says hello, its clock at 0 on kDay0.
   void hello() { testing::feed(*ingest, *commit, "node-0", testing::hello_message("node-0", 7, kDay0 * kS)); }
@@ -59,10 +55,10 @@ class UsageTest : public ::testing::Test {
   testing::TempDir dir;
   testing::ManualClock clock{kDay0 * kS};
   std::unique_ptr<TimelineStore> store;
-  std::unique_ptr<testing::StoreCommit> commit;
-  std::unique_ptr<Ingest> ingest;
-  std::unique_ptr<CollectiveMatcher> matcher;
-  std::unique_ptr<UsageLedger> ledger;
+  std::unique_ptr<Service> service;
+  Commit* commit = nullptr;
+  Ingest* ingest = nullptr;
+  UsageLedger* ledger = nullptr;
 };
 
 Identity identity(const std::string& job, const std::string& account, const std::string& user = "alice") {
@@ -364,8 +360,7 @@ TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
 
   // Killed; a new run on the same database, the agent's Hello and identities again.
   start_collector();
-  ASSERT_TRUE(ingest->restore());
-  ASSERT_TRUE(ledger->restore());
+  ASSERT_TRUE(service->restore());
   hello();
   identities(4500);  // pid 101 is now another process, started at 45 s
   beat(70, 31);

@@ -1,0 +1,49 @@
+#include "collector/service.h"
+
+namespace rankscope::collector {
+
+Service::Service(TimelineStore& store, const Clock& clock, ServiceOptions options)
+    : Service(store, std::make_unique<StoreTarget>(store), nullptr, clock, options) {}
+
+Service::Service(TimelineStore& store, CommitTarget& target, const Clock& clock, ServiceOptions options)
+    : Service(store, nullptr, &target, clock, options) {}
+
+Service::Service(TimelineStore& store, std::unique_ptr<CommitTarget> own_target, CommitTarget* target,
+                 const Clock& clock, ServiceOptions options)
+    : store_(store),
+      own_target_(std::move(own_target)),
+      options_(options),
+      commit_(target ? *target : *own_target_, options.max_commit_backlog_bytes),
+      ingest_(store, commit_, clock),
+      detector_(ingest_.model(), matcher_, findings_, clock, options.detect),
+      refiner_(ingest_.model()),
+      ledger_(ingest_.model(), matcher_, store, options.usage) {
+  // The ingest joined the commit first; then the findings, then the ledger.
+  commit_.join(finding_writer_);
+  commit_.join(ledger_);
+  ingest_.add_observer(&matcher_);
+  ingest_.add_observer(&refiner_);
+  ingest_.add_observer(&ledger_);
+  matcher_.subscribe(refiner_);
+}
+
+Result<void> Service::restore() {
+  for (auto restored : {ingest_.restore(), finding_writer_.restore(store_), ledger_.restore()})
+    if (!restored) return restored;
+  return {};
+}
+
+void Service::evaluate(uint64_t now_ns) {
+  ingest_.retire(now_ns, options_.retire_after_ns);
+  ingest_.adjust_clocks(refiner_.update());
+  matcher_.sweep(ingest_.comms());
+  detector_.evaluate(now_ns);
+  ledger_.tick(now_ns, findings_.open());
+}
+
+Result<void> Service::stop(uint64_t now_ns) {
+  ledger_.tick(now_ns, findings_.open());
+  return commit_.run(now_ns, true);
+}
+
+}  // namespace rankscope::collector
