@@ -141,6 +141,10 @@ class Ingest final : public CommitParticipant {
   // or behind another batch of its agent that does; the rank a record of
   // `comm` named `announced` by its agent has there (null: refused).
   void apply_split(NodeState& node, wire::Comm::Reader comm, std::set<uint64_t>& changed);
+  // The announcing process's rank in the split's parent (-1, with `split`
+  // marked abandoned, when the parent cannot be sized); nullopt when the
+  // announcement is refused (counted).
+  std::optional<int32_t> check_split(NodeState& node, wire::Comm::Reader comm, SplitOf& split);
   void size_split(uint64_t parent, int32_t index, std::set<uint64_t>& changed);
   void derive_child(CommState& child, std::set<uint64_t>& changed);
   void abandon_split(uint64_t parent, int32_t index, std::set<uint64_t>& changed, const std::string& why);

@@ -27,42 +27,48 @@ std::string split_name(const SplitOf& split) {
 }
 }  // namespace
 
-void Ingest::apply_split(NodeState& node, wire::Comm::Reader c, std::set<uint64_t>& changed) {
-  const uint64_t hash = c.getCommHash();
-  SplitOf split{c.getParentHash(), c.getSplitIndex(), c.getSplitColor(), SplitSizing::pending, clock_.realtime_ns()};
+std::optional<int32_t> Ingest::check_split(NodeState& node, wire::Comm::Reader c, SplitOf& split) {
   const int32_t announced = c.getRank();
   // The announcing process must be the parent's member it says it was: its
   // rank there, bound to its node and pid by the parent's own announcement.
-  int32_t parent_rank = -1;
   auto parent = model_.comms.find(split.parent);
   const bool sizable = split.index >= 1 && parent != model_.comms.end() && parent->second.nranks > 0 &&
                        (parent->second.split.sizing == SplitSizing::none ||
                         parent->second.split.sizing == SplitSizing::derived);
-  if (sizable) {
-    const CommState& p = parent->second;
-    parent_rank = announced;
-    if (p.split.sizing == SplitSizing::derived) {
-      auto r = p.rank_of_announced.find(announced);
-      parent_rank = r == p.rank_of_announced.end() ? -1 : r->second;
-    }
-    auto member = p.members.find(parent_rank);
-    if (member == p.members.end() || member->second.node != node.name || member->second.pid != c.getPid()) {
-      refuse_claim(node, "a split announcement (pid " + std::to_string(c.getPid()) + ") as rank " +
-                             std::to_string(announced) + " of comm " + hex64(split.parent) +
-                             ", which is not that process's rank there");
-      return;
-    }
-    // NCCL's name for the child: a forged hash cannot join another split.
-    if (proto::comm_hash_of_split(split.parent, split.index, split.color) != hash) {
-      refuse_claim(node, "split child " + hex64(hash) + " is not NCCL's name for color " + std::to_string(split.color) +
-                             " of " + split_name(split));
-      return;
-    }
-  } else {
+  if (!sizable) {
     // An agent too old to say the split's index, or a parent this collector
     // never saw sized (its creation unseen, retired): kept, never matched.
     split.sizing = SplitSizing::abandoned;
+    return -1;
   }
+  const CommState& p = parent->second;
+  int32_t parent_rank = announced;
+  if (p.split.sizing == SplitSizing::derived) {
+    auto r = p.rank_of_announced.find(announced);
+    parent_rank = r == p.rank_of_announced.end() ? -1 : r->second;
+  }
+  auto member = p.members.find(parent_rank);
+  if (member == p.members.end() || member->second.node != node.name || member->second.pid != c.getPid()) {
+    refuse_claim(node, "a split announcement (pid " + std::to_string(c.getPid()) + ") as rank " +
+                           std::to_string(announced) + " of comm " + hex64(split.parent) +
+                           ", which is not that process's rank there");
+    return std::nullopt;
+  }
+  // NCCL's name for the child: a forged hash cannot join another split.
+  if (proto::comm_hash_of_split(split.parent, split.index, split.color) != c.getCommHash()) {
+    refuse_claim(node, "split child " + hex64(c.getCommHash()) + " is not NCCL's name for color " +
+                           std::to_string(split.color) + " of " + split_name(split));
+    return std::nullopt;
+  }
+  return parent_rank;
+}
+
+void Ingest::apply_split(NodeState& node, wire::Comm::Reader c, std::set<uint64_t>& changed) {
+  const uint64_t hash = c.getCommHash();
+  SplitOf split{c.getParentHash(), c.getSplitIndex(), c.getSplitColor(), SplitSizing::pending, clock_.realtime_ns()};
+  const int32_t announced = c.getRank();
+  std::optional<int32_t> parent_rank = check_split(node, c, split);
+  if (!parent_rank) return;
 
   bool news = false;
   CommState& comm = comm_for(hash, node.name, c.getPid(), news);
@@ -93,7 +99,7 @@ void Ingest::apply_split(NodeState& node, wire::Comm::Reader c, std::set<uint64_
   }
   if (member->announced_rank != announced) {
     member->announced_rank = announced;
-    member->parent_rank = parent_rank;
+    member->parent_rank = *parent_rank;
     member->split_key = c.getSplitKey();
     news = true;
   }

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "bpf/nccl_events.h"
+#include "common/stats.h"
 
 namespace rankscope::sim {
 
@@ -12,13 +13,6 @@ namespace {
 constexpr uint8_t kFloat32 = 7;   // ncclFloat32 (nccl.h)
 constexpr uint8_t kBfloat16 = 9;  // ncclBfloat16
 constexpr uint64_t kMs = 1'000'000;
-
-int64_t median_of(std::vector<int64_t> v) {
-  if (v.empty()) return 0;
-  size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + mid, v.end());
-  return v[mid];
-}
 }  // namespace
 
 const char* fault_kind_name(FaultKind kind) {
@@ -340,7 +334,7 @@ void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t
         std::vector<int64_t> others;
         for (size_t o = 0; o < comm.members.size(); ++o)
           if (o != k) others.push_back(arrival[o]);
-        lateness_[{f.id, comm.hash, r}].push_back(arrival[k] - median_of(others));
+        lateness_[{f.id, comm.hash, r}].push_back(arrival[k] - median(others));
       }
     }
   }

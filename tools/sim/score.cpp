@@ -445,7 +445,7 @@ struct Tally {
       }
       g.rank_ok += o.flag("rank_ok");
       g.node_ok += o.flag("node_ok");
-      if (o.has("cost_rel_err") && o.fields().at("cost_rel_err").kind == JsonValue::number)
+      if (o.has_number("cost_rel_err"))
         g.cost.push_back(std::fabs(o.num("cost_rel_err")));
     } else if (type == "false_alarm") {
       ++fa_findings[o.str("finding")];
