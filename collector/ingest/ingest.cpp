@@ -12,7 +12,6 @@
 namespace rankscope::collector {
 
 namespace {
-constexpr size_t kAckedInstances = 4;           // agent instances per node whose stored batches are remembered
 constexpr size_t kHealthEntriesPerNode = 4096;  // processes whose health is kept per node
 constexpr size_t kCgroupsPerNode = 512;         // cgroups whose CPU use is kept per node
 
@@ -226,14 +225,7 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     node.last_contact_ns = clock_.realtime_ns();
     if (new_instance) {
       node.instance = hello.getInstanceId();
-      // The earlier instances' windows stay: a restarted agent replays their spooled batches.
-      node.acked[node.instance].last_used = ++ack_uses_;
-      while (node.acked.size() > kAckedInstances) {
-        auto oldest = std::min_element(node.acked.begin(), node.acked.end(), [](const auto& a, const auto& b) {
-          return a.second.last_used < b.second.last_used;
-        });
-        node.acked.erase(oldest);
-      }
+      acks_.new_instance(node);
     }
     node.clock.seed(hello.getMonotonicNs(), hello.getRealtimeNs());
     node.wall_offset_ns = static_cast<int64_t>(hello.getRealtimeNs() - hello.getMonotonicNs());
@@ -344,7 +336,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   // After the collectives: a wait follows the collectives issued before it.
   apply_waits(node, batch, frame);
 
-  mark_stored(node, batch);
+  acks_.mark_stored(node, batch.getInstanceId(), batch.getSeq());
   node.batches += 1;
   node.records += records;
   counters_.batches_stored += 1;
@@ -367,33 +359,15 @@ bool Ingest::admit_batch(NodeState& node, const std::string& routing_id, wire::B
     ++counters_.held_batches;
     return false;
   }
-  if (auto window = node.acked.find(batch.getInstanceId());
-      window != node.acked.end() && window->second.contains(batch.getSeq())) {
+  if (AckBook::Seen seen = acks_.seen(node, batch.getInstanceId(), batch.getSeq()); seen != AckBook::Seen::new_batch) {
     // Re-sent (our ack was lost or late): say so again once it is durable.
     // Its first copy may be in this very commit round, not yet written: then
     // the ack waits for the commit like the first one's (on failure both are dropped).
     ++counters_.duplicate_batches;
-    bool pending = std::any_of(uncommitted_.begin(), uncommitted_.end(), [&](const Uncommitted& u) {
-      return u.seq == batch.getSeq() && u.instance == batch.getInstanceId() && u.node == node.name;
-    });
-    (pending ? out.after_commit : out.now).emplace_back(routing_id, std::move(ack_bytes));
+    (seen == AckBook::Seen::pending ? out.after_commit : out.now).emplace_back(routing_id, std::move(ack_bytes));
     return false;
   }
   return true;
-}
-
-void Ingest::mark_stored(NodeState& node, wire::Batch::Reader batch) {
-  AckWindow& window = node.acked[batch.getInstanceId()];
-  window.insert(batch.getSeq());
-  if (window.last_used == 0) window.last_used = ++ack_uses_;  // an earlier instance, replayed
-  uncommitted_.push_back(Uncommitted{node.name, batch.getInstanceId(), batch.getSeq()});
-  while (node.acked.size() > kAckedInstances + 1) {
-    auto oldest = std::min_element(node.acked.begin(), node.acked.end(), [](const auto& a, const auto& b) {
-      return a.second.last_used < b.second.last_used;
-    });
-    if (oldest->first == node.instance) break;
-    node.acked.erase(oldest);
-  }
 }
 
 void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {

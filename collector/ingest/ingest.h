@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collector/commit.h"
+#include "collector/ingest/acks.h"
 #include "collector/ingest/validate.h"
 #include "collector/model/cluster.h"
 #include "collector/store/timeline_store.h"
@@ -156,8 +157,6 @@ class Ingest final : public CommitParticipant {
   size_t apply_collectives(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame,
                            std::set<uint64_t>& changed);
   void apply_waits(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame);
-  // The batch among the node's stored ones, acknowledged once the commit is durable.
-  void mark_stored(NodeState& node, wire::Batch::Reader batch);
   void on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat);
   // The communicator (made if new); `changed` is set when what restore
   // needs of it (members, lanes, job, size) changed.
@@ -190,12 +189,7 @@ class Ingest final : public CommitParticipant {
   const Clock& clock_;
   ClusterModel model_;                                     // nodes, communicators, processes
   std::map<std::string, std::string> node_of_connection_;  // routing id -> node name
-  struct Uncommitted {
-    std::string node;
-    uint64_t instance, seq;
-  };
-  std::vector<Uncommitted> uncommitted_;  // batches marked acked, not yet durable (kept while commits fail)
-  uint64_t ack_uses_ = 0;
+  AckBook acks_;  // which batches are stored, and when each may be acknowledged
   std::set<uint64_t> dirty_comms_;                        // members, lanes or size changed since the last stage
   std::set<std::pair<uint64_t, int32_t>> dirty_members_;  // (comm, rank) whose progress moved since
   std::set<std::string> dirty_nodes_;

@@ -106,7 +106,7 @@ Result<void> Ingest::restore() {
         AckWindow& window = node.acked[a.getInstanceId()];
         window.through = a.getThrough();
         for (uint64_t seq : a.getAbove()) window.above.insert(seq);
-        window.last_used = ++ack_uses_;
+        acks_.restored(window);
       }
       // Until new probes come in, times keep the estimate of the last run
       // (the Hello's seed is only as good as the node's wall clock).
@@ -258,7 +258,7 @@ Result<void> Ingest::stage(WriteSet&, uint64_t, bool) {
 }
 
 void Ingest::committed() {
-  uncommitted_.clear();
+  acks_.committed();
 }
 
 }  // namespace rankscope::collector
