@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 
 #include "tests/support/alertmanager.h"
 #include "tests/support/cluster.h"
@@ -77,6 +79,15 @@ std::vector<std::string> leaf_objects(const std::string& json) {
   return leaves;
 }
 
+// The entries of an environment: /proc/PID/environ (separated by NULs) or `env`'s output (by newlines).
+std::set<std::string> env_entries(const std::string& text, char separator) {
+  std::set<std::string> out;
+  std::istringstream in(text);
+  for (std::string entry; std::getline(in, entry, separator);)
+    if (!entry.empty()) out.insert(entry);
+  return out;
+}
+
 std::string trim(std::string text) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;
@@ -114,8 +125,9 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
   const std::string work = slurm.shared_dir();
   std::string train = bin_path("fakenccl-train") + " --id-file " + work + "/nccl.id" +
                       " --steps 1000000 --compute-iters 1000000 --bucket-elems 1024 --quiet";
-  std::string steps = "srun -n1 --chdir=" + work + " true && exec srun -N1 -n2 --chdir=" + work +
-                      " env SLURM_JOB_ACCOUNT=someone-elses " + train;
+  // Step 0 opts out of the profiler plugin the TaskProlog names, and writes its environment.
+  std::string steps = "srun -n1 --chdir=" + work + " --export=ALL,RANKSCOPE_NCCL_PROFILER=0 env > " + work +
+                      "/step0.env && exec srun -N1 -n2 --chdir=" + work + " env SLURM_JOB_ACCOUNT=someone-elses " + train;
   SpawnOptions salloc;
   salloc.argv = {"/bin/sh", "-c",
                  "cd " + work + " && exec env -u RANK -u WORLD_SIZE -u LOCAL_RANK setpriv --reuid=nobody "
@@ -179,7 +191,15 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
     std::string environ = slurp("/proc/" + field(r, "pid") + "/environ");
     EXPECT_NE(environ.find(std::string("SLURM_JOB_ID=") + job_id + '\0'), std::string::npos);
     EXPECT_NE(environ.find(std::string("SLURM_PROCID=") + std::to_string(rank) + '\0'), std::string::npos);
+    // The TaskProlog named rankscope's NCCL profiler plugin (deploy/slurm/rankscope-task-prolog.sh).
+    EXPECT_EQ(env_entries(environ, '\0').count(std::string("NCCL_PROFILER_PLUGIN=") + RANKSCOPE_PROFILER_PLUGIN), 1u)
+        << "task " << rank << "'s environment names no profiler plugin";
   }
+  // Step 0 opted out: the TaskProlog left NCCL_PROFILER_PLUGIN unset.
+  std::set<std::string> step0 = env_entries(slurp(work + "/step0.env"), '\n');
+  EXPECT_EQ(step0.count("SLURM_STEP_ID=0"), 1u) << "step 0 wrote no environment";
+  EXPECT_EQ(step0.count("RANKSCOPE_NCCL_PROFILER=0"), 1u);
+  for (const std::string& entry : step0) EXPECT_FALSE(entry.starts_with("NCCL_PROFILER_PLUGIN=")) << entry;
 
   // The usage report bills the job, its user and its account as Slurm named
   // them (the ledger writes every few seconds: wait for GPU-hours to show).

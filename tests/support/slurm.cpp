@@ -204,12 +204,14 @@ bool RealSlurm::start_daemons(const std::string& hardware, std::string* why) {
   int ctld_port = free_port();
   int slurmd_port = free_port();
   while (slurmd_port == ctld_port) slurmd_port = free_port();
-  // The shipped Prolog and Epilog, writing to this instance's folder (slurmd
-  // runs them as root with the job's variables only: a wrapper names it).
+  // The shipped Prolog, Epilog and TaskProlog, writing to this instance's
+  // folder and naming this build's profiler plugin (slurmd runs them with
+  // the job's variables only: a wrapper names them).
   auto hook = [&](const std::string& which) {
     std::string path = dir_.file("rankscope-" + which + ".sh");
     std::ofstream(path) << "#!/bin/sh\nRANKSCOPE_SLURM_DIR='" << jobs_dir() << "' RANKSCOPE_EPILOG_CONF='"
-                        << epilog_conf() << "' SLURM_CONF='" << conf_ << "' exec /bin/sh '" << RANKSCOPE_SOURCE_DIR
+                        << epilog_conf() << "' RANKSCOPE_PROFILER_LIB='" << RANKSCOPE_PROFILER_PLUGIN
+                        << "' SLURM_CONF='" << conf_ << "' exec /bin/sh '" << RANKSCOPE_SOURCE_DIR
                         << "/deploy/slurm/rankscope-" << which << ".sh'\n";
     chmod(path.c_str(), 0755);
     return path;
@@ -242,6 +244,7 @@ bool RealSlurm::start_daemons(const std::string& hardware, std::string* why) {
          << "SwitchType=switch/none\nMpiDefault=none\n"
          << "ReturnToService=2\n"
          << "Prolog=" << hook("prolog") << "\nEpilog=" << hook("epilog") << "\nPrologFlags=Alloc\n"
+         << "TaskProlog=" << hook("task-prolog") << "\n"
          << hardware << " NodeAddr=127.0.0.1 State=UNKNOWN\n"
          << "PartitionName=" << partition_ << " Nodes=" << node_ << " Default=YES MaxTime=10 State=UP\n";
     if (!conf) {
