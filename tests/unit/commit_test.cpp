@@ -7,7 +7,6 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <map>
 #include <string>
 
@@ -17,6 +16,7 @@
 #include "tests/support/harness.h"
 #include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
+#include "tests/support/wire.h"
 
 namespace rankscope::collector {
 namespace {
@@ -69,35 +69,17 @@ class CommitTest : public ::testing::Test {
     ingest->on_agent_message("conn-" + std::to_string(rank), bytes, out);
     return out;
   }
-  Outbox say(int rank, const std::function<void(wire::AgentMessage::Builder)>& fill) {
-    capnp::MallocMessageBuilder message;
-    fill(message.initRoot<wire::AgentMessage>());
-    return say(rank, proto::to_packed(message));
-  }
   // node-<rank>'s agent: hello, then its process (job-1, an account per
   // rank) and its membership of the 2-rank communicator in batch 1.
   void join(int rank) {
     std::string node = "node-" + std::to_string(rank);
     say(rank, testing::hello_message(node, 7));
-    say(rank, [&](auto m) {
-      auto b = m.initBatch();
-      b.setInstanceId(7);
-      b.setSeq(1);
-      auto procs = b.initProcesses(1);
-      procs[0].setPid(100 + rank);
-      procs[0].setJob("job-1");
-      procs[0].setAccount(rank == 0 ? "physics" : "chem");
-      auto comms = b.initComms(1);
-      comms[0].setPid(100 + rank);
-      comms[0].setCommHash(kComm);
-      comms[0].setRank(rank);
-      comms[0].setNranks(2);
-      auto samples = b.initClockSamples(1);
-      samples[0].setT1(1000);
-      samples[0].setT2(1050);
-      samples[0].setT3(1060);
-      samples[0].setT4(1110);
-    });
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.processes = {testing::process(100 + rank, "job-1", rank == 0 ? "physics" : "chem")};
+    b.comms = {testing::member(100 + rank, kComm, rank, 2)};
+    b.clock_samples = {testing::tight_clock_sample()};
+    say(rank, b.bytes());
   }
   // Batch `seq` of node-<rank>: 10 AllReduce calls from t0, rank 1 50 ms late at each.
   Outbox calls(int rank, uint64_t seq, uint64_t t0) {
@@ -115,12 +97,11 @@ class CommitTest : public ::testing::Test {
       r.count = 1024;
       block.records.push_back(r);
     }
-    return say(rank, [&](auto m) {
-      auto b = m.initBatch();
-      b.setInstanceId(7);
-      b.setSeq(seq);
-      proto::encode_collectives({&block}, b);
-    });
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = seq;
+    b.calls = {block};
+    return say(rank, b.bytes());
   }
   const ReportLine* line(const Report& r, const std::string& tenant) {
     for (const auto& l : r.rows)

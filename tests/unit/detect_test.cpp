@@ -13,6 +13,7 @@
 #include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
+#include "tests/support/wire.h"
 
 namespace rankscope::collector {
 namespace {
@@ -58,49 +59,47 @@ class DetectTest : public ::testing::Test {
     for (int32_t rank = 0; rank < nranks; rank += 2) {
       std::string node = node_of(rank);
       send(node, testing::hello_message(node, 7));
-      send(node, [&](auto m) {
-        auto b = m.initBatch();
-        b.setInstanceId(7);
-        b.setSeq(++batch_seq[node]);
-        std::vector<int32_t> here;
-        for (int32_t r = rank; r < std::min(rank + 2, nranks); ++r)
-          if (!unregistered.count(r)) here.push_back(r);
-        register_ranks(b, here);
-        if (tight_clocks) {
-          auto samples = b.initClockSamples(1);
-          samples[0].setT1(1000);
-          samples[0].setT2(1050);
-          samples[0].setT3(1060);
-          samples[0].setT4(1110);
-        }
-      });
+      std::vector<int32_t> here;
+      for (int32_t r = rank; r < std::min(rank + 2, nranks); ++r)
+        if (!unregistered.count(r)) here.push_back(r);
+      testing::AgentBatch b = batch(node);
+      register_ranks(b, here);
+      if (tight_clocks) b.clock_samples = {testing::tight_clock_sample()};
+      send(node, b.bytes());
     }
   }
 
-  void register_ranks(wire::Batch::Builder b, const std::vector<int32_t>& ranks) {
-    auto procs = b.initProcesses(static_cast<unsigned>(ranks.size()));
-    auto comms = b.initComms(static_cast<unsigned>(ranks.size()));
-    for (unsigned i = 0; i < ranks.size(); ++i) {
-      procs[i].setPid(100 + ranks[i]);
-      procs[i].setJob("job-1");
-      procs[i].setLocalRank(ranks[i] % 2);
-      procs[i].setVisibleDevices("4,5");
-      procs[i].setUser("alice");
-      procs[i].setAccount("physics");
-      comms[i].setPid(100 + ranks[i]);
-      comms[i].setCommHash(kComm);
-      comms[i].setRank(ranks[i]);
-      comms[i].setNranks(nranks);
+  // The node's agent's next batch.
+  testing::AgentBatch batch(const std::string& node) {
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = ++batch_seq[node];
+    return b;
+  }
+
+  void register_ranks(testing::AgentBatch& b, const std::vector<int32_t>& ranks) {
+    for (int32_t rank : ranks) {
+      proto::ProcessIdentity p = testing::process(100 + rank, "job-1", "physics", "alice");
+      p.local_rank = rank % 2;
+      p.visible_devices = "4,5";
+      b.processes.push_back(p);
+      b.comms.push_back(testing::member(100 + rank, kComm, rank, nranks));
     }
   }
 
   void register_late(int32_t rank) {
-    send(node_of(rank), [&](auto m) {
-      auto b = m.initBatch();
-      b.setInstanceId(7);
-      b.setSeq(++batch_seq[node_of(rank)]);
-      register_ranks(b, {rank});
-    });
+    testing::AgentBatch b = batch(node_of(rank));
+    register_ranks(b, {rank});
+    send(node_of(rank), b.bytes());
+  }
+
+  // Every member of kComm in `ranks` ends it (ncclCommDestroy).
+  void end_comm(const std::vector<int32_t>& ranks) {
+    for (int32_t rank : ranks) {
+      testing::AgentBatch b = batch(node_of(rank));
+      b.comm_ends.emplace_back(100 + rank, kComm);
+      send(node_of(rank), b.bytes());
+    }
   }
 
   // Another communicator over the processes `members` (by comm rank), on their nodes.
@@ -109,18 +108,10 @@ class DetectTest : public ::testing::Test {
     for (size_t i = 0; i < members.size(); ++i)
       by_node[node_of(members[i])].emplace_back(members[i], static_cast<int32_t>(i));
     for (const auto& [node, list] : by_node) {
-      send(node, [&](auto m) {
-        auto b = m.initBatch();
-        b.setInstanceId(7);
-        b.setSeq(++batch_seq[node]);
-        auto comms = b.initComms(static_cast<unsigned>(list.size()));
-        for (unsigned i = 0; i < list.size(); ++i) {
-          comms[i].setPid(100 + list[i].first);
-          comms[i].setCommHash(hash);
-          comms[i].setRank(list[i].second);
-          comms[i].setNranks(static_cast<int32_t>(members.size()));
-        }
-      });
+      testing::AgentBatch b = batch(node);
+      for (const auto& [process, rank] : list)
+        b.comms.push_back(testing::member(100 + process, hash, rank, static_cast<int32_t>(members.size())));
+      send(node, b.bytes());
     }
   }
 
@@ -144,12 +135,9 @@ class DetectTest : public ::testing::Test {
     }
     for (auto& [where, block] : blocks) {
       int32_t rank = std::get<0>(where);
-      send(node_of(rank), [&](auto m) {
-        auto b = m.initBatch();
-        b.setInstanceId(7);
-        b.setSeq(++batch_seq[node_of(rank)]);
-        proto::encode_collectives({&block}, b);
-      });
+      testing::AgentBatch b = batch(node_of(rank));
+      b.calls.push_back(std::move(block));
+      send(node_of(rank), b.bytes());
     }
   }
 
@@ -573,16 +561,7 @@ TEST_F(DetectTest, AMismatchOutlivesItsJob) {
   ASSERT_EQ(open(FindingKind::mismatch).size(), 1u);
   keep_talking(t + kMs);
   evaluate_at(t + kMs);  // the detector knows the communicator
-  for (int32_t r = 0; r < 4; ++r) {  // every member ends it: the job is over
-    send(node_of(r), [&](auto m) {
-      auto b = m.initBatch();
-      b.setInstanceId(7);
-      b.setSeq(++batch_seq[node_of(r)]);
-      auto ends = b.initCommEnds(1);
-      ends[0].setPid(100 + r);
-      ends[0].setCommHash(kComm);
-    });
-  }
+  end_comm({0, 1, 2, 3});  // every member ends it: the job is over
   ASSERT_TRUE(ingest.comms().at(kComm).ended);
   keep_talking(t + 2 * kSecond);
   evaluate_at(t + 2 * kSecond);
@@ -869,20 +848,10 @@ TEST_F(DetectTest, DestroyedCommunicatorResolvesItsFindings) {
   ASSERT_EQ(open(FindingKind::hang).size(), 1u);
   // Each member ends its own membership (ncclCommDestroy in each process):
   // the communicator is over, and its findings with it, once all have.
-  auto end = [&](int32_t rank) {
-    send(node_of(rank), [&](auto m) {
-      auto b = m.initBatch();
-      b.setInstanceId(7);
-      b.setSeq(++batch_seq[node_of(rank)]);
-      auto ends = b.initCommEnds(1);
-      ends[0].setPid(100 + rank);
-      ends[0].setCommHash(kComm);
-    });
-  };
-  end(0);
+  end_comm({0});
   evaluate_at(clock.now + kMs);
   EXPECT_EQ(open(FindingKind::hang).size(), 1u);  // rank 1 still holds it
-  end(1);
+  end_comm({1});
   evaluate_at(clock.now + kMs);
   EXPECT_TRUE(book.open().empty());
 }

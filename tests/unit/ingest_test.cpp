@@ -7,6 +7,7 @@
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
+#include "tests/support/wire.h"
 
 namespace rankscope::collector {
 namespace {
@@ -26,19 +27,12 @@ std::string hello(const std::string& node, uint32_t version = wire::PROTOCOL_VER
 }
 
 std::string batch(uint64_t seq, uint64_t first_record_seq, size_t records, uint64_t instance = 99) {
-  capnp::MallocMessageBuilder message;
-  auto b = message.initRoot<wire::AgentMessage>().initBatch();
-  b.setInstanceId(instance);
-  b.setSeq(seq);
-  auto procs = b.initProcesses(1);
-  procs[0].setPid(10);
-  procs[0].setJob("job-7");
-  auto comms = b.initComms(1);
-  comms[0].setPid(10);
-  comms[0].setCommHash(0xc0ffee);
-  comms[0].setRank(1);
-  comms[0].setNranks(2);
-  comms[0].setOrigin(wire::CommOrigin::INIT_RANK);
+  testing::AgentBatch b;
+  b.instance = instance;
+  b.seq = seq;
+  b.processes = {testing::process(10, "job-7")};
+  b.comms = {testing::member(10, 0xc0ffee, 1, 2)};
+  b.comms[0].origin = wire::CommOrigin::INIT_RANK;
   proto::ColumnBlock block;
   block.pid = 10;
   block.comm_hash = 0xc0ffee;
@@ -53,8 +47,8 @@ std::string batch(uint64_t seq, uint64_t first_record_seq, size_t records, uint6
     r.datatype = 7;
     block.records.push_back(r);
   }
-  proto::encode_collectives({&block}, b);
-  return proto::to_packed(message);
+  b.calls = {block};
+  return b.bytes();
 }
 
 wire::CollectorMessage::Which kind_of(const std::string& bytes) {
@@ -251,25 +245,15 @@ std::string heartbeat(bool alive) {
 // ending `ended` of them (from `first`).
 std::string announce(uint64_t seq, uint64_t first, size_t n, int32_t nranks, size_t ended = 0,
                      wire::CommOrigin origin = wire::CommOrigin::INIT_RANK) {
-  capnp::MallocMessageBuilder message;
-  auto b = message.initRoot<wire::AgentMessage>().initBatch();
-  b.setInstanceId(99);
-  b.setSeq(seq);
-  auto comms = b.initComms(static_cast<unsigned>(n));
+  testing::AgentBatch b;
+  b.instance = 99;
+  b.seq = seq;
   for (unsigned i = 0; i < n; ++i) {
-    comms[i].setPid(10);
-    comms[i].setCommHash(first + i);
-    comms[i].setRank(0);
-    comms[i].setNranks(nranks);
-    comms[i].setOrigin(origin);
+    b.comms.push_back(testing::member(10, first + i, 0, nranks));
+    b.comms.back().origin = origin;
   }
-  auto ends = b.initCommEnds(static_cast<unsigned>(ended));
-  for (unsigned i = 0; i < ended; ++i) {
-    ends[i].setPid(10);
-    ends[i].setCommHash(first + i);
-    ends[i].setKind(wire::CommEndKind::DESTROY);
-  }
-  return proto::to_packed(message);
+  for (unsigned i = 0; i < ended; ++i) b.comm_ends.emplace_back(10, first + i);
+  return b.bytes();
 }
 
 TEST_F(IngestTest, ACommunicatorWhoseProcessesExitedLeavesTheLiveModelOnceQuietAndStaysInTheDatabase) {

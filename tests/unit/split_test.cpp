@@ -14,6 +14,7 @@
 #include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
+#include "tests/support/wire.h"
 
 namespace rankscope::collector {
 namespace {
@@ -58,32 +59,25 @@ class SplitTest : public ::testing::Test {
   // of each child it joined. Returns the batch, to be sent again.
   std::string batch(const std::string& node, const std::vector<Rank>& ranks, size_t records,
                     std::optional<uint64_t> seq = std::nullopt) {
-    capnp::MallocMessageBuilder message;
-    auto b = message.initRoot<wire::AgentMessage>().initBatch();
-    b.setInstanceId(7);
-    b.setSeq(seq ? *seq : ++sent[node]);
-    std::vector<proto::CommJoined> comms;
-    std::vector<proto::ColumnBlock> blocks;
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = seq ? *seq : ++sent[node];
     for (size_t r = 0; r < ranks.size(); ++r) {
       const Rank& rank = ranks[r];
       if (rank.node != node) continue;
-      comms.push_back({rank.pid, kParent, 0x100 + r, 0, 1, 2, static_cast<int32_t>(r),
-                       static_cast<int32_t>(ranks.size()), 0, wire::CommOrigin::INIT_RANK});
-      comms.push_back({rank.pid, child_of(rank.color), rank.color == kSplitNoColor ? 0 : 0x200 + r, kParent, 3, 4,
-                       static_cast<int32_t>(r), -1, 0, wire::CommOrigin::SPLIT, rank.color, rank.key, 1});
+      b.comms.push_back({rank.pid, kParent, 0x100 + r, 0, 1, 2, static_cast<int32_t>(r),
+                         static_cast<int32_t>(ranks.size()), 0, wire::CommOrigin::INIT_RANK});
+      b.comms.push_back({rank.pid, child_of(rank.color), rank.color == kSplitNoColor ? 0 : 0x200 + r, kParent, 3, 4,
+                         static_cast<int32_t>(r), -1, 0, wire::CommOrigin::SPLIT, rank.color, rank.key, 1});
       if (rank.color == kSplitNoColor || records == 0) continue;
       proto::ColumnBlock block;
       block.pid = rank.pid;
       block.comm_hash = child_of(rank.color);
       block.rank = static_cast<int32_t>(r);  // as the agent names a child's member
       for (uint64_t s = 0; s < records; ++s) block.records.push_back(allreduce(s));
-      blocks.push_back(block);
+      b.calls.push_back(block);
     }
-    proto::write_comms(comms, b);
-    std::vector<const proto::ColumnBlock*> parts;
-    for (const auto& block : blocks) parts.push_back(&block);
-    proto::encode_collectives(parts, b);
-    return proto::to_packed(message);
+    return b.bytes();
   }
   // Sends it; true when it was acknowledged (stored).
   bool send(const std::string& node, const std::string& bytes) {
@@ -138,17 +132,16 @@ TEST_F(SplitTest, ChildrenAreSizedAndRankedByKeyThenParentRankOnceEveryParentRan
   ASSERT_TRUE(ingest->restore());
   EXPECT_EQ(comm(child_of(0)).nranks, 2);
   hello("gpu-1");
-  capnp::MallocMessageBuilder message;
-  auto b = message.initRoot<wire::AgentMessage>().initBatch();
-  b.setInstanceId(7);
-  b.setSeq(++sent["gpu-1"]);
+  testing::AgentBatch b;
+  b.instance = 7;
+  b.seq = ++sent["gpu-1"];
   proto::ColumnBlock block;
   block.pid = 10;
   block.comm_hash = child_of(0);
   block.rank = 0;
   block.records.push_back(allreduce(3));
-  proto::encode_collectives({&block}, b);
-  EXPECT_TRUE(send("gpu-1", proto::to_packed(message)));
+  b.calls = {block};
+  EXPECT_TRUE(send("gpu-1", b.bytes()));
   EXPECT_EQ(*store->count(child_of(0), 0, 1), 4u);
 }
 
@@ -195,12 +188,11 @@ TEST_F(SplitTest, ForgedSplitAnnouncementsAreRefused) {
   EXPECT_TRUE(send("gpu-1", batch("gpu-1", kFour, 0)));
   const uint64_t refused = ingest->node("gpu-2")->refused_claims;
   auto forged = [&](uint32_t pid, int32_t rank, uint64_t hash) {
-    capnp::MallocMessageBuilder message;
-    auto b = message.initRoot<wire::AgentMessage>().initBatch();
-    b.setInstanceId(7);
-    b.setSeq(++sent["gpu-2"]);
-    proto::write_comms({{pid, hash, 0x999, kParent, 3, 4, rank, -1, 0, wire::CommOrigin::SPLIT, 1, 0, 1}}, b);
-    return proto::to_packed(message);
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = ++sent["gpu-2"];
+    b.comms = {{pid, hash, 0x999, kParent, 3, 4, rank, -1, 0, wire::CommOrigin::SPLIT, 1, 0, 1}};
+    return b.bytes();
   };
   // gpu-2 speaking for rank 0, which is gpu-1's pid 10.
   send("gpu-2", forged(10, 0, child_of(1)));

@@ -10,6 +10,7 @@
 #include "tests/support/harness.h"
 #include "tests/support/hello.h"
 #include "tests/support/manual_clock.h"
+#include "tests/support/wire.h"
 
 namespace rankscope::collector {
 namespace {
@@ -249,24 +250,13 @@ TEST_F(UsageTest, WasteIsChargedToWhoWaitedAndOwedToTheCause) {
 TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
   auto send = [&](const std::function<void(wire::AgentMessage::Builder)>& fill) { testing::feed(*ingest, *commit, "node-0", fill); };
   hello();
-  send([&](auto m) {
-    auto b = m.initBatch();
-    b.setInstanceId(7);
-    b.setSeq(1);
-    auto procs = b.initProcesses(2);
-    procs[0].setPid(100);
-    procs[0].setJob("1");
-    procs[0].setAccount("physics");
-    procs[0].setUser("alice");
-    procs[1].setPid(101);
-    procs[1].setJob("2");
-    procs[1].setAccount("chem");
-    procs[1].setUser("bob");
-    auto devices = procs[1].initCudaDevices(3);
-    devices.set(0, 0);
-    devices.set(1, 1);
-    devices.set(2, 1);  // two distinct GPUs
-  });
+  {
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.processes = {testing::process(100, "1", "physics", "alice"), testing::process(101, "2", "chem", "bob")};
+    b.processes[1].cuda_devices = {0, 1, 1};  // two distinct GPUs
+    testing::feed(*ingest, *commit, "node-0", b.bytes());
+  }
   auto beat = [&](uint64_t at_s, bool alive, uint64_t cpu_s) {
     send([&](auto m) {
       auto hb = m.initHeartbeat();
@@ -321,18 +311,14 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
 TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
   uint64_t seq = 0;
   auto identities = [&](uint64_t start_of_101) {
-    testing::feed(*ingest, *commit, "node-0", [&](wire::AgentMessage::Builder m) {
-      auto b = m.initBatch();
-      b.setInstanceId(7);
-      b.setSeq(++seq);
-      auto procs = b.initProcesses(2);
-      for (unsigned i = 0; i < 2; ++i) {
-        procs[i].setPid(100 + i);
-        procs[i].setStartTime(i == 0 ? 500 : start_of_101);
-        procs[i].setJob(std::to_string(i + 1));
-        procs[i].setAccount(i == 0 ? "physics" : "chem");
-      }
-    });
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = ++seq;
+    for (uint32_t i = 0; i < 2; ++i) {
+      b.processes.push_back(testing::process(100 + i, std::to_string(i + 1), i == 0 ? "physics" : "chem"));
+      b.processes.back().start_time = i == 0 ? 500 : start_of_101;
+    }
+    testing::feed(*ingest, *commit, "node-0", b.bytes());
   };
   auto beat = [&](uint64_t at_s, uint64_t cpu_s) {
     testing::feed(*ingest, *commit, "node-0", [&](wire::AgentMessage::Builder m) {
@@ -387,31 +373,16 @@ TEST_F(UsageTest, ARestartedCollectorGoesOnFromTheLastFlush) {
 TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
   constexpr uint64_t kComm = 0xabcdef0123456789ull;
   std::map<std::string, uint64_t> seqs;
-  auto send = [&](const std::string& node, const std::function<void(wire::AgentMessage::Builder)>& fill) {
-    testing::feed(*ingest, *commit, node, fill);
-  };
   for (int32_t rank = 0; rank < 2; ++rank) {
     std::string node = "node-" + std::to_string(rank);
     testing::feed(*ingest, *commit, node, testing::hello_message(node, 7));
-    send(node, [&](auto m) {
-      auto b = m.initBatch();
-      b.setInstanceId(7);
-      b.setSeq(++seqs[node]);
-      auto procs = b.initProcesses(1);
-      procs[0].setPid(100 + rank);
-      procs[0].setJob("job-1");
-      procs[0].setAccount(rank == 0 ? "physics" : "chem");
-      auto comms = b.initComms(1);
-      comms[0].setPid(100 + rank);
-      comms[0].setCommHash(kComm);
-      comms[0].setRank(rank);
-      comms[0].setNranks(2);
-      auto samples = b.initClockSamples(1);
-      samples[0].setT1(1000);
-      samples[0].setT2(1050);
-      samples[0].setT3(1060);
-      samples[0].setT4(1110);
-    });
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = ++seqs[node];
+    b.processes = {testing::process(100 + rank, "job-1", rank == 0 ? "physics" : "chem")};
+    b.comms = {testing::member(100 + rank, kComm, rank, 2)};
+    b.clock_samples = {testing::tight_clock_sample()};
+    testing::feed(*ingest, *commit, node, b.bytes());
   }
   uint64_t t0 = kDay0 * kS + 120 * kS;
   for (int32_t rank = 0; rank < 2; ++rank) {
@@ -430,12 +401,11 @@ TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
       r.count = 1024;
       block.records.push_back(r);
     }
-    send(node, [&](auto m) {
-      auto b = m.initBatch();
-      b.setInstanceId(7);
-      b.setSeq(++seqs[node]);
-      proto::encode_collectives({&block}, b);
-    });
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = ++seqs[node];
+    b.calls = {block};
+    testing::feed(*ingest, *commit, node, b.bytes());
   }
   clock.now = t0 + 20 * kS;
   ledger->tick(clock.now, {});

@@ -1,0 +1,74 @@
+#pragma once
+// The agent messages the tests feed the collector, built with the agent's
+// own encoders (proto/agent_wire.h, proto/codec.h): what a test sends is
+// what an agent sends. Tests of malformed or hostile input (codec, hostile
+// input, adversary) build theirs field by field, on purpose.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "proto/agent_wire.h"
+#include "proto/codec.h"
+
+namespace rankscope::testing {
+
+// A traced process as its agent announces it.
+inline proto::ProcessIdentity process(uint32_t pid, const std::string& job, const std::string& account = "",
+                                      const std::string& user = "") {
+  proto::ProcessIdentity p;
+  p.pid = pid;
+  p.job = job;
+  p.account = account;
+  p.user = user;
+  return p;
+}
+
+// Process `pid` is rank `rank` of communicator `hash` of `nranks` ranks.
+inline proto::CommJoined member(uint32_t pid, uint64_t hash, int32_t rank, int32_t nranks) {
+  proto::CommJoined c;
+  c.pid = pid;
+  c.hash = hash;
+  c.rank = rank;
+  c.nranks = nranks;
+  return c;
+}
+
+// A clock probe that puts the node's offset at 0 within 50 ns.
+inline std::array<uint64_t, 4> tight_clock_sample() { return {1000, 1050, 1060, 1110}; }
+
+// One batch of an agent instance.
+struct AgentBatch {
+  uint64_t instance = 1, seq = 1;
+  std::vector<proto::ProcessIdentity> processes;
+  std::vector<proto::CommJoined> comms;
+  std::vector<std::array<uint64_t, 4>> clock_samples;
+  std::vector<proto::ColumnBlock> calls;
+  std::vector<proto::WaitBlock> waits;
+  std::vector<std::pair<uint32_t, uint64_t>> comm_ends;  // (pid, comm): ncclCommDestroy
+
+  std::string bytes() const {
+    return proto::encode_batch(instance, seq, 0, [&](proto::wire::Batch::Builder b) {
+      std::vector<const proto::ProcessIdentity*> identities;
+      for (const auto& p : processes) identities.push_back(&p);
+      if (!identities.empty()) proto::write_processes(identities, b);
+      if (!comms.empty()) proto::write_comms(comms, b);
+      if (!clock_samples.empty()) proto::write_clock_samples(clock_samples, b);
+      std::vector<const proto::ColumnBlock*> blocks;
+      for (const auto& block : calls) blocks.push_back(&block);
+      if (!blocks.empty()) proto::encode_collectives(blocks, b);
+      if (!waits.empty()) proto::encode_waits(waits, b);
+      if (!comm_ends.empty()) {
+        auto ends = b.initCommEnds(static_cast<unsigned>(comm_ends.size()));
+        for (unsigned i = 0; i < comm_ends.size(); ++i) {
+          ends[i].setPid(comm_ends[i].first);
+          ends[i].setCommHash(comm_ends[i].second);
+          ends[i].setKind(proto::wire::CommEndKind::DESTROY);
+        }
+      }
+    });
+  }
+};
+
+}  // namespace rankscope::testing
