@@ -1,6 +1,6 @@
 # What the collector keeps in RocksDB besides the collective records (whose
 # values have a fixed binary layout: encode_record_value in
-# collector/store/timeline_store.h).
+# collector/store/write_set.h).
 # Private to the collector; the same additive evolution rules apply, since a
 # collector must read the database an older one wrote.
 @0xa4024f985fc01ea1;
