@@ -13,8 +13,10 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -28,6 +30,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "nccl-profiler/ring.h"
+#include "proto/records.h"
 
 namespace {
 
@@ -90,15 +95,20 @@ std::vector<char*> pointersTo(std::vector<std::string>& strings) {
 class RankProcess {
  public:
   // `name` tells the output files apart ("stdout.NAME").
-  RankProcess(const TempDir& dir, const std::string& name, int rank, int worldSize, std::vector<std::string> argv)
+  // `extraEnv`: NAME=VALUE entries set for this rank (over the test's own).
+  RankProcess(const TempDir& dir, const std::string& name, int rank, int worldSize, std::vector<std::string> argv,
+              const std::vector<std::string>& extraEnv = {})
       : stdoutPath_(dir.file("stdout." + name)), stderrPath_(dir.file("stderr." + name)) {
     std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(worldSize),
                                     "LOCAL_RANK=" + std::to_string(rank)};
+    env.insert(env.end(), extraEnv.begin(), extraEnv.end());
+    auto setHere = [&](const std::string& entry) {
+      const std::string name = entry.substr(0, entry.find('=') + 1);
+      return std::any_of(env.begin(), env.end(), [&](const std::string& e) { return e.starts_with(name); });
+    };
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string entry = *e;
-      if (!entry.starts_with("RANK=") && !entry.starts_with("WORLD_SIZE=") && !entry.starts_with("LOCAL_RANK=")) {
-        env.push_back(entry);
-      }
+      if (!setHere(entry)) env.push_back(entry);
     }
     // Built before fork(): the child only calls async-signal-safe functions.
     std::vector<char*> argvPointers = pointersTo(argv);
@@ -129,6 +139,7 @@ class RankProcess {
   std::string out() const { return readFile(stdoutPath_); }
   std::string err() const { return readFile(stderrPath_); }
   void signal(int number) const { ::kill(pid_, number); }
+  pid_t pid() const { return pid_; }
 
   bool running() {
     if (exitStatus_) return false;
@@ -348,6 +359,116 @@ TEST(FakeNccl, DuplicateRankIsRefusedAndTheOthersStillMeet) {
   std::ofstream(dir.file("go")).close();
   EXPECT_EQ(rank0.waitExit(), 0) << rank0.err();
   EXPECT_EQ(accepted.waitExit(), 0) << accepted.err();
+}
+
+// What the test keeps of a ring record (a Record holds its slot's atomic sequence).
+struct Seen {
+  rankscope::profiler::RecordKind kind;
+  uint8_t op;
+  uint64_t comm_hash, seq_number, gpu_ns;
+  int32_t rank;
+};
+
+// A rank's profiler ring, read as the node agent reads it: mapped, checked,
+// and marked read (until then the plugin only counts what it drops).
+class RingTap {
+ public:
+  explicit RingTap(pid_t pid) : name_(rankscope::profiler::ring_name(static_cast<uint32_t>(pid))) {}
+  ~RingTap() {
+    if (map_ != MAP_FAILED) ::munmap(map_, bytes_);
+    ::shm_unlink(name_.c_str());  // a ring a reader held is the reader's to remove
+  }
+  // Maps the ring once the process has made it (at its first communicator).
+  bool open() {
+    const int fd = ::shm_open(name_.c_str(), O_RDWR, 0);
+    if (fd < 0) return false;
+    bytes_ = rankscope::profiler::ring_bytes(rankscope::profiler::kRingSlots);
+    map_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (map_ == MAP_FAILED) return false;
+    ring_.header = static_cast<rankscope::profiler::RingHeader*>(map_);
+    ring_.records = reinterpret_cast<rankscope::profiler::Record*>(static_cast<char*>(map_) +
+                                                                   sizeof(rankscope::profiler::RingHeader));
+    if (ring_.header->magic != rankscope::profiler::kRingMagic) return false;
+    ring_.header->reader.store(static_cast<uint32_t>(::getpid()));
+    return true;
+  }
+  void drain(std::vector<Seen>& out) {
+    rankscope::profiler::Record r;
+    while (rankscope::profiler::ring_read(ring_, r))
+      out.push_back({r.kind, r.op, r.comm_hash, r.seq_number, r.gpu_ns, r.rank});
+  }
+
+ private:
+  std::string name_;
+  void* map_ = MAP_FAILED;
+  size_t bytes_ = 0;
+  rankscope::profiler::RingView ring_;
+};
+
+// NCCL_PROFILER_PLUGIN names rankscope's plugin: fakenccl loads it as NCCL
+// does and reports every collective as it is enqueued, with NCCL's commHash
+// (that of the unique id, as the agent computes it) and seqNumber, and its
+// kernel with GPU times. Rank 1's GPU is slow (FAKECUDA_GPU_DELAY_US): it
+// issues on time, and only its kernels start late.
+TEST(FakeNccl, TheProfilerPluginHearsEachCollectiveAndItsKernelWithGpuTimes) {
+  TempDir dir;
+  constexpr int64_t kDelayUs = 20'000;
+  const std::vector<std::string> argv = {FAKENCCL_TRAIN, "--id-file", dir.file("id"), "--steps", "1000000",
+                                         "--buckets", "1", "--compute-iters", "1000", "--quiet"};
+  const std::string plugin = std::string("NCCL_PROFILER_PLUGIN=") + RANKSCOPE_PROFILER_PLUGIN;
+  RankProcess rank0(dir, "0", 0, 2, argv, {plugin});
+  RankProcess rank1(dir, "1", 1, 2, argv, {plugin, "FAKECUDA_GPU_DELAY_US=" + std::to_string(kDelayUs)});
+  RingTap taps[2] = {RingTap(rank0.pid()), RingTap(rank1.pid())};
+  for (RingTap& tap : taps) ASSERT_TRUE(waitFor([&] { return tap.open(); })) << rank0.err() << rank1.err();
+
+  // Records until each rank has 20 AllReduce kernels that stopped.
+  std::vector<Seen> records[2];
+  auto stopped = [&](int r) {
+    return std::count_if(records[r].begin(), records[r].end(), [](const auto& x) {
+      return x.kind == rankscope::profiler::RecordKind::kernel_stop && x.op == RS_OP_ALLREDUCE;
+    });
+  };
+  ASSERT_TRUE(waitFor([&] {
+    taps[0].drain(records[0]);
+    taps[1].drain(records[1]);
+    return stopped(0) >= 20 && stopped(1) >= 20;
+  })) << rank0.err() << rank1.err();
+
+  char id[128];
+  std::ifstream(dir.file("id"), std::ios::binary).read(id, sizeof(id));
+  const uint64_t hash = rankscope::proto::comm_hash_of_unique_id(reinterpret_cast<const uint8_t*>(id), sizeof(id));
+  std::map<uint64_t, uint64_t> kernel_start[2];  // AllReduce seqNumber -> GPU time its kernel started
+  for (int r = 0; r < 2; ++r) {
+    std::optional<uint64_t> last;
+    std::map<uint32_t, uint64_t> started;  // kernel event -> GPU start
+    for (const auto& x : records[r]) {
+      EXPECT_EQ(x.comm_hash, hash) << "rank " << r;
+      EXPECT_EQ(x.rank, r);
+      if (x.op != RS_OP_ALLREDUCE) continue;
+      if (x.kind == rankscope::profiler::RecordKind::coll_start) {
+        if (last) {
+          EXPECT_EQ(x.seq_number, *last + 1) << "NCCL's seqNumber counts each function's collectives";
+        }
+        last = x.seq_number;
+      } else if (x.kind == rankscope::profiler::RecordKind::kernel_start) {
+        EXPECT_GT(x.gpu_ns, 0u);
+        kernel_start[r][x.seq_number] = x.gpu_ns;
+      } else if (x.kind == rankscope::profiler::RecordKind::kernel_stop) {
+        if (kernel_start[r].count(x.seq_number)) {
+          EXPECT_GE(x.gpu_ns, kernel_start[r][x.seq_number]) << "a kernel stops after it starts";
+        }
+      }
+    }
+    EXPECT_TRUE(last.has_value()) << "no AllReduce was reported enqueued by rank " << r;
+  }
+  // The slow GPU: rank 1's kernels start later than rank 0's, by about the delay.
+  std::vector<int64_t> lag;
+  for (const auto& [seq, start] : kernel_start[1])
+    if (kernel_start[0].count(seq)) lag.push_back(static_cast<int64_t>(start - kernel_start[0][seq]));
+  ASSERT_GE(lag.size(), 10u);
+  std::nth_element(lag.begin(), lag.begin() + lag.size() / 2, lag.end());
+  EXPECT_GE(lag[lag.size() / 2], kDelayUs * 1000 / 2) << "rank 1's kernels do not start late";
 }
 
 }  // namespace

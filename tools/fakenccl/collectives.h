@@ -49,6 +49,7 @@ struct CollectiveCall {
   cudaStream_t stream = nullptr;
   uint64_t issue = 0;  // this rank's order of calls on the communicator
   uint64_t seq = 0;    // SegmentHeader::seq, equal on the ranks that must match
+  void* profilerEvent = nullptr;  // the profiler plugin's handle of it (profiler.h), if any
 };
 
 // A step of a call: segments that move together, then local work on what

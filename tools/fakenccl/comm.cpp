@@ -62,15 +62,18 @@ Registry& registry() {
 
 }  // namespace
 
-Communicator::Communicator(int rank, int nranks, int device, uint64_t nonce, Endpoint self, std::unique_ptr<Mesh> mesh)
+Communicator::Communicator(int rank, int nranks, int device, uint64_t nonce, uint64_t hash, Endpoint self,
+                           std::unique_ptr<Mesh> mesh)
     : rank_(rank),
       nranks_(nranks),
       device_(device),
       nonce_(nonce),
+      hash_(hash),
       self_(self),
       mesh_(std::move(mesh)),
       sendSeq_(nranks),
-      recvSeq_(nranks) {}
+      recvSeq_(nranks),
+      profiler_(ProfilerComm::open(hash, nranks, rank)) {}
 
 std::string Communicator::name() const {
   char text[32];
@@ -92,6 +95,7 @@ void Communicator::number(CollectiveCall& call) {
       call.seq = collectiveSeq_++;
       break;
   }
+  if (profiler_ && call.kind != OpKind::kCommSplit) call.profilerEvent = profiler_->enqueued(call, funcSeq_[call.kind]++);
 }
 
 bool Communicator::waitTurn(uint64_t issue) {
@@ -143,12 +147,18 @@ uint64_t Communicator::takeSplitIndex() {
 }
 
 void Communicator::execute(const std::vector<CollectiveCall>& calls) {
+  // The calls' kernels start as the stream reaches them, and wait inside
+  // for their peers (and for this rank's earlier calls on other streams).
+  std::vector<void*> kernels;
+  if (profiler_)
+    for (const CollectiveCall& call : calls) kernels.push_back(profiler_->kernelStarted(call.profilerEvent));
   if (waitTurn(calls.front().issue)) {
     if (std::optional<Failure> failure = run(calls)) {
       report(*failure, /*onStream=*/true);
       holdUntilAborted();
     }
   }
+  for (void* kernel : kernels) profiler_->kernelStopped(kernel);
   endTurn(calls.back().issue + 1);
 }
 

@@ -15,23 +15,28 @@
 #include "tools/fakenccl/collectives.h"
 #include "tools/fakenccl/mesh.h"
 #include "tools/fakenccl/net.h"
+#include "tools/fakenccl/profiler.h"
 #include "tools/fakenccl/reduce.h"
 
 namespace rankscope::fakenccl {
 
 class Communicator {
  public:
-  Communicator(int rank, int nranks, int device, uint64_t nonce, Endpoint self, std::unique_ptr<Mesh> mesh);
+  // `hash`: NCCL's commHash of it (proto/records.h), what a profiler plugin is told.
+  Communicator(int rank, int nranks, int device, uint64_t nonce, uint64_t hash, Endpoint self,
+               std::unique_ptr<Mesh> mesh);
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   int device() const { return device_; }
   uint64_t nonce() const { return nonce_; }
+  uint64_t hash() const { return hash_; }
   const Endpoint& self() const { return self_; }
   std::string name() const;  // "comm 1f2e3d4c5b6a7988", for messages
 
   // Gives `call` its place in this rank's issue order and its sequence number
-  // on the wire. Host thread, in call order.
+  // on the wire, and tells the profiler plugin (if any) it is enqueued. Host
+  // thread, in call order.
   void number(CollectiveCall& call);
 
   // Runs `calls` (numbered consecutively, one group's calls on this
@@ -88,6 +93,7 @@ class Communicator {
   const int nranks_;
   const int device_;
   const uint64_t nonce_;
+  const uint64_t hash_;
   const Endpoint self_;
   const std::unique_ptr<Mesh> mesh_;
 
@@ -104,6 +110,8 @@ class Communicator {
   ncclResult_t asyncError_ = ncclSuccess;
   std::map<int, std::pair<ncclDataType_t, Reduction>> preMulSums_;
   int nextCustomOp_ = ncclNumOps;  // nccl.h: dynamic ops start at ncclNumOps
+  std::map<OpKind, uint64_t> funcSeq_;      // NCCL's seqNumber: per collective function
+  std::unique_ptr<ProfilerComm> profiler_;  // null without a plugin
 };
 
 // The registry of live ncclComm_t handles, so that a NULL, destroyed or

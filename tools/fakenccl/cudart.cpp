@@ -193,6 +193,17 @@ Runtime& runtime() {
 
 // --------------------------------------------------------------- streams --
 
+// FAKECUDA_GPU_DELAY_US=N: a slow GPU. Each work item on this process's
+// streams starts N microseconds after the stream reached it (the kernels
+// before it ran slow), while the host goes on issuing on time.
+std::chrono::microseconds gpuDelay() {
+  static const std::chrono::microseconds delay = [] {
+    const char* env = std::getenv("FAKECUDA_GPU_DELAY_US");
+    return std::chrono::microseconds(env ? std::strtoll(env, nullptr, 10) : 0);
+  }();
+  return delay;
+}
+
 void runStreamWorker(std::shared_ptr<CUstream_st> stream) {
   std::unique_lock lock(stream->mu);
   for (;;) {
@@ -201,6 +212,7 @@ void runStreamWorker(std::shared_ptr<CUstream_st> stream) {
     std::function<void()> work = std::move(stream->queue.front());
     stream->queue.pop_front();
     lock.unlock();
+    if (gpuDelay().count() > 0) std::this_thread::sleep_for(gpuDelay());
     work();
     lock.lock();
     ++stream->completed;

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "proto/records.h"
 #include "tools/fakenccl/bootstrap.h"
 #include "tools/fakenccl/error.h"
 #include "tools/fakenccl/unique_id.h"
@@ -11,11 +12,12 @@
 namespace rankscope::fakenccl {
 namespace {
 
-ncclResult_t makeCommunicator(int rank, int nranks, int device, uint64_t nonce, MeshLinks links, ncclComm_t* comm) {
+ncclResult_t makeCommunicator(int rank, int nranks, int device, uint64_t nonce, uint64_t hash, MeshLinks links,
+                              ncclComm_t* comm) {
   std::unique_ptr<Mesh> mesh;
   FAKENCCL_TRY(Mesh::create(std::move(links.peers), &mesh));
-  *comm =
-      registerCommunicator(std::make_shared<Communicator>(rank, nranks, device, nonce, links.self, std::move(mesh)));
+  *comm = registerCommunicator(
+      std::make_shared<Communicator>(rank, nranks, device, nonce, hash, links.self, std::move(mesh)));
   return ncclSuccess;
 }
 
@@ -44,7 +46,10 @@ ncclResult_t initRank(const char* api, ncclComm_t* comm, int nranks, const ncclU
   }
   MeshLinks links;
   FAKENCCL_TRY(joinThroughRoot(fields, rank, nranks, &links));
-  return makeCommunicator(rank, nranks, device, fields.nonce, std::move(links), comm);
+  // NCCL's commHash: a hash of the unique id's bytes.
+  const uint64_t hash =
+      proto::comm_hash_of_unique_id(reinterpret_cast<const uint8_t*>(id.internal), sizeof(id.internal));
+  return makeCommunicator(rank, nranks, device, fields.nonce, hash, std::move(links), comm);
 }
 
 ncclResult_t initAll(ncclComm_t* comms, int ndev, const int* devices) {
@@ -93,7 +98,9 @@ ncclResult_t splitCommunicator(const std::shared_ptr<Communicator>& parent, int 
   const uint64_t nonce = mix(parent->nonce() ^ mix(splitIndex ^ mix(static_cast<uint32_t>(color))));
   MeshLinks links{mine.listening, {}};
   FAKENCCL_TRY(connectMesh(nonce, childRank, table, listener, &links.peers));
-  return makeCommunicator(childRank, static_cast<int>(members.size()), parent->device(), nonce, std::move(links),
+  // NCCL's commHash of a split child: of the parent's, its count of splits (this one included) and the color.
+  const uint64_t hash = proto::comm_hash_of_split(parent->hash(), static_cast<int32_t>(splitIndex + 1), color);
+  return makeCommunicator(childRank, static_cast<int>(members.size()), parent->device(), nonce, hash, std::move(links),
                           child);
 }
 

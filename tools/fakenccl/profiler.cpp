@@ -1,0 +1,184 @@
+#include "tools/fakenccl/profiler.h"
+
+#include <dlfcn.h>
+#include <time.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "nccl-profiler/abi.h"
+#include "tools/fakenccl/error.h"
+
+namespace rankscope::fakenccl {
+namespace {
+
+namespace abi = ::rankscope::profiler::abi;
+
+// The plugin of this process, loaded at the first communicator.
+struct Plugin {
+  const abi::ProfilerV5* v5 = nullptr;
+  const abi::ProfilerV4* v4 = nullptr;
+  bool loaded() const { return v5 || v4; }
+};
+
+void* openLibrary(const std::string& name) {
+  if (name.find('/') != std::string::npos) return dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // NCCL's order: libnccl-profiler-NAME.so, then NAME itself, on the library path.
+  if (void* lib = dlopen(("libnccl-profiler-" + name + ".so").c_str(), RTLD_NOW | RTLD_LOCAL)) return lib;
+  return dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+}
+
+const Plugin& plugin() {
+  static Plugin loaded;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* name = std::getenv("NCCL_PROFILER_PLUGIN");
+    if (name == nullptr || *name == '\0' || std::strcmp(name, "none") == 0) return;
+    void* lib = openLibrary(name);
+    if (lib == nullptr) {
+      warn("NCCL_PROFILER_PLUGIN=%s: cannot load it (%s); running without a profiler plugin", name, dlerror());
+      return;
+    }
+    loaded.v5 = static_cast<const abi::ProfilerV5*>(dlsym(lib, "ncclProfiler_v5"));
+    if (!loaded.v5) loaded.v4 = static_cast<const abi::ProfilerV4*>(dlsym(lib, "ncclProfiler_v4"));
+    if (!loaded.loaded())
+      warn("NCCL_PROFILER_PLUGIN=%s: neither ncclProfiler_v5 nor ncclProfiler_v4 in it; running without", name);
+  });
+  return loaded;
+}
+
+// %globaltimer as modelled: the wall clock in ns, plus the GPU's own error.
+uint64_t gpuNow() {
+  static const int64_t offset = [] {
+    const char* env = std::getenv("FAKECUDA_GPU_CLOCK_OFFSET_NS");
+    return env ? std::strtoll(env, nullptr, 10) : 0;
+  }();
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec + offset);
+}
+
+void quietLog(int, unsigned long, const char*, int, const char*, ...) {}
+
+// Both versions' descriptors from one description.
+struct Event {
+  uint64_t type = 0;
+  void* parent = nullptr;
+  int rank = 0;
+  abi::CollDescr coll{};
+  abi::P2pDescr p2p{};
+  abi::KernelChDescr kernel{};
+};
+
+}  // namespace
+
+std::unique_ptr<ProfilerComm> ProfilerComm::open(uint64_t commHash, int nranks, int rank) {
+  const Plugin& p = plugin();
+  if (!p.loaded()) return nullptr;
+  std::unique_ptr<ProfilerComm> comm(new ProfilerComm(rank));
+  // NCCL enables nothing until the plugin says what it wants.
+  const std::string name = "fakenccl";
+  abi::Result result = p.v5 ? p.v5->init(&comm->context_, commHash, &comm->mask_, name.c_str(), 1, nranks, rank,
+                                         quietLog)
+                            : p.v4->init(&comm->context_, &comm->mask_, name.c_str(), commHash, 1, nranks, rank,
+                                         quietLog);
+  if (result != abi::kSuccess) {
+    warn("the profiler plugin's init failed (%d) for rank %d: this communicator runs without it", result, rank);
+    return nullptr;
+  }
+  return comm;
+}
+
+ProfilerComm::~ProfilerComm() {
+  const Plugin& p = plugin();
+  if (p.v5) p.v5->finalize(context_);
+  if (p.v4) p.v4->finalize(context_);
+}
+
+namespace {
+void* startEvent(void* context, const Event& e) {
+  const Plugin& p = plugin();
+  void* handle = nullptr;
+  if (p.v5) {
+    abi::EventDescrV5 d{};
+    d.type = e.type;
+    d.parent = e.parent;
+    d.rank = e.rank;
+    if (e.type == abi::kColl) d.coll.d = e.coll;
+    if (e.type == abi::kP2p) d.p2p.d = e.p2p;
+    if (e.type == abi::kKernelCh) d.kernel_ch = e.kernel;
+    p.v5->start_event(context, &handle, &d);
+  } else {
+    abi::EventDescrV4 d{};
+    d.type = static_cast<uint8_t>(e.type);
+    d.parent = e.parent;
+    d.rank = e.rank;
+    if (e.type == abi::kColl) d.coll = e.coll;
+    if (e.type == abi::kP2p) d.p2p = e.p2p;
+    if (e.type == abi::kKernelCh) d.kernel_ch = e.kernel;
+    p.v4->start_event(context, &handle, &d);
+  }
+  return handle;
+}
+
+void stopEvent(void* handle) {
+  if (handle == nullptr) return;
+  const Plugin& p = plugin();
+  p.v5 ? p.v5->stop_event(handle) : p.v4->stop_event(handle);
+}
+}  // namespace
+
+void* ProfilerComm::enqueued(const CollectiveCall& call, uint64_t seqNumber) {
+  Event e;
+  e.rank = rank_;
+  const bool p2p = call.kind == OpKind::kSend || call.kind == OpKind::kRecv;
+  e.type = p2p ? abi::kP2p : abi::kColl;
+  if (!(mask_ & static_cast<int>(e.type))) return nullptr;
+  if (p2p) {
+    e.p2p.func = call.kind == OpKind::kSend ? "Send" : "Recv";
+    e.p2p.buff = call.recvbuff;
+    e.p2p.datatype = datatypeName(call.datatype);
+    e.p2p.count = call.count;
+    e.p2p.peer = call.root;
+    e.p2p.n_channels = 1;
+  } else {
+    e.coll.seq_number = seqNumber;
+    e.coll.func = opKindName(call.kind);
+    e.coll.send_buff = call.sendbuff;
+    e.coll.recv_buff = call.recvbuff;
+    e.coll.count = call.count;
+    e.coll.root = call.root;
+    e.coll.datatype = datatypeName(call.datatype);
+    e.coll.n_channels = 1;
+    e.coll.algo = "RING";
+    e.coll.proto = "SIMPLE";
+  }
+  void* handle = startEvent(context_, e);
+  stopEvent(handle);  // enqueued; the handle stays the parent of its kernel
+  return handle;
+}
+
+void* ProfilerComm::kernelStarted(void* call) {
+  if (call == nullptr || !(mask_ & static_cast<int>(abi::kKernelCh))) return nullptr;
+  Event e;
+  e.rank = rank_;
+  e.type = abi::kKernelCh;
+  e.parent = call;
+  e.kernel.channel_id = 0;
+  e.kernel.gpu_start_ns = gpuNow();
+  return startEvent(context_, e);
+}
+
+void ProfilerComm::kernelStopped(void* kernel) {
+  if (kernel == nullptr) return;
+  const Plugin& p = plugin();
+  abi::StateArgs args{};
+  args.kernel_ch.gpu_stop_ns = gpuNow();
+  p.v5 ? p.v5->record_event_state(kernel, abi::kKernelChStop, &args)
+       : p.v4->record_event_state(kernel, abi::kKernelChStop, &args);
+  stopEvent(kernel);
+}
+
+}  // namespace rankscope::fakenccl
