@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
     ("seed", po::value(&fleet.seed)->default_value(fleet.seed), "random seed: the same seed gives the same records")
     ("prefix", po::value(&fleet.prefix)->default_value(fleet.prefix), "node and job names start with this")
     ("scenario", po::value(&fleet.scenario)->default_value(fleet.scenario), "healthy | slowdown | node-slowdown | hang | hang-stop | hang-kill | mismatch | agent-death | mixed")
+    ("pattern", po::value(&fleet.pattern), "the jobs' training loop: ddp | sync-each | fsdp | pipeline | tp-dp | accum | jitter (default: tensor, pipeline and data parallel together; tools/sim/model.h)")
+    ("layers", po::value(&fleet.layers)->default_value(fleet.layers), "fsdp: layers (an AllGather forward, an AllGather and a ReduceScatter backward each)")
+    ("accum-steps", po::value(&fleet.accum_steps)->default_value(fleet.accum_steps), "accum: micro-steps per step with collectives")
     ("jobs", po::value(&fleet.jobs)->default_value(fleet.jobs), "jobs running side by side")
     ("nodes-per-job", po::value(&fleet.nodes_per_job)->default_value(fleet.nodes_per_job), "nodes of each job (a multiple of --pp)")
     ("gpus", po::value(&fleet.gpus)->default_value(fleet.gpus), "ranks per node (the tensor-parallel group)")
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
     run.truth = vm["truth"].as<std::string>();
     if (fleet.jobs < 1 || fleet.nodes_per_job < 1 || fleet.gpus < 1 || fleet.pp < 1)
       return fail("--jobs, --nodes-per-job, --gpus and --pp must be at least 1");
+    if (std::string why; !rankscope::sim::apply_pattern(fleet, &why)) return fail(why);
     if (fleet.nodes_per_job % fleet.pp != 0) return fail("--nodes-per-job must be a multiple of --pp");
     static const std::set<std::string> scenarios = {"healthy",   "slowdown", "node-slowdown", "hang",  "hang-stop",
                                                     "hang-kill", "mismatch", "agent-death",   "mixed"};

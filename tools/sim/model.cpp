@@ -15,6 +15,48 @@ constexpr uint8_t kBfloat16 = 9;  // ncclBfloat16
 constexpr uint64_t kMs = 1'000'000;
 }  // namespace
 
+namespace {
+bool queued_pattern(const std::string& pattern) {
+  return pattern == "ddp" || pattern == "sync-each" || pattern == "fsdp" || pattern == "accum" || pattern == "jitter";
+}
+}  // namespace
+
+bool apply_pattern(FleetConfig& c, std::string* why) {
+  const std::string& p = c.pattern;
+  if (p.empty()) return true;
+  if (queued_pattern(p)) {
+    // One communicator of every rank; no tensor or pipeline parallelism.
+    c.pp = 1;
+    c.tp_ops = 0;
+    c.world_op = true;
+    c.dp_buckets = std::max(c.dp_buckets, 1);
+    if (p == "jitter") c.jitter_sigma = 0.25;
+    if (p == "fsdp" && c.layers < 1) return *why = "--layers must be at least 1", false;
+    if (p == "accum" && c.accum_steps < 1) return *why = "--accum-steps must be at least 1", false;
+    return true;
+  }
+  if (p == "tp-dp") {
+    if (c.gpus < 2) return *why = "--pattern tp-dp needs --gpus 2 or more (the tensor-parallel group)", false;
+    c.pp = 1;
+    c.world_op = false;
+    c.tp_ops = std::max(c.tp_ops, 1);
+    c.dp_buckets = std::max(c.dp_buckets, 1);
+    return true;
+  }
+  if (p == "pipeline") {
+    if (c.pp < 2) c.pp = 2;
+    if (c.nodes_per_job % c.pp != 0 || c.nodes_per_job < 2 * c.pp)
+      return *why = "--pattern pipeline needs --nodes-per-job a multiple of --pp and at least 2 x --pp (two "
+                    "replicas, for its data-parallel AllReduce)", false;
+    c.tp_ops = 0;
+    c.world_op = false;
+    c.dp_buckets = std::max(c.dp_buckets, 1);
+    return true;
+  }
+  *why = "unknown --pattern " + p + " (ddp, sync-each, fsdp, pipeline, tp-dp, accum, jitter)";
+  return false;
+}
+
 const char* fault_kind_name(FaultKind kind) {
   switch (kind) {
     case FaultKind::slowdown_rank: return "slowdown_rank";
@@ -40,6 +82,12 @@ const char* expected_finding(FaultKind kind) {
 }
 
 Fleet::Fleet(const FleetConfig& config) : config_(config), rng_(config.seed * 0x9e3779b97f4a7c15ull + 17) {
+  if (config.pattern == "fsdp")
+    segments_ = 3 * config.layers + 1;
+  else if (queued_pattern(config.pattern))
+    segments_ = config.dp_buckets + 1;
+  else
+    segments_ = config.tp_ops + config.dp_buckets + 3;
   build();
   draw_faults();
 }
@@ -96,6 +144,7 @@ void Fleet::build() {
     // Ranks start their first step a little apart, as processes do.
     for (auto& t : run.t) t = static_cast<int64_t>(unit(rng_) * 2 * kMs);
     run.comm_seq.assign(jd.comms.size(), 0);
+    run.stream = run.t;
     run.mismatch_fault.assign(jd.ranks.size(), -1);
     runs_.push_back(std::move(run));
     state_.emplace_back(jd.ranks.size());
@@ -114,6 +163,12 @@ void Fleet::wire_comms(int j, JobDef& jd) {
     jd.comms.push_back(std::move(c));
     return static_cast<int>(jd.comms.size()) - 1;
   };
+  if (queued_pattern(config_.pattern)) {
+    std::vector<int> members;
+    for (size_t r = 0; r < jd.ranks.size(); ++r) members.push_back(static_cast<int>(r));
+    jd.world = add_comm("world", "world", members);
+    return;
+  }
   if (G > 1)
     for (int m = 0; m < M; ++m) {
       std::vector<int> members;
@@ -233,7 +288,7 @@ void Fleet::compute(int j, int r, double base_ns) {
   double jitter = std::exp(std::normal_distribution<double>(-sigma * sigma / 2, sigma)(rng));
   double stage = rd.stage == config_.pp - 1 && config_.pp > 1 ? config_.last_stage_factor : 1.0;
   double ns = base_ns * stage * jitter * slowdown(j, r, run.t[r]);
-  if (std::uniform_real_distribution<double>(0, 1)(rng) < config_.gc_rate / (config_.tp_ops + config_.dp_buckets + 3))
+  if (std::uniform_real_distribution<double>(0, 1)(rng) < config_.gc_rate / segments_)
     ns += std::uniform_real_distribution<double>(config_.gc_min_ms, config_.gc_max_ms)(rng) * 1e6;
   run.t[r] += static_cast<int64_t>(ns);
 }
@@ -324,20 +379,126 @@ void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t
         out[job.ranks[r].node].push_back(w);
       }
     }
-    // The truth of each active slowdown: the culprit's lateness against the median of the others.
-    for (const auto& f : faults_) {
-      if (f.job != j || (f.kind != FaultKind::slowdown_rank && f.kind != FaultKind::slowdown_node)) continue;
-      if (last < f.onset_ns || last >= f.end_ns) continue;
-      for (size_t k = 0; k < comm.members.size(); ++k) {
-        int r = comm.members[k];
-        if (std::find(f.ranks.begin(), f.ranks.end(), r) == f.ranks.end()) continue;
-        std::vector<int64_t> others;
-        for (size_t o = 0; o < comm.members.size(); ++o)
-          if (o != k) others.push_back(arrival[o]);
-        lateness_[{f.id, comm.hash, r}].push_back(arrival[k] - median(others));
-      }
+    note_lateness(j, comm, arrival, last);
+  }
+}
+
+void Fleet::note_lateness(int j, const CommDef& comm, const std::vector<int64_t>& arrival, int64_t last) {
+  // The truth of each active slowdown: the culprit's lateness against the median of the others.
+  for (const auto& f : faults_) {
+    if (f.job != j || (f.kind != FaultKind::slowdown_rank && f.kind != FaultKind::slowdown_node)) continue;
+    if (last < f.onset_ns || last >= f.end_ns) continue;
+    for (size_t k = 0; k < comm.members.size(); ++k) {
+      int r = comm.members[k];
+      if (std::find(f.ranks.begin(), f.ranks.end(), r) == f.ranks.end()) continue;
+      std::vector<int64_t> others;
+      for (size_t o = 0; o < comm.members.size(); ++o)
+        if (o != k) others.push_back(arrival[o]);
+      lateness_[{f.id, comm.hash, r}].push_back(arrival[k] - median(others));
     }
   }
+}
+
+void Fleet::queued_collective(int j, int c, uint8_t op, uint8_t datatype, uint64_t count, double xfer_ns, bool sync,
+                              bool mismatch_point, std::vector<std::vector<SimEvent>>& out, size_t& made) {
+  JobRun& run = runs_[j];
+  const CommDef& comm = jobs_[j].comms[c];
+  std::mt19937_64& rng = job_rng_[j];
+  uint64_t seq = run.comm_seq[c]++;
+  bool complete = true, mismatched = false;
+  std::vector<int64_t> arrival(comm.members.size(), kNever);
+  for (size_t k = 0; k < comm.members.size(); ++k) {
+    int r = comm.members[k];
+    if (run.t[r] >= kNever || stops_at(j, r, run.t[r])) {
+      run.t[r] = kNever;
+      complete = false;
+      continue;
+    }
+    arrival[k] = run.t[r];
+    uint64_t my_count = count;
+    if (mismatch_point && run.mismatch_fault[r] < 0) {
+      for (auto& f : faults_)
+        if (f.job == j && f.kind == FaultKind::mismatch && f.ranks[0] == r && arrival[k] >= f.onset_ns) {
+          run.mismatch_fault[r] = f.id;
+          f.onset_ns = arrival[k];
+          my_count = count / 2 + 1;
+          mismatched = true;
+        }
+    }
+    emit(j, r, c, static_cast<int32_t>(k), 0, seq, op, datatype, my_count, -1, 0, arrival[k], out, made);
+    run.t[r] = arrival[k] + 15'000;  // enqueued: the host computes on
+  }
+  if (!complete || mismatched) {
+    // The collective never ends: every stream that reached it stays there.
+    for (size_t k = 0; k < comm.members.size(); ++k)
+      if (arrival[k] < kNever) run.stream[comm.members[k]] = kNever;
+  } else {
+    int64_t last = 0;
+    for (size_t k = 0; k < comm.members.size(); ++k)
+      last = std::max(last, std::max(arrival[k], run.stream[comm.members[k]]));
+    std::normal_distribution<double> spread(0, config_.exit_spread_us * 1000);
+    for (int r : comm.members) run.stream[r] = last + static_cast<int64_t>(xfer_ns) + static_cast<int64_t>(std::fabs(spread(rng)));
+    note_lateness(j, comm, arrival, *std::max_element(arrival.begin(), arrival.end()));
+  }
+  if (sync) host_waits(j, out);
+}
+
+void Fleet::host_waits(int j, std::vector<std::vector<SimEvent>>& out) {
+  JobRun& run = runs_[j];
+  const JobDef& job = jobs_[j];
+  for (size_t r = 0; r < job.ranks.size(); ++r) {
+    if (run.t[r] >= kNever) continue;
+    if (run.stream[r] >= kNever) {
+      // Waits for a collective that never ends.
+      state_[j][r].blocked_at = std::min(state_[j][r].blocked_at, run.t[r] + 20000);
+      run.t[r] = kNever;
+      continue;
+    }
+    SimEvent w;
+    w.wait = true;
+    w.pid = job.ranks[r].pid;
+    w.wait_start = run.t[r] + 20000;
+    run.t[r] = std::max(run.t[r] + 20000, run.stream[r]);
+    w.wait_end = run.t[r];
+    w.at_ns = run.t[r];
+    out[job.ranks[r].node].push_back(w);
+  }
+}
+
+void Fleet::data_parallel_step(int j, std::vector<std::vector<SimEvent>>& out, size_t& made) {
+  const JobDef& job = jobs_[j];
+  const int n = static_cast<int>(job.ranks.size());
+  const double step = config_.step_ms * kMs;
+  const std::string& p = config_.pattern;
+  if (p == "accum" && (steps_[j] + 1) % static_cast<uint64_t>(config_.accum_steps) != 0) {
+    for (int r = 0; r < n; ++r) compute(j, r, step);  // a micro-step: no collective
+    return;
+  }
+  struct Op {
+    uint8_t op, datatype;
+    uint64_t count;
+  };
+  std::vector<Op> ops;
+  if (p == "fsdp") {
+    for (int l = 0; l < config_.layers; ++l) ops.push_back({RS_OP_ALLGATHER, kBfloat16, 1u << 18});
+    for (int l = 0; l < config_.layers; ++l) {
+      ops.push_back({RS_OP_ALLGATHER, kBfloat16, 1u << 18});
+      ops.push_back({RS_OP_REDUCESCATTER, kFloat32, 1u << 16});
+    }
+  } else {
+    for (int b = 0; b < config_.dp_buckets; ++b) ops.push_back({RS_OP_ALLREDUCE, kFloat32, 25u << 20});
+  }
+  // The step's compute, spread over the collectives; their transfers take
+  // a third of a step on the stream, overlapped with the compute.
+  const double compute_ns = step * 0.9 / static_cast<double>(ops.size());
+  const double xfer_ns = step * 0.3 / static_cast<double>(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (int r = 0; r < n; ++r) compute(j, r, compute_ns);
+    bool last = i + 1 == ops.size();
+    queued_collective(j, job.world, ops[i].op, ops[i].datatype, ops[i].count, xfer_ns, p == "sync-each" || last,
+                      i == 0, out, made);
+  }
+  for (int r = 0; r < n; ++r) compute(j, r, step * 0.1);  // the optimizer
 }
 
 void Fleet::p2p(int j, std::vector<std::vector<SimEvent>>& out, size_t& made) {
@@ -394,6 +555,7 @@ void Fleet::p2p(int j, std::vector<std::vector<SimEvent>>& out, size_t& made) {
 }
 
 void Fleet::step(int j, std::vector<std::vector<SimEvent>>& out, size_t& made) {
+  if (queued_pattern(config_.pattern)) return data_parallel_step(j, out, made);
   const JobDef& job = jobs_[j];
   const int n = static_cast<int>(job.ranks.size());
   const double step = config_.step_ms * kMs;

@@ -24,8 +24,25 @@ const char* fault_kind_name(FaultKind kind);
 // The finding kind the collector should raise for it ("straggler", "hang", ...).
 const char* expected_finding(FaultKind kind);
 
+// The training loops the fleet's jobs run (--pattern), as fakenccl-train's:
+//   ""         (default) tensor-parallel AllReduces inside a node, a
+//              pipeline exchange, data-parallel buckets and a world
+//              AllReduce, every collective blocking the host;
+//   tp-dp      the same without the pipeline and the world AllReduce;
+//   pipeline   Send/Recv between stages plus a data-parallel AllReduce;
+//   ddp        --dp-buckets AllReduces over all ranks, queued while the
+//              host computes, one host wait at the step's end;
+//   sync-each  the same with a host wait after every collective;
+//   fsdp       --layers AllGathers forward, then an AllGather and a
+//              ReduceScatter per layer backward (>= 200 small collectives
+//              a step at the default 70 layers), one host wait a step;
+//   accum      ddp's buckets every --accum-steps-th micro-step only;
+//   jitter     ddp with data-dependent step times (compute sigma 0.25).
 struct FleetConfig {
   uint64_t seed = 1;
+  std::string pattern;             // see above
+  int layers = 70;                 // fsdp: layers (3 collectives each per step)
+  int accum_steps = 4;             // accum: micro-steps per collective step
   std::string prefix = "sim";      // node and job names start with it
   int jobs = 4;
   int nodes_per_job = 4;
@@ -61,6 +78,10 @@ struct FleetConfig {
   int culprits_per_job = 1;        // slowdowns: slowed ranks (or nodes) per job
   double fault_duration_s = 0;     // slowdowns end after this; 0: until the run ends
 };
+
+// Sets the knobs `config.pattern` fixes ("" leaves them as given); false
+// (with why) for an unknown pattern or a fleet it cannot have.
+bool apply_pattern(FleetConfig& config, std::string* why);
 
 struct CommDef {
   uint64_t hash = 0;
@@ -172,6 +193,7 @@ class Fleet {
  private:
   struct JobRun {
     std::vector<int64_t> t;                      // per rank: ready for the next operation (kNever: blocked)
+    std::vector<int64_t> stream;                 // per rank: its GPU stream is free from (queued patterns)
     std::vector<uint64_t> comm_seq;              // next lane-0 seq per comm
     std::map<std::tuple<int, int, uint32_t>, uint64_t> p2p_seq;  // (comm, rank, lane) -> next seq
     int64_t step_start = 0;                      // earliest ready time of the current step
@@ -190,6 +212,16 @@ class Fleet {
   void collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t datatype, uint64_t count,
                   bool step_end, bool dp_bucket0, std::vector<std::vector<SimEvent>>& out, size_t& made);
   void p2p(int j, std::vector<std::vector<SimEvent>>& out, size_t& made);
+  // One step of a data-parallel pattern (ddp, sync-each, fsdp, accum,
+  // jitter) on the job's world communicator: collectives queued on each
+  // rank's stream while its host computes on, host waits at sync points.
+  void data_parallel_step(int j, std::vector<std::vector<SimEvent>>& out, size_t& made);
+  void queued_collective(int j, int c, uint8_t op, uint8_t datatype, uint64_t count, double xfer_ns, bool sync,
+                         bool mismatch_point, std::vector<std::vector<SimEvent>>& out, size_t& made);
+  // The host of each rank waits for its stream (a wait record each).
+  void host_waits(int j, std::vector<std::vector<SimEvent>>& out);
+  // The lateness truth of the active slowdowns at an instance of comm `c`.
+  void note_lateness(int j, const CommDef& comm, const std::vector<int64_t>& arrival, int64_t last);
   double slowdown(int j, int r, int64_t at) const;
   bool stops_at(int j, int r, int64_t at);
   uint64_t comm_hash(int j, const std::string& what) const;
@@ -198,6 +230,7 @@ class Fleet {
             size_t& made);
 
   FleetConfig config_;
+  int segments_ = 1;  // compute segments of a step (GC-like pauses are drawn per step, spread over them)
   std::mt19937_64 rng_;
   std::vector<JobDef> jobs_;
   std::vector<NodeDef> nodes_;

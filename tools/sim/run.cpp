@@ -42,6 +42,7 @@ void write_run(std::ostream& out, const Fleet& fleet, const RunOptions& options,
              .add("type", "run")
              .add("seed", c.seed)
              .add("scenario", c.scenario)
+             .add("pattern", c.pattern.empty() ? std::string("mixed-parallel") : c.pattern)
              .add("prefix", c.prefix)
              .add("t0_ns", t0)
              .add("end_ns", t0 + static_cast<uint64_t>(end_rel))
