@@ -6,13 +6,16 @@
 // slot from a fixed per-communicator pool, reads the monotonic clock (vDSO)
 // and writes one record: no allocation, no lock, no system call. init and
 // finalize, once per communicator, may do all three.
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -48,6 +51,26 @@ uint64_t own_start_time() {
   return std::strtoull(p, nullptr, 10);
 }
 
+// Rings of this user's processes that are gone (killed: no destructor ran)
+// and that no agent read (an agent removes those it reads): removed when a
+// process makes its own, so that a node without an agent does not fill
+// /dev/shm with 1 MiB per killed rank.
+void remove_stale_rings() {
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return;
+  const std::string prefix = kRingFilePrefix;
+  while (dirent* entry = readdir(dir)) {
+    std::string file = entry->d_name;
+    if (file.compare(0, prefix.size(), prefix) != 0) continue;
+    char* end = nullptr;
+    long pid = std::strtol(file.c_str() + prefix.size(), &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    shm_unlink(("/" + file).c_str());  // fails for another user's: /dev/shm is sticky
+  }
+  closedir(dir);
+}
+
 // The process's ring, made at the first init; none if it could not be made
 // (then every record is counted as dropped, here only).
 struct Process {
@@ -58,6 +81,7 @@ struct Process {
   std::atomic<int> comms{0};
 
   void make() {
+    remove_stale_rings();
     name = ring_name(static_cast<uint32_t>(getpid()));
     int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
     if (fd < 0) return;

@@ -78,8 +78,10 @@ constexpr size_t ring_bytes(uint32_t slots) {
   return sizeof(RingHeader) + size_t{slots} * sizeof(Record);
 }
 
+// /dev/shm/rankscope-nccl-<pid>: shm_open's name of a process's ring.
+constexpr const char* kRingFilePrefix = "rankscope-nccl-";
 inline std::string ring_name(uint32_t pid) {
-  return "/rankscope-nccl-" + std::to_string(pid);
+  return "/" + std::string(kRingFilePrefix) + std::to_string(pid);
 }
 
 // Sets up a zeroed mapping of ring_bytes(slots) as an empty ring.

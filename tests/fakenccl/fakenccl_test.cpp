@@ -32,6 +32,8 @@
 #include <vector>
 
 #include "nccl-profiler/ring.h"
+#include "node-agent/identify.h"
+#include "node-agent/profiler_rings.h"
 #include "proto/records.h"
 
 namespace {
@@ -469,6 +471,61 @@ TEST(FakeNccl, TheProfilerPluginHearsEachCollectiveAndItsKernelWithGpuTimes) {
   ASSERT_GE(lag.size(), 10u);
   std::nth_element(lag.begin(), lag.begin() + lag.size() / 2, lag.end());
   EXPECT_GE(lag[lag.size() / 2], kDelayUs * 1000 / 2) << "rank 1's kernels do not start late";
+}
+
+// The agent's reader (node-agent/profiler_rings.h) on the same job: one
+// record per AllReduce and rank, its kernel's times put on the host's
+// monotonic clock from the GPU's (the wall clock here). The slow GPU's
+// kernels start the delay after NCCL enqueued them; the other's at once.
+TEST(FakeNccl, TheAgentReadsEachRanksGpuTimesOnTheHostClock) {
+  TempDir dir;
+  constexpr uint64_t kDelayNs = 20'000'000;
+  const std::vector<std::string> argv = {FAKENCCL_TRAIN, "--id-file", dir.file("id"), "--steps", "1000000",
+                                         "--buckets", "1", "--compute-iters", "1000", "--quiet"};
+  const std::string plugin = std::string("NCCL_PROFILER_PLUGIN=") + RANKSCOPE_PROFILER_PLUGIN;
+  RankProcess rank0(dir, "0", 0, 2, argv, {plugin});
+  RankProcess rank1(dir, "1", 1, 2, argv, {plugin, "FAKECUDA_GPU_DELAY_US=" + std::to_string(kDelayNs / 1000)});
+  rankscope::agent::ProfilerRings rings;
+  const pid_t pids[2] = {rank0.pid(), rank1.pid()};
+  struct RemoveRings {  // the ranks are killed: no plugin is left to remove them
+    const pid_t* pids;
+    ~RemoveRings() {
+      for (int r = 0; r < 2; ++r) ::shm_unlink(rankscope::profiler::ring_name(static_cast<uint32_t>(pids[r])).c_str());
+    }
+  } remove{pids};
+  ASSERT_TRUE(waitFor([&] {
+    bool all = true;
+    for (pid_t pid : pids) {
+      auto start = rankscope::agent::read_start_time("/proc", static_cast<uint32_t>(pid));
+      all = all && start && rings.attach(static_cast<uint32_t>(pid), *start);
+    }
+    return all;
+  })) << rank0.err() << rank1.err();
+  std::map<uint32_t, std::vector<rankscope::agent::GpuCollective>> got;
+  ASSERT_TRUE(waitFor([&] {
+    rings.drain([&](const rankscope::agent::GpuCollective& c) { got[c.pid].push_back(c); });
+    return got[pids[0]].size() >= 20 && got[pids[1]].size() >= 20;
+  })) << rank0.err() << rank1.err();
+  std::vector<int64_t> waited[2];  // kernel start - enqueue, per rank
+  for (int r = 0; r < 2; ++r) {
+    std::optional<uint64_t> last;
+    for (const auto& c : got[pids[r]]) {
+      EXPECT_EQ(c.rank, r);
+      EXPECT_EQ(c.op, RS_OP_ALLREDUCE);
+      if (last) {
+        EXPECT_EQ(c.seq_number, *last + 1) << "each collective once, in order";
+      }
+      last = c.seq_number;
+      ASSERT_NE(c.enqueued_ns, 0u);
+      EXPECT_GE(c.kernel_end_ns, c.kernel_start_ns);
+      waited[r].push_back(static_cast<int64_t>(c.kernel_start_ns - c.enqueued_ns));
+    }
+    std::nth_element(waited[r].begin(), waited[r].begin() + waited[r].size() / 2, waited[r].end());
+  }
+  const int64_t median0 = waited[0][waited[0].size() / 2], median1 = waited[1][waited[1].size() / 2];
+  EXPECT_GE(median1, static_cast<int64_t>(kDelayNs)) << "the slow GPU's kernels start the delay after their enqueue";
+  EXPECT_LT(median0, static_cast<int64_t>(kDelayNs) / 2) << "a healthy GPU's start at once";
+  EXPECT_GE(median0, 0) << "no kernel starts before NCCL enqueued it, on the host clock";
 }
 
 }  // namespace

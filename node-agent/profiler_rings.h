@@ -1,0 +1,101 @@
+#pragma once
+// The second source of the node agent: the rings rankscope's NCCL profiler
+// plugin writes in each traced process (nccl-profiler/ring.h,
+// docs/gpu-timing.md), read here and turned into one GPU-side record per
+// collective: when NCCL enqueued it, and when its kernel started and
+// stopped on the GPU, on the node's monotonic clock.
+//
+// A ring is taken only if its header is the layout this build reads and
+// names the process it was found for (pid and start time: a ring left by a
+// process whose pid was reused is not read). Attaching marks the ring read
+// (the plugin writes only while someone reads). A process that exits is
+// drained once more; its ring is then removed.
+//
+// GPU times (%globaltimer) are put on the host's monotonic clock per
+// process: the plugin reports a kernel's start from a host thread after
+// the kernel started, so host_ns - gpu_ns is never below the clocks' true
+// offset; its smallest value over the process's kernels is taken.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "nccl-profiler/ring.h"
+
+namespace rankscope::agent {
+
+// One collective of one process, as the GPU ran it.
+struct GpuCollective {
+  uint32_t pid = 0;
+  uint64_t comm_hash = 0;  // NCCL's commHash, as the agent names communicators
+  int32_t rank = -1;
+  uint8_t op = 0;              // enum rs_nccl_op
+  uint64_t seq_number = 0;     // NCCL's, per communicator and op
+  uint64_t count = 0;          // elements
+  uint64_t enqueued_ns = 0;    // host monotonic: NCCL enqueued it (0: not seen)
+  uint64_t kernel_start_ns = 0;  // host monotonic: its first channel's kernel started
+  uint64_t kernel_end_ns = 0;    // ... and its last one stopped
+};
+
+struct ProfilerRingCounts {
+  uint64_t rings = 0;         // rings read now
+  uint64_t refused = 0;       // rings found but not taken (another layout, another process)
+  uint64_t records = 0;       // records read
+  uint64_t plugin_dropped = 0;  // records the plugins could not write (nobody read yet, or a full ring)
+  uint64_t unmatched = 0;     // kernel records whose collective was not seen
+};
+
+class ProfilerRings {
+ public:
+  // A process's ring is PROC/PID/root/dev/shm/rankscope-nccl-PID: its own
+  // /dev/shm, also inside a container.
+  explicit ProfilerRings(std::string proc_root = "/proc");
+  ~ProfilerRings();
+  ProfilerRings(const ProfilerRings&) = delete;
+  ProfilerRings& operator=(const ProfilerRings&) = delete;
+
+  // Looks for process `pid`'s ring (started at `start_time`, /proc/PID/stat
+  // field 22) if it has none yet; true when it is read now.
+  bool attach(uint32_t pid, uint64_t start_time);
+  // Reads every ring; each collective whose kernel has stopped on every
+  // channel goes to `out`.
+  void drain(const std::function<void(const GpuCollective&)>& out);
+  // The process exited: its ring is drained a last time and removed.
+  void detach(uint32_t pid, const std::function<void(const GpuCollective&)>& out);
+  const ProfilerRingCounts& counts() const { return counts_; }
+
+ private:
+  struct Pending {
+    GpuCollective c;
+    uint64_t gpu_start = UINT64_MAX, gpu_end = 0;
+    uint32_t channels = 0;  // NCCL's nChannels, from the enqueue record (0: not seen)
+    uint32_t channels_started = 0, channels_stopped = 0;
+    uint64_t order = 0;     // arrival, to drop the oldest first
+  };
+  static constexpr size_t kPendingPerRing = 4096;  // collectives whose kernels have not all stopped
+  using Key = std::tuple<uint64_t, uint8_t, uint64_t>;  // (comm hash, op, seqNumber): one collective of a process
+  struct Ring {
+    uint32_t pid = 0;
+    std::string path;
+    void* map = nullptr;
+    size_t bytes = 0;
+    profiler::RingView view;
+    uint64_t dropped_seen = 0;
+    int64_t gpu_to_host = INT64_MAX;  // smallest host_ns - gpu_ns seen
+    std::map<Key, Pending> pending;
+    uint64_t next_order = 0;
+  };
+  void read(Ring& ring, const std::function<void(const GpuCollective&)>& out);
+  void take(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);
+
+  std::string proc_root_;
+  std::map<uint32_t, std::unique_ptr<Ring>> rings_;  // by pid
+  ProfilerRingCounts counts_;
+};
+
+}  // namespace rankscope::agent

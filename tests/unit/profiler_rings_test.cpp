@@ -1,0 +1,141 @@
+// The agent's reader of the profiler plugin's rings (node-agent/profiler_rings.h):
+// rings made in a fake /proc root, written as the plugin writes them.
+#include "node-agent/profiler_rings.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "bpf/nccl_events.h"
+#include "tests/support/harness.h"
+
+namespace rankscope::agent {
+namespace {
+
+using profiler::Record;
+using profiler::RecordKind;
+
+constexpr uint32_t kPid = 4242;
+constexpr uint64_t kStart = 777;
+constexpr uint64_t kComm = 0x1234abcd5678ef01ull;
+constexpr uint32_t kSlots = 64;
+
+// A process's ring where the agent looks for it: PROC/PID/root/dev/shm/rankscope-nccl-PID.
+class FakeRing {
+ public:
+  FakeRing(const testing::TempDir& proc, uint32_t pid, uint64_t start_time, uint32_t version = profiler::kRingVersion) {
+    std::filesystem::path dir = std::filesystem::path(proc.path()) / std::to_string(pid) / "root/dev/shm";
+    std::filesystem::create_directories(dir);
+    path = (dir / profiler::ring_name(pid).substr(1)).string();
+    int fd = open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+    bytes = profiler::ring_bytes(kSlots);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    view.header = static_cast<profiler::RingHeader*>(map);
+    view.records = reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(profiler::RingHeader));
+    profiler::ring_init(view, kSlots, pid, start_time);
+    view.header->version = version;
+  }
+  ~FakeRing() { munmap(map, bytes); }
+  // As the plugin writes one record.
+  bool write(RecordKind kind, uint64_t seq, uint64_t host_ns, uint64_t gpu_ns, uint8_t channel = 0) {
+    Record r;
+    r.comm_hash = kComm;
+    r.seq_number = seq;
+    r.host_ns = host_ns;
+    r.gpu_ns = gpu_ns;
+    r.bytes = 1024;
+    r.rank = 3;
+    r.peer = -1;
+    r.event = 0;
+    r.kind = kind;
+    r.op = RS_OP_ALLREDUCE;
+    r.channel = channel;
+    r.state = 0;
+    return profiler::ring_write(view, r);
+  }
+  std::string path;
+  void* map = nullptr;
+  size_t bytes = 0;
+  profiler::RingView view;
+};
+
+TEST(ProfilerRings, ACollectiveIsReportedOnceEveryChannelsKernelStoppedOnTheHostClock) {
+  testing::TempDir proc;
+  FakeRing ring(proc, kPid, kStart);
+  EXPECT_FALSE(ring.write(RecordKind::coll_start, 0, 100, 0, 2)) << "nobody reads yet: dropped";
+  ProfilerRings rings(proc.path());
+  ASSERT_TRUE(rings.attach(kPid, kStart));
+  EXPECT_NE(ring.view.header->reader.load(), 0u) << "attaching marks the ring read";
+
+  // Collective #5, two channels: the GPU timer reads 4,000 ns behind the host's
+  // monotonic clock (the plugin hears of a kernel 0-20 ns after it started).
+  ASSERT_TRUE(ring.write(RecordKind::coll_start, 5, 1'000, 0, /*nChannels=*/2));
+  ASSERT_TRUE(ring.write(RecordKind::coll_stop, 5, 1'100, 0, 2));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 5, 5'020, 1'000, 0));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 5, 5'030, 1'030, 1));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 5, 6'500, 2'000, 0));
+  std::vector<GpuCollective> got;
+  auto keep = [&](const GpuCollective& c) { got.push_back(c); };
+  rings.drain(keep);
+  EXPECT_TRUE(got.empty()) << "one channel still runs";
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 5, 6'600, 2'100, 1));
+  rings.drain(keep);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].pid, kPid);
+  EXPECT_EQ(got[0].comm_hash, kComm);
+  EXPECT_EQ(got[0].rank, 3);
+  EXPECT_EQ(got[0].op, RS_OP_ALLREDUCE);
+  EXPECT_EQ(got[0].seq_number, 5u);
+  EXPECT_EQ(got[0].enqueued_ns, 1'000u);
+  EXPECT_EQ(got[0].kernel_start_ns, 5'000u) << "the first channel's start, on the host clock (offset 4,000)";
+  EXPECT_EQ(got[0].kernel_end_ns, 6'100u) << "the last channel's stop";
+  EXPECT_EQ(rings.counts().records, 6u);
+  EXPECT_EQ(rings.counts().plugin_dropped, 0u) << "the drop before attaching was before the agent's time";
+  EXPECT_EQ(rings.counts().unmatched, 0u);
+}
+
+TEST(ProfilerRings, ARingOfAnotherProcessOrLayoutIsNotRead) {
+  testing::TempDir proc;
+  {
+    FakeRing reused(proc, kPid, kStart + 1);  // the pid's earlier process left it
+    ProfilerRings rings(proc.path());
+    EXPECT_FALSE(rings.attach(kPid, kStart));
+    EXPECT_EQ(reused.view.header->reader.load(), 0u);
+    EXPECT_EQ(rings.counts().refused, 1u);
+  }
+  FakeRing other(proc, kPid + 1, kStart, profiler::kRingVersion + 1);
+  ProfilerRings rings(proc.path());
+  EXPECT_FALSE(rings.attach(kPid + 1, kStart)) << "another plugin build's layout";
+  EXPECT_FALSE(rings.attach(kPid + 2, kStart)) << "no ring: no plugin in that process";
+  EXPECT_EQ(rings.counts().refused, 1u);
+}
+
+TEST(ProfilerRings, AnExitedProcessIsDrainedAndItsRingRemoved) {
+  testing::TempDir proc;
+  FakeRing ring(proc, kPid, kStart);
+  ProfilerRings rings(proc.path());
+  ASSERT_TRUE(rings.attach(kPid, kStart));
+  ASSERT_TRUE(ring.write(RecordKind::coll_start, 0, 10, 0, 1));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 0, 20, 15, 0));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 0, 40, 30, 0));
+  size_t got = 0;
+  rings.detach(kPid, [&](const GpuCollective&) { ++got; });
+  EXPECT_EQ(got, 1u);
+  EXPECT_FALSE(std::filesystem::exists(ring.path));
+  EXPECT_EQ(rings.counts().rings, 0u);
+  // Later drops (the ring full, say) are counted while it is read.
+  FakeRing again(proc, kPid + 1, kStart);
+  ASSERT_TRUE(rings.attach(kPid + 1, kStart));
+  for (uint32_t i = 0; i < kSlots + 3; ++i) again.write(RecordKind::coll_start, i, i, 0, 1);
+  rings.drain([](const GpuCollective&) {});
+  EXPECT_EQ(rings.counts().plugin_dropped, 3u);
+}
+
+}  // namespace
+}  // namespace rankscope::agent
