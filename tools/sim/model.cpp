@@ -319,6 +319,36 @@ void Fleet::emit(int j, int r, int comm, int32_t comm_rank, uint32_t lane, uint6
   ++made;
 }
 
+Fleet::Arrivals Fleet::arrive(int j, int c, uint8_t op, uint8_t datatype, uint64_t count, bool mismatch_point,
+                              std::vector<std::vector<SimEvent>>& out, size_t& made) {
+  JobRun& run = runs_[j];
+  const CommDef& comm = jobs_[j].comms[c];
+  uint64_t seq = run.comm_seq[c]++;
+  Arrivals a;
+  a.at.assign(comm.members.size(), kNever);
+  for (size_t k = 0; k < comm.members.size(); ++k) {
+    int r = comm.members[k];
+    if (run.t[r] >= kNever || stops_at(j, r, run.t[r])) {
+      run.t[r] = kNever;
+      a.complete = false;
+      continue;
+    }
+    a.at[k] = run.t[r];
+    uint64_t my_count = count;
+    if (mismatch_point && run.mismatch_fault[r] < 0) {
+      for (auto& f : faults_)
+        if (f.job == j && f.kind == FaultKind::mismatch && f.ranks[0] == r && a.at[k] >= f.onset_ns) {
+          run.mismatch_fault[r] = f.id;
+          f.onset_ns = a.at[k];  // the truth: when the wrong call was issued
+          my_count = count / 2 + 1;
+          a.mismatched = true;
+        }
+    }
+    emit(j, r, c, static_cast<int32_t>(k), 0, seq, op, datatype, my_count, -1, 0, a.at[k], out, made);
+  }
+  return a;
+}
+
 void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t datatype, uint64_t count,
                        bool step_end, bool mismatch_point, std::vector<std::vector<SimEvent>>& out, size_t& made) {
   JobRun& run = runs_[j];
@@ -326,31 +356,10 @@ void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t
   std::mt19937_64& rng = job_rng_[j];
   for (int c : comms) {
     const CommDef& comm = job.comms[c];
-    uint64_t seq = run.comm_seq[c]++;
-    bool complete = true, mismatched = false;
-    std::vector<int64_t> arrival(comm.members.size(), kNever);
-    for (size_t k = 0; k < comm.members.size(); ++k) {
-      int r = comm.members[k];
-      if (run.t[r] >= kNever || stops_at(j, r, run.t[r])) {
-        run.t[r] = kNever;
-        complete = false;
-        continue;
-      }
-      arrival[k] = run.t[r];
-      uint64_t my_count = count;
-      if (mismatch_point && run.mismatch_fault[r] < 0) {
-        for (auto& f : faults_)
-          if (f.job == j && f.kind == FaultKind::mismatch && f.ranks[0] == r && arrival[k] >= f.onset_ns) {
-            run.mismatch_fault[r] = f.id;
-            f.onset_ns = arrival[k];  // the truth: when the wrong call was issued
-            my_count = count / 2 + 1;
-            mismatched = true;
-          }
-      }
-      emit(j, r, c, static_cast<int32_t>(k), 0, seq, op, datatype, my_count, -1, 0, arrival[k], out, made);
-      if (comm.kind == "tp" && k == 0 && seq % 8 == 0)
-        clock_samples_.push_back({jobs_[j].ranks[r].node, comm.hash, 0, seq, arrival[k]});
-    }
+    uint64_t seq = run.comm_seq[c];
+    auto [arrival, complete, mismatched] = arrive(j, c, op, datatype, count, mismatch_point, out, made);
+    if (comm.kind == "tp" && seq % 8 == 0 && arrival[0] < kNever)
+      clock_samples_.push_back({jobs_[j].ranks[comm.members[0]].node, comm.hash, 0, seq, arrival[0]});
     if (!complete || mismatched) {
       // Whoever arrived waits for ever; the job cannot go past this point.
       for (size_t k = 0; k < comm.members.size(); ++k) {
@@ -404,30 +413,9 @@ void Fleet::queued_collective(int j, int c, uint8_t op, uint8_t datatype, uint64
   JobRun& run = runs_[j];
   const CommDef& comm = jobs_[j].comms[c];
   std::mt19937_64& rng = job_rng_[j];
-  uint64_t seq = run.comm_seq[c]++;
-  bool complete = true, mismatched = false;
-  std::vector<int64_t> arrival(comm.members.size(), kNever);
-  for (size_t k = 0; k < comm.members.size(); ++k) {
-    int r = comm.members[k];
-    if (run.t[r] >= kNever || stops_at(j, r, run.t[r])) {
-      run.t[r] = kNever;
-      complete = false;
-      continue;
-    }
-    arrival[k] = run.t[r];
-    uint64_t my_count = count;
-    if (mismatch_point && run.mismatch_fault[r] < 0) {
-      for (auto& f : faults_)
-        if (f.job == j && f.kind == FaultKind::mismatch && f.ranks[0] == r && arrival[k] >= f.onset_ns) {
-          run.mismatch_fault[r] = f.id;
-          f.onset_ns = arrival[k];
-          my_count = count / 2 + 1;
-          mismatched = true;
-        }
-    }
-    emit(j, r, c, static_cast<int32_t>(k), 0, seq, op, datatype, my_count, -1, 0, arrival[k], out, made);
-    run.t[r] = arrival[k] + 15'000;  // enqueued: the host computes on
-  }
+  auto [arrival, complete, mismatched] = arrive(j, c, op, datatype, count, mismatch_point, out, made);
+  for (size_t k = 0; k < comm.members.size(); ++k)
+    if (arrival[k] < kNever) run.t[comm.members[k]] = arrival[k] + 15'000;  // enqueued: the host computes on
   if (!complete || mismatched) {
     // The collective never ends: every stream that reached it stays there.
     for (size_t k = 0; k < comm.members.size(); ++k)

@@ -208,6 +208,15 @@ class Fleet {
   void draw_faults();
   void step(int j, std::vector<std::vector<SimEvent>>& out, size_t& made);
   void compute(int j, int r, double base_ns);
+  // Every member of comm `c` that can (not stopped, not blocked) issues its
+  // next collective at its ready time; a mismatch fault due at a
+  // `mismatch_point` makes its rank call another count.
+  struct Arrivals {
+    std::vector<int64_t> at;  // by comm rank; kNever: did not arrive
+    bool complete = true, mismatched = false;
+  };
+  Arrivals arrive(int j, int c, uint8_t op, uint8_t datatype, uint64_t count, bool mismatch_point,
+                  std::vector<std::vector<SimEvent>>& out, size_t& made);
   // One collective on each comm of `comms`; records go out, ready times move on.
   void collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t datatype, uint64_t count,
                   bool step_end, bool dp_bucket0, std::vector<std::vector<SimEvent>>& out, size_t& made);
