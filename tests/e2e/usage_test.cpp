@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <set>
+#include <string>
 
 #include "common/clock.h"
 #include "tests/support/cluster.h"
@@ -286,6 +289,25 @@ TEST(UsageE2E, AJobRunningAcrossACollectorKillIsBilledOnceToItsAccount) {
 TEST(UsageE2E, PerfettoExportPutsAFaketimeNodeOnTheClusterTimeline) {
   if (geteuid() != 0) GTEST_SKIP() << "eBPF and network namespaces need root: run the suite as root";
   ASSERT_EQ(access("/usr/bin/faketime", X_OK), 0) << "faketime is missing: scripts/install-deps.sh installs it";
+  // libfaketime keeps a shared-memory file and a semaphore per process in
+  // /dev/shm and removes them only at a normal exit; the agent under it is
+  // stopped by a signal. Those this test's processes made go with it.
+  struct FaketimeFiles {
+    std::set<std::string> before = list();
+    static std::set<std::string> list() {
+      std::set<std::string> out;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+        std::string name = e.path().filename().string();
+        if (name.starts_with("faketime_shm_") || name.starts_with("sem.faketime_sem_")) out.insert(e.path().string());
+      }
+      return out;
+    }
+    ~FaketimeFiles() {
+      for (const auto& f : list())
+        if (!before.count(f)) std::filesystem::remove(f);
+    }
+  } faketime_files;
   TempDir dir;
   NetnsCluster cluster(2);
   ASSERT_TRUE(cluster.ok());
