@@ -142,15 +142,14 @@ int main(int argc, char** argv) {
 
   // The agent's side: the ring, mapped, and drained by another thread
   // between bursts of collectives (as the agent drains it once a tick).
-  std::string name = ring_name(static_cast<uint32_t>(getpid()));
-  int fd = shm_open(name.c_str(), O_RDWR, 0);
-  void* map = fd >= 0 ? mmap(nullptr, ring_bytes(kRingSlots), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  if (fd >= 0) close(fd);
-  if (map == MAP_FAILED) {
-    std::fprintf(stderr, "rankscope-bench-profiler: the plugin made no ring %s\n", name.c_str());
+  std::string why;
+  auto mapped = map_process_ring("/proc", static_cast<uint32_t>(getpid()), own_start_time(), why);
+  if (!mapped) {
+    std::fprintf(stderr, "rankscope-bench-profiler: the plugin made no ring it can read%s%s\n", why.empty() ? "" : ": ",
+                 why.c_str());
     return 2;
   }
-  RingView ring{static_cast<RingHeader*>(map), reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(RingHeader))};
+  RingView ring = *mapped;
   std::atomic<bool> stop{false}, drain{false};
   std::atomic<uint64_t> drained{0};
   std::thread reader([&] {
@@ -181,7 +180,7 @@ int main(int argc, char** argv) {
   stop.store(true);
   reader.join();
   table->finalize(context);
-  munmap(map, ring_bytes(kRingSlots));
+  unmap_ring(ring);
 
   std::printf("| run | median ns per collective | p99 ns | median / floor |\n| --- | ---: | ---: | ---: |\n");
   std::printf("| empty table (floor: 8 indirect calls) | %.0f | %.0f | 1.0 |\n", floor.median_ns, floor.p99_ns);

@@ -6,11 +6,8 @@
 // slot from a fixed per-communicator pool, reads the monotonic clock (vDSO)
 // and writes one record: no allocation, no lock, no system call. init and
 // finalize, once per communicator, may do all three.
-#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,62 +35,28 @@ uint64_t monotonic_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// This process's start time (/proc/self/stat field 22), which the agent
-// compares with the pid's: a ring left by a process whose pid was reused is
-// not that process's.
-uint64_t own_start_time() {
-  std::ifstream stat("/proc/self/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  const char* p = text.c_str() + close + 2;  // field 3
-  for (int field = 3; field < 22 && *p; ++field) p = std::strchr(p, ' ') ? std::strchr(p, ' ') + 1 : "";
-  return std::strtoull(p, nullptr, 10);
-}
-
-// Rings of this user's processes that are gone (killed: no destructor ran)
-// and that no agent read (an agent removes those it reads): removed when a
-// process makes its own, so that a node without an agent does not fill
-// /dev/shm with 1 MiB per killed rank.
-void remove_stale_rings() {
-  DIR* dir = opendir("/dev/shm");
-  if (!dir) return;
-  const std::string prefix = kRingFilePrefix;
-  while (dirent* entry = readdir(dir)) {
-    std::string file = entry->d_name;
-    if (file.compare(0, prefix.size(), prefix) != 0) continue;
-    char* end = nullptr;
-    long pid = std::strtol(file.c_str() + prefix.size(), &end, 10);
-    if (pid <= 0 || *end != '\0') continue;
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
-    shm_unlink(("/" + file).c_str());  // fails for another user's: /dev/shm is sticky
-  }
-  closedir(dir);
-}
-
 // The process's ring, made at the first init; none if it could not be made
 // (then every record is counted as dropped, here only).
 struct Process {
   std::once_flag made;
   RingView ring;
-  std::string name;
   std::atomic<uint64_t> unrecorded{0};
   std::atomic<int> comms{0};
 
   void make() {
-    remove_stale_rings();
-    name = ring_name(static_cast<uint32_t>(getpid()));
-    int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+    int fd = memfd_create(kRingMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return;
-    size_t bytes = ring_bytes(kRingSlots);
-    void* map = ftruncate(fd, static_cast<off_t>(bytes)) == 0
-                    ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                    : MAP_FAILED;
-    close(fd);
+    const size_t bytes = ring_bytes(kRingSlots);
+    void* map = MAP_FAILED;
+    if (ftruncate(fd, static_cast<off_t>(bytes)) == 0 && fcntl(fd, F_ADD_SEALS, kRingSeals) == 0)
+      map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
-      shm_unlink(name.c_str());
+      close(fd);
       return;
     }
+    // The descriptor stays open: the agent finds the ring through it
+    // (/proc/PID/fd). The ring goes with the process, or with the agent's
+    // mapping of it once both are gone: nothing is left behind.
     ring.header = static_cast<RingHeader*>(map);
     ring.records = reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(RingHeader));
     ring_init(ring, kRingSlots, static_cast<uint32_t>(getpid()), own_start_time());
@@ -115,11 +78,6 @@ struct Process {
     else
       unrecorded.fetch_add(1, std::memory_order_relaxed);
     return false;
-  }
-  // At exit: a ring nobody reads goes with the process; one an agent reads
-  // is left for it to drain and remove.
-  ~Process() {
-    if (ring.header && ring.header->reader.load() == 0) shm_unlink(name.c_str());
   }
 } process;
 

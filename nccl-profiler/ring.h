@@ -1,6 +1,6 @@
 #pragma once
 // The profiler plugin's per-process ring: fixed-size records in shared
-// memory (/dev/shm/rankscope-nccl-<pid>), written by NCCL's threads through
+// memory (a sealed memfd named rankscope-nccl-ring), written by NCCL's threads through
 // the plugin and drained by the node agent. A bounded multi-producer,
 // single-consumer queue (each slot carries its own sequence number, as in
 // Vyukov's bounded queue): a writer takes a slot with one compare-and-swap,
@@ -10,9 +10,25 @@
 //
 // The layout is the contract between the plugin and the agent (they may be
 // different builds): a reader checks magic, version and record size first.
+//
+// The process that writes the ring may be hostile to the agent that reads
+// it (any user can load a plugin of their own). So the ring is a memfd
+// sealed against shrinking (a truncated mapping would kill its reader with
+// SIGBUS), found through the process's own descriptors rather than a path
+// it could redirect, and read with the reader's own copy of its size, at
+// most one ring's worth of records per drain.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <string>
 
 namespace rankscope::profiler {
@@ -67,30 +83,110 @@ struct RingHeader {
   alignas(64) std::atomic<uint64_t> tail;  // next position the reader takes
 };
 
-// The ring as mapped: the header, then `slots` records.
+// The ring as mapped: the header, then `slots` records. `slots` is the
+// mapper's own (checked once), never the header's again: the writer may
+// change the header.
 struct RingView {
   RingHeader* header = nullptr;
   Record* records = nullptr;
-  size_t bytes() const { return sizeof(RingHeader) + header->slots * sizeof(Record); }
+  uint32_t slots = 0;
 };
 
 constexpr size_t ring_bytes(uint32_t slots) {
   return sizeof(RingHeader) + size_t{slots} * sizeof(Record);
 }
 
-// /dev/shm/rankscope-nccl-<pid>: shm_open's name of a process's ring.
-constexpr const char* kRingFilePrefix = "rankscope-nccl-";
-inline std::string ring_name(uint32_t pid) {
-  return "/" + std::string(kRingFilePrefix) + std::to_string(pid);
+// memfd_create's name of a ring; /proc/PID/fd shows it as "/memfd:NAME (deleted)".
+constexpr const char* kRingMemfdName = "rankscope-nccl-ring";
+// The seals a ring carries: its size is fixed for good.
+constexpr int kRingSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+// This process's start time (/proc/self/stat field 22), which a ring's
+// header carries: a ring of an earlier process of the same pid, or of a
+// parent, is not this process's.
+inline uint64_t own_start_time() {
+  char text[1024];
+  int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+  if (fd >= 0) close(fd);
+  if (n <= 0) return 0;
+  text[n] = '\0';
+  const char* p = strrchr(text, ')');  // the command name (field 2) may hold ')'
+  for (int field = 2; field < 22 && p; ++field) p = strchr(p + 1, ' ');
+  return p ? strtoull(p + 1, nullptr, 10) : 0;
+}
+
+// The ring behind descriptor `fd`, checked (sealed, a size matching its
+// header, this build's layout) and mapped read-write; nullopt with `why`.
+inline std::optional<RingView> map_ring(int fd, std::string& why) {
+  struct stat st {};
+  void* map = MAP_FAILED;
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    why = "it is not sealed against resizing";
+  else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) < sizeof(RingHeader))
+    why = "it is smaller than a ring's header";
+  else if ((map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+           MAP_FAILED)
+    why = "it cannot be mapped";
+  if (map == MAP_FAILED) return std::nullopt;
+  auto* h = static_cast<RingHeader*>(map);
+  const uint32_t slots = h->slots;
+  if (h->magic != kRingMagic || h->version != kRingVersion || h->record_size != sizeof(Record))
+    why = "another layout (another plugin build)";
+  else if (slots == 0 || (slots & (slots - 1)) != 0 || static_cast<size_t>(st.st_size) != ring_bytes(slots))
+    why = "its size does not match its header";
+  else
+    return RingView{h, reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(RingHeader)), slots};
+  munmap(map, static_cast<size_t>(st.st_size));
+  return std::nullopt;
+}
+
+// Process `pid`'s ring (the one it made: its header names `pid` and
+// `start_time`, /proc/PID/stat field 22; a child keeps its parent's
+// descriptors), found among its descriptors (PROC/PID/fd) and mapped;
+// nullopt with `why` when it has none (`why` empty) or it is refused.
+inline std::optional<RingView> map_process_ring(const std::string& proc_root, uint32_t pid, uint64_t start_time,
+                                                std::string& why) {
+  why.clear();
+  const std::string dir = proc_root + "/" + std::to_string(pid) + "/fd";
+  const std::string want = std::string("/memfd:") + kRingMemfdName + " (deleted)";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return std::nullopt;
+  std::optional<RingView> found;
+  char target[128];
+  while (dirent* entry = readdir(d)) {
+    const std::string link = dir + "/" + entry->d_name;
+    ssize_t n = readlink(link.c_str(), target, sizeof target);
+    if (n != static_cast<ssize_t>(want.size()) || want.compare(0, want.size(), target, n) != 0) continue;
+    int fd = open(link.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) continue;
+    found = map_ring(fd, why);
+    close(fd);
+    if (found && found->header->pid == pid && found->header->start_time == start_time) break;
+    if (found) {
+      why = "it was made by another process (of that pid, or its parent)";
+      munmap(found->header, ring_bytes(found->slots));
+      found.reset();
+    }
+  }
+  closedir(d);
+  if (found) why.clear();
+  return found;
+}
+
+inline void unmap_ring(RingView ring) {
+  if (ring.header) munmap(ring.header, ring_bytes(ring.slots));
 }
 
 // Sets up a zeroed mapping of ring_bytes(slots) as an empty ring.
-inline void ring_init(RingView ring, uint32_t slots, uint32_t pid, uint64_t start_time) {
+inline void ring_init(RingView& ring, uint32_t slots, uint32_t pid, uint64_t start_time) {
   RingHeader* h = ring.header;
   h->magic = kRingMagic;
   h->version = kRingVersion;
   h->record_size = sizeof(Record);
   h->slots = slots;
+  ring.slots = slots;
   h->pid = pid;
   h->start_time = start_time;
   for (uint32_t i = 0; i < slots; ++i) ring.records[i].sequence.store(i, std::memory_order_relaxed);
@@ -105,7 +201,7 @@ inline bool ring_write(RingView ring, const Record& record) {
     h->dropped.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  const uint64_t mask = h->slots - 1;
+  const uint64_t mask = ring.slots - 1;
   uint64_t pos = h->head.load(std::memory_order_relaxed);
   Record* slot;
   for (;;) {
@@ -142,7 +238,7 @@ inline bool ring_write(RingView ring, const Record& record) {
 inline bool ring_read(RingView ring, Record& out) {
   RingHeader* h = ring.header;
   const uint64_t pos = h->tail.load(std::memory_order_relaxed);
-  Record& slot = ring.records[pos & (h->slots - 1)];
+  Record& slot = ring.records[pos & (ring.slots - 1)];
   if (slot.sequence.load(std::memory_order_acquire) != pos + 1) return false;
   out.comm_hash = slot.comm_hash;
   out.seq_number = slot.seq_number;
@@ -156,7 +252,7 @@ inline bool ring_read(RingView ring, Record& out) {
   out.op = slot.op;
   out.channel = slot.channel;
   out.state = slot.state;
-  slot.sequence.store(pos + h->slots, std::memory_order_release);
+  slot.sequence.store(pos + ring.slots, std::memory_order_release);
   h->tail.store(pos + 1, std::memory_order_relaxed);
   return true;
 }

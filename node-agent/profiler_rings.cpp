@@ -1,8 +1,5 @@
 #include "node-agent/profiler_rings.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,43 +23,27 @@ ProfilerRings::ProfilerRings(std::string proc_root) : proc_root_(std::move(proc_
 ProfilerRings::~ProfilerRings() {
   for (auto& [pid, ring] : rings_) {
     ring->view.header->reader.store(0);  // the plugin goes back to counting only
-    munmap(ring->map, ring->bytes);
+    profiler::unmap_ring(ring->view);
   }
 }
 
 bool ProfilerRings::attach(uint32_t pid, uint64_t start_time) {
   if (rings_.count(pid)) return true;
+  if (auto it = refused_.find(pid); it != refused_.end() && it->second == start_time) return false;
+  std::string why;
+  auto view = profiler::map_process_ring(proc_root_, pid, start_time, why);
+  if (!view) {
+    if (why.empty()) return false;  // no plugin in it (yet)
+    ++counts_.refused;
+    refused_[pid] = start_time;  // not looked at again while this process lives
+    RS_LOG(warn, "profiler ring of process %u not read: %s", pid, why.c_str());
+    return false;
+  }
   auto ring = std::make_unique<Ring>();
   ring->pid = pid;
-  ring->path = proc_root_ + "/" + std::to_string(pid) + "/root/dev/shm" + profiler::ring_name(pid);
-  int fd = open(ring->path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return false;  // no plugin in it (yet)
-  struct stat st {};
-  const size_t header = sizeof(profiler::RingHeader);
-  void* map = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= header)
-    map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  auto refuse = [&](const char* why) {
-    if (map != MAP_FAILED) munmap(map, static_cast<size_t>(st.st_size));
-    ++counts_.refused;
-    RS_LOG(warn, "profiler ring %s not read: %s", ring->path.c_str(), why);
-    return false;
-  };
-  if (map == MAP_FAILED) return refuse("cannot map it");
-  auto* h = static_cast<profiler::RingHeader*>(map);
-  if (h->magic != profiler::kRingMagic || h->version != profiler::kRingVersion || h->record_size != sizeof(Record))
-    return refuse("another layout (another plugin build)");
-  if (h->slots == 0 || (h->slots & (h->slots - 1)) != 0 ||
-      static_cast<size_t>(st.st_size) < profiler::ring_bytes(h->slots))
-    return refuse("its size does not match its header");
-  if (h->pid != pid || h->start_time != start_time) return refuse("it was made by another process of that pid");
-  ring->map = map;
-  ring->bytes = static_cast<size_t>(st.st_size);
-  ring->view.header = h;
-  ring->view.records = reinterpret_cast<Record*>(static_cast<char*>(map) + header);
-  ring->dropped_seen = h->dropped.load(std::memory_order_relaxed);
-  h->reader.store(static_cast<uint32_t>(getpid()), std::memory_order_relaxed);
+  ring->view = *view;
+  ring->dropped_seen = view->header->dropped.load(std::memory_order_relaxed);
+  view->header->reader.store(static_cast<uint32_t>(getpid()), std::memory_order_relaxed);
   rings_[pid] = std::move(ring);
   ++counts_.rings;
   return true;
@@ -73,18 +54,19 @@ void ProfilerRings::drain(const std::function<void(const GpuCollective&)>& out) 
 }
 
 void ProfilerRings::detach(uint32_t pid, const std::function<void(const GpuCollective&)>& out) {
+  refused_.erase(pid);
   auto it = rings_.find(pid);
   if (it == rings_.end()) return;
   read(*it->second, out);
-  unlink(it->second->path.c_str());  // the plugin leaves a read ring to its reader
-  munmap(it->second->map, it->second->bytes);
+  profiler::unmap_ring(it->second->view);  // the last reference: the ring is freed
   rings_.erase(it);
   --counts_.rings;
 }
 
 void ProfilerRings::read(Ring& ring, const std::function<void(const GpuCollective&)>& out) {
   Record r;
-  while (profiler::ring_read(ring.view, r)) {
+  // At most a ring's worth per drain: a writer that never stops cannot hold the agent here.
+  for (uint32_t budget = ring.view.slots; budget > 0 && profiler::ring_read(ring.view, r); --budget) {
     ++counts_.records;
     take(ring, r, out);
   }
@@ -108,6 +90,7 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     p.c.op = r.op;
     p.c.seq_number = r.seq_number;
     p.order = ring.next_order++;
+    ring.by_order.emplace(p.order, key);
     if (!enqueue) ++counts_.unmatched;
   }
   if (enqueue) {
@@ -127,13 +110,13 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     p.c.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring.gpu_to_host);
     p.c.kernel_end_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_end) + ring.gpu_to_host);
     out(p.c);
+    ring.by_order.erase(p.order);
     ring.pending.erase(it);
     return;
   }
-  if (ring.pending.size() > kPendingPerRing) {
-    auto oldest = std::min_element(ring.pending.begin(), ring.pending.end(),
-                                   [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
-    ring.pending.erase(oldest);
+  if (ring.pending.size() > kPendingPerRing) {  // the oldest goes
+    ring.pending.erase(ring.by_order.begin()->second);
+    ring.by_order.erase(ring.by_order.begin());
   }
 }
 

@@ -5,11 +5,12 @@
 // collective: when NCCL enqueued it, and when its kernel started and
 // stopped on the GPU, on the node's monotonic clock.
 //
-// A ring is taken only if its header is the layout this build reads and
-// names the process it was found for (pid and start time: a ring left by a
-// process whose pid was reused is not read). Attaching marks the ring read
-// (the plugin writes only while someone reads). A process that exits is
-// drained once more; its ring is then removed.
+// A ring is found among the process's descriptors and taken only if it is
+// sealed against resizing, its header is the layout this build reads and it
+// names the process it was found for (pid and start time); its writer is
+// not trusted (nccl-profiler/ring.h). Attaching marks the ring read (the
+// plugin writes only while someone reads). A process that exits is drained
+// once more; its ring is then let go, and goes.
 //
 // GPU times (%globaltimer) are put on the host's monotonic clock per
 // process: the plugin reports a kernel's start from a host thread after
@@ -52,15 +53,15 @@ struct ProfilerRingCounts {
 
 class ProfilerRings {
  public:
-  // A process's ring is PROC/PID/root/dev/shm/rankscope-nccl-PID: its own
-  // /dev/shm, also inside a container.
+  // A process's ring is the memfd among PROC/PID/fd (also inside a container).
   explicit ProfilerRings(std::string proc_root = "/proc");
   ~ProfilerRings();
   ProfilerRings(const ProfilerRings&) = delete;
   ProfilerRings& operator=(const ProfilerRings&) = delete;
 
   // Looks for process `pid`'s ring (started at `start_time`, /proc/PID/stat
-  // field 22) if it has none yet; true when it is read now.
+  // field 22) if it has none yet; true when it is read now. A refused ring
+  // is not looked at again while that process lives.
   bool attach(uint32_t pid, uint64_t start_time);
   // Reads every ring; each collective whose kernel has stopped on every
   // channel goes to `out`.
@@ -81,13 +82,11 @@ class ProfilerRings {
   using Key = std::tuple<uint64_t, uint8_t, uint64_t>;  // (comm hash, op, seqNumber): one collective of a process
   struct Ring {
     uint32_t pid = 0;
-    std::string path;
-    void* map = nullptr;
-    size_t bytes = 0;
     profiler::RingView view;
     uint64_t dropped_seen = 0;
     int64_t gpu_to_host = INT64_MAX;  // smallest host_ns - gpu_ns seen
     std::map<Key, Pending> pending;
+    std::map<uint64_t, Key> by_order;  // pending, oldest first
     uint64_t next_order = 0;
   };
   void read(Ring& ring, const std::function<void(const GpuCollective&)>& out);
@@ -95,6 +94,7 @@ class ProfilerRings {
 
   std::string proc_root_;
   std::map<uint32_t, std::unique_ptr<Ring>> rings_;  // by pid
+  std::map<uint32_t, uint64_t> refused_;             // pid -> start time of a process whose ring was refused
   ProfilerRingCounts counts_;
 };
 

@@ -174,15 +174,6 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
       },
       std::chrono::seconds(30));
   ASSERT_TRUE(seen) << json << "\n" << slurp(dir.file("agent-0.log")) << slurp(dir.file("salloc.log"));
-  // The tasks load rankscope's profiler plugin (the TaskProlog) and are
-  // killed at the end: their rings are removed here, whatever happens.
-  struct RemoveRings {
-    std::vector<std::string> files;
-    ~RemoveRings() {
-      for (const auto& f : files) std::filesystem::remove(f);
-    }
-  } remove_rings;
-  for (const auto& r : ranks) remove_rings.files.push_back("/dev/shm/rankscope-nccl-" + field(r, "pid"));
   EXPECT_EQ(array_objects(json.substr(json.find('['))).size(), 1u) << "one job only: " << json;
   EXPECT_NE(json.find("\"nranks\":2"), std::string::npos) << json;
   for (int rank = 0; rank < 2; ++rank) {

@@ -375,23 +375,17 @@ struct Seen {
 // and marked read (until then the plugin only counts what it drops).
 class RingTap {
  public:
-  explicit RingTap(pid_t pid) : name_(rankscope::profiler::ring_name(static_cast<uint32_t>(pid))) {}
-  ~RingTap() {
-    if (map_ != MAP_FAILED) ::munmap(map_, bytes_);
-    ::shm_unlink(name_.c_str());  // a ring a reader held is the reader's to remove
-  }
+  explicit RingTap(pid_t pid) : pid_(static_cast<uint32_t>(pid)) {}
+  ~RingTap() { rankscope::profiler::unmap_ring(ring_); }
   // Maps the ring once the process has made it (at its first communicator).
   bool open() {
-    const int fd = ::shm_open(name_.c_str(), O_RDWR, 0);
-    if (fd < 0) return false;
-    bytes_ = rankscope::profiler::ring_bytes(rankscope::profiler::kRingSlots);
-    map_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (map_ == MAP_FAILED) return false;
-    ring_.header = static_cast<rankscope::profiler::RingHeader*>(map_);
-    ring_.records = reinterpret_cast<rankscope::profiler::Record*>(static_cast<char*>(map_) +
-                                                                   sizeof(rankscope::profiler::RingHeader));
-    if (ring_.header->magic != rankscope::profiler::kRingMagic) return false;
+    std::string why;
+    auto start = rankscope::agent::read_start_time("/proc", pid_);
+    if (!start) return false;
+    auto ring = rankscope::profiler::map_process_ring("/proc", pid_, *start, why);
+    EXPECT_EQ(why, "");
+    if (!ring) return false;
+    ring_ = *ring;
     ring_.header->reader.store(static_cast<uint32_t>(::getpid()));
     return true;
   }
@@ -402,9 +396,7 @@ class RingTap {
   }
 
  private:
-  std::string name_;
-  void* map_ = MAP_FAILED;
-  size_t bytes_ = 0;
+  uint32_t pid_;
   rankscope::profiler::RingView ring_;
 };
 
@@ -487,12 +479,6 @@ TEST(FakeNccl, TheAgentReadsEachRanksGpuTimesOnTheHostClock) {
   RankProcess rank1(dir, "1", 1, 2, argv, {plugin, "FAKECUDA_GPU_DELAY_US=" + std::to_string(kDelayNs / 1000)});
   rankscope::agent::ProfilerRings rings;
   const pid_t pids[2] = {rank0.pid(), rank1.pid()};
-  struct RemoveRings {  // the ranks are killed: no plugin is left to remove them
-    const pid_t* pids;
-    ~RemoveRings() {
-      for (int r = 0; r < 2; ++r) ::shm_unlink(rankscope::profiler::ring_name(static_cast<uint32_t>(pids[r])).c_str());
-    }
-  } remove{pids};
   ASSERT_TRUE(waitFor([&] {
     bool all = true;
     for (pid_t pid : pids) {

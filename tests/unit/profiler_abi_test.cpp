@@ -120,7 +120,7 @@ class ProfilerPlugin : public ::testing::Test {
     if (ring.header) {
       ring.header->reader.store(0);
       ring.header->detail.store(0);
-      munmap(ring.header, ring_bytes(ring.header->slots));
+      unmap_ring(ring);
     }
   }
   void* init_v5(uint64_t hash, int rank, int* mask) {
@@ -131,13 +131,10 @@ class ProfilerPlugin : public ::testing::Test {
   }
   // The ring the plugin made at its first init, mapped as the agent maps it.
   void attach() {
-    int fd = shm_open(ring_name(static_cast<uint32_t>(getpid())).c_str(), O_RDWR, 0);
-    ASSERT_GE(fd, 0) << "no ring";
-    void* map = mmap(nullptr, ring_bytes(kRingSlots), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    ASSERT_NE(map, MAP_FAILED);
-    ring.header = static_cast<RingHeader*>(map);
-    ring.records = reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(RingHeader));
+    std::string why;
+    auto mapped = map_process_ring("/proc", static_cast<uint32_t>(getpid()), own_start_time(), why);
+    ASSERT_TRUE(mapped) << "no ring: " << why;
+    ring = *mapped;
     ASSERT_EQ(ring.header->magic, kRingMagic);
     ASSERT_EQ(ring.header->version, kRingVersion);
     ASSERT_EQ(ring.header->record_size, sizeof(Record));

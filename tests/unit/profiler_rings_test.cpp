@@ -1,5 +1,7 @@
 // The agent's reader of the profiler plugin's rings (node-agent/profiler_rings.h):
-// rings made in a fake /proc root, written as the plugin writes them.
+// rings made as the plugin makes them (a sealed memfd) in this process, found
+// through a fake /proc root whose PID entry is this process's own, and
+// written as the plugin writes them.
 #include "node-agent/profiler_rings.h"
 
 #include <fcntl.h>
@@ -7,7 +9,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "bpf/nccl_events.h"
@@ -24,24 +28,30 @@ constexpr uint64_t kStart = 777;
 constexpr uint64_t kComm = 0x1234abcd5678ef01ull;
 constexpr uint32_t kSlots = 64;
 
-// A process's ring where the agent looks for it: PROC/PID/root/dev/shm/rankscope-nccl-PID.
+// A process's ring where the agent looks for it: a memfd among PROC/PID/fd.
+// PROC/PID is this process (a link to /proc/self), so one FakeRing lives at
+// a time.
 class FakeRing {
  public:
-  FakeRing(const testing::TempDir& proc, uint32_t pid, uint64_t start_time, uint32_t version = profiler::kRingVersion) {
-    std::filesystem::path dir = std::filesystem::path(proc.path()) / std::to_string(pid) / "root/dev/shm";
-    std::filesystem::create_directories(dir);
-    path = (dir / profiler::ring_name(pid).substr(1)).string();
-    int fd = open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  FakeRing(const testing::TempDir& proc, uint32_t pid, uint64_t start_time, uint32_t version = profiler::kRingVersion,
+           int seals = profiler::kRingSeals) {
+    std::filesystem::path entry = std::filesystem::path(proc.path()) / std::to_string(pid);
+    std::filesystem::remove(entry);
+    std::filesystem::create_directory_symlink("/proc/self", entry);
+    fd = memfd_create(profiler::kRingMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     bytes = profiler::ring_bytes(kSlots);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
     map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     view.header = static_cast<profiler::RingHeader*>(map);
     view.records = reinterpret_cast<Record*>(static_cast<char*>(map) + sizeof(profiler::RingHeader));
     profiler::ring_init(view, kSlots, pid, start_time);
     view.header->version = version;
   }
-  ~FakeRing() { munmap(map, bytes); }
+  ~FakeRing() {
+    munmap(map, bytes);
+    close(fd);
+  }
   // As the plugin writes one record.
   bool write(RecordKind kind, uint64_t seq, uint64_t host_ns, uint64_t gpu_ns, uint8_t channel = 0) {
     Record r;
@@ -59,7 +69,7 @@ class FakeRing {
     r.state = 0;
     return profiler::ring_write(view, r);
   }
-  std::string path;
+  int fd = -1;
   void* map = nullptr;
   size_t bytes = 0;
   profiler::RingView view;
@@ -109,26 +119,59 @@ TEST(ProfilerRings, ARingOfAnotherProcessOrLayoutIsNotRead) {
     EXPECT_EQ(reused.view.header->reader.load(), 0u);
     EXPECT_EQ(rings.counts().refused, 1u);
   }
-  FakeRing other(proc, kPid + 1, kStart, profiler::kRingVersion + 1);
   ProfilerRings rings(proc.path());
-  EXPECT_FALSE(rings.attach(kPid + 1, kStart)) << "another plugin build's layout";
-  EXPECT_FALSE(rings.attach(kPid + 2, kStart)) << "no ring: no plugin in that process";
-  EXPECT_EQ(rings.counts().refused, 1u);
+  {
+    FakeRing other(proc, kPid + 1, kStart, profiler::kRingVersion + 1);
+    EXPECT_FALSE(rings.attach(kPid + 1, kStart)) << "another plugin build's layout";
+    EXPECT_EQ(other.view.header->reader.load(), 0u);
+  }
+  {
+    // A ring its writer could shrink under the agent's mapping (SIGBUS in the agent).
+    FakeRing unsealed(proc, kPid + 2, kStart, profiler::kRingVersion, F_SEAL_SEAL);
+    EXPECT_FALSE(rings.attach(kPid + 2, kStart)) << "a ring not sealed against resizing";
+    EXPECT_EQ(unsealed.view.header->reader.load(), 0u);
+  }
+  EXPECT_FALSE(rings.attach(kPid + 3, kStart)) << "no such process";
+  EXPECT_EQ(rings.counts().refused, 2u);
+  {
+    FakeRing good(proc, kPid + 1, kStart);
+    EXPECT_FALSE(rings.attach(kPid + 1, kStart)) << "a refused process is not looked at again";
+    rings.detach(kPid + 1, [](const GpuCollective&) {});  // it exited; its pid may come back
+    EXPECT_TRUE(rings.attach(kPid + 1, kStart));
+  }
 }
 
-TEST(ProfilerRings, AnExitedProcessIsDrainedAndItsRingRemoved) {
+TEST(ProfilerRings, AWriterThatNeverStopsCannotHoldTheReader) {
   testing::TempDir proc;
   FakeRing ring(proc, kPid, kStart);
   ProfilerRings rings(proc.path());
   ASSERT_TRUE(rings.attach(kPid, kStart));
-  ASSERT_TRUE(ring.write(RecordKind::coll_start, 0, 10, 0, 1));
-  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 0, 20, 15, 0));
-  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 0, 40, 30, 0));
-  size_t got = 0;
-  rings.detach(kPid, [&](const GpuCollective&) { ++got; });
-  EXPECT_EQ(got, 1u);
-  EXPECT_FALSE(std::filesystem::exists(ring.path));
-  EXPECT_EQ(rings.counts().rings, 0u);
+  // The writer also rewrites its header's size; the reader keeps its own.
+  ring.view.header->slots = 1u << 30;
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (uint64_t seq = 0; !stop.load(); ++seq) ring.write(RecordKind::coll_start, seq, seq, 0, 1);
+  });
+  for (int i = 0; i < 100; ++i) rings.drain([](const GpuCollective&) {});  // each returns
+  stop = true;
+  writer.join();
+  EXPECT_LE(rings.counts().records, 100u * kSlots);
+}
+
+TEST(ProfilerRings, AnExitedProcessIsDrainedAndItsRingLetGo) {
+  testing::TempDir proc;
+  ProfilerRings rings(proc.path());
+  {
+    FakeRing ring(proc, kPid, kStart);
+    ASSERT_TRUE(rings.attach(kPid, kStart));
+    ASSERT_TRUE(ring.write(RecordKind::coll_start, 0, 10, 0, 1));
+    ASSERT_TRUE(ring.write(RecordKind::kernel_start, 0, 20, 15, 0));
+    ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 0, 40, 30, 0));
+    size_t got = 0;
+    rings.detach(kPid, [&](const GpuCollective&) { ++got; });
+    EXPECT_EQ(got, 1u);
+    EXPECT_EQ(rings.counts().rings, 0u);
+  }
   // Later drops (the ring full, say) are counted while it is read.
   FakeRing again(proc, kPid + 1, kStart);
   ASSERT_TRUE(rings.attach(kPid + 1, kStart));
