@@ -47,6 +47,7 @@ enum class MetricId {
   commit_failures,
   split_children,
   ingest_split_waits,
+  ingest_gpu_records,
   alertmanager_posts,
   handshakes,
   throttled_messages,
@@ -168,6 +169,11 @@ const MetricInfo kCatalogue[] = {
      "",
      {},
      "Batches not acknowledged (agents re-send them) because they hold records of a split child not sized yet, or follow one that does."},
+    {"rankscope_ingest_gpu_records_total",
+     Type::counter,
+     "",
+     {"result"},
+     "GPU-side records of collectives from NCCL's profiler plugin, by result (taken; unmatched: their communicator or member was not known, or another process holds that member)."},
     {"rankscope_alertmanager_posts_total",
      Type::counter,
      "",
@@ -357,6 +363,9 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   splits_sized_.counter = &splits.Add({{"result", "sized"}});
   splits_abandoned_.counter = &splits.Add({{"result", "abandoned"}});
   split_waits_.counter = &counter(r, MetricId::ingest_split_waits);
+  auto& gpu = counters(r, MetricId::ingest_gpu_records);
+  gpu_taken_.counter = &gpu.Add({{"result", "taken"}});
+  gpu_unmatched_.counter = &gpu.Add({{"result", "unmatched"}});
   auto& posts = counters(r, MetricId::alertmanager_posts);
   alert_posts_ok_.counter = &posts.Add({{"result", "ok"}});
   alert_posts_failed_.counter = &posts.Add({{"result", "failed"}});
@@ -559,6 +568,11 @@ void Metrics::set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t wait
   advance(splits_sized_, sized);
   advance(splits_abandoned_, abandoned);
   advance(split_waits_, waits);
+}
+
+void Metrics::set_gpu_totals(uint64_t taken, uint64_t unmatched) {
+  advance(gpu_taken_, taken);
+  advance(gpu_unmatched_, unmatched);
 }
 
 void Metrics::set_alert_posts(uint64_t ok, uint64_t failed) {

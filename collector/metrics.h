@@ -104,6 +104,7 @@ class Metrics {
   void set_commit_totals(uint64_t failures, uint64_t held_batches);
   // Split children sized and abandoned, and batches sent back to wait for one (IngestCounters).
   void set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t waits);
+  void set_gpu_totals(uint64_t taken, uint64_t unmatched);
   void set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled, uint64_t query_throttled);
 
   // Running totals of one Slurm account since the collector started (the
@@ -183,6 +184,7 @@ class Metrics {
   CounterTotal ingest_batches_, ingest_records_, ingest_duplicate_batches_, ingest_bad_messages_, ingest_bytes_;
   CounterTotal ingest_held_batches_, commit_failures_;
   CounterTotal splits_sized_, splits_abandoned_, split_waits_;
+  CounterTotal gpu_taken_, gpu_unmatched_;
   CounterTotal alert_posts_ok_, alert_posts_failed_;
   CounterTotal handshakes_admitted_, handshakes_refused_, throttled_agent_, throttled_query_;
   prometheus::Counter* series_dropped_;

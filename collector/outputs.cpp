@@ -39,6 +39,7 @@ class MetricsOutput final : public Output {
     metrics_.set_commit_totals(e.commit.failures(), e.ingest.counters().held_batches);
     const IngestCounters& counters = e.ingest.counters();
     metrics_.set_split_totals(counters.splits_sized, counters.splits_abandoned, counters.split_waits);
+    metrics_.set_gpu_totals(counters.gpu_records, counters.gpu_unmatched);
   }
 
  private:

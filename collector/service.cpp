@@ -24,7 +24,9 @@ Service::Service(TimelineStore& store, std::unique_ptr<CommitTarget> own_target,
   ingest_.add_observer(&matcher_);
   ingest_.add_observer(&refiner_);
   ingest_.add_observer(&ledger_);
+  ingest_.add_observer(&gpu_matcher_);
   matcher_.subscribe(refiner_);
+  gpu_matcher_.subscribe(detector_);
 }
 
 Result<void> Service::restore() {
@@ -37,6 +39,7 @@ void Service::evaluate(uint64_t now_ns) {
   ingest_.retire(now_ns, options_.retire_after_ns);
   ingest_.adjust_clocks(refiner_.update());
   matcher_.sweep(ingest_.comms());
+  gpu_matcher_.sweep(ingest_.comms());
   detector_.evaluate(now_ns);
   ledger_.tick(now_ns, findings_.open());
 }

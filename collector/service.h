@@ -74,6 +74,7 @@ class Service {
   FindingBook findings_;
   FindingWriter finding_writer_{findings_};
   CollectiveMatcher matcher_;
+  GpuMatcher gpu_matcher_;
   Detector detector_;
   ClockRefiner refiner_;
   UsageLedger ledger_;

@@ -23,6 +23,7 @@ struct DropCounts {
   uint64_t spool_damaged = 0;
   uint64_t lost_returns = 0;
   uint64_t malformed = 0;
+  uint64_t profiler_dropped = 0;
 
   bool operator==(const DropCounts&) const = default;
 };
@@ -38,7 +39,7 @@ struct DropReason {
 
 // What each means is in docs/metrics.md (the `reason` label), which a test
 // holds to this table.
-inline constexpr std::array<DropReason, 9> kDropReasons = {{
+inline constexpr std::array<DropReason, 10> kDropReasons = {{
     {"ringbuf_full", &DropCounts::ringbuf_full, true, ""},
     {"map_full", &DropCounts::map_full, true, ""},
     {"unknown_comm", &DropCounts::unknown_comm, false, "unmatched"},
@@ -48,6 +49,7 @@ inline constexpr std::array<DropReason, 9> kDropReasons = {{
     {"spool_damaged", &DropCounts::spool_damaged, false, "damaged spool file(s)"},
     {"lost_returns", &DropCounts::lost_returns, false, "call(s) running while the agent attached"},
     {"malformed", &DropCounts::malformed, true, ""},
+    {"profiler_dropped", &DropCounts::profiler_dropped, false, "GPU-side record(s) the profiler plugin dropped"},
 }};
 
 // Each count the larger of the two: whatever arrives late or out of order

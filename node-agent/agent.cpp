@@ -15,6 +15,7 @@
 #include "node-agent/discover.h"
 #include "node-agent/drain.h"
 #include "node-agent/host.h"
+#include "node-agent/profiler_rings.h"
 #include "node-agent/spool.h"
 #include "node-agent/summarise.h"
 #include "node-agent/transport.h"
@@ -94,8 +95,10 @@ std::optional<std::unique_ptr<Spool>> open_spool(const Options& options) {
 
 // Every count of records lost or unmatched that the agent knows now
 // (common/drops.h): BPF's, the summariser's and the transport's.
-DropCounts drop_counts(const NcclProbes& bpf, const Summariser& summariser, const Transport& transport) {
+DropCounts drop_counts(const NcclProbes& bpf, const Summariser& summariser, const Transport& transport,
+                       const ProfilerRings& rings) {
   DropCounts drops = bpf.drops();
+  drops.profiler_dropped = rings.counts().plugin_dropped;
   drops.unknown_comm = summariser.unknown_comm_records();
   drops.malformed = summariser.malformed_records();
   drops.send_queue_full = transport.discarded_batches();
@@ -106,18 +109,18 @@ DropCounts drop_counts(const NcclProbes& bpf, const Summariser& summariser, cons
 
 // One batch of what the summariser holds, with the drop counters, handed to
 // the transport.
-void send_batch(NcclProbes& bpf, Summariser& summariser, Transport& transport, uint64_t instance, uint64_t seq,
-                uint64_t now) {
-  DropCounts drops = drop_counts(bpf, summariser, transport);
+void send_batch(NcclProbes& bpf, Summariser& summariser, Transport& transport, const ProfilerRings& rings,
+                uint64_t instance, uint64_t seq, uint64_t now) {
+  DropCounts drops = drop_counts(bpf, summariser, transport, rings);
   transport.submit(
       seq, proto::encode_batch(instance, seq, now, [&](wire::Batch::Builder batch) { summariser.fill(batch, drops); }));
 }
 
 // The heartbeat: traced processes, drops, each process's health and host
 // context, open waits.
-void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transport, CgroupReport& cgroups,
-                    const Options& options, uint64_t now) {
-  DropCounts drops = drop_counts(bpf, summariser, transport);
+void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transport, const ProfilerRings& rings,
+                    CgroupReport& cgroups, const Options& options, uint64_t now) {
+  DropCounts drops = drop_counts(bpf, summariser, transport, rings);
   transport.send_heartbeat([&](wire::Heartbeat::Builder hb) {
     hb.setTracedProcesses(static_cast<uint32_t>(summariser.traced_processes()));
     proto::write_drops(drops, hb.initDrops());
@@ -197,17 +200,23 @@ int run(const Options& options, const std::atomic<bool>& stop) {
          options.collector.c_str());
 
   CgroupReport cgroups(cgroup2_mount());
+  // The second source: the GPU side of collectives, from the rings of
+  // traced processes that loaded rankscope's NCCL profiler plugin.
+  ProfilerRings rings(options.proc_root);
+  auto gpu = [&](const GpuCollective& c) { summariser.on_gpu(c); };
   uint64_t batch_seq = 0;
-  auto flush = [&] { send_batch(bpf, summariser, transport, instance, ++batch_seq, now()); };
+  auto flush = [&] { send_batch(bpf, summariser, transport, rings, instance, ++batch_seq, now()); };
   uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
   uint64_t welcomes = 0;
   while (!stop.load()) {
     take_replies(transport, summariser, welcomes);
     bpf.consume();
+    rings.drain(gpu);
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {
       for (const auto& library : discovery.scan(*scope)) attach_library(bpf, discovery, library, options);
-      summariser.forget_exited();
+      for (uint32_t pid : summariser.forget_exited()) rings.detach(pid, gpu);
+      for (const auto& [pid, start_time] : summariser.traced()) rings.attach(pid, start_time);
       last_scan = t;
     }
     if (t - last_probe >= options.clock_probe_interval_ms * kMs) {
@@ -221,13 +230,14 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       last_flush = t;  // the age of a batch counts from its first record
     }
     if (t - last_heartbeat >= options.heartbeat_interval_ms * kMs) {
-      send_heartbeat(bpf, summariser, transport, cgroups, options, t);
+      send_heartbeat(bpf, summariser, transport, rings, cgroups, options, t);
       last_heartbeat = t;
     }
   }
 
   // Last records out, several batches if one cannot carry it all.
   bpf.poll(0);
+  rings.drain(gpu);
   while (!summariser.empty()) flush();
   await_last_acks(transport, options, clock);
   RS_LOG(info, "stopped");

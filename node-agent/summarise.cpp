@@ -273,7 +273,7 @@ void Summariser::resend_identities() {
 }
 
 bool Summariser::empty() const {
-  if (!blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty() || !waits_.empty() ||
+  if (!blocks_.empty() || !gpu_blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty() || !waits_.empty() ||
       !async_errors_.empty())
     return false;
   for (const auto& [pid, entry] : processes_)
@@ -338,37 +338,60 @@ void Summariser::fill_ends(wire::Batch::Builder batch, const std::set<std::pair<
 
 uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held) {
   // Blocks in key order until the batch is full; a block larger than what
-  // is left is split (its first records now, the rest next time).
+  // is left is split (its first records now, the rest next time). The GPU
+  // blocks share the budget, after the host's.
   uint64_t records = 0;
+  auto take = [&](auto& from, auto& parts) {
+    for (auto it = from.begin(); it != from.end();) {
+      auto& block = it->second;
+      if (held.count({block.pid, block.comm_hash})) {
+        ++it;
+        continue;
+      }
+      if (parts.size() == proto::kMaxListEntries || records == proto::kMaxRecordsPerBatch) break;
+      const uint64_t room = proto::kMaxRecordsPerBatch - records;
+      if (block.records.size() <= room) {
+        records += block.records.size();
+        parts.push_back(std::move(block));
+        it = from.erase(it);
+      } else {
+        auto part = block;
+        part.records.assign(block.records.begin(), block.records.begin() + static_cast<std::ptrdiff_t>(room));
+        block.records.erase(block.records.begin(), block.records.begin() + static_cast<std::ptrdiff_t>(room));
+        records += room;
+        parts.push_back(std::move(part));
+        break;
+      }
+    }
+  };
   std::vector<proto::ColumnBlock> parts;
+  std::vector<proto::GpuBlock> gpu_parts;
+  take(blocks_, parts);
+  take(gpu_blocks_, gpu_parts);
   std::vector<const proto::ColumnBlock*> blocks;
-  for (auto it = blocks_.begin(); it != blocks_.end();) {
-    proto::ColumnBlock& block = it->second;
-    if (held.count({block.pid, block.comm_hash})) {
-      ++it;
-      continue;
-    }
-    if (blocks.size() == proto::kMaxListEntries || records == proto::kMaxRecordsPerBatch) break;
-    uint64_t room = proto::kMaxRecordsPerBatch - records;
-    if (block.records.size() <= room) {
-      records += block.records.size();
-      parts.push_back(std::move(block));
-      it = blocks_.erase(it);
-    } else {
-      proto::ColumnBlock part = block;
-      part.records.assign(block.records.begin(), block.records.begin() + static_cast<std::ptrdiff_t>(room));
-      block.records.erase(block.records.begin(), block.records.begin() + static_cast<std::ptrdiff_t>(room));
-      records += room;
-      parts.push_back(std::move(part));
-      break;
-    }
-  }
   for (const auto& part : parts) blocks.push_back(&part);
-  proto::encode_collectives(blocks, batch);
+  std::vector<const proto::GpuBlock*> gpu;
+  for (auto& part : gpu_parts) {
+    std::stable_sort(part.records.begin(), part.records.end(),
+                     [](const proto::GpuRecord& a, const proto::GpuRecord& b) { return a.seq < b.seq; });
+    gpu.push_back(&part);
+  }
+  proto::encode_collectives(blocks, batch, gpu);
   pending_records_ = 0;
   for (const auto& [key, block] : blocks_) pending_records_ += block.records.size();
-
+  for (const auto& [key, block] : gpu_blocks_) pending_records_ += block.records.size();
   return records;
+}
+
+void Summariser::on_gpu(const GpuCollective& c) {
+  auto& block = gpu_blocks_[GpuKey{c.pid, c.comm_hash, c.rank, c.op}];
+  block.pid = c.pid;
+  block.comm_hash = c.comm_hash;
+  block.rank = c.rank;
+  block.op = c.op;
+  block.records.push_back(
+      proto::GpuRecord{c.seq_number, c.count, shift(c.enqueued_ns), shift(c.kernel_start_ns), shift(c.kernel_end_ns)});
+  ++pending_records_;
 }
 
 void Summariser::fill_clock_samples(wire::Batch::Builder batch) {
@@ -412,7 +435,8 @@ void Summariser::fill_async_errors(wire::Batch::Builder batch) {
   async_errors_.clear();
 }
 
-void Summariser::forget_exited() {
+std::vector<uint32_t> Summariser::forget_exited() {
+  std::vector<uint32_t> forgotten;
   for (auto it = processes_.begin(); it != processes_.end();) {
     auto start = read_start_time(proc_root_, it->first);
     bool gone = !start || (it->second.identity.start_time != 0 && *start != it->second.identity.start_time);
@@ -425,11 +449,19 @@ void Summariser::forget_exited() {
       uint32_t pid = it->first;
       for (auto c = comms_.begin(); c != comms_.end();) c = (c->first.first == pid) ? comms_.erase(c) : std::next(c);
       exited_.push_back(pid);
+      forgotten.push_back(pid);
       it = processes_.erase(it);
     } else {
       ++it;
     }
   }
+  return forgotten;
+}
+
+std::vector<std::pair<uint32_t, uint64_t>> Summariser::traced() const {
+  std::vector<std::pair<uint32_t, uint64_t>> out;
+  for (const auto& [pid, entry] : processes_) out.emplace_back(pid, entry.identity.start_time);
+  return out;
 }
 
 }  // namespace rankscope::agent

@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "node-agent/drain.h"
 #include "node-agent/identify.h"
+#include "node-agent/profiler_rings.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
 #include "proto/drops.h"
@@ -43,6 +44,9 @@ class Summariser {
 
   void on_event(const Event& event);
   void on_malformed() { ++malformed_; }
+  // The GPU side of a collective, from the profiler plugin's ring (times on
+  // the node's monotonic clock, like the BPF events').
+  void on_gpu(const GpuCollective& collective);
   void add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4);
 
   bool empty() const;
@@ -51,8 +55,10 @@ class Summariser {
   // (proto/limits.h); the rest stays for the next (empty() says whether any).
   void fill(wire::Batch::Builder batch, const DropCounts& drops);
   // Frees entries of processes that exited (pid gone or reused); each is
-  // reported once more by health() as not alive.
-  void forget_exited();
+  // reported once more by health() as not alive. Returns their pids.
+  std::vector<uint32_t> forget_exited();
+  // Every traced process: (pid, start time).
+  std::vector<std::pair<uint32_t, uint64_t>> traced() const;
   // Sends every traced process's identity again with the next batch (a new
   // collector run knows the communicators from its database, not who the
   // processes are).
@@ -132,6 +138,8 @@ class Summariser {
   std::vector<PendingAsyncError> async_errors_;
   std::map<CommKey, CommEntry> comms_;
   std::map<BlockKey, proto::ColumnBlock> blocks_;
+  using GpuKey = std::tuple<uint32_t, uint64_t, int32_t, uint8_t>;  // pid, comm hash, rank, op
+  std::map<GpuKey, proto::GpuBlock> gpu_blocks_;
   struct PendingEnd {
     uint32_t pid;
     uint64_t hash, ns;

@@ -46,6 +46,28 @@ struct Batch {
   commTable @10 :List(UInt64);    # communicator hashes the blocks refer to by index
   waits @11 :List(WaitColumns);  # host waits on the GPU that ended in this interval, per thread
   asyncErrors @12 :List(AsyncError);  # communicators found broken (ncclCommGetAsyncError)
+  gpuCollectives @13 :List(GpuColumns);  # the GPU side of collectives, from NCCL's profiler plugin
+}
+
+# The GPU side of the collectives of one (process, communicator, operation),
+# read from rankscope's NCCL profiler plugin (docs/gpu-timing.md), in NCCL's
+# seqNumber order. A collective is sent once the kernels of all its channels
+# stopped. Times are the agent's clock: GPU times were put on it per process.
+# Joined to the host records and across ranks by (commHash, op, seqNumber).
+struct GpuColumns {
+  pid @0 :UInt32;
+  comm @1 :UInt32;          # index into Batch.commTable (NCCL's commHash)
+  rank @2 :Int32;
+  op @3 :UInt8;             # rs_nccl_op (bpf/nccl_events.h)
+  count @4 :UInt32;         # number of records
+  firstSeq @5 :UInt64;      # NCCL's seqNumber of the first (per communicator and operation)
+  baseOffsetNs @6 :Int64;   # enqueue time of the first minus Batch.baseNs
+  seqGap @7 :List(UInt32);  # seq[i] - seq[i-1] - 1
+  enqueueDeltaNs @8 :List(Int64);  # enqueued[i] - enqueued[i-1] (0 for the first)
+  startNs @9 :List(Int64);  # kernel start - enqueued: the time it queued on the GPU (below 0 only
+                            # within the GPU clock's uncertainty)
+  kernelNs @10 :List(UInt64);      # kernel end - kernel start
+  elements @11 :List(UInt64);      # element count, xor previous (previous of the first: 0)
 }
 
 # ncclCommGetAsyncError returned an error or reported one: the communicator
@@ -159,7 +181,7 @@ struct CommEnd {
 
 enum TimingSource {
   hostIssue @0;             # host-side API call times (uprobes): when work was enqueued
-  gpuProfiler @1;           # reserved: NCCL profiler plugin, device-side times
+  gpuProfiler @1;           # reserved (GPU-side times travel in GpuColumns)
 }
 
 # The collective records of one (process, communicator, lane), in sequence
@@ -200,6 +222,7 @@ struct DropCounters {
   spoolDamaged @6 :UInt64;  # spool segments found cut short or corrupt at start (their tails skipped)
   lostReturns @7 :UInt64;   # calls whose return was not seen (they ran while the agent attached): not recorded
   malformed @8 :UInt64;     # ring-buffer records the agent could not decode (wrong size or kind): not recorded
+  profilerDropped @9 :UInt64;  # records NCCL's profiler plugin could not write while the agent read its ring (full)
 }
 
 struct Heartbeat {

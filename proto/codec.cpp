@@ -92,18 +92,57 @@ void encode_block(const ColumnBlock& block, uint32_t comm_index, uint64_t base_n
   put_column(peer, [&](unsigned k) { return out.initPeer(k); });
   put_column(result, [&](unsigned k) { return out.initResult(k); });
 }
+void encode_gpu_block(const GpuBlock& block, uint32_t comm_index, uint64_t base_ns, wire::GpuColumns::Builder out) {
+  const auto& records = block.records;
+  const size_t n = records.size();
+  out.setPid(block.pid);
+  out.setComm(comm_index);
+  out.setRank(block.rank);
+  out.setOp(block.op);
+  out.setCount(static_cast<uint32_t>(n));
+  if (n == 0) return;
+  out.setFirstSeq(records[0].seq);
+  out.setBaseOffsetNs(static_cast<int64_t>(records[0].enqueued_ns - base_ns));
+  std::vector<uint32_t> seq_gap(n);
+  std::vector<int64_t> enqueue_delta(n), start(n);
+  std::vector<uint64_t> kernel(n), elements(n);
+  GpuRecord prev{};
+  prev.seq = records[0].seq - 1;
+  prev.enqueued_ns = records[0].enqueued_ns;
+  for (size_t i = 0; i < n; ++i) {
+    const GpuRecord& r = records[i];
+    seq_gap[i] = static_cast<uint32_t>(r.seq - prev.seq - 1);
+    enqueue_delta[i] = static_cast<int64_t>(r.enqueued_ns - prev.enqueued_ns);
+    start[i] = static_cast<int64_t>(r.kernel_start_ns - r.enqueued_ns);
+    kernel[i] = r.kernel_end_ns >= r.kernel_start_ns ? r.kernel_end_ns - r.kernel_start_ns : 0;
+    elements[i] = r.count ^ prev.count;
+    prev = r;
+  }
+  put_column(seq_gap, [&](unsigned k) { return out.initSeqGap(k); });
+  put_column(enqueue_delta, [&](unsigned k) { return out.initEnqueueDeltaNs(k); });
+  put_column(start, [&](unsigned k) { return out.initStartNs(k); });
+  put_column(kernel, [&](unsigned k) { return out.initKernelNs(k); });
+  put_column(elements, [&](unsigned k) { return out.initElements(k); });
+}
 }  // namespace
 
-void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Batch::Builder batch) {
+void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Batch::Builder batch,
+                        const std::vector<const GpuBlock*>& gpu) {
   uint64_t base_ns = UINT64_MAX;
   std::vector<uint64_t> table;
-  std::vector<uint32_t> index(blocks.size());
+  auto index_of = [&](uint64_t hash) {
+    auto it = std::find(table.begin(), table.end(), hash);
+    if (it == table.end()) table.push_back(hash);
+    return static_cast<uint32_t>(std::find(table.begin(), table.end(), hash) - table.begin());
+  };
+  std::vector<uint32_t> index(blocks.size()), gpu_index(gpu.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
-    const ColumnBlock& block = *blocks[i];
-    if (!block.records.empty()) base_ns = std::min(base_ns, block.records[0].issue_ns);
-    auto it = std::find(table.begin(), table.end(), block.comm_hash);
-    index[i] = static_cast<uint32_t>(it - table.begin());
-    if (it == table.end()) table.push_back(block.comm_hash);
+    if (!blocks[i]->records.empty()) base_ns = std::min(base_ns, blocks[i]->records[0].issue_ns);
+    index[i] = index_of(blocks[i]->comm_hash);
+  }
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    for (const auto& r : gpu[i]->records) base_ns = std::min(base_ns, r.enqueued_ns);
+    gpu_index[i] = index_of(gpu[i]->comm_hash);
   }
   if (base_ns == UINT64_MAX) base_ns = 0;
   batch.setBaseNs(base_ns);
@@ -111,6 +150,9 @@ void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Bat
   for (unsigned i = 0; i < table.size(); ++i) comm_table.set(i, table[i]);
   auto columns = batch.initCollectives(static_cast<unsigned>(blocks.size()));
   for (size_t i = 0; i < blocks.size(); ++i) encode_block(*blocks[i], index[i], base_ns, columns[i]);
+  if (gpu.empty()) return;
+  auto gpu_columns = batch.initGpuCollectives(static_cast<unsigned>(gpu.size()));
+  for (size_t i = 0; i < gpu.size(); ++i) encode_gpu_block(*gpu[i], gpu_index[i], base_ns, gpu_columns[i]);
 }
 
 Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, const BatchFrame& frame) {
@@ -218,6 +260,61 @@ void encode_waits(const std::vector<WaitBlock>& blocks, wire::Batch::Builder bat
     put_column(object, [&](unsigned k) { return out.initObject(k); });
     put_column(result, [&](unsigned k) { return out.initResult(k); });
   }
+}
+
+Result<GpuBlock> decode_gpu(wire::GpuColumns::Reader in, const BatchFrame& frame) {
+  constexpr uint32_t kMaxRecords = 1u << 20;
+  const uint32_t n = in.getCount();
+  if (n > kMaxRecords)
+    return make_error(Errc::protocol, "GPU block claims " + std::to_string(n) + " records (limit " +
+                                          std::to_string(kMaxRecords) + ")");
+  if (in.getComm() >= frame.table.size())
+    return make_error(Errc::protocol, "GPU block refers to communicator #" + std::to_string(in.getComm()) +
+                                          " of a table of " + std::to_string(frame.table.size()));
+  auto seq_gap = get_column<uint32_t>(in.getSeqGap(), n, "seqGap");
+  auto enqueue_delta = get_column<int64_t>(in.getEnqueueDeltaNs(), n, "enqueueDeltaNs");
+  auto start = get_column<int64_t>(in.getStartNs(), n, "startNs");
+  auto kernel = get_column<uint64_t>(in.getKernelNs(), n, "kernelNs");
+  auto elements = get_column<uint64_t>(in.getElements(), n, "elements");
+  for (const Error* e : {seq_gap.ok() ? nullptr : &seq_gap.error(), enqueue_delta.ok() ? nullptr : &enqueue_delta.error(),
+                         start.ok() ? nullptr : &start.error(), kernel.ok() ? nullptr : &kernel.error(),
+                         elements.ok() ? nullptr : &elements.error()}) {
+    if (e) return *e;
+  }
+  GpuBlock block;
+  block.pid = in.getPid();
+  block.comm_hash = frame.table[in.getComm()];
+  block.rank = in.getRank();
+  block.op = in.getOp();
+  block.records.resize(n);
+  // Every time is checked to stay within [0, 2^62): a hostile delta cannot wrap one.
+  constexpr int64_t kMaxNs = int64_t{1} << 62;
+  auto add = [](int64_t a, int64_t b, int64_t& out) { return !__builtin_add_overflow(a, b, &out) && out >= 0 && out < kMaxNs; };
+  int64_t enqueued = 0;
+  if (frame.base_ns >= static_cast<uint64_t>(kMaxNs) ||
+      !add(static_cast<int64_t>(frame.base_ns), in.getBaseOffsetNs(), enqueued))
+    return make_error(Errc::protocol, "GPU block's base time is out of range");
+  uint64_t prev_seq = in.getFirstSeq() - 1, prev_count = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    GpuRecord& r = block.records[i];
+    int64_t kernel_start = 0, kernel_end = 0;
+    if (!add(enqueued, enqueue_delta.value()[i], enqueued))
+      return make_error(Errc::protocol, "GPU times overflow in record " + std::to_string(i));
+    if (!add(enqueued, start.value()[i], kernel_start) ||
+        kernel.value()[i] >= static_cast<uint64_t>(kMaxNs) ||
+        !add(kernel_start, static_cast<int64_t>(kernel.value()[i]), kernel_end))
+      return make_error(Errc::protocol, "GPU times overflow in record " + std::to_string(i));
+    r.seq = prev_seq + 1 + seq_gap.value()[i];
+    if (r.seq <= prev_seq && !(i == 0 && in.getFirstSeq() == 0))
+      return make_error(Errc::protocol, "GPU sequence numbers overflow in record " + std::to_string(i));
+    r.count = elements.value()[i] ^ prev_count;
+    r.enqueued_ns = static_cast<uint64_t>(enqueued);
+    r.kernel_start_ns = static_cast<uint64_t>(kernel_start);
+    r.kernel_end_ns = static_cast<uint64_t>(kernel_end);
+    prev_seq = r.seq;
+    prev_count = r.count;
+  }
+  return block;
 }
 
 Result<WaitBlock> decode_waits(wire::WaitColumns::Reader in, const BatchFrame& frame) {

@@ -28,9 +28,20 @@ struct ColumnBlock {
   std::vector<CallRecord> records;
 };
 
-// Writes the blocks into the batch: its time base (the earliest issue time),
-// its table of communicator hashes, and one CollectiveColumns per block.
-void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Batch::Builder batch);
+// The GPU records of one (process, communicator, op), sorted by seq.
+struct GpuBlock {
+  uint32_t pid = 0;
+  uint64_t comm_hash = 0;
+  int32_t rank = -1;
+  uint8_t op = 0;
+  std::vector<GpuRecord> records;
+};
+
+// Writes the blocks into the batch: its time base (the earliest issue or
+// enqueue time), its table of communicator hashes, one CollectiveColumns
+// per block and one GpuColumns per GPU block.
+void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Batch::Builder batch,
+                        const std::vector<const GpuBlock*>& gpu = {});
 // What the blocks of one batch share, read from it once: its table of
 // communicator hashes and its time base. (A Cap'n Proto reader charges the
 // traversal limit each time a list is got: getting the table once per block
@@ -49,6 +60,9 @@ Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, const Bat
 inline Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Batch::Reader batch) {
   return decode_columns(in, BatchFrame(batch));  // one block; a loop over a batch's blocks takes one frame
 }
+
+// Decodes one GPU block, with the same checks as decode_columns.
+Result<GpuBlock> decode_gpu(wire::GpuColumns::Reader in, const BatchFrame& frame);
 
 // The ended host waits of one thread.
 struct WaitRecord {

@@ -22,6 +22,7 @@ constexpr std::array<WireField, kDropReasons.size()> kFields = {{
     {&R::getSpoolDamaged, &B::setSpoolDamaged},
     {&R::getLostReturns, &B::setLostReturns},
     {&R::getMalformed, &B::setMalformed},
+    {&R::getProfilerDropped, &B::setProfilerDropped},
 }};
 
 }  // namespace

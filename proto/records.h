@@ -11,6 +11,17 @@
 
 namespace rankscope::proto {
 
+// The GPU side of one collective of one process (NCCL's profiler plugin),
+// on the agent's clock (the collector's: on the cluster clock).
+struct GpuRecord {
+  uint64_t seq = 0;              // NCCL's seqNumber, per communicator and op
+  uint64_t count = 0;            // elements
+  uint64_t enqueued_ns = 0;      // NCCL enqueued it
+  uint64_t kernel_start_ns = 0;  // its first channel's kernel started
+  uint64_t kernel_end_ns = 0;    // its last channel's kernel stopped
+  bool operator==(const GpuRecord&) const = default;
+};
+
 struct CallRecord {
   uint64_t seq = 0;
   uint64_t issue_ns = 0;   // entry of the API call: when the work was enqueued

@@ -81,6 +81,8 @@ Detector::CommDetect& Detector::state_of(const CommState& comm) {
   if (!state.waits || state.waits->nranks() != comm.nranks) {
     state.waits = std::make_unique<WaitAttribution>(comm.nranks, options_.straggler);
     state.ranks.assign(comm.nranks, RankStats{});
+    state.gpu_waits.reset();
+    state.gpu_done.clear();
   }
   return state;
 }
@@ -130,6 +132,19 @@ void Detector::on_complete(const CollectiveComplete& done) {
   // oldest is scored early (its exchanges have mostly arrived), not dropped.
   const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
   while (state.done.size() > cap) score_front(state);
+}
+
+void Detector::on_gpu_complete(const GpuComplete& done) {
+  const CommState& comm = done.comm;
+  CommDetect& state = state_of(comm);
+  const size_t n = done.kernel_start.size();
+  if (n < 2 || n != static_cast<size_t>(comm.nranks)) return;
+  if (!state.gpu_waits) state.gpu_waits = std::make_unique<WaitAttribution>(comm.nranks, options_.straggler);
+  if (!state.margin) refresh_margins(comm, state);
+  const uint64_t last = *std::max_element(done.kernel_start.begin(), done.kernel_start.end());
+  state.gpu_done.push_back(Completed{done.kernel_start, last, state.margin});
+  const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
+  while (state.gpu_done.size() > cap) score_gpu_front(state);
 }
 
 std::vector<double> Detector::take_lateness_samples() {

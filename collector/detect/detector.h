@@ -8,7 +8,9 @@
 //   mismatch   ranks issued different collectives at the same sequence number
 //   straggler  a rank is owed a persistent, outsized share of the time its
 //              communicator's other ranks spend waiting (beyond the clocks'
-//              uncertainty)
+//              uncertainty): on the host side (it issues late), or, where
+//              NCCL's profiler plugin reports GPU times, on the GPU side (it
+//              issues on time and its kernels start late)
 //   node_lost  an agent with live communicators stopped talking
 // Methods, parameters and limits: docs/detection.md. One class, one file per
 // pass: detector.cpp (events, evaluation, shared state), hang.cpp,
@@ -25,6 +27,7 @@
 
 #include "collector/detect/attribution.h"
 #include "collector/detect/findings.h"
+#include "collector/match/gpu_matcher.h"
 #include "collector/match/matcher.h"
 #include "collector/model/cluster.h"
 #include "common/clock.h"
@@ -43,9 +46,10 @@ struct DetectOptions {
   uint64_t context_window_ns = 10'000'000'000ull;  // host context looked at for explanations
 };
 
-// Hears the matcher's events (subscribes in its constructor) and reads the
-// model of nodes, communicators and processes.
-class Detector final : public MatchListener {
+// Hears the matcher's events (subscribes in its constructor), the GPU
+// matcher's (where subscribed) and reads the model of nodes, communicators
+// and processes.
+class Detector final : public MatchListener, public GpuListener {
  public:
   Detector(const ClusterModel& model, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
            DetectOptions options);
@@ -54,6 +58,7 @@ class Detector final : public MatchListener {
   void on_mismatch(const CollectiveMismatch& mismatch) override;
   void on_pair(const PairComplete& pair) override;
   void on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) override;
+  void on_gpu_complete(const GpuComplete& done) override;
   // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
   // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
@@ -65,6 +70,7 @@ class Detector final : public MatchListener {
  private:
   struct RankStats {
     int under = 0;                    // consecutive evaluations within its allowance
+    int gpu_under = 0;                // ... on the GPU side (or with no GPU times)
   };
   // When a process's host was last free to go on: per exchange it took part
   // in (a collective instance, a matched Send/Recv pair), its own arrival and
@@ -98,6 +104,10 @@ class Detector final : public MatchListener {
     std::deque<Completed> done;              // complete, not yet scored (settling)
     std::vector<ProcHistory*> procs;         // by rank; null: member not known yet
     std::unique_ptr<WaitAttribution> waits;  // sized for the communicator
+    // The GPU side: complete GPU instances (arrival: kernel start), and the
+    // waiting of the ranks' kernels attributed alike; null until GPU times come.
+    std::deque<Completed> gpu_done;
+    std::unique_ptr<WaitAttribution> gpu_waits;
     // By rank: the clocks' uncertainty against the others, as of the last
     // evaluation. Records are put on the cluster clock as they arrive, with
     // the clocks as then known: an instance keeps the margins of when it
@@ -138,6 +148,9 @@ class Detector final : public MatchListener {
   // Own lateness of each settled complete instance into the ranks' windows.
   void score(CommDetect& state, uint64_t now_ns);
   void score_front(CommDetect& state);
+  // The GPU side: each rank's kernel start is its arrival (plain arrival
+  // lateness: a kernel starts when its stream reaches it).
+  void score_gpu_front(CommDetect& state);
   // Nodes silent for long enough that their ranks are unseen, not hung.
   bool unseen(const std::string& node) const { return silent_.count(node) > 0; }
   // Whether a hang naming `ranks` is explained by lost nodes (then, with `note`, noted for their finding).
@@ -191,6 +204,9 @@ class Detector final : public MatchListener {
   std::vector<ProcKey> waits_for(const ProcKey& p, size_t* inside) const;
   void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
                            const std::set<int32_t>* open_ranks);
+  // A straggler finding for rank r: host side from `host`, GPU side from `gpu` (else null).
+  Finding straggler_finding(const CommState& comm, const CommDetect& state, int32_t r, const Standing& host,
+                            const Standing* gpu) const;
   // Each rank's clock margin (its uncertainty plus the others' largest), for this evaluation.
   void refresh_margins(const CommState& comm, CommDetect& state) const;
   const NodeState* node_named(const std::string& name) const;

@@ -27,6 +27,20 @@ Finding straggler_of(uint64_t comm, int32_t rank) {
 
 void Detector::score(CommDetect& state, uint64_t now_ns) {
   while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) score_front(state);
+  while (!state.gpu_done.empty() && state.gpu_done.front().last_ns + options_.settle_ns <= now_ns)
+    score_gpu_front(state);
+}
+
+void Detector::score_gpu_front(CommDetect& state) {
+  const Completed& c = state.gpu_done.front();
+  const size_t n = c.issue.size();
+  if (state.gpu_waits && c.margin && state.margin && c.margin->size() == n && state.margin->size() == n) {
+    std::vector<int64_t> v(c.issue.begin(), c.issue.end());
+    state.scratch.resize(n);
+    for (size_t r = 0; r < n; ++r) state.scratch[r] = std::max((*c.margin)[r], (*state.margin)[r]);
+    state.gpu_waits->add(v, c.issue, state.scratch, c.last_ns);
+  }
+  state.gpu_done.pop_front();
 }
 
 void Detector::score_front(CommDetect& state) {
@@ -99,19 +113,29 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
   const int32_t n = comm.nranks;
   if (n < 2) return;
   std::vector<Standing> standings = state.waits->standings();
+  std::vector<Standing> gpu_standings;
+  if (state.gpu_waits) gpu_standings = state.gpu_waits->standings();
   for (int32_t r = 0; r < n; ++r) {
     RankStats& stats = state.ranks[r];
     const Standing& st = standings[r];
+    const Standing* gpu = gpu_standings.empty() ? nullptr : &gpu_standings[r];
     bool is_open = open_ranks && open_ranks->count(r) > 0;
     state.waits->set_open(r, is_open);
+    if (state.gpu_waits) state.gpu_waits->set_open(r, is_open);
     stats.under = st.under ? stats.under + 1 : 0;
+    stats.gpu_under = !gpu || !gpu->learnt || gpu->under ? stats.gpu_under + 1 : 0;
     Finding key_probe = straggler_of(comm.hash, r);
-    if (is_open && stats.under >= options_.close_after) {
+    if (is_open && stats.under >= options_.close_after && stats.gpu_under >= options_.close_after) {
       book_.resolve(key_probe.key(), now_ns);
       state.waits->set_open(r, false);
+      if (state.gpu_waits) state.gpu_waits->set_open(r, false);
       continue;
     }
-    if (!st.over) continue;
+    // Late on the host side: the host straggler (its kernels start late
+    // too, since they cannot start before it issued). Late on the GPU side
+    // only: it issued on time and its GPU started late.
+    const bool host = st.over;
+    if (!host && !(gpu && gpu->over)) continue;
     // Figures are refreshed every 10 s; an explanation that became available
     // is added at once. The host context is worked out only then (not for
     // every rank over at every evaluation: at 8,192 ranks that kept the
@@ -119,49 +143,72 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     std::string key = key_probe.key();
     const Finding* open = is_open ? book_.open_finding(key) : nullptr;
     bool refresh = !open || now_ns - open->updated_ns >= kStragglerUpdateNs;
-    bool unexplained = open && open->detail.find("\nWhy: ") == std::string::npos;
+    bool unexplained = host && open && open->detail.find("\nWhy: ") == std::string::npos;
     if (!refresh && !unexplained) continue;
-    std::string context = host_context(comm, r);
+    std::string context = host ? host_context(comm, r) : "";
     if (!refresh && context.empty()) continue;
-
-    Finding f = key_probe;
-    f.job = comm.job;
-    f.seq = -1;
-    double lateness = st.lateness_ns;
-    f.lateness_s = lateness / 1e9;
-    f.wait_share = std::min(1.0, st.share);
-    // Opening: the waste already seen in the evidence counts.
-    f.gpu_hours_lost = std::max(st.gpu_ns, static_cast<double>(st.owed_ns) * (n - 1)) / 1e9 / 3600.0;
-    auto m = comm.members.find(r);
-    std::string placed =
-        m == comm.members.end() ? "" : " on " + m->second.node + " (pid " + std::to_string(m->second.pid) + ")";
-    if (m != comm.members.end()) f.nodes.push_back(m->second.node);
-    char figures[320];
-    snprintf(figures, sizeof(figures),
-             "held up %u of the last %zu collectives, %s late when it did; the other %d ranks spent %s of the time "
-             "waiting for it",
-             st.held, st.instances, format_duration_ns(static_cast<int64_t>(lateness)).c_str(), n - 1,
-             format_percent(f.wait_share).c_str());
-    f.summary = where("straggler", comm) + ": rank " + std::to_string(r) + placed + " " + figures;
-    char cost[160];
-    snprintf(cost, sizeof(cost), "GPU-hours lost waiting for it so far: %.4f (%d GPUs idle while it was late)",
-             f.gpu_hours_lost, n - 1);
-    char why[480];
-    snprintf(why, sizeof(why),
-             "Waiting owed to it: %s of the job's time over the last %s (a typical rank: %s; its own structural share: "
-             "%s), against an allowance of %s; evidence %s beyond the allowance (a finding opens at %s). Its lateness "
-             "is its own (time from when it was free to go on, the end of its previous exchange, against the others'), "
-             "less the clocks' uncertainty of %s.",
-             format_percent(st.share).c_str(), format_duration_ns(static_cast<int64_t>(st.window_ns)).c_str(),
-             format_percent(st.typical).c_str(), format_percent(st.baseline).c_str(),
-             format_percent(st.allowance).c_str(), format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
-             format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)).c_str(),
-             format_duration_ns(static_cast<int64_t>(state.margin ? (*state.margin)[r] : 0)).c_str());
-    f.detail = f.summary + ".\n" + cost + ".\n" + why;
+    Finding f = straggler_finding(comm, state, r, st, host ? nullptr : gpu);
     if (!context.empty()) f.detail += "\nWhy: " + context + ".";
     book_.raise(std::move(f), now_ns);
     state.waits->set_open(r, true);
+    if (state.gpu_waits) state.gpu_waits->set_open(r, true);
   }
+}
+
+Finding Detector::straggler_finding(const CommState& comm, const CommDetect& state, int32_t r, const Standing& host,
+                                    const Standing* gpu) const {
+  const int32_t n = comm.nranks;
+  const Standing& st = gpu ? *gpu : host;
+  Finding f = straggler_of(comm.hash, r);
+  f.job = comm.job;
+  f.seq = -1;
+  const double lateness = st.lateness_ns;
+  f.lateness_s = lateness / 1e9;
+  f.wait_share = std::min(1.0, st.share);
+  // Opening: the waste already seen in the evidence counts.
+  f.gpu_hours_lost = std::max(st.gpu_ns, static_cast<double>(st.owed_ns) * (n - 1)) / 1e9 / 3600.0;
+  auto m = comm.members.find(r);
+  std::string placed =
+      m == comm.members.end() ? "" : " on " + m->second.node + " (pid " + std::to_string(m->second.pid) + ")";
+  if (m != comm.members.end()) f.nodes.push_back(m->second.node);
+  const std::string late = format_duration_ns(static_cast<int64_t>(lateness));
+  const std::string margin = format_duration_ns(static_cast<int64_t>(state.margin ? (*state.margin)[r] : 0));
+  char figures[400];
+  if (gpu)
+    snprintf(figures, sizeof(figures),
+             "issues its collectives on time but its GPU starts them late (GPU side): its kernels held up %u of the "
+             "last %zu collectives, %s late when they did; the other %d ranks' GPUs spent %s of the time waiting for it",
+             st.held, st.instances, late.c_str(), n - 1, format_percent(f.wait_share).c_str());
+  else
+    snprintf(figures, sizeof(figures),
+             "held up %u of the last %zu collectives, %s late when it did; the other %d ranks spent %s of the time "
+             "waiting for it",
+             st.held, st.instances, late.c_str(), n - 1, format_percent(f.wait_share).c_str());
+  f.summary = where("straggler", comm) + ": rank " + std::to_string(r) + placed + " " + figures;
+  char cost[160];
+  snprintf(cost, sizeof(cost), "GPU-hours lost waiting for it so far: %.4f (%d GPUs idle while it was late)",
+           f.gpu_hours_lost, n - 1);
+  char standing[360];
+  snprintf(standing, sizeof(standing),
+           "%s of the job's time over the last %s (a typical rank: %s; its own structural share: %s), against an "
+           "allowance of %s; evidence %s beyond the allowance (a finding opens at %s)",
+           format_percent(st.share).c_str(), format_duration_ns(static_cast<int64_t>(st.window_ns)).c_str(),
+           format_percent(st.typical).c_str(), format_percent(st.baseline).c_str(),
+           format_percent(st.allowance).c_str(), format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
+           format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)).c_str());
+  std::string why;
+  if (gpu)
+    why = "Waiting owed to its GPU: " + std::string(standing) +
+          ". Judged on when each rank's kernels started (NCCL's profiler plugin; each GPU's clock put on its host's "
+          "per process), less the clocks' uncertainty of " + margin + ". On the host side it is within its allowance (" +
+          format_percent(host.share) + " of the job's time owed to its issue times): the delay is added after it "
+          "issued, on its GPU: a slow or throttled GPU, or GPU work queued before the collective on its stream.";
+  else
+    why = "Waiting owed to it: " + std::string(standing) +
+          ". Its lateness is its own (time from when it was free to go on, the end of its previous exchange, against "
+          "the others'), less the clocks' uncertainty of " + margin + ".";
+  f.detail = f.summary + ".\n" + cost + ".\n" + why;
+  return f;
 }
 
 }  // namespace rankscope::collector

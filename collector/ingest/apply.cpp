@@ -231,4 +231,48 @@ void Ingest::apply_waits(NodeState& node, wire::Batch::Reader batch, const proto
   }
 }
 
+void Ingest::apply_gpu(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame) {
+  for (auto columns : batch.getGpuCollectives()) {
+    auto block = proto::decode_gpu(columns, frame);
+    if (!block) {
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + block.error().message +
+                              "; GPU records skipped");
+      continue;
+    }
+    // The plugin names the member by its rank in the communicator (also in
+    // a split child), which its host records claimed first. A block for a
+    // member held by another node or process is a forged claim.
+    auto it = model_.comms.find(block->comm_hash);
+    const CommState* comm = it == model_.comms.end() ? nullptr : &it->second;
+    auto m = comm ? comm->members.find(block->rank) : std::map<int32_t, MemberState>::const_iterator();
+    if (!comm || m == comm->members.end()) {
+      counters_.gpu_unmatched += block->records.size();
+      continue;
+    }
+    if (m->second.node != node.name || m->second.pid != block->pid) {
+      counters_.gpu_unmatched += block->records.size();
+      refuse_claim(node, "GPU records of comm " + hex64(comm->hash) + " rank " + std::to_string(block->rank) +
+                             " by pid " + std::to_string(block->pid) + ", a member held by another process");
+      continue;
+    }
+    const uint64_t latest_ns = clock_.realtime_ns() + kMaxFutureNs;
+    size_t future = 0;
+    for (const auto& r : block->records) {
+      proto::GpuRecord g = r;
+      g.enqueued_ns = node.clock.to_cluster(r.enqueued_ns);
+      g.kernel_start_ns = node.clock.to_cluster(r.kernel_start_ns);
+      g.kernel_end_ns = node.clock.to_cluster(r.kernel_end_ns);
+      if (g.kernel_end_ns > latest_ns || g.enqueued_ns > latest_ns) {
+        ++future;
+        continue;
+      }
+      ++counters_.gpu_records;
+      for (RecordObserver* observer : observers_) observer->on_gpu(*comm, block->rank, block->op, g);
+    }
+    if (future)
+      bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + std::to_string(future) +
+                             " GPU record(s) stamped more than an hour past the collector's clock; skipped");
+  }
+}
+
 }  // namespace rankscope::collector

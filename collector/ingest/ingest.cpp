@@ -335,6 +335,7 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   dirty_comms_.insert(changed.begin(), changed.end());
   // After the collectives: a wait follows the collectives issued before it.
   apply_waits(node, batch, frame);
+  apply_gpu(node, batch, frame);
 
   acks_.mark_stored(node, batch.getInstanceId(), batch.getSeq());
   node.batches += 1;

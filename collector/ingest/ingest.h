@@ -51,6 +51,9 @@ struct IngestCounters {
   uint64_t held_batches = 0;    // not taken while the database could not be written (Commit::holding)
   uint64_t batch_bytes = 0;     // wire size of the batches stored
   uint64_t waits = 0;           // host waits on the GPU reported
+  uint64_t gpu_records = 0;     // GPU-side records of collectives taken (NCCL's profiler plugin)
+  uint64_t gpu_unmatched = 0;   // ... not taken: their communicator or member is not known (yet), or they were
+                                // claimed for a member another node or process holds
   uint64_t retired_comms = 0;   // communicators that left the live model (Ingest::retire)
   uint64_t splits_sized = 0;    // children of ncclCommSplit whose size and ranks were derived (ingest/split.cpp)
   uint64_t splits_abandoned = 0;  // children that could not be: kept, never matched
@@ -157,6 +160,8 @@ class Ingest final : public CommitParticipant {
   size_t apply_collectives(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame,
                            std::set<uint64_t>& changed);
   void apply_waits(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame);
+  // GPU records are taken only for a member this node's process already holds.
+  void apply_gpu(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame);
   void on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat);
   // The communicator (made if new); `changed` is set when what restore
   // needs of it (members, lanes, job, size) changed.

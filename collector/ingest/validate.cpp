@@ -24,11 +24,13 @@ Result<void> check_batch(wire::Batch::Reader batch, size_t wire_bytes) {
                  check_length("batch: comm table", batch.getCommTable().size(), kMaxListEntries),
                  check_length("batch: collective blocks", batch.getCollectives().size(), kMaxListEntries),
                  check_length("batch: wait blocks", batch.getWaits().size(), kMaxListEntries),
+                 check_length("batch: GPU blocks", batch.getGpuCollectives().size(), kMaxListEntries),
                  check_length("batch: clock samples", batch.getClockSamples().size(), kMaxClockSamples)})
     if (!r) return r;
   uint64_t records = 0;
   for (auto block : batch.getCollectives()) records += block.getCount();
   for (auto block : batch.getWaits()) records += block.getCount();
+  for (auto block : batch.getGpuCollectives()) records += block.getCount();
   if (records > kMaxRecordsPerBatch)
     return make_error(Errc::protocol, "batch claims " + std::to_string(records) + " records and waits (limit " +
                                           std::to_string(kMaxRecordsPerBatch) + ")");

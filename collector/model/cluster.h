@@ -225,6 +225,9 @@ class RecordObserver {
   virtual void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {}
   // A host wait on the GPU that ended; times on the cluster clock.
   virtual void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {}
+  // The GPU side of a member's collective (op, NCCL's seqNumber per
+  // communicator and op), from NCCL's profiler plugin; times on the cluster clock.
+  virtual void on_gpu(const CommState& comm, int32_t rank, uint8_t op, const proto::GpuRecord& record) {}
 };
 
 }  // namespace rankscope::collector

@@ -22,7 +22,12 @@ struct JobOptions {
   std::vector<std::string> args;                    // fakenccl-train arguments besides the id file
   std::map<int, std::vector<std::string>> rank_args; // extra arguments of one rank
   std::map<int, int> cpu;                            // pin a rank to a CPU (taskset)
+  std::map<std::string, std::string> env;            // every rank's environment, added
+  std::map<int, std::map<std::string, std::string>> rank_env;  // one rank's, added
 };
+
+// NCCL's profiler plugin, rankscope's, in every rank: the GPU side too.
+constexpr const char* kPlugin = RANKSCOPE_PROFILER_PLUGIN;
 
 std::vector<Process> launch_job(const TempDir& dir, const NetnsCluster& cluster, const JobOptions& job) {
   std::vector<Process> ranks;
@@ -38,6 +43,8 @@ std::vector<Process> launch_job(const TempDir& dir, const NetnsCluster& cluster,
                  {"WORLD_SIZE", std::to_string(kRanks)},
                  {"LOCAL_RANK", std::to_string(rank % 2)},
                  {"RANKSCOPE_JOB_ID", "e2e-job"}};
+    spawn.env.insert(job.env.begin(), job.env.end());
+    if (job.rank_env.count(rank)) spawn.env.insert(job.rank_env.at(rank).begin(), job.rank_env.at(rank).end());
     spawn.netns = cluster.name(rank / 2);
     spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
     ranks.emplace_back(spawn);
@@ -288,10 +295,42 @@ TEST_F(DetectE2E, NodeClock250msOffStillNamesTheRightStraggler) {
   expect_cpu_contention_straggler(*deployment, dir, cluster, 3);
 }
 
+// A rank whose GPU slows down while its host issues on time: its kernels
+// start late (NCCL's profiler plugin says when), the others' GPUs wait for
+// it, and it is named as a straggler on the GPU side, alone.
+TEST_F(DetectE2E, ASlowGpuWhoseHostIssuesOnTimeIsTheOneGpuSideStraggler) {
+  deploy();
+  constexpr int kVictim = 2;
+  JobOptions job;
+  job.args = {"--steps", "100000", "--compute-iters", "2000000", "--bucket-elems", "1024"};
+  job.env = {{"NCCL_PROFILER_PLUGIN", kPlugin}};
+  // Each of its GPU's work items (a step stages 3 buckets, reduces them and
+  // copies nothing back: 6) starts 1 ms late, from its 50th step on: its
+  // job's steps, ~8 ms alone, take ~1.5x as long.
+  job.rank_env[kVictim] = {{"FAKECUDA_GPU_DELAY_US", "1000"}, {"FAKECUDA_GPU_DELAY_AFTER", "300"}};
+  auto ranks = launch_job(dir, cluster, job);
+  std::vector<SeenFinding> stragglers;
+  bool found = wait_for(
+      [&] {
+        stragglers = of_kind(deployment->findings(true), "straggler");
+        return !stragglers.empty();
+      },
+      std::chrono::seconds(60));
+  ASSERT_TRUE(found) << dump(*deployment, dir);
+  observe_for(std::chrono::seconds(3));  // the others' chance to be (wrongly) flagged
+  stragglers = of_kind(deployment->findings(false), "straggler");
+  ASSERT_EQ(stragglers.size(), 1u) << dump(*deployment, dir);
+  EXPECT_EQ(stragglers[0].ranks, std::vector<int32_t>{kVictim}) << stragglers[0].detail;
+  EXPECT_NE(stragglers[0].detail.find("(GPU side)"), std::string::npos) << stragglers[0].detail;
+  EXPECT_NE(stragglers[0].detail.find("on its GPU"), std::string::npos) << stragglers[0].detail;
+  EXPECT_TRUE(of_kind(deployment->findings(false), "hang").empty()) << dump(*deployment, dir);
+}
+
 TEST_F(DetectE2E, HealthyJobYieldsNoFindingAtAll) {
   deploy();
   JobOptions job;
   job.args = {"--steps", "150", "--compute-iters", "1000000", "--bucket-elems", "4096", "--check"};
+  job.env = {{"NCCL_PROFILER_PLUGIN", kPlugin}};  // its GPU side too
   auto ranks = launch_job(dir, cluster, job);
   for (int rank = 0; rank < kRanks; ++rank)
     ASSERT_EQ(ranks[rank].wait(std::chrono::seconds(120)), 0) << slurp(dir.file("rank" + std::to_string(rank) + ".log"));

@@ -46,6 +46,7 @@ struct AgentBatch {
   std::vector<std::array<uint64_t, 4>> clock_samples;
   std::vector<proto::ColumnBlock> calls;
   std::vector<proto::WaitBlock> waits;
+  std::vector<proto::GpuBlock> gpu;  // from the profiler plugin's rings
   std::vector<std::pair<uint32_t, uint64_t>> comm_ends;  // (pid, comm): ncclCommDestroy
 
   std::string bytes() const {
@@ -57,7 +58,9 @@ struct AgentBatch {
       if (!clock_samples.empty()) proto::write_clock_samples(clock_samples, b);
       std::vector<const proto::ColumnBlock*> blocks;
       for (const auto& block : calls) blocks.push_back(&block);
-      if (!blocks.empty()) proto::encode_collectives(blocks, b);
+      std::vector<const proto::GpuBlock*> gpu_blocks;
+      for (const auto& block : gpu) gpu_blocks.push_back(&block);
+      if (!blocks.empty() || !gpu_blocks.empty()) proto::encode_collectives(blocks, b, gpu_blocks);
       if (!waits.empty()) proto::encode_waits(waits, b);
       if (!comm_ends.empty()) {
         auto ends = b.initCommEnds(static_cast<unsigned>(comm_ends.size()));

@@ -2,6 +2,7 @@
 // refusing malformed input with a reason.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 
 #include "proto/codec.h"
@@ -202,6 +203,97 @@ TEST(Codec, WaitsRoundTripAndStayCompact) {
   encode_waits({WaitBlock{77, 78, {}}}, empty.initRoot<wire::AgentMessage>().initBatch());
   double per_wait = static_cast<double>(bytes.size() - to_packed(empty).size()) / 20.0;
   EXPECT_LT(per_wait, 16.0) << bytes.size() << " bytes for 20 waits";
+}
+
+// A rank's AllReduces as the profiler plugin reports them: queued on the
+// GPU behind the previous step's work, a kernel each.
+GpuBlock gpu_block(size_t n) {
+  GpuBlock block;
+  block.pid = 4242;
+  block.comm_hash = 0x1234567890abcdefull;
+  block.rank = 3;
+  block.op = RS_OP_ALLREDUCE;
+  uint64_t t = 1'000'000'000'000ull;
+  for (size_t i = 0; i < n; ++i) {
+    t += 48'000'000 + (i * 7919) % 2'000'000;
+    GpuRecord r;
+    r.seq = 40 + i;
+    r.count = 1u << 20;
+    r.enqueued_ns = t;
+    r.kernel_start_ns = t + 180'000'000 + (i * 31) % 1'000;  // queued behind ~4 steps
+    r.kernel_end_ns = r.kernel_start_ns + 33'000'000;
+    block.records.push_back(r);
+  }
+  return block;
+}
+
+TEST(Codec, GpuRecordsRoundTripBesideHostRecordsAndShareTheCommTable) {
+  ColumnBlock host = training_block(30, 0);
+  GpuBlock gpu = gpu_block(200);
+  gpu.records[3].kernel_start_ns = gpu.records[3].enqueued_ns - 20'000;  // within the GPU clock's uncertainty
+  gpu.records[7].seq += 2;                                              // a gap (the plugin's ring was full)
+  for (size_t i = 8; i < gpu.records.size(); ++i) gpu.records[i].seq += 2;
+  gpu.records[9].count = 77;
+  GpuBlock other = gpu_block(3);
+  other.comm_hash = 0x42;
+  other.op = RS_OP_ALLGATHER;
+  capnp::MallocMessageBuilder message;
+  auto batch = message.initRoot<wire::AgentMessage>().initBatch();
+  encode_collectives({&host}, batch, {&gpu, &other});
+  const std::string bytes = to_packed(message);
+  auto read = read_packed<wire::AgentMessage>(bytes, ReadLimits{}, [&](auto m) {
+    auto b = m.getBatch();
+    ASSERT_EQ(b.getCommTable().size(), 2u) << "one table entry per communicator, host and GPU blocks together";
+    ASSERT_EQ(b.getGpuCollectives().size(), 2u);
+    BatchFrame frame(b);
+    auto back = decode_gpu(b.getGpuCollectives()[0], frame);
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_EQ(back->pid, gpu.pid);
+    EXPECT_EQ(back->comm_hash, gpu.comm_hash);
+    EXPECT_EQ(back->rank, gpu.rank);
+    EXPECT_EQ(back->op, gpu.op);
+    ASSERT_EQ(back->records.size(), gpu.records.size());
+    for (size_t i = 0; i < gpu.records.size(); ++i) EXPECT_EQ(back->records[i], gpu.records[i]) << i;
+    auto second = decode_gpu(b.getGpuCollectives()[1], frame);
+    ASSERT_TRUE(second) << second.error().message;
+    EXPECT_EQ(second->comm_hash, 0x42u);
+    EXPECT_EQ(second->op, RS_OP_ALLGATHER);
+  });
+  ASSERT_TRUE(read) << read.error().message;
+  // Steady steps cost a few bytes a collective: the columns are deltas.
+  capnp::MallocMessageBuilder alone;
+  GpuBlock steady = gpu_block(3000);
+  encode_collectives({}, alone.initRoot<wire::AgentMessage>().initBatch(), {&steady});
+  EXPECT_LT(to_packed(alone).size() / 3000.0, 24.0);
+}
+
+TEST(Codec, HostileGpuBlocksAreRefusedWithAReason) {
+  auto refused = [](const std::function<void(wire::GpuColumns::Builder)>& spoil) {
+    capnp::MallocMessageBuilder message;
+    auto batch = message.initRoot<wire::AgentMessage>().initBatch();
+    GpuBlock block = gpu_block(4);
+    encode_collectives({}, batch, {&block});
+    spoil(batch.getGpuCollectives()[0]);
+    std::string why;
+    auto read = read_packed<wire::AgentMessage>(to_packed(message), ReadLimits{}, [&](auto m) {
+      auto back = decode_gpu(m.getBatch().getGpuCollectives()[0], BatchFrame(m.getBatch()));
+      why = back ? "" : back.error().message;
+    });
+    EXPECT_TRUE(read);
+    return why;
+  };
+  EXPECT_NE(refused([](auto g) { g.setCount(1u << 30); }).find("claims"), std::string::npos);
+  EXPECT_NE(refused([](auto g) { g.setComm(7); }).find("table"), std::string::npos);
+  EXPECT_NE(refused([](auto g) { g.setCount(5); }).find("expected 5"), std::string::npos);
+  EXPECT_NE(refused([](auto g) { g.setBaseOffsetNs(INT64_MIN); }).find("range"), std::string::npos);
+  EXPECT_NE(refused([](auto g) { g.getStartNs().set(2, INT64_MAX); }).find("overflow"), std::string::npos);
+  EXPECT_NE(refused([](auto g) { g.getKernelNs().set(1, UINT64_MAX); }).find("overflow"), std::string::npos);
+  EXPECT_NE(refused([](auto g) { g.getEnqueueDeltaNs().set(3, INT64_MIN); }).find("overflow"), std::string::npos);
+  EXPECT_NE(refused([](auto g) {
+              g.setFirstSeq(UINT64_MAX - 1);
+              g.initSeqGap(4).set(2, 5);
+            }).find("sequence"),
+            std::string::npos);
 }
 
 TEST(Records, NamesAndSizesFollowNcclH) {

@@ -9,6 +9,7 @@
 
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
+#include "collector/match/gpu_matcher.h"
 #include "collector/match/matcher.h"
 #include "collector/model/cluster.h"
 #include "proto/records.h"
@@ -31,6 +32,7 @@ class DetectFromMatcherTest : public ::testing::Test {
     for (auto& [name, node] : model.nodes) node.last_contact_ns = clock.now;
     options.hang_timeout_ns = 5 * kSecond;
     detector = std::make_unique<Detector>(model, matcher, book, clock, options);
+    gpu_matcher.subscribe(*detector);
   }
 
   // Every rank not in `absent` issues AllReduce #seq at t + delay(rank): the
@@ -42,6 +44,16 @@ class DetectFromMatcherTest : public ::testing::Test {
       if (std::find(absent.begin(), absent.end(), r) != absent.end()) continue;
       proto::CallRecord call = testing::allreduce(comm.members.at(r), seq, t + static_cast<uint64_t>(delay(r)));
       matcher.on_record(comm, r, 0, call);
+    }
+  }
+
+  // Every rank's GPU reports AllReduce #seq (NCCL's seqNumber), its kernel
+  // starting at t + start(rank) and running 2 ms.
+  void gpu_instance(uint64_t seq, uint64_t t, const std::function<int64_t(int32_t)>& start) {
+    CommState& comm = model.comms.at(kComm);
+    for (int32_t r = 0; r < nranks; ++r) {
+      const uint64_t begin = t + static_cast<uint64_t>(start(r));
+      gpu_matcher.on_gpu(comm, r, RS_OP_ALLREDUCE, proto::GpuRecord{seq, 1024, t, begin, begin + 2 * kMs});
     }
   }
 
@@ -62,6 +74,7 @@ class DetectFromMatcherTest : public ::testing::Test {
   ClusterModel model;
   testing::ManualClock clock{1'000 * kSecond};
   CollectiveMatcher matcher;
+  GpuMatcher gpu_matcher;
   FindingBook book;
   DetectOptions options;
   std::unique_ptr<Detector> detector;
@@ -92,6 +105,51 @@ TEST_F(DetectFromMatcherTest, ARankLateAtEveryCollectiveIsTheOneStraggler) {
   EXPECT_EQ(stragglers[0]->nodes, std::vector<std::string>{"node-0"});
   EXPECT_NE(stragglers[0]->summary.find("straggler in job job-1"), std::string::npos) << stragglers[0]->summary;
 }
+
+// With GPU times (NCCL's profiler plugin): a rank that issues on time and
+// whose kernels start late is a straggler on the GPU side, and one that
+// issues late is one on the host side (its kernels are late because it was).
+class GpuSideTest : public DetectFromMatcherTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(GpuSideTest, TheSideOfAStragglerIsWhereItsDelayIsAdded) {
+  const bool gpu_slow = GetParam();
+  start(4);
+  const uint64_t t0 = clock.now;
+  uint64_t seq = 0;
+  auto step = [&](int64_t late) {
+    const uint64_t t = t0 + seq * 20 * kMs;
+    auto jitter = [&](int32_t r) { return static_cast<int64_t>((r * 37 + seq * 11) % 300) * 1000; };
+    const int64_t host_late = gpu_slow ? 0 : late;
+    instance(seq, t, [&](int32_t r) { return (r == 1 ? host_late : 0) + jitter(r); });
+    // A kernel starts 1 ms after its issue, or after its GPU's extra work.
+    gpu_instance(seq, t, [&](int32_t r) { return (r == 1 ? late : 0) + jitter(r) + static_cast<int64_t>(kMs); });
+    ++seq;
+  };
+  const uint64_t window_steps = options.straggler.window_ns * 6 / 5 / (20 * kMs);
+  for (uint64_t i = 0; i < window_steps; ++i) step(0);
+  for (int i = 0; i < 3; ++i) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns + i * kMs);
+  EXPECT_TRUE(book.open().empty()) << "on time on both sides: nothing to say";
+  for (uint64_t i = 0; i < window_steps; ++i) step(10 * static_cast<int64_t>(kMs));
+  for (int i = 0; i < 3; ++i) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001);
+  EXPECT_EQ(stragglers[0]->summary.find("(GPU side)") != std::string::npos, gpu_slow) << stragglers[0]->summary;
+  EXPECT_EQ(stragglers[0]->detail.find("on its GPU") != std::string::npos, gpu_slow) << stragglers[0]->detail;
+  EXPECT_EQ(gpu_matcher.completed(), seq);
+
+  // Back on time on both sides: it resolves.
+  for (uint64_t i = 0; i < 3 * window_steps; ++i) {
+    step(0);
+    if (i % 25 == 0) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns);
+  }
+  for (int i = 0; i < options.close_after + 1; ++i) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns + i * kMs);
+  EXPECT_TRUE(open(FindingKind::straggler).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Side, GpuSideTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? std::string("SlowGpu") : std::string("SlowHost"); });
 
 TEST_F(DetectFromMatcherTest, ARankThatNeverEntersACollectiveIsNamedInAHangAfterTheTimeout) {
   start(4);

@@ -111,6 +111,50 @@ TEST_F(IngestTest, RecordsAreStoredOnTheCollectorClock) {
   EXPECT_EQ((*records)[0].call.issue_ns, 2'000u + 5'000'000u);
 }
 
+// The GPU side of a member's collectives (NCCL's profiler plugin) reaches
+// the observers on the cluster clock, once per batch (not again when the
+// batch is re-sent), and only for a member the sending process holds.
+TEST_F(IngestTest, GpuRecordsReachTheObserversOnTheClusterClockForTheirOwnMemberOnly) {
+  struct Seen : RecordObserver {
+    std::vector<std::tuple<int32_t, uint8_t, proto::GpuRecord>> gpu;
+    void on_gpu(const CommState&, int32_t rank, uint8_t op, const proto::GpuRecord& r) override {
+      gpu.emplace_back(rank, op, r);
+    }
+  } seen;
+  ingest.add_observer(&seen);
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);  // offset realtime - monotonic = 5 ms
+  ingest.on_agent_message("conn-1", batch(1, 0, 2), out);  // pid 10 holds rank 1 of 0xc0ffee
+  auto gpu = [](uint32_t pid, int32_t rank, uint64_t comm) {
+    proto::GpuBlock block;
+    block.pid = pid;
+    block.comm_hash = comm;
+    block.rank = rank;
+    block.op = RS_OP_ALLREDUCE;
+    block.records = {proto::GpuRecord{0, 256, 2'000, 2'500, 9'000}, proto::GpuRecord{1, 256, 2'100, 9'100, 12'000}};
+    return block;
+  };
+  testing::AgentBatch b;
+  b.seq = 2;
+  b.instance = 99;
+  b.gpu = {gpu(10, 1, 0xc0ffee), gpu(11, 1, 0xc0ffee) /* another process claims rank 1 */,
+           gpu(10, 0, 0xc0ffee) /* a rank no one holds yet */, gpu(10, 1, 0xbad) /* an unknown communicator */};
+  ingest.on_agent_message("conn-1", b.bytes(), out);
+  ingest.on_agent_message("conn-1", b.bytes(), out);  // re-sent: already taken
+  ASSERT_EQ(seen.gpu.size(), 2u);
+  auto [rank, op, first] = seen.gpu[0];
+  EXPECT_EQ(rank, 1);
+  EXPECT_EQ(op, RS_OP_ALLREDUCE);
+  EXPECT_EQ(first.seq, 0u);
+  EXPECT_EQ(first.enqueued_ns, 2'000u + 5'000'000u);
+  EXPECT_EQ(first.kernel_start_ns, 2'500u + 5'000'000u);
+  EXPECT_EQ(first.kernel_end_ns, 9'000u + 5'000'000u);
+  EXPECT_EQ(std::get<2>(seen.gpu[1]).kernel_start_ns, 9'100u + 5'000'000u);
+  EXPECT_EQ(ingest.counters().gpu_records, 2u);
+  EXPECT_EQ(ingest.counters().gpu_unmatched, 6u);
+  EXPECT_EQ(ingest.counters().refused_claims, 1u) << "the other process's claim on rank 1";
+}
+
 TEST_F(IngestTest, NewerProtocolIsRefusedWithAReason) {
   Outbox out;
   ingest.on_agent_message("conn-1", hello("gpu-1", wire::PROTOCOL_VERSION + 1), out);

@@ -15,6 +15,7 @@
 // other.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -195,13 +196,21 @@ Runtime& runtime() {
 
 // FAKECUDA_GPU_DELAY_US=N: a slow GPU. Each work item on this process's
 // streams starts N microseconds after the stream reached it (the kernels
-// before it ran slow), while the host goes on issuing on time.
+// before it ran slow), while the host goes on issuing on time. With
+// FAKECUDA_GPU_DELAY_AFTER=M, from the process's M-th work item on (a GPU
+// that slows down while the job runs).
 std::chrono::microseconds gpuDelay() {
   static const std::chrono::microseconds delay = [] {
     const char* env = std::getenv("FAKECUDA_GPU_DELAY_US");
     return std::chrono::microseconds(env ? std::strtoll(env, nullptr, 10) : 0);
   }();
-  return delay;
+  static const long long after = [] {
+    const char* env = std::getenv("FAKECUDA_GPU_DELAY_AFTER");
+    return env ? std::strtoll(env, nullptr, 10) : 0;
+  }();
+  static std::atomic<long long> items{0};
+  if (delay.count() == 0) return delay;
+  return items.fetch_add(1, std::memory_order_relaxed) >= after ? delay : std::chrono::microseconds(0);
 }
 
 void runStreamWorker(std::shared_ptr<CUstream_st> stream) {
@@ -212,7 +221,7 @@ void runStreamWorker(std::shared_ptr<CUstream_st> stream) {
     std::function<void()> work = std::move(stream->queue.front());
     stream->queue.pop_front();
     lock.unlock();
-    if (gpuDelay().count() > 0) std::this_thread::sleep_for(gpuDelay());
+    if (auto delay = gpuDelay(); delay.count() > 0) std::this_thread::sleep_for(delay);
     work();
     lock.lock();
     ++stream->completed;

@@ -1,0 +1,48 @@
+#include "collector/match/gpu_matcher.h"
+
+#include <algorithm>
+
+namespace rankscope::collector {
+
+void GpuMatcher::on_gpu(const CommState& comm, int32_t rank, uint8_t op, const proto::GpuRecord& record) {
+  if (comm.nranks < 2 || rank < 0 || rank >= comm.nranks) return;
+  Instances& open = comms_[comm.hash];
+  auto [slot, made] = open.try_emplace(record.seq << 8 | op);
+  Open& instance = slot->second;
+  if (made) {
+    budget_.opened(comm.hash, comm.nranks);
+    instance.issue.assign(comm.nranks, 0);
+    instance.enqueued.assign(comm.nranks, 0);
+    instance.end.assign(comm.nranks, 0);
+  }
+  if (instance.issue[rank] == 0) {  // a rank's record counts once
+    instance.issue[rank] = std::max<uint64_t>(record.kernel_start_ns, 1);
+    instance.enqueued[rank] = record.enqueued_ns;
+    instance.end[rank] = record.kernel_end_ns;
+    instance.arrived += 1;
+  }
+  if (instance.arrived == comm.nranks) {
+    ++completed_;
+    GpuComplete done{comm, op, record.seq, instance.issue, instance.enqueued, instance.end};
+    for (GpuListener* listener : listeners_) listener->on_gpu_complete(done);
+    budget_.close(comm.hash, open, slot);
+  }
+  budget_.enforce(comm.hash, comm.nranks, open, [&](uint64_t hash) {
+    auto it = comms_.find(hash);
+    return it == comms_.end() ? nullptr : &it->second;
+  });
+}
+
+void GpuMatcher::sweep(const std::map<uint64_t, CommState>& comms) {
+  for (auto it = comms_.begin(); it != comms_.end();) {
+    auto comm = comms.find(it->first);
+    if (comm != comms.end() && !comm->second.ended) {
+      ++it;
+      continue;
+    }
+    budget_.forget(it->first);
+    it = comms_.erase(it);
+  }
+}
+
+}  // namespace rankscope::collector
