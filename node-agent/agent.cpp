@@ -216,7 +216,11 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     if (t - last_scan >= options.scan_interval_ms * kMs) {
       for (const auto& library : discovery.scan(*scope)) attach_library(bpf, discovery, library, options);
       for (uint32_t pid : summariser.forget_exited()) rings.detach(pid, gpu);
-      for (const auto& [pid, start_time] : summariser.traced()) rings.attach(pid, start_time);
+      for (const auto& [pid, start_time] : summariser.traced()) {
+        const uint64_t before = rings.counts().rings;
+        if (rings.attach(pid, start_time) && rings.counts().rings > before)
+          RS_LOG(info, "reading the GPU side of process %u (NCCL profiler plugin)", pid);
+      }
       last_scan = t;
     }
     if (t - last_probe >= options.clock_probe_interval_ms * kMs) {
