@@ -127,6 +127,7 @@ void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transpor
     summariser.health(hb, now, [&](uint32_t pid) { return bpf.host_stats(pid); });
     if (options.host_context) cgroups.fill(bpf.cgroup_stats(), hb);
     summariser.open_waits(bpf.open_waits(), hb);
+    if (rings.counts().rings > 0) summariser.gpu_open(rings.open(), hb);
   });
 }
 

@@ -110,14 +110,40 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     p.c.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring.gpu_to_host);
     p.c.kernel_end_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_end) + ring.gpu_to_host);
     out(p.c);
-    ring.by_order.erase(p.order);
-    ring.pending.erase(it);
+    // A stream runs its collectives in order: those of this communicator
+    // and op still pending before it lost a record (a full ring).
+    auto first = ring.pending.lower_bound(Key{r.comm_hash, r.op, 0});
+    for (auto e = first; e != std::next(it); ++e) ring.by_order.erase(e->second.order);
+    ring.pending.erase(first, std::next(it));
     return;
   }
   if (ring.pending.size() > kPendingPerRing) {  // the oldest goes
     ring.pending.erase(ring.by_order.begin()->second);
     ring.by_order.erase(ring.by_order.begin());
   }
+}
+
+std::vector<GpuOpenCollective> ProfilerRings::open() const {
+  std::vector<GpuOpenCollective> out;
+  for (const auto& [pid, ring] : rings_) {
+    const Key* last = nullptr;
+    for (const auto& [key, p] : ring->pending) {
+      if (p.c.enqueued_ns == 0) continue;  // its enqueue was not seen
+      if (last && std::get<0>(*last) == std::get<0>(key) && std::get<1>(*last) == std::get<1>(key)) continue;
+      last = &key;
+      GpuOpenCollective o;
+      o.pid = pid;
+      o.comm_hash = p.c.comm_hash;
+      o.rank = p.c.rank;
+      o.op = p.c.op;
+      o.seq_number = p.c.seq_number;
+      o.enqueued_ns = p.c.enqueued_ns;
+      if (p.channels_started > 0 && ring->gpu_to_host != INT64_MAX)
+        o.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring->gpu_to_host);
+      out.push_back(o);
+    }
+  }
+  return out;
 }
 
 }  // namespace rankscope::agent

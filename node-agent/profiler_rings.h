@@ -43,6 +43,18 @@ struct GpuCollective {
   uint64_t kernel_end_ns = 0;    // ... and its last one stopped
 };
 
+// A collective NCCL enqueued whose kernels have not all stopped: the oldest
+// of its process's communicator and op (where a GPU that stopped is stuck).
+struct GpuOpenCollective {
+  uint32_t pid = 0;
+  uint64_t comm_hash = 0;
+  int32_t rank = -1;
+  uint8_t op = 0;
+  uint64_t seq_number = 0;
+  uint64_t enqueued_ns = 0;      // host monotonic
+  uint64_t kernel_start_ns = 0;  // host monotonic; 0: no channel's kernel started
+};
+
 struct ProfilerRingCounts {
   uint64_t rings = 0;         // rings read now
   uint64_t refused = 0;       // rings found but not taken (another layout, another process)
@@ -69,6 +81,9 @@ class ProfilerRings {
   // The process exited: its ring is drained a last time and removed.
   void detach(uint32_t pid, const std::function<void(const GpuCollective&)>& out);
   const ProfilerRingCounts& counts() const { return counts_; }
+  // Per process, communicator and op, the oldest collective enqueued whose
+  // kernels have not all stopped (as of the last drain).
+  std::vector<GpuOpenCollective> open() const;
 
  private:
   struct Pending {

@@ -544,4 +544,18 @@ void Summariser::open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>
   }
 }
 
+void Summariser::gpu_open(const std::vector<GpuOpenCollective>& open, wire::Heartbeat::Builder heartbeat) {
+  const size_t n = std::min<size_t>(open.size(), proto::kMaxListEntries);
+  auto list = heartbeat.initGpuOpen(static_cast<unsigned>(n));
+  for (unsigned i = 0; i < n; ++i) {
+    list[i].setPid(open[i].pid);
+    list[i].setCommHash(open[i].comm_hash);
+    list[i].setRank(open[i].rank);
+    list[i].setOp(open[i].op);
+    list[i].setSeq(open[i].seq_number);
+    list[i].setEnqueuedNs(shift(open[i].enqueued_ns));
+    list[i].setKernelStartNs(open[i].kernel_start_ns ? shift(open[i].kernel_start_ns) : 0);
+  }
+}
+
 }  // namespace rankscope::agent

@@ -69,6 +69,8 @@ class Summariser {
   void health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, const HostLookup& host = {});
   // Waits on the GPU still in progress, for the heartbeat.
   void open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& waits, wire::Heartbeat::Builder heartbeat);
+  // Collectives whose kernels have not all stopped, for the heartbeat.
+  void gpu_open(const std::vector<GpuOpenCollective>& open, wire::Heartbeat::Builder heartbeat);
 
   uint64_t unknown_comm_records() const { return unknown_comm_; }
   uint64_t malformed_records() const { return malformed_; }

@@ -234,6 +234,21 @@ struct Heartbeat {
   processes @5 :List(ProcessHealth);
   openWaits @6 :List(Wait); # waits on the GPU in progress now (a hang is a wait that never ends)
   cgroups @7 :List(CgroupUsage);  # who used this host's CPUs (cgroups busy since the last heartbeat, busiest first)
+  gpuOpen @8 :List(GpuOpen);      # collectives enqueued whose kernels have not all stopped (NCCL's profiler plugin)
+}
+
+# Per traced process, communicator and op, the oldest collective NCCL
+# enqueued whose kernels have not all stopped: where a GPU that stopped is
+# stuck. A hang with every host alive is told apart by it: the ranks whose
+# kernels never started, beside ranks whose kernels started and wait.
+struct GpuOpen {
+  pid @0 :UInt32;
+  commHash @1 :UInt64;
+  rank @2 :Int32;
+  op @3 :UInt8;
+  seq @4 :UInt64;           # NCCL's seqNumber
+  enqueuedNs @5 :UInt64;    # agent clock
+  kernelStartNs @6 :UInt64; # agent clock; 0: no channel's kernel started
 }
 
 # One cgroup's use of the host, cumulative since the agent started (BPF

@@ -169,6 +169,18 @@ class Detector final : public MatchListener, public GpuListener {
   // hang timeout: the stall, unless lost nodes explain it or ranks are busy
   // on the CPU (working, not hung).
   bool note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_activity, uint64_t now_ns);
+  // Where the members' GPUs are in a communicator (their plugins' reports in
+  // the heartbeats): whose oldest unfinished collective started its kernels,
+  // and whose did not.
+  struct GpuSplit {
+    std::vector<int32_t> not_started;  // ranks whose GPU has not started it
+    size_t started = 0;                // ranks whose kernels started
+    uint64_t enqueued_ns = 0;          // the latest enqueue of the ones not started
+    // Some GPUs started and wait, others never started: those are stuck.
+    bool named() const { return !not_started.empty() && started > 0; }
+    bool all_started(int32_t n) const { return not_started.empty() && started == static_cast<size_t>(n); }
+  };
+  GpuSplit gpu_split(const CommState& comm) const;
   // Resolves the communicator's Send/Recv hangs that progressed, and notes
   // its halves waiting for their other half as a stall (unless `stalled`:
   // its collectives already stall).

@@ -124,6 +124,25 @@ bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last
   return true;
 }
 
+Detector::GpuSplit Detector::gpu_split(const CommState& comm) const {
+  GpuSplit split;
+  for (const auto& [rank, m] : comm.members) {
+    const ProcessHealth* health = health_of(m);
+    if (!health) continue;
+    const GpuOpen* oldest = nullptr;  // of this communicator, any op
+    for (const auto& g : health->gpu_open())
+      if (g.comm == comm.hash && (!oldest || g.enqueued_ns < oldest->enqueued_ns)) oldest = &g;
+    if (!oldest) continue;
+    if (oldest->kernel_start_ns != 0) {
+      ++split.started;
+    } else {
+      split.not_started.push_back(rank);
+      split.enqueued_ns = std::max(split.enqueued_ns, oldest->enqueued_ns);
+    }
+  }
+  return split;
+}
+
 bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_activity, uint64_t now_ns) {
   const CommState& comm = *stall.comm;
   CommDetect& state = *stall.state;
@@ -151,7 +170,8 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
   stall.since_ns = last_activity;
   stall.timed_out = true;
   f.seq = max_last;
-  f.ranks = stuck.empty() ? std::vector<int32_t>{} : stuck;
+  const GpuSplit gpu = stuck.empty() ? gpu_split(comm) : GpuSplit{};
+  f.ranks = !stuck.empty() ? stuck : gpu.named() ? gpu.not_started : std::vector<int32_t>{};
   if (f.ranks.empty())
     for (int32_t r = 0; r < n; ++r) f.ranks.push_back(r);
   std::string idle = format_time_ns(last_activity);
@@ -159,10 +179,22 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
     f.summary = where("hang", comm) + ": every rank entered collective #" + std::to_string(max_last) + " but rank" +
                 (stuck.size() > 1 ? "s " : " ") + join(stuck) +
                 " cannot progress (process stopped or exited); nothing has moved since " + idle;
+  else if (gpu.named())
+    f.summary = where("hang", comm) + ": every rank entered collective #" + std::to_string(max_last) +
+                " and none has progressed since " + idle + ": the GPU of rank" +
+                (gpu.not_started.size() > 1 ? "s " : " ") + join(gpu.not_started) +
+                " never started its collective (NCCL enqueued it at " + format_time_ns(gpu.enqueued_ns) +
+                "; a kernel before it never finished: a hung GPU, or work stuck on its stream), while the other " +
+                "ranks' kernels started and wait for its data; every process is alive" +
+                (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait" : "");
   else
     f.summary = where("hang", comm) + ": all " + std::to_string(n) + " ranks entered collective #" +
                 std::to_string(max_last) + " and none has progressed since " + idle +
-                ": no rank is missing; suspect the network or a GPU (every process is alive and idle" +
+                ": no rank is missing; " +
+                (gpu.all_started(n) ? "every rank's kernels started and none finished: suspect the network (a link) "
+                                      "or a GPU inside the collective"
+                                    : "suspect the network or a GPU") +
+                " (every process is alive and idle" +
                 (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
   tail = ".\nRanks:";
   state.all_inside.insert(f.key());

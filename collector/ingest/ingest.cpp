@@ -432,9 +432,18 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   std::map<uint32_t, std::vector<OpenWait>> waits;
   for (auto w : heartbeat.getOpenWaits())
     waits[w.getPid()].push_back(OpenWait{wait_call_name(w.getKind()), node.clock.to_cluster(w.getStartNs())});
+  std::map<uint32_t, std::vector<GpuOpen>> gpu;
+  for (auto g : heartbeat.getGpuOpen()) {
+    const uint64_t start = g.getKernelStartNs();
+    gpu[g.getPid()].push_back(GpuOpen{g.getCommHash(), g.getRank(), g.getOp(), g.getSeq(),
+                                      node.clock.to_cluster(g.getEnqueuedNs()),
+                                      start ? node.clock.to_cluster(start) : 0});
+  }
   for (auto& [pid, health] : node.health) {
     auto it = waits.find(pid);
     health.set_open_waits(it == waits.end() ? std::vector<OpenWait>{} : std::move(it->second));
+    auto open = gpu.find(pid);
+    health.set_gpu_open(open == gpu.end() ? std::vector<GpuOpen>{} : std::move(open->second));
   }
 }
 

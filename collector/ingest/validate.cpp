@@ -44,7 +44,8 @@ Result<void> check_batch(wire::Batch::Reader batch, size_t wire_bytes) {
 
 Result<void> check_heartbeat(wire::Heartbeat::Reader heartbeat) {
   for (auto r : {check_length("heartbeat: processes", heartbeat.getProcesses().size(), kMaxListEntries),
-                 check_length("heartbeat: open waits", heartbeat.getOpenWaits().size(), kMaxListEntries)})
+                 check_length("heartbeat: open waits", heartbeat.getOpenWaits().size(), kMaxListEntries),
+                 check_length("heartbeat: open GPU collectives", heartbeat.getGpuOpen().size(), kMaxListEntries)})
     if (!r) return r;
   return {};
 }

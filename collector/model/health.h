@@ -52,12 +52,26 @@ struct OpenWait {
   uint64_t since_ns = 0;  // cluster clock
 };
 
+// A collective NCCL enqueued in the process whose kernels have not all
+// stopped (its profiler plugin): the oldest per communicator and op.
+struct GpuOpen {
+  uint64_t comm = 0;
+  int32_t rank = -1;
+  uint8_t op = 0;
+  uint64_t seq = 0;              // NCCL's seqNumber
+  uint64_t enqueued_ns = 0;      // cluster clock
+  uint64_t kernel_start_ns = 0;  // cluster clock; 0: no kernel of it started
+};
+
 class ProcessHealth {
  public:
   void add(const HealthSample& sample);
   // The waits on the GPU its agent saw in progress at the last heartbeat.
   void set_open_waits(std::vector<OpenWait> waits) { open_waits_ = std::move(waits); }
   const std::vector<OpenWait>& open_waits() const { return open_waits_; }
+  // ...and the collectives its GPU had not finished.
+  void set_gpu_open(std::vector<GpuOpen> open) { gpu_open_ = std::move(open); }
+  const std::vector<GpuOpen>& gpu_open() const { return gpu_open_; }
   bool known() const { return !samples_.empty(); }
   bool alive() const { return samples_.empty() || samples_.back().alive; }
   char state() const { return samples_.empty() ? '?' : samples_.back().state; }
@@ -74,6 +88,7 @@ class ProcessHealth {
   static constexpr size_t kSamples = 64;
   std::deque<HealthSample> samples_;
   std::vector<OpenWait> open_waits_;
+  std::vector<GpuOpen> gpu_open_;
 };
 
 }  // namespace rankscope::collector

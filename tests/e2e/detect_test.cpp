@@ -326,6 +326,49 @@ TEST_F(DetectE2E, ASlowGpuWhoseHostIssuesOnTimeIsTheOneGpuSideStraggler) {
   EXPECT_TRUE(of_kind(deployment->findings(false), "hang").empty()) << dump(*deployment, dir);
 }
 
+// A rank whose GPU stops (a kernel that never finishes) while every host
+// lives: every host issues the step's collectives and blocks in
+// cudaStreamSynchronize. Host timing says only "all entered, none
+// progresses"; its GPU never started the collective that the others'
+// kernels started and wait in, and the hang names it.
+TEST_F(DetectE2E, AHungGpuWithEveryHostAliveIsNamedInTheHang) {
+  const int metrics_port = free_port();
+  DeploymentOptions options;
+  options.collector_args = {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)};
+  deploy(options);
+  constexpr int kStuck = 1;
+  JobOptions job;
+  job.args = {"--steps", "100000", "--compute-iters", "200000", "--bucket-elems", "1024"};
+  job.env = {{"NCCL_PROFILER_PLUGIN", kPlugin}};
+  job.rank_env[kStuck] = {{"FAKECUDA_GPU_HANG_FILE", dir.file("hang")}};
+  auto ranks = launch_job(dir, cluster, job);
+  // Its GPU stops once the agents read the rings (100 collectives a rank's
+  // worth): the plugin writes only while someone reads (an agent finds a
+  // new process's ring at its next scan), and a kernel start unread cannot
+  // be told.
+  auto gpu_records = [&] {
+    auto response = collector::http_request("GET", "http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics");
+    const std::string series = "rankscope_ingest_gpu_records_total{result=\"taken\"} ";
+    size_t at = response ? response->body.find(series) : std::string::npos;
+    return at == std::string::npos ? 0.0 : std::stod(response->body.substr(at + series.size()));
+  };
+  ASSERT_TRUE(wait_for([&] { return gpu_records() >= 4 * 100; }, std::chrono::seconds(60))) << dump(*deployment, dir);
+  std::ofstream(dir.file("hang")).close();
+  std::vector<SeenFinding> hangs;
+  bool found = wait_for(
+      [&] {
+        hangs = of_kind(deployment->findings(true), "hang");
+        return !hangs.empty();
+      },
+      std::chrono::seconds(60));
+  ASSERT_TRUE(found) << dump(*deployment, dir);
+  ASSERT_EQ(hangs.size(), 1u) << dump(*deployment, dir);
+  EXPECT_EQ(hangs[0].ranks, std::vector<int32_t>{kStuck}) << hangs[0].detail;
+  EXPECT_NE(hangs[0].detail.find("never started its collective"), std::string::npos) << hangs[0].detail;
+  EXPECT_NE(hangs[0].detail.find("every process is alive"), std::string::npos) << hangs[0].detail;
+  EXPECT_TRUE(of_kind(deployment->findings(false), "straggler").empty()) << dump(*deployment, dir);
+}
+
 TEST_F(DetectE2E, HealthyJobYieldsNoFindingAtAll) {
   deploy();
   JobOptions job;

@@ -141,6 +141,37 @@ TEST(ProfilerRings, ARingOfAnotherProcessOrLayoutIsNotRead) {
   }
 }
 
+// Where a stopped GPU is stuck: per communicator and op, the oldest
+// collective enqueued whose kernels have not all stopped, and whether any
+// started; a completed one clears those before it (a stream runs them in order).
+TEST(ProfilerRings, TheOldestUnfinishedCollectiveIsWhereAGpuIsStuck) {
+  testing::TempDir proc;
+  FakeRing ring(proc, kPid, kStart);
+  ProfilerRings rings(proc.path());
+  ASSERT_TRUE(rings.attach(kPid, kStart));
+  auto ignore = [](const GpuCollective&) {};
+  for (uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(ring.write(RecordKind::coll_start, seq, 1'000 * seq, 0, 1));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 1, 5'000, 1'000, 0));  // GPU clock 4,000 behind
+  rings.drain(ignore);
+  auto open = rings.open();
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_EQ(open[0].pid, kPid);
+  EXPECT_EQ(open[0].comm_hash, kComm);
+  EXPECT_EQ(open[0].seq_number, 1u);
+  EXPECT_EQ(open[0].enqueued_ns, 1'000u);
+  EXPECT_EQ(open[0].kernel_start_ns, 5'000u);
+  // #2 runs to the end (#1's stop was lost to a full ring, say): #1 is done too.
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 2, 6'000, 2'000, 0));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 2, 7'000, 3'000, 0));
+  size_t done = 0;
+  rings.drain([&](const GpuCollective&) { ++done; });
+  EXPECT_EQ(done, 1u);
+  open = rings.open();
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_EQ(open[0].seq_number, 3u);
+  EXPECT_EQ(open[0].kernel_start_ns, 0u) << "its kernels never started";
+}
+
 TEST(ProfilerRings, AWriterThatNeverStopsCannotHoldTheReader) {
   testing::TempDir proc;
   FakeRing ring(proc, kPid, kStart);

@@ -15,6 +15,8 @@
 // other.
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -213,6 +215,15 @@ std::chrono::microseconds gpuDelay() {
   return items.fetch_add(1, std::memory_order_relaxed) >= after ? delay : std::chrono::microseconds(0);
 }
 
+// FAKECUDA_GPU_HANG_FILE=PATH: a hung GPU. Once PATH exists, this process's
+// streams stop: the next work item never starts (a kernel before it never
+// finished), nor anything queued behind it; the host goes on until it waits
+// for them.
+bool gpuHung() {
+  static const char* path = std::getenv("FAKECUDA_GPU_HANG_FILE");
+  return path && *path && ::access(path, F_OK) == 0;
+}
+
 void runStreamWorker(std::shared_ptr<CUstream_st> stream) {
   std::unique_lock lock(stream->mu);
   for (;;) {
@@ -221,6 +232,8 @@ void runStreamWorker(std::shared_ptr<CUstream_st> stream) {
     std::function<void()> work = std::move(stream->queue.front());
     stream->queue.pop_front();
     lock.unlock();
+    if (gpuHung())
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     if (auto delay = gpuDelay(); delay.count() > 0) std::this_thread::sleep_for(delay);
     work();
     lock.lock();
