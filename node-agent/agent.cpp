@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -151,6 +152,18 @@ void take_replies(Transport& transport, Summariser& summariser, uint64_t& welcom
   }
 }
 
+// Processes that exited: their rings drained a last time and let go, and
+// they are forgotten. Traced processes without a ring: theirs looked for
+// (made at their first communicator, when they load the profiler plugin).
+void scan_rings(Summariser& summariser, ProfilerRings& rings, const std::function<void(const GpuCollective&)>& gpu) {
+  for (uint32_t pid : summariser.forget_exited()) rings.detach(pid, gpu);
+  for (const auto& [pid, start_time] : summariser.traced()) {
+    const uint64_t before = rings.counts().rings;
+    if (rings.attach(pid, start_time) && rings.counts().rings > before)
+      RS_LOG(info, "reading the GPU side of process %u (NCCL profiler plugin)", pid);
+  }
+}
+
 // A short grace for the last batches' acks; what is left is in the spool, or lost.
 void await_last_acks(Transport& transport, const Options& options, const Clock& clock) {
   uint64_t deadline = clock.monotonic_ns() + 2000 * kMs;
@@ -216,12 +229,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {
       for (const auto& library : discovery.scan(*scope)) attach_library(bpf, discovery, library, options);
-      for (uint32_t pid : summariser.forget_exited()) rings.detach(pid, gpu);
-      for (const auto& [pid, start_time] : summariser.traced()) {
-        const uint64_t before = rings.counts().rings;
-        if (rings.attach(pid, start_time) && rings.counts().rings > before)
-          RS_LOG(info, "reading the GPU side of process %u (NCCL profiler plugin)", pid);
-      }
+      scan_rings(summariser, rings, gpu);
       last_scan = t;
     }
     if (t - last_probe >= options.clock_probe_interval_ms * kMs) {

@@ -33,16 +33,6 @@ void GpuMatcher::on_gpu(const CommState& comm, int32_t rank, uint8_t op, const p
   });
 }
 
-void GpuMatcher::sweep(const std::map<uint64_t, CommState>& comms) {
-  for (auto it = comms_.begin(); it != comms_.end();) {
-    auto comm = comms.find(it->first);
-    if (comm != comms.end() && !comm->second.ended) {
-      ++it;
-      continue;
-    }
-    budget_.forget(it->first);
-    it = comms_.erase(it);
-  }
-}
+void GpuMatcher::sweep(const std::map<uint64_t, CommState>& comms) { sweep_open(comms_, comms, budget_); }
 
 }  // namespace rankscope::collector

@@ -109,17 +109,7 @@ void CollectiveMatcher::on_p2p(const CommState& comm, CommMatch& state, int32_t 
   for (MatchListener* listener : listeners_) listener->on_pair(pair);
 }
 
-void CollectiveMatcher::sweep(const std::map<uint64_t, CommState>& comms) {
-  for (auto it = comms_.begin(); it != comms_.end();) {
-    auto comm = comms.find(it->first);
-    if (comm != comms.end() && !comm->second.ended) {
-      ++it;
-      continue;
-    }
-    budget_.forget(it->first);
-    it = comms_.erase(it);
-  }
-}
+void CollectiveMatcher::sweep(const std::map<uint64_t, CommState>& comms) { sweep_open(comms_, comms, budget_); }
 
 std::pair<uint64_t, const OpenCollective*> CollectiveMatcher::open_from(uint64_t comm, uint64_t seq) const {
   auto state = comms_.find(comm);

@@ -114,4 +114,20 @@ class OpenBudget {
   std::set<std::pair<uint64_t, uint64_t>> order_;  // (bytes held, comm)
 };
 
+// Drops what `held` (an observer's open instances, by communicator) keeps
+// of communicators that ended (every member ended them: what is open never
+// completes) or that `comms` (the model's) lacks.
+template <typename Held, typename Comms>
+void sweep_open(Held& held, const Comms& comms, OpenBudget& budget) {
+  for (auto it = held.begin(); it != held.end();) {
+    auto comm = comms.find(it->first);
+    if (comm != comms.end() && !comm->second.ended) {
+      ++it;
+      continue;
+    }
+    budget.forget(it->first);
+    it = held.erase(it);
+  }
+}
+
 }  // namespace rankscope::collector
