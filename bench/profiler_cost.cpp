@@ -5,6 +5,8 @@
 // process: through a table of empty functions (the floor: NCCL's indirect
 // calls alone), through the plugin with a reader draining its ring (as the
 // agent does), and through the plugin with no reader (records only counted).
+// Then the agent's side: its own reader and summariser on the ring while
+// the plugin is called at a real rate, and the CPU they take.
 // docs/benchmarks.md, "NCCL profiler plugin".
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -22,8 +24,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
+#include "common/drops.h"
 #include "nccl-profiler/abi.h"
 #include "nccl-profiler/ring.h"
+#include "node-agent/profiler_rings.h"
+#include "node-agent/summarise.h"
+#include "proto/agent_wire.h"
 
 namespace po = boost::program_options;
 using namespace rankscope::profiler;
@@ -66,52 +73,136 @@ struct Figures {
 // `collectives` collectives through `table`, per-collective times; every
 // kBurst collectives, `between` runs untimed (the agent's drain).
 constexpr int kBurst = 2'000;  // 12,000 records: within the ring, as a tick's worth is
-Figures run(pabi::ProfilerV5* table, void* context, int collectives, const std::function<void()>& between = {}) {
-  asm volatile("" : "+r"(table));  // no devirtualising: every call indirect, as NCCL makes them
-  std::vector<uint64_t> took(static_cast<size_t>(collectives));
+// One collective as NCCL reports it: its start, two kernel channels started
+// with their GPU times, its stop, each channel's KernelChStop and stop.
+void collective(pabi::ProfilerV5* table, void* context, uint64_t seq) {
   pabi::EventDescrV5 coll{};
   coll.type = pabi::kColl;
   coll.coll.d.func = "AllReduce";
   coll.coll.d.count = 1 << 20;
   coll.coll.d.datatype = "ncclFloat32";
   coll.coll.d.n_channels = 2;
+  coll.coll.d.seq_number = seq;
   pabi::EventDescrV5 kernel{};
   kernel.type = pabi::kKernelCh;
   pabi::StateArgs stop{};
+  void* c = nullptr;
+  table->start_event(context, &c, &coll);
+  void* k[2] = {nullptr, nullptr};
+  for (int ch = 0; ch < 2; ++ch) {
+    kernel.parent = c;
+    kernel.kernel_ch.channel_id = static_cast<uint8_t>(ch);
+    kernel.kernel_ch.gpu_start_ns = seq * 1000;
+    table->start_event(context, &k[ch], &kernel);
+  }
+  table->stop_event(c);
+  for (int ch = 0; ch < 2; ++ch) {
+    stop.kernel_ch.gpu_stop_ns = seq * 1000 + 500;
+    table->record_event_state(k[ch], pabi::kKernelChStop, &stop);
+    table->stop_event(k[ch]);
+  }
+}
+
+Figures run(pabi::ProfilerV5* table, void* context, int collectives, const std::function<void()>& between = {}) {
+  asm volatile("" : "+r"(table));  // no devirtualising: every call indirect, as NCCL makes them
+  std::vector<uint64_t> took(static_cast<size_t>(collectives));
   for (int i = 0; i < collectives; ++i) {
     if (between && i % kBurst == 0) between();
     uint64_t start = now_ns();
-    coll.coll.d.seq_number = static_cast<uint64_t>(i);
-    void* c = nullptr;
-    table->start_event(context, &c, &coll);
-    void* k[2] = {nullptr, nullptr};
-    for (int ch = 0; ch < 2; ++ch) {
-      kernel.parent = c;
-      kernel.kernel_ch.channel_id = static_cast<uint8_t>(ch);
-      kernel.kernel_ch.gpu_start_ns = static_cast<uint64_t>(i) * 1000;
-      table->start_event(context, &k[ch], &kernel);
-    }
-    table->stop_event(c);
-    for (int ch = 0; ch < 2; ++ch) {
-      stop.kernel_ch.gpu_stop_ns = static_cast<uint64_t>(i) * 1000 + 500;
-      table->record_event_state(k[ch], pabi::kKernelChStop, &stop);
-      table->stop_event(k[ch]);
-    }
+    collective(table, context, static_cast<uint64_t>(i));
     took[static_cast<size_t>(i)] = now_ns() - start;
   }
   std::sort(took.begin(), took.end());
   return {static_cast<double>(took[took.size() / 2]), static_cast<double>(took[took.size() * 99 / 100])};
 }
 
+double thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+}
+
+struct Paced {
+  double agent_cpu = 0;  // of one core
+  uint64_t collectives = 0, records = 0, sent = 0, dropped = 0;
+  size_t batch_bytes = 0;
+};
+
+// The agent's side at a real rate: the plugin called for `rate` collectives
+// a second for `seconds`, while another thread runs the agent's own reader
+// (ProfilerRings, drained every 25 ms tick) and summariser (a batch encoded
+// every 100 ms, the agent's default interval), as its main loop does. That
+// thread's CPU time is what the GPU side adds to the agent (sending the
+// bytes aside).
+Paced paced(pabi::ProfilerV5* table, void* context, int rate, double seconds, uint64_t first_seq) {
+  Paced out;
+  std::atomic<bool> done{false}, ready{false};
+  double cpu = 0, wall = 0;
+  std::thread agent([&] {
+    rankscope::SystemClock system;
+    rankscope::OffsetClock clock(system, 0);
+    rankscope::agent::Summariser summariser("/proc", "bench", clock);
+    rankscope::agent::ProfilerRings rings;
+    if (!rings.attach(static_cast<uint32_t>(getpid()), own_start_time())) {
+      std::fprintf(stderr, "rankscope-bench-profiler: the agent's reader could not attach\n");
+      ready = true;
+      return;
+    }
+    auto take = [&](const rankscope::agent::GpuCollective& c) {
+      summariser.on_gpu(c);
+      ++out.sent;
+    };
+    auto batch = [&](uint64_t seq) {
+      out.batch_bytes += rankscope::proto::encode_batch(1, seq, now_ns(), [&](auto b) {
+                           summariser.fill(b, rankscope::DropCounts{});
+                         }).size();
+    };
+    ready = true;
+    const double cpu0 = thread_cpu_ns();
+    const uint64_t wall0 = now_ns();
+    uint64_t next_batch = wall0 + 100'000'000, seq = 0;
+    while (!done.load()) {
+      rings.drain(take);
+      if (now_ns() >= next_batch) {
+        batch(++seq);
+        next_batch += 100'000'000;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    rings.drain(take);
+    while (!summariser.empty()) batch(++seq);
+    cpu = thread_cpu_ns() - cpu0;
+    wall = static_cast<double>(now_ns() - wall0);
+    out.records = rings.counts().records;
+    out.dropped = rings.counts().plugin_dropped;
+  });
+  while (!ready.load()) std::this_thread::yield();
+  const uint64_t n = static_cast<uint64_t>(rate * seconds), t0 = now_ns();
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t due = t0 + i * 1'000'000'000ull / static_cast<uint64_t>(rate);
+    timespec at{static_cast<time_t>(due / 1'000'000'000ull), static_cast<long>(due % 1'000'000'000ull)};
+    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, nullptr);
+    collective(table, context, first_seq + i);
+  }
+  out.collectives = n;
+  done = true;
+  agent.join();
+  out.agent_cpu = wall > 0 ? cpu / wall : 0;
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int collectives = 200'000;
+  int collectives = 200'000, rate = 10'000;
+  double seconds = 10;
   std::string plugin;
   po::options_description desc("rankscope-bench-profiler");
   desc.add_options()("help", "this text")("plugin", po::value(&plugin)->required(),
                                           "path of librankscope-nccl-profiler.so")(
-      "collectives", po::value(&collectives)->default_value(collectives), "collectives per run");
+      "collectives", po::value(&collectives)->default_value(collectives), "collectives per run")(
+      "rate", po::value(&rate)->default_value(rate), "collectives a second in the agent's run")(
+      "seconds", po::value(&seconds)->default_value(seconds), "length of the agent's run");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -177,6 +268,7 @@ int main(int argc, char** argv) {
   uint64_t dropped_reading = ring.header->dropped.load() - dropped_before;
   ring.header->reader.store(0);
   Figures unread = run(table, context, collectives);
+  Paced agent = paced(table, context, rate, seconds, 3ull * static_cast<uint64_t>(collectives));
   stop.store(true);
   reader.join();
   table->finalize(context);
@@ -191,5 +283,12 @@ int main(int argc, char** argv) {
   std::printf("\n%d collectives per run; %llu records read, %llu dropped while read (ring of %u).\n", collectives,
               static_cast<unsigned long long>(drained.load()), static_cast<unsigned long long>(dropped_reading),
               kRingSlots);
+  std::printf("\nThe agent's side at %d collectives a second for %.0f s (its reader drained every 25 ms, a batch "
+              "encoded every 100 ms): %.2f%% of a core; %llu collectives, %llu records read, %llu GPU records sent, "
+              "%llu dropped by the plugin, %.1f wire bytes per collective.\n",
+              rate, seconds, agent.agent_cpu * 100, static_cast<unsigned long long>(agent.collectives),
+              static_cast<unsigned long long>(agent.records), static_cast<unsigned long long>(agent.sent),
+              static_cast<unsigned long long>(agent.dropped),
+              agent.sent ? static_cast<double>(agent.batch_bytes) / static_cast<double>(agent.sent) : 0.0);
   return 0;
 }
