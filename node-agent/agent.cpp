@@ -152,12 +152,12 @@ void take_replies(Transport& transport, Summariser& summariser, uint64_t& welcom
   }
 }
 
-// Processes that exited: their rings drained a last time and let go, and
-// they are forgotten. Traced processes without a ring: theirs looked for
-// (made at their first communicator, when they load the profiler plugin).
-void scan_rings(Summariser& summariser, ProfilerRings& rings, const std::function<void(const GpuCollective&)>& gpu) {
-  for (uint32_t pid : summariser.forget_exited()) rings.detach(pid, gpu);
-  for (const auto& [pid, start_time] : summariser.traced()) {
+// The rings of processes that may have one now (newly traced, or a new
+// communicator: the plugin makes its ring at the first), looked for once
+// each; not on a timer, which would list every descriptor of every traced
+// process without the plugin, again and again.
+void attach_rings(Summariser& summariser, ProfilerRings& rings) {
+  for (const auto& [pid, start_time] : summariser.take_ring_candidates()) {
     const uint64_t before = rings.counts().rings;
     if (rings.attach(pid, start_time) && rings.counts().rings > before)
       RS_LOG(info, "reading the GPU side of process %u (NCCL profiler plugin)", pid);
@@ -225,11 +225,12 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   while (!stop.load()) {
     take_replies(transport, summariser, welcomes);
     bpf.consume();
+    attach_rings(summariser, rings);
     rings.drain(gpu);
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {
       for (const auto& library : discovery.scan(*scope)) attach_library(bpf, discovery, library, options);
-      scan_rings(summariser, rings, gpu);
+      for (uint32_t pid : summariser.forget_exited()) rings.detach(pid, gpu);
       last_scan = t;
     }
     if (t - last_probe >= options.clock_probe_interval_ms * kMs) {

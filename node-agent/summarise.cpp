@@ -52,6 +52,7 @@ Summariser::ProcessEntry& Summariser::process(uint32_t pid) {
     entry.identity.pid = pid;  // it exited already: keep what the events say
   }
   apply_overrides(pid, entry.identity);
+  ring_candidates_.push_back(pid);
   return processes_.emplace(pid, std::move(entry)).first->second;
 }
 
@@ -74,6 +75,9 @@ void Summariser::on_event(const Event& event) {
 void Summariser::on_comm_init(const rs_comm_init_event& e) {
   ProcessEntry& proc = process(e.hdr.pid);
   if (!proc.identity.cgroup_id) proc.identity.cgroup_id = e.hdr.cgroup_id;
+  // A profiler plugin makes its ring at the process's first communicator,
+  // before NCCL returns from creating it.
+  if (e.result == 0 && e.comm != 0) ring_candidates_.push_back(e.hdr.pid);
   if (e.result != 0 || e.comm == 0) {
     // NCCL_SPLIT_NOCOLOR: the rank took part in the split and got no child.
     // It still counts among the parent's splits, so that the next child is
@@ -458,9 +462,11 @@ std::vector<uint32_t> Summariser::forget_exited() {
   return forgotten;
 }
 
-std::vector<std::pair<uint32_t, uint64_t>> Summariser::traced() const {
+std::vector<std::pair<uint32_t, uint64_t>> Summariser::take_ring_candidates() {
   std::vector<std::pair<uint32_t, uint64_t>> out;
-  for (const auto& [pid, entry] : processes_) out.emplace_back(pid, entry.identity.start_time);
+  for (uint32_t pid : ring_candidates_)
+    if (auto it = processes_.find(pid); it != processes_.end()) out.emplace_back(pid, it->second.identity.start_time);
+  ring_candidates_.clear();
   return out;
 }
 

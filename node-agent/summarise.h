@@ -57,8 +57,10 @@ class Summariser {
   // Frees entries of processes that exited (pid gone or reused); each is
   // reported once more by health() as not alive. Returns their pids.
   std::vector<uint32_t> forget_exited();
-  // Every traced process: (pid, start time).
-  std::vector<std::pair<uint32_t, uint64_t>> traced() const;
+  // Processes that may have a profiler plugin's ring now, since the last
+  // call: (pid, start time) of each newly traced one and of each that made
+  // a communicator (the plugin makes its ring then).
+  std::vector<std::pair<uint32_t, uint64_t>> take_ring_candidates();
   // Sends every traced process's identity again with the next batch (a new
   // collector run knows the communicators from its database, not who the
   // processes are).
@@ -117,6 +119,7 @@ class Summariser {
   std::string node_;
   const OffsetClock& clock_;
   std::map<uint32_t, ProcessEntry> processes_;
+  std::vector<uint32_t> ring_candidates_;  // take_ring_candidates()
   std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
   std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting
   std::map<uint32_t, rs_host_stats> final_host_;  // host counters at exit

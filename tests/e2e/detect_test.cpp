@@ -343,9 +343,8 @@ TEST_F(DetectE2E, AHungGpuWithEveryHostAliveIsNamedInTheHang) {
   job.rank_env[kStuck] = {{"FAKECUDA_GPU_HANG_FILE", dir.file("hang")}};
   auto ranks = launch_job(dir, cluster, job);
   // Its GPU stops once the agents read the rings (100 collectives a rank's
-  // worth): the plugin writes only while someone reads (an agent finds a
-  // new process's ring at its next scan), and a kernel start unread cannot
-  // be told.
+  // worth): the plugin writes only while someone reads, and a kernel start
+  // unread cannot be told.
   auto gpu_records = [&] {
     auto response = collector::http_request("GET", "http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics");
     const std::string series = "rankscope_ingest_gpu_records_total{result=\"taken\"} ";
