@@ -52,7 +52,6 @@ Summariser::ProcessEntry& Summariser::process(uint32_t pid) {
     entry.identity.pid = pid;  // it exited already: keep what the events say
   }
   apply_overrides(pid, entry.identity);
-  ring_candidates_.push_back(pid);
   return processes_.emplace(pid, std::move(entry)).first->second;
 }
 
@@ -77,7 +76,7 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
   if (!proc.identity.cgroup_id) proc.identity.cgroup_id = e.hdr.cgroup_id;
   // A profiler plugin makes its ring at the process's first communicator,
   // before NCCL returns from creating it.
-  if (e.result == 0 && e.comm != 0) ring_candidates_.push_back(e.hdr.pid);
+  if (e.result == 0 && e.comm != 0) proc.ring_wanted = true;
   if (e.result != 0 || e.comm == 0) {
     // NCCL_SPLIT_NOCOLOR: the rank took part in the split and got no child.
     // It still counts among the parent's splits, so that the next child is
@@ -464,9 +463,11 @@ std::vector<uint32_t> Summariser::forget_exited() {
 
 std::vector<std::pair<uint32_t, uint64_t>> Summariser::take_ring_candidates() {
   std::vector<std::pair<uint32_t, uint64_t>> out;
-  for (uint32_t pid : ring_candidates_)
-    if (auto it = processes_.find(pid); it != processes_.end()) out.emplace_back(pid, it->second.identity.start_time);
-  ring_candidates_.clear();
+  for (auto& [pid, entry] : processes_)
+    if (entry.ring_wanted) {
+      entry.ring_wanted = false;
+      out.emplace_back(pid, entry.identity.start_time);
+    }
   return out;
 }
 

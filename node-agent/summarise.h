@@ -59,7 +59,8 @@ class Summariser {
   std::vector<uint32_t> forget_exited();
   // Processes that may have a profiler plugin's ring now, since the last
   // call: (pid, start time) of each newly traced one and of each that made
-  // a communicator (the plugin makes its ring then).
+  // a communicator (the plugin makes its ring then). A flag per traced
+  // process: nothing accumulates when no one takes them.
   std::vector<std::pair<uint32_t, uint64_t>> take_ring_candidates();
   // Sends every traced process's identity again with the next batch (a new
   // collector run knows the communicators from its database, not who the
@@ -83,6 +84,7 @@ class Summariser {
   struct ProcessEntry {
     ProcessIdentity identity;
     bool sent = false;
+    bool ring_wanted = true;  // look for its profiler ring (take_ring_candidates)
   };
   using CommKey = std::pair<uint32_t, uint64_t>;                 // pid, ncclComm_t
   // pid, comm hash, rank (one process holds every rank after ncclCommInitAll), lane
@@ -119,7 +121,6 @@ class Summariser {
   std::string node_;
   const OffsetClock& clock_;
   std::map<uint32_t, ProcessEntry> processes_;
-  std::vector<uint32_t> ring_candidates_;  // take_ring_candidates()
   std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
   std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting
   std::map<uint32_t, rs_host_stats> final_host_;  // host counters at exit
