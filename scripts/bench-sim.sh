@@ -8,6 +8,13 @@
 #   scripts/bench-sim.sh BUILD_DIR --accuracy  the accuracy part only
 #   scripts/bench-sim.sh BUILD_DIR --live     one 8,192-rank job (1,024 nodes) with 64 stragglers,
 #                                             live: backlog, memory, findings (about 3 minutes)
+#   scripts/bench-sim.sh BUILD_DIR --patterns  straggler accuracy per training pattern of the
+#                                             workload zoo (about 5 minutes a pattern)
+# --patterns: RS_PATTERNS="ddp fsdp ..." picks patterns (default: all seven);
+# RS_PATTERN_JOBS x RS_PATTERN_NODES x 8 ranks per slowdown run (default
+# 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of 12
+# healthy 8-rank jobs per pattern (default 120).
+# RS_KEEP_DIR=DIR keeps each run's findings and scores there.
 # RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
 # runs that collector binary instead of BUILD_DIR's (a baseline build: the
 # same command then gives the before figures).
@@ -60,6 +67,10 @@ accuracy() {
   "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth-$name.jsonl" --log-level warn "$@"
   "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-$name.jsonl" --out "$scores" >&2 ||
     echo "bench-sim: scoring $name failed (the collector did not answer in time)" >&2
+  if [ -n "${RS_KEEP_DIR:-}" ]; then
+    "$bin/rankscope" --collector "$query" --insecure findings >"$RS_KEEP_DIR/findings-$name.txt" 2>&1 || true
+    cp "$scores" "$RS_KEEP_DIR/" 2>/dev/null || true
+  fi
   stop_collector
 }
 
@@ -108,6 +119,62 @@ if [ "$mode" = "--live" ]; then
   echo
   [ -s "$work/scores-live.jsonl" ] && "$bin/rankscope-sim" report "$work/scores-live.jsonl"
   stop_collector
+  exit 0
+fi
+
+if [ "$mode" = "--patterns" ]; then
+  # Per pattern: slowed ranks in three factor ranges at real 1 s steps (one
+  # per job, from 10-15 s on), then healthy jobs with their benign
+  # confounders at compressed steps standing for 1 s each (fsdp's 210
+  # collectives a step at 500 ms: the collector's ingest bounds it; the
+  # others at 100 ms).
+  patterns=${RS_PATTERNS:-ddp sync-each fsdp accum jitter pipeline tp-dp}
+  pjobs=${RS_PATTERN_JOBS:-8}
+  pnodes=${RS_PATTERN_NODES:-4}
+  healthy_s=${RS_HEALTHY_S:-120}
+  echo "## Straggler accuracy per training pattern ($(date -u +%F), $(nproc) cores, kernel $(uname -r))"
+  echo
+  echo "Command: \`scripts/bench-sim.sh $build --patterns\` (RS_PATTERNS='$patterns', $pjobs jobs x $pnodes nodes x 8 ranks"
+  echo "per slowdown run, 40 s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); 12 healthy jobs of 8 ranks"
+  echo "for ${healthy_s} s, 100 ms steps standing for 1 s (fsdp: 500 ms; accum: 100 ms optimizer steps); seeds 21, 22)."
+  echo
+  echo "| pattern | 1.05-1.1x found | 1.1-1.5x found | 1.5-5x found | latency p50 / p90 (s), all | straggler precision | healthy job-hours | false alarms |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  for pattern in $patterns; do
+    scores="$work/scores-pattern-$pattern.jsonl"
+    # accum: 4 micro-steps of 250 ms to an optimizer step of 1 s (its collectives).
+    slow_step=1000
+    [ "$pattern" = accum ] && slow_step=250
+    for range in "1.05 1.1" "1.1 1.5" "1.5 5"; do
+      set -- $range
+      accuracy "$pattern-$1" "$scores" -- --pattern "$pattern" --scenario slowdown --seed 21 --jobs "$pjobs" \
+        --nodes-per-job "$pnodes" --pp 2 --step-ms "$slow_step" --duration-s 40 --fault-after-s 10 --fault-window-s 5 \
+        --culprits 1 --min-factor "$1" --max-factor "$2" --prefix "p$1"
+    done
+    healthy_scores="$work/scores-pattern-$pattern-healthy.jsonl"
+    step=100
+    [ "$pattern" = fsdp ] && step=500
+    nominal=1
+    [ "$pattern" = accum ] && step=25 nominal=0.25  # micro-steps: its optimizer steps of 100 ms stand for 1 s
+    shape="--nodes-per-job 2 --gpus 4"
+    # Pipeline stages need two data-parallel replicas: 4 nodes of 2 ranks.
+    case $pattern in pipeline | tp-dp) shape="--nodes-per-job 4 --gpus 2" ;; esac
+    # shellcheck disable=SC2086
+    accuracy "$pattern-healthy" "$healthy_scores" -- --pattern "$pattern" --scenario healthy --seed 22 --jobs 12 \
+      $shape --pp 2 --step-ms "$step" --duration-s "$healthy_s" --nominal-step-s "$nominal" \
+      --batch-loss 0.01 --prefix healthy
+    "$bin/rankscope-sim" report "$scores" >"$work/report-$pattern.md"
+    "$bin/rankscope-sim" report "$healthy_scores" >"$work/report-$pattern-healthy.md"
+    found() { awk -F'|' -v r="slowdown_rank $1" '$2 ~ r {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%.0f of %s", $3 * $4, $3; f = 1} END {if (!f) printf "-"}' "$work/report-$pattern.md"; }
+    latency=$(grep -h '"kind":"slowdown_rank"' "$scores" | grep -o '"latency_s":[0-9.][0-9.]*' | cut -d: -f2 | sort -n |
+      awk '{v[NR] = $1} END {if (NR) printf "%.1f / %.1f", v[int((NR + 1) / 2)], v[int(NR * 0.9 + 0.999)]; else printf "-"}')
+    precision=$(awk -F'|' '$2 ~ /^ straggler / {gsub(/ /, "", $6); printf "%s", $6}' "$work/report-$pattern.md")
+    hours=$(grep -o 'Healthy jobs: [0-9.]* simulated job-days' "$work/report-$pattern-healthy.md" | awk '{printf "%.1f", $3 * 24}')
+    alarms=$(grep -o '[0-9]* false alarm(s)' "$work/report-$pattern-healthy.md" | head -1 | cut -d' ' -f1)
+    echo "| $pattern | $(found 1.05-1.1x) | $(found 1.1-1.5x) | $(found 1.5-5x) | ${latency} | ${precision:--} | ${hours:-0} | ${alarms:-?} |"
+  done
+  echo
+  echo "Suite time: $(( $(date +%s) - started )) s."
   exit 0
 fi
 

@@ -1,6 +1,7 @@
 #include "collector/detect/attribution.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "common/stats.h"
@@ -28,6 +29,8 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
     r.owed.assign(buckets_, 0);
     r.held.assign(buckets_, 0);
     r.late.assign(buckets_, 0);
+    r.lag.assign(buckets_, 0);
+    r.change.assign(buckets_, -1);
   }
 }
 
@@ -56,6 +59,33 @@ double WaitAttribution::typical(const std::vector<double>& shares, const std::ve
   return median_of_sorted(others);
 }
 
+double WaitAttribution::noise() const {
+  // Changes of each rank's mean lag from one bucket to the next, over the
+  // window: under no fault, a difference of two means of the same noise.
+  scratch_.clear();
+  for (const Rank& rank : ranks_)
+    for (size_t b = 0; b < buckets_; ++b)
+      if (rank.change[b] >= 0) scratch_.push_back(rank.change[b]);
+  if (scratch_.size() < 3) return 0;
+  // Noise of exactly equal values (a replayed or synthetic job): a
+  // microsecond, far under any lateness that counts.
+  return std::max(1000.0, 1.4826 * median(scratch_) / std::sqrt(2.0));
+}
+
+void WaitAttribution::centred_lags(size_t s, std::vector<double>& centred) const {
+  centred.assign(ranks_.size(), 0);
+  if (count_[s] == 0) return;
+  for (size_t r = 0; r < ranks_.size(); ++r) centred[r] = ranks_[r].lag[s] / count_[s];
+  scratch_ = centred;
+  const double middle = median(scratch_);
+  for (double& lag : centred) lag -= middle;
+}
+
+double WaitAttribution::lag_step(double centred_lag, double noise) const {
+  if (noise <= 0) return 0;
+  return centred_lag / noise - options_.lag_reference_sd;
+}
+
 void WaitAttribution::learn(const std::vector<double>& share) {
   // Each rank's structure: the least share of a full window seen (it only falls).
   const double wall = static_cast<double>(window_wall());
@@ -76,19 +106,32 @@ void WaitAttribution::close_bucket() {
   std::vector<double> sorted = share;
   std::sort(sorted.begin(), sorted.end());
   const double cap = kEvidenceCap * static_cast<double>(options_.evidence_ns);
+  const double lag_cap = kEvidenceCap * options_.lag_evidence_sd;
+  // Each rank's mean lag in this bucket, and its change from the last.
+  std::vector<double> centred;
+  centred_lags(s, centred);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = ranks_[r];
+    const double mean = count_[s] > 0 ? rank.lag[s] / count_[s] : 0;
+    rank.change[s] = rank.has_last ? std::abs(mean - rank.last_lag) : -1;
+    rank.last_lag = mean;
+    rank.has_last = true;
+  }
+  const double job_noise = noise();
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
     if (!rank.learnt) continue;
     double allowance = options_.allowance + std::max(rank.baseline, typical(share, sorted, static_cast<int32_t>(r)));
     double x = static_cast<double>(rank.owed[s]) - allowance * static_cast<double>(wall_[s]);
     rank.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
+    rank.lag_evidence = std::clamp(rank.lag_evidence + lag_step(centred[r], job_noise), 0.0, lag_cap);
     if (rank.evidence_ns == 0 && !rank.open) rank.gpu_ns = 0;
   }
   if (window_instances() >= options_.baseline_instances) learn(share);
 }
 
 void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
-                          const std::vector<uint64_t>& margin, uint64_t completion_ns) {
+                          const std::vector<uint64_t>& margin, uint64_t completion_ns, bool carried) {
   const size_t n = ranks_.size();
   if (value.size() != n || arrival.size() != n || margin.size() != n || n < 2) return;
   // A bucket lasts at least bucket_ns and holds at least per_bucket_
@@ -103,7 +146,7 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
     const size_t next = slot(current_);
     wall_[next] = 0;
     count_[next] = 0;
-    for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0;
+    for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0, r.lag[next] = 0, r.change[next] = -1;
     bucket_start_ = completion_ns;
   }
   const size_t s = slot(current_);
@@ -115,30 +158,40 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
   order_.resize(n);
   std::iota(order_.begin(), order_.end(), 0);
   std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) { return value[a] < value[b]; });
+  // Each rank's lag behind the median rank, for the chance test.
+  const double middle = n % 2 ? static_cast<double>(value[order_[n / 2]])
+                              : (static_cast<double>(value[order_[n / 2 - 1]]) + static_cast<double>(value[order_[n / 2]])) / 2;
+  for (size_t r = 0; r < n; ++r) ranks_[r].lag[s] += static_cast<double>(value[r]) - middle;
   // Between the arrivals at positions j-1 and j, j ranks wait, owed in
   // equal parts to the n - j ranks not there yet (`fair`, per waiting rank:
   // the job's time it cost); each of them kept the waiting ranks there for
   // the whole stretch (`held`: its lateness as measured).
   double held = 0, fair = 0;
+  ranks_[order_[0]].carry = 0;
   for (size_t j = 1; j < n; ++j) {
     int32_t r = order_[j];
     double stretch = static_cast<double>(value[r] - value[order_[j - 1]]);
     held += static_cast<double>(j) * stretch / static_cast<double>(n - 1);
     fair += static_cast<double>(j) * stretch / static_cast<double>(n - j) / static_cast<double>(n - 1);
+    Rank& rank = ranks_[r];
+    // Lateness carried over from its previous instance (its host ran ahead)
+    // was owed there: only what it added since is new waiting.
+    const double before = carried ? rank.carry : 0;
+    rank.carry = fair;
     // Never late by less than min_lateness_ns, nor by less than the clocks
     // can tell apart; what is owed is what lies beyond the clocks' margin.
     if (fair < static_cast<double>(std::max(options_.min_lateness_ns, margin[r])) || fair <= 0) continue;
-    double owed = fair - static_cast<double>(margin[r]);
+    double owed = fair - std::max(static_cast<double>(margin[r]), before);
     if (owed <= 0) continue;
-    Rank& rank = ranks_[r];
     int64_t t = static_cast<int64_t>(arrival[r]);
     int64_t from = std::max(t - static_cast<int64_t>(owed), rank.blamed_until);
     rank.blamed_until = std::max(rank.blamed_until, t);
     if (t <= from) continue;
     uint64_t counted = static_cast<uint64_t>(t - from);
     rank.owed[s] += counted;
-    // Held up at this one: new waiting, not the tail of a stretch counted at the previous one.
-    if (counted >= options_.min_lateness_ns) {
+    // Held up at this one: new waiting, not the tail of a stretch counted
+    // at the previous one (where lateness is carried, any new waiting).
+    if (counted >= options_.min_lateness_ns || carried) {
       rank.held[s] += 1;
       rank.late[s] += held;  // its lateness there, as measured (the margin only guards the decision)
     }
@@ -157,6 +210,13 @@ std::vector<Standing> WaitAttribution::standings() const {
   const uint64_t wall = window_wall();
   const size_t instances = window_instances();
   const double cap = kEvidenceCap * static_cast<double>(options_.evidence_ns);
+  const double lag_cap = kEvidenceCap * options_.lag_evidence_sd;
+  std::vector<double> centred;
+  double job_noise = 0;
+  if (current_ >= 0) {
+    centred_lags(slot(current_), centred);
+    job_noise = noise();
+  }
   std::vector<Standing> out(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     const Rank& rank = ranks_[r];
@@ -177,16 +237,20 @@ std::vector<Standing> WaitAttribution::standings() const {
     st.instances = instances;
     st.window_ns = wall;
     st.gpu_ns = rank.gpu_ns;
+    st.noise_ns = job_noise;
+    if (instances > 0)
+      st.lag_ns = std::accumulate(rank.lag.begin(), rank.lag.end(), 0.0) / static_cast<double>(instances);
     // The bucket being filled counts as evidence provisionally.
     if (current_ >= 0 && rank.learnt) {
       size_t s = slot(current_);
       double x = static_cast<double>(rank.owed[s]) - st.allowance * static_cast<double>(wall_[s]);
       st.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
+      st.lag_evidence = std::clamp(rank.lag_evidence + lag_step(centred[r], job_noise), 0.0, lag_cap);
     }
     st.under = st.share <= st.allowance;
     st.over = st.learnt && instances >= options_.min_instances &&
               st.evidence_ns >= static_cast<double>(options_.evidence_ns) && !st.under &&
-              st.share >= options_.outsized * st.typical;
+              st.share >= options_.outsized * st.typical && st.lag_evidence >= options_.lag_evidence_sd;
   }
   return out;
 }

@@ -20,8 +20,19 @@
 //     is `allowance` over the larger of its structural share and a typical
 //     rank's share;
 //   - its share in the window is over its allowance and `outsized` times a
-//     typical rank's (the median share of the others): it is this rank, not
-//     the noise every rank of the job has.
+//     typical rank's (the median share of the others);
+//   - it is not chance: in a job whose step times vary by data (another
+//     sequence length per rank and step), some rank arrives last at every
+//     step, and one is owed a large share for a while by luck alone. Each
+//     rank's lag at an instance is its value less the median rank's; a
+//     bucket's mean lag, less the median rank's, is measured against the
+//     job's own noise: the spread of a rank's mean lag from one bucket to
+//     the next, pooled over the ranks and the window (robust: 1.4826 x the
+//     median absolute change, / sqrt 2). A CUSUM of that standardised lag
+//     less `lag_reference_sd` must reach `lag_evidence_sd` (one pause may
+//     reach it in a quiet job: the rules above are what a pause never
+//     passes). A structurally late rank (the last pipeline stage) passes
+//     this test always, and is judged by the rules above.
 // Methods and defaults: docs/detection.md, Straggler.
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +49,13 @@ struct AttributionOptions {
   double allowance = 0.02;                // share a rank may be owed over its structure or the typical rank's
   double outsized = 3;                    // times a typical rank's share, to be this rank's and not noise
   uint64_t evidence_ns = 250'000'000;     // owed waiting beyond the allowance that opens a finding
+  // The chance test's CUSUM (Page): reference value and decision interval
+  // in standard deviations of a bucket's mean lag. With 0.5 and 20, noise
+  // alone reaches it once in about 3e9 buckets of one rank (Siegmund's
+  // approximation, exp(2k(h + 1.166)) / 2k^2): at 1 s buckets, once in 4
+  // days of an 8,192-rank job, before the other rules apply.
+  double lag_reference_sd = 0.5;
+  double lag_evidence_sd = 20;
 };
 
 // A rank's standing: its window, its evidence and what they mean.
@@ -47,6 +65,9 @@ struct Standing {
   double baseline = 0;       // its structural share (the least share of a full window seen)
   double allowance = 0;      // the share it may have before evidence grows
   double evidence_ns = 0;    // CUSUM of owed waiting beyond the allowance
+  double lag_ns = 0;         // its mean lag behind the median rank over the window
+  double noise_ns = 0;       // the job's noise: the standard deviation of a bucket's mean lag
+  double lag_evidence = 0;   // the chance test's CUSUM, in those standard deviations
   uint64_t owed_ns = 0;      // owed in the window
   double lateness_ns = 0;    // its lateness: owed per instance it held up, less its structure
   uint32_t held = 0;         // instances in the window at which it held the others up (owed from min_lateness_ns)
@@ -66,9 +87,14 @@ class WaitAttribution {
   // One complete instance. value[r]: what blame is judged on (the rank's own
   // duration from its release, or its arrival); arrival[r]: its issue time on
   // the cluster clock; margin[r]: the clocks' uncertainty between it and the
-  // others; completion_ns: the last arrival.
+  // others; completion_ns: the last arrival. `carried`: the values are
+  // plain arrivals of hosts that ran ahead (issued this before their
+  // previous exchange completed), so a rank's lateness at its previous
+  // instance is carried into this one and only what it added is owed: a
+  // host that paused once, 60 ms, before 200 queued collectives (FSDP's
+  // layers) is owed 60 ms, not the 400 ms those collectives span.
   void add(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
-           const std::vector<uint64_t>& margin, uint64_t completion_ns);
+           const std::vector<uint64_t>& margin, uint64_t completion_ns, bool carried);
   // Every rank's standing as of the instances added (the current bucket included).
   std::vector<Standing> standings() const;
   // GPU time lost is counted for a rank while its evidence grows or while its finding is open.
@@ -79,7 +105,13 @@ class WaitAttribution {
     std::vector<uint64_t> owed;   // by bucket slot
     std::vector<uint32_t> held;   // by bucket slot
     std::vector<double> late;     // by bucket slot: its lateness at the instances it held up
+    std::vector<double> lag;      // by bucket slot: the sum of its lags behind the median rank
+    double carry = 0;             // its lateness (fair share of the stretch) at its last instance
+    std::vector<double> change;   // by bucket slot: its mean lag's change from the bucket before (< 0: none)
+    double last_lag = 0;          // its mean lag in the last closed bucket
+    bool has_last = false;
     double evidence_ns = 0;
+    double lag_evidence = 0;
     double baseline = 0;       // its structural share
     double late_baseline = 0;  // ... and lateness as measured per unit of wall time, learnt alike
     bool learnt = false;
@@ -95,6 +127,11 @@ class WaitAttribution {
   // The median share of the ranks other than r (of all ranks past 8).
   static double typical(const std::vector<double>& shares, const std::vector<double>& sorted, int32_t r);
   void close_bucket();
+  // The chance test: the job's noise over the window (0: not yet known),
+  // and each rank's mean lag in slot s less the median rank's (`centred`).
+  double noise() const;
+  void centred_lags(size_t s, std::vector<double>& centred) const;
+  double lag_step(double centred_lag, double noise) const;
   // Each rank's structural share and lateness from the window as it stands.
   void learn(const std::vector<double>& share);
 
@@ -110,6 +147,7 @@ class WaitAttribution {
   uint64_t last_completion_ = 0;
   std::vector<Rank> ranks_;
   std::vector<int32_t> order_;         // scratch: ranks by value
+  mutable std::vector<double> scratch_;  // noise(), centred_lags()
 };
 
 }  // namespace rankscope::collector

@@ -61,7 +61,8 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   // make everything since look like its own time.
   auto later = std::lower_bound(issues.begin(), issues.end(), t);
   if (later != issues.begin() && *(later - 1) > latest_arrival) return {Release::unknown, 0};
-  if (latest_arrival == 0 || latest_release > t || base == 0) return {Release::ahead, 0};
+  if (latest_arrival == 0 || base == 0) return {Release::none, 0};
+  if (latest_release > t) return {Release::ahead, 0};
   return {Release::known, base};
 }
 

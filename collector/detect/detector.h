@@ -90,9 +90,12 @@ class Detector final : public MatchListener, public GpuListener {
     // When the process was last free to go on before `t`: the latest release
     // of an exchange it entered before `t` (known); it issued `t` before its
     // latest exchange completed (ahead: the host ran ahead, so plain arrival
-    // lateness applies); or its latest call before `t` belongs to an
-    // exchange not complete (its partner's records are missing or late): unknown.
-    enum class Release { known, ahead, unknown };
+    // lateness applies, carried over from its previous instance); no
+    // exchange before `t` is known (none: its first, or older than the
+    // history; plain arrivals, nothing carried); or its latest call before
+    // `t` belongs to an exchange not complete (its partner's records are
+    // missing or late): unknown.
+    enum class Release { known, ahead, none, unknown };
     std::pair<Release, uint64_t> base_before(uint64_t t) const;
   };
   struct Completed {

@@ -38,7 +38,9 @@ void Detector::score_gpu_front(CommDetect& state) {
     std::vector<int64_t> v(c.issue.begin(), c.issue.end());
     state.scratch.resize(n);
     for (size_t r = 0; r < n; ++r) state.scratch[r] = std::max((*c.margin)[r], (*state.margin)[r]);
-    state.gpu_waits->add(v, c.issue, state.scratch, c.last_ns);
+    // A kernel waits inside its collective for the others: its stream,
+    // and its next kernel, are held back with it; no lateness is carried.
+    state.gpu_waits->add(v, c.issue, state.scratch, c.last_ns, false);
   }
   state.gpu_done.pop_front();
 }
@@ -57,7 +59,7 @@ void Detector::score_front(CommDetect& state) {
   // really were is unknown: not scored.
   if (n == state.ranks.size() && c.margin && state.margin && c.margin->size() == n && state.margin->size() == n) {
     std::vector<int64_t> v(c.issue.begin(), c.issue.end());
-    bool durations = true, unknown = state.procs.size() != n;
+    bool durations = true, carried = false, unknown = state.procs.size() != n;
     for (size_t r = 0; r < n && !unknown; ++r) {
       if (!state.procs[r]) {
         unknown = true;
@@ -67,6 +69,8 @@ void Detector::score_front(CommDetect& state) {
       if (release == ProcHistory::Release::unknown)
         unknown = true;
       else if (release == ProcHistory::Release::ahead)
+        durations = false, carried = true;
+      else if (release == ProcHistory::Release::none)
         durations = false;
       else
         v[r] = static_cast<int64_t>(c.issue[r] - base);
@@ -80,7 +84,7 @@ void Detector::score_front(CommDetect& state) {
     if (!durations) v.assign(c.issue.begin(), c.issue.end());
     state.scratch.resize(n);
     for (size_t r = 0; r < n; ++r) state.scratch[r] = std::max((*c.margin)[r], (*state.margin)[r]);
-    state.waits->add(v, c.issue, state.scratch, c.last_ns);
+    state.waits->add(v, c.issue, state.scratch, c.last_ns, carried);
   }
   state.done.pop_front();
 }
@@ -196,15 +200,20 @@ Finding Detector::straggler_finding(const CommState& comm, const CommDetect& sta
            format_percent(st.typical).c_str(), format_percent(st.baseline).c_str(),
            format_percent(st.allowance).c_str(), format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
            format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)).c_str());
+  const std::string chance = "; on average " + format_duration_ns(static_cast<int64_t>(st.lag_ns)) +
+                             " behind the median rank, where by chance a rank's lag varies by " +
+                             format_duration_ns(static_cast<int64_t>(st.noise_ns)) + " in this job (not chance: " +
+                             format_fixed(st.lag_evidence, 1) + " standard deviations of evidence, " +
+                             format_fixed(options_.straggler.lag_evidence_sd, 0) + " needed)";
   std::string why;
   if (gpu)
-    why = "Waiting owed to its GPU: " + std::string(standing) +
+    why = "Waiting owed to its GPU: " + std::string(standing) + chance +
           ". Judged on when each rank's kernels started (NCCL's profiler plugin; each GPU's clock put on its host's "
           "per process), less the clocks' uncertainty of " + margin + ". On the host side it is within its allowance (" +
           format_percent(host.share) + " of the job's time owed to its issue times): the delay is added after it "
           "issued, on its GPU: a slow or throttled GPU, or GPU work queued before the collective on its stream.";
   else
-    why = "Waiting owed to it: " + std::string(standing) +
+    why = "Waiting owed to it: " + std::string(standing) + chance +
           ". Its lateness is its own (time from when it was free to go on, the end of its previous exchange, against "
           "the others'), less the clocks' uncertainty of " + margin + ".";
   f.detail = f.summary + ".\n" + cost + ".\n" + why;

@@ -13,7 +13,9 @@ constexpr uint64_t kMs = 1'000'000ull;
 constexpr uint64_t kStart = 1'000'000 * kMs;
 
 // One instance at `t`: every rank arrives at t + late(r) (values and arrivals alike).
-void instance(WaitAttribution& waits, uint64_t t, const std::vector<int64_t>& late, uint64_t margin = 0) {
+// `carried`: issued by hosts that ran ahead (WaitAttribution::add).
+void instance(WaitAttribution& waits, uint64_t t, const std::vector<int64_t>& late, uint64_t margin = 0,
+              bool carried = false) {
   std::vector<int64_t> value;
   std::vector<uint64_t> arrival;
   for (int64_t l : late) {
@@ -21,7 +23,7 @@ void instance(WaitAttribution& waits, uint64_t t, const std::vector<int64_t>& la
     arrival.push_back(t + static_cast<uint64_t>(l));
   }
   uint64_t last = *std::max_element(arrival.begin(), arrival.end());
-  waits.add(value, arrival, std::vector<uint64_t>(late.size(), margin), last);
+  waits.add(value, arrival, std::vector<uint64_t>(late.size(), margin), last, carried);
 }
 
 TEST(WaitAttribution, TheLastArrivalAloneIsOwedItsGapAndTwoLateRanksShareTheirs) {
@@ -72,6 +74,24 @@ TEST(WaitAttribution, BackToBackCollectivesWaitingForTheSameStretchCountItOnce) 
   // Three buckets issued 50 us apart, rank 1 10 ms late at each: 10.1 ms owed, not 30.
   for (uint64_t b = 0; b < 3; ++b) instance(waits, kStart + b * 50'000, {0, 10 * kMs});
   EXPECT_EQ(waits.standings()[1].owed_ns, 10 * kMs + 100'000);
+}
+
+TEST(WaitAttribution, AHostThatRanAheadIsOwedWhatItAddedNotTheSpanItsLatenessCovers) {
+  // FSDP: 200 collectives queued 2 ms apart by hosts that run ahead of
+  // their streams. Rank 1's host paused 60 ms before the first and stays
+  // 60 ms behind: the others' streams waited 60 ms once, not over the
+  // 400 ms the collectives span.
+  AttributionOptions options;
+  options.baseline_instances = 1000;
+  WaitAttribution paused(4, options), slowing(4, options);
+  for (uint64_t i = 0; i < 200; ++i) instance(paused, kStart + i * 2 * kMs, {0, 60 * kMs, 0, 0}, 0, i > 0);
+  EXPECT_EQ(paused.standings()[1].owed_ns, 60 * kMs);
+  EXPECT_EQ(paused.standings()[1].held, 1u);
+  // Rank 2's host is slower: 0.1 ms more behind at each. It is owed what
+  // it added past the 2 ms floor: 20 ms - 2 ms.
+  for (uint64_t i = 0; i < 200; ++i)
+    instance(slowing, kStart + i * 2 * kMs, {0, 0, static_cast<int64_t>((i + 1) * 100'000), 0}, 0, i > 0);
+  EXPECT_NEAR(static_cast<double>(slowing.standings()[2].owed_ns), 18.1 * kMs, 0.2 * kMs);
 }
 
 TEST(WaitAttribution, AStallEveryThirdStepIsFoundWhereAMedianSeesNothing) {
