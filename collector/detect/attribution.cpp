@@ -238,8 +238,6 @@ std::vector<Standing> WaitAttribution::standings() const {
     st.window_ns = wall;
     st.gpu_ns = rank.gpu_ns;
     st.noise_ns = job_noise;
-    if (instances > 0)
-      st.lag_ns = std::accumulate(rank.lag.begin(), rank.lag.end(), 0.0) / static_cast<double>(instances);
     // The bucket being filled counts as evidence provisionally.
     if (current_ >= 0 && rank.learnt) {
       size_t s = slot(current_);

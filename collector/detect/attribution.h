@@ -65,7 +65,6 @@ struct Standing {
   double baseline = 0;       // its structural share (the least share of a full window seen)
   double allowance = 0;      // the share it may have before evidence grows
   double evidence_ns = 0;    // CUSUM of owed waiting beyond the allowance
-  double lag_ns = 0;         // its mean lag behind the median rank over the window
   double noise_ns = 0;       // the job's noise: the standard deviation of a bucket's mean lag
   double lag_evidence = 0;   // the chance test's CUSUM, in those standard deviations
   uint64_t owed_ns = 0;      // owed in the window
