@@ -38,6 +38,7 @@ enum class MetricId {
   node_refused_claims,
   comm_last_sequence,
   collective_issue_lateness,
+  detector_unscored,
   ingest_batches,
   ingest_records,
   ingest_duplicate_batches,
@@ -136,6 +137,12 @@ const MetricInfo kCatalogue[] = {
      "seconds",
      {},
      "How much later than its peers' median each rank issued a collective, on the cluster clock."},
+    {"rankscope_detector_unscored_collectives_total",
+     Type::counter,
+     "",
+     {},
+     "Complete collectives the straggler detector did not score: a member's node had a batch missing (lost on the "
+     "way, to be re-sent) that did not come within 10 s, so the ranks' earlier calls were not all known."},
     {"rankscope_ingest_batches_total", Type::counter, "", {}, "Agent batches stored."},
     {"rankscope_ingest_records_total", Type::counter, "", {}, "Collective records stored."},
     {"rankscope_ingest_duplicate_batches_total",
@@ -352,6 +359,7 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   const MetricInfo& lateness = info(MetricId::collective_issue_lateness);
   issue_lateness_ =
       &prometheus::BuildHistogram().Name(lateness.name).Help(lateness.help).Register(r).Add({}, kLatenessBuckets);
+  detector_unscored_.counter = &counter(r, MetricId::detector_unscored);
   ingest_batches_.counter = &counter(r, MetricId::ingest_batches);
   ingest_records_.counter = &counter(r, MetricId::ingest_records);
   ingest_duplicate_batches_.counter = &counter(r, MetricId::ingest_duplicate_batches);
@@ -562,6 +570,10 @@ void Metrics::set_security_totals(uint64_t admitted, uint64_t refused, uint64_t 
   advance(handshakes_refused_, refused);
   advance(throttled_agent_, agent_throttled);
   advance(throttled_query_, query_throttled);
+}
+
+void Metrics::set_detector_totals(uint64_t unscored) {
+  advance(detector_unscored_, unscored);
 }
 
 void Metrics::set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t waits) {

@@ -13,7 +13,7 @@ constexpr size_t kMaxLatenessSamples = 65536;
 // Exchanges remembered per process: those of the last few seconds (scoring
 // looks back settle_ns plus one evaluation), at most this many.
 constexpr size_t kProcExchanges = 1024;
-constexpr uint64_t kProcHistoryNs = 5'000'000'000ull;
+constexpr uint64_t kProcHistoryNs = kBatchGapWaitNs + 2'000'000'000ull;  // ... or waits for a missing batch
 // Complete instances waiting to be scored, per communicator: this many
 // bytes of them, and at least kMinSettling.
 constexpr size_t kSettlingBytes = 16u << 20;
@@ -127,12 +127,21 @@ void Detector::on_complete(const CollectiveComplete& done) {
     lateness_samples_.push_back(static_cast<double>(static_cast<int64_t>(done.issue[last]) - median(others)) / 1e9);
   }
   if (!state.margin) refresh_margins(comm, state);  // its first instance before its first evaluation
-  state.done.push_back(Completed{done.issue, done.issue[last], state.margin});
+  state.done.push_back(Completed{done.issue, done.issue[last], state.margin, {}});
+  if (!model_.gaps.empty()) note_gaps(comm, state.done.back());
   // A job completing thousands of collectives a second (FSDP's per-layer
   // calls) fills the settling queue within settle_ns: past its budget the
-  // oldest is scored early (its exchanges have mostly arrived), not dropped.
+  // oldest is scored early (its exchanges have mostly arrived), not dropped;
+  // one still waiting for a missing batch is.
   const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
-  while (state.done.size() > cap) score_front(state);
+  while (state.done.size() > cap) {
+    if (ready(state.done.front(), clock_.realtime_ns()) == Ready::score) {
+      score_front(state);
+    } else {
+      state.done.pop_front();
+      ++unscored_;
+    }
+  }
 }
 
 void Detector::on_gpu_complete(const GpuComplete& done) {
@@ -143,7 +152,7 @@ void Detector::on_gpu_complete(const GpuComplete& done) {
   if (!state.gpu_waits) state.gpu_waits = std::make_unique<WaitAttribution>(comm.nranks, options_.straggler);
   if (!state.margin) refresh_margins(comm, state);
   const uint64_t last = *std::max_element(done.kernel_start.begin(), done.kernel_start.end());
-  state.gpu_done.push_back(Completed{done.kernel_start, last, state.margin});
+  state.gpu_done.push_back(Completed{done.kernel_start, last, state.margin, {}});
   const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
   while (state.gpu_done.size() > cap) score_gpu_front(state);
 }

@@ -66,6 +66,9 @@ class Detector final : public MatchListener, public GpuListener {
   // What it keeps state for: communicators and processes (bounded by the live model's).
   size_t tracked_comms() const { return comms_.size(); }
   size_t tracked_processes() const { return procs_.size(); }
+  // Complete instances never scored: a member's node had a batch missing
+  // that did not come within kBatchGapWaitNs.
+  uint64_t unscored_instances() const { return unscored_; }
 
  private:
   struct RankStats {
@@ -102,6 +105,11 @@ class Detector final : public MatchListener, public GpuListener {
     std::vector<uint64_t> issue;  // by rank
     uint64_t last_ns = 0;         // the last arrival
     std::shared_ptr<const std::vector<uint64_t>> margin;  // the margins when it completed (null: none yet)
+    // Its members' nodes that had a batch missing when it completed (the
+    // node, and since when): a rank's earlier calls may be in that batch,
+    // and without them its release is an older one and its own time a step
+    // too long. Scored once those batches came (BatchGap).
+    std::vector<std::pair<const NodeState*, uint64_t>> gaps;
   };
   struct CommDetect {
     std::deque<Completed> done;              // complete, not yet scored (settling)
@@ -151,6 +159,12 @@ class Detector final : public MatchListener, public GpuListener {
   // Own lateness of each settled complete instance into the ranks' windows.
   void score(CommDetect& state, uint64_t now_ns);
   void score_front(CommDetect& state);
+  // Whether the front instance can be scored: its members' missing batches
+  // came (score), are still awaited (wait), or were waited for too long (drop).
+  enum class Ready { score, wait, drop };
+  Ready ready(const Completed& c, uint64_t now_ns) const;
+  // The nodes of the communicator's members with a batch missing now.
+  void note_gaps(const CommState& comm, Completed& c) const;
   // The GPU side: each rank's kernel start is its arrival (plain arrival
   // lateness: a kernel starts when its stream reaches it).
   void score_gpu_front(CommDetect& state);
@@ -257,6 +271,7 @@ class Detector final : public MatchListener, public GpuListener {
   // The node looked up last: a communicator's members come node by node.
   mutable const NodeState* last_node_ = nullptr;
   std::vector<double> lateness_samples_;
+  uint64_t unscored_ = 0;
 };
 
 }  // namespace rankscope::collector

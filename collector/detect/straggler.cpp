@@ -26,9 +26,39 @@ Finding straggler_of(uint64_t comm, int32_t rank) {
 }  // namespace
 
 void Detector::score(CommDetect& state, uint64_t now_ns) {
-  while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) score_front(state);
+  while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) {
+    Ready r = ready(state.done.front(), now_ns);
+    if (r == Ready::wait) break;  // in order: the communicator's later instances wait behind it
+    if (r == Ready::score) {
+      score_front(state);
+    } else {
+      state.done.pop_front();
+      ++unscored_;
+    }
+  }
   while (!state.gpu_done.empty() && state.gpu_done.front().last_ns + options_.settle_ns <= now_ns)
     score_gpu_front(state);
+}
+
+Detector::Ready Detector::ready(const Completed& c, uint64_t now_ns) const {
+  for (const auto& [node, since] : c.gaps) {
+    // Past the wait it is taken as lost, whether or not it came since.
+    if (now_ns >= since + kBatchGapWaitNs) return Ready::drop;
+    if (node->gap_seq != 0 && node->gap_since_ns == since) return Ready::wait;
+  }
+  return Ready::score;
+}
+
+void Detector::note_gaps(const CommState& comm, Completed& c) const {
+  const uint64_t now = clock_.realtime_ns();
+  for (const auto& [rank, member] : comm.members) {
+    auto gap = model_.gaps.find(member.node);
+    if (gap == model_.gaps.end() || now >= gap->second + kBatchGapWaitNs) continue;
+    const NodeState* node = model_.node(member.node);
+    if (!node) continue;
+    if (std::none_of(c.gaps.begin(), c.gaps.end(), [&](const auto& g) { return g.first == node; }))
+      c.gaps.emplace_back(node, gap->second);
+  }
 }
 
 void Detector::score_gpu_front(CommDetect& state) {

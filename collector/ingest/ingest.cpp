@@ -226,6 +226,8 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     if (new_instance) {
       node.instance = hello.getInstanceId();
       acks_.new_instance(node);
+      close_gap(node);  // a new instance numbers its batches afresh
+      node.top_seq = 0;
     }
     node.clock.seed(hello.getMonotonicNs(), hello.getRealtimeNs());
     node.wall_offset_ns = static_cast<int64_t>(hello.getRealtimeNs() - hello.getMonotonicNs());
@@ -328,6 +330,9 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
     dirty_comms_.insert(changed.begin(), changed.end());
     return;
   }
+  // Before its records reach the observers: a batch after a missing one
+  // completes collectives whose ranks' earlier calls are in that one.
+  open_gap(node, batch.getInstanceId(), batch.getSeq());
   apply_async_errors(node, batch);
   apply_comm_ends(node, batch, changed);
   const proto::BatchFrame frame(batch);
@@ -338,12 +343,44 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   apply_gpu(node, batch, frame);
 
   acks_.mark_stored(node, batch.getInstanceId(), batch.getSeq());
+  update_gap(node, batch.getInstanceId());
   node.batches += 1;
   node.records += records;
   counters_.batches_stored += 1;
   counters_.records_stored += records;
   dirty_nodes_.insert(node.name);
   out.after_commit.emplace_back(routing_id, std::move(ack_bytes));
+}
+
+void Ingest::open_gap(NodeState& node, uint64_t instance, uint64_t seq) {
+  if (instance != node.instance) return;  // an earlier instance's spool, replayed
+  const uint64_t now = clock_.realtime_ns();
+  // Waited for long enough: taken as lost.
+  if (node.gap_seq != 0 && now >= node.gap_since_ns + kBatchGapWaitNs) close_gap(node);
+  if (seq > node.top_seq + 1 && node.gap_seq == 0) {
+    node.gap_seq = node.top_seq + 1;
+    node.gap_since_ns = now;
+    model_.gaps[node.name] = now;
+  }
+  node.top_seq = std::max(node.top_seq, seq);
+}
+
+void Ingest::update_gap(NodeState& node, uint64_t instance) {
+  if (instance != node.instance || node.gap_seq == 0) return;
+  auto window = node.acked.find(instance);
+  if (window == node.acked.end()) return;
+  uint64_t missing = std::max(node.gap_seq, window->second.through + 1);
+  while (missing <= node.top_seq && window->second.above.count(missing)) ++missing;
+  if (missing > node.top_seq)
+    close_gap(node);
+  else
+    node.gap_seq = missing;
+}
+
+void Ingest::close_gap(NodeState& node) {
+  node.gap_seq = 0;
+  node.gap_since_ns = 0;
+  model_.gaps.erase(node.name);
 }
 
 bool Ingest::admit_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, size_t wire_bytes,

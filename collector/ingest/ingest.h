@@ -135,6 +135,12 @@ class Ingest final : public CommitParticipant {
   // written, or a re-send of one already stored.
   bool admit_batch(NodeState& node, const std::string& routing_id, wire::Batch::Reader batch, size_t wire_bytes,
                    std::string& ack_bytes, Outbox& out);
+  // A batch numbered past the highest stored of its agent instance plus one:
+  // the ones between are missing (NodeState::gap_seq), until update_gap,
+  // after each batch stored, finds them all stored.
+  void open_gap(NodeState& node, uint64_t instance, uint64_t seq);
+  void update_gap(NodeState& node, uint64_t instance);
+  void close_gap(NodeState& node);
   // A batch's parts applied to the model (ingest/apply.cpp); `changed`
   // gathers the communicators to write whole.
   void apply_processes(NodeState& node, wire::Batch::Reader batch);

@@ -90,7 +90,21 @@ struct NodeState {
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
   std::map<uint64_t, CgroupUsage> cgroups;   // by cgroup id, from heartbeats
   uint64_t last_monotonic_ns = 0;            // node clock of the last heartbeat
+  // A batch of its current agent instance missing while a later one is
+  // stored (lost on the way and to be sent again, or re-ordered): until it
+  // comes, its processes' histories lack what it holds (the detector waits
+  // for it: BatchGap). The lowest missing batch number (0: none), since
+  // when (collector clock), and the highest batch number stored.
+  uint64_t gap_seq = 0;
+  uint64_t gap_since_ns = 0;
+  uint64_t top_seq = 0;
 };
+
+// How long a missing batch is waited for: an agent re-sends a batch not
+// acknowledged within 2 s, doubling the wait at each re-send (two re-sends:
+// 6 s). Past it the batch is taken as lost (its agent's spool overflowed, or
+// the agent restarted).
+constexpr uint64_t kBatchGapWaitNs = 10'000'000'000ull;
 
 // ncclCommGetAsyncError found the member's communicator broken.
 struct CommError {
@@ -192,6 +206,8 @@ struct ClusterModel {
   // with the members that got no child (collector/ingest/split.cpp).
   std::map<std::pair<uint64_t, int32_t>, std::set<uint64_t>> pending_splits;
   uint64_t started_ns = 0;  // when this collector started (realtime): nodes unheard of since are not yet silent
+  // The nodes with a batch missing (NodeState::gap_seq): name -> since (collector clock).
+  std::map<std::string, uint64_t> gaps;
 
   const NodeState* node(const std::string& name) const {
     auto it = nodes.find(name);

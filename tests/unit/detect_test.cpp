@@ -115,24 +115,26 @@ class DetectTest : public ::testing::Test {
     }
   }
 
+  // Adds the call to its (process, communicator, lane) block.
+  static void add_call(proto::ColumnBlock& block, const Call& c) {
+    block.pid = 100 + c.rank;
+    block.comm_hash = c.comm;
+    block.rank = c.comm_rank < 0 ? c.rank : c.comm_rank;
+    block.lane = c.lane;
+    proto::CallRecord r;
+    r.seq = c.seq;
+    r.issue_ns = c.issue_ns;
+    r.return_ns = c.issue_ns + 5000;
+    r.op = c.op;
+    r.datatype = 7;
+    r.count = c.count;
+    if (c.lane > 0) r.peer = static_cast<int32_t>((c.lane - 1) / 2);
+    block.records.push_back(r);
+  }
+
   void calls(const std::vector<Call>& list) {
     std::map<std::tuple<int32_t, uint64_t, uint32_t>, proto::ColumnBlock> blocks;
-    for (const Call& c : list) {
-      auto& block = blocks[{c.rank, c.comm, c.lane}];
-      block.pid = 100 + c.rank;
-      block.comm_hash = c.comm;
-      block.rank = c.comm_rank < 0 ? c.rank : c.comm_rank;
-      block.lane = c.lane;
-      proto::CallRecord r;
-      r.seq = c.seq;
-      r.issue_ns = c.issue_ns;
-      r.return_ns = c.issue_ns + 5000;
-      r.op = c.op;
-      r.datatype = 7;
-      r.count = c.count;
-      if (c.lane > 0) r.peer = static_cast<int32_t>((c.lane - 1) / 2);
-      block.records.push_back(r);
-    }
+    for (const Call& c : list) add_call(blocks[{c.rank, c.comm, c.lane}], c);
     for (auto& [where, block] : blocks) {
       int32_t rank = std::get<0>(where);
       testing::AgentBatch b = batch(node_of(rank));
@@ -693,6 +695,70 @@ TEST_F(DetectTest, RankThatWaitedForASlowPipelinePartnerIsNotBlamed) {
   EXPECT_EQ(stragglers[0]->comm, kComm);
   EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{5}) << "rank 1 arrived 8 ms late too, waiting for rank 5";
   EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001) << "its own extra compute, not its partner's wait";
+}
+
+TEST_F(DetectTest, ABatchLostAndSentAgainDoesNotMakeItsRanksLate) {
+  // 4 processes, 2 per node, 100 ms steps: 40 ms of compute, an exchange
+  // with the pipeline partner on the other node ({0, 2}, {1, 3}), 40 ms
+  // more, a data-parallel AllReduce within the node ({0, 1}, {2, 3}). From
+  // 6 s on, node-0's batch with process 0's pipeline call of each step is
+  // lost and comes again after the step's AllReduce was complete and
+  // settled (an agent re-sends after its ack timeout). Until it comes,
+  // process 0's last known release is the step before's, so it looked 40 ms
+  // late at its AllReduce at every step, and its partner 1 on time. Its
+  // batch came later, not its call: nothing is late. Then process 1
+  // computes 1.5x longer before the AllReduce: it is found, and only it,
+  // and every instance is scored.
+  start(4);
+  const uint64_t pipe = kComm + 1, dp = kComm + 3;
+  register_comm(pipe, {0, 2});
+  register_comm(pipe + 1, {1, 3});
+  register_comm(dp, {0, 1});
+  register_comm(dp + 1, {2, 3});
+  std::vector<uint64_t> ready(4, clock.now);
+  auto compute = [&](int32_t r, uint64_t step, double factor) {
+    return static_cast<uint64_t>(static_cast<double>(40 * kMs + (r * 37 + step * 11) % 300 * 1000) * factor);
+  };
+  // Each communicator of the pairs {a, b} (comm ranks 0, 1) at `seq`, then its release.
+  auto exchange = [&](uint64_t comm, int32_t a, int32_t b, uint64_t seq, std::vector<Call>& list) {
+    list.push_back({a, seq, ready[a], RS_OP_ALLREDUCE, 1024, comm, 0});
+    list.push_back({b, seq, ready[b], RS_OP_ALLREDUCE, 1024, comm, 1});
+    ready[a] = ready[b] = std::max(ready[a], ready[b]) + 100'000;
+  };
+  auto run = [&](uint64_t from, uint64_t steps, bool lose, int32_t slow) {
+    for (uint64_t step = from; step < from + steps; ++step) {
+      std::vector<Call> list;
+      for (int32_t r = 0; r < 4; ++r) ready[r] += compute(r, step, 1);
+      exchange(pipe, 0, 2, step, list);
+      exchange(pipe + 1, 1, 3, step, list);
+      // The lost batch holds process 0's pipeline call: numbered before the next ones.
+      testing::AgentBatch lost;
+      if (lose) {
+        lost = batch(node_of(0));
+        add_call(lost.calls.emplace_back(), list.front());
+        list.erase(list.begin());
+      }
+      for (int32_t r = 0; r < 4; ++r) ready[r] += compute(r, step, r == slow ? 1.5 : 1);
+      exchange(dp, 0, 1, step, list);
+      exchange(dp + 1, 2, 3, step, list);
+      calls(list);
+      evaluate_at(*std::max_element(ready.begin(), ready.end()) + options.settle_ns);
+      if (lose) send(node_of(0), lost.bytes());
+    }
+  };
+  run(0, 60, false, -1);
+  run(60, 100, true, -1);
+  for (int i = 0; i < kTicks; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto all = book.all();
+  EXPECT_TRUE(all.empty()) << all.size() << " finding(s), the first: " << all.front()->summary;
+
+  run(160, 100, true, 1);
+  for (int i = 0; i < kTicks; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u) << summaries(stragglers);
+  EXPECT_EQ(stragglers[0]->comm, dp);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1});
+  EXPECT_EQ(detector->unscored_instances(), 0u);
 }
 
 TEST_F(DetectTest, LateRankIsFoundWhenTheHostRunsAheadThroughBackToBackBuckets) {

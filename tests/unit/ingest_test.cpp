@@ -269,6 +269,44 @@ TEST_F(IngestTest, StoredBatchesAreKnownAfterARestartOfTheCollectorAndOfTheAgent
   EXPECT_TRUE(last.after_commit.empty());
 }
 
+TEST_F(IngestTest, AMissingBatchIsAGapUntilItComesOrIsWaitedForTooLong) {
+  // The detector scores a collective only once its ranks' earlier calls
+  // are all in: a batch missing below a stored one is a gap of its node.
+  Outbox out;
+  clock.now = 1'000'000'000'000ull;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-1", batch(1, 0, 2), out);
+  EXPECT_TRUE(ingest.model().gaps.empty());
+  ingest.on_agent_message("conn-1", batch(3, 4, 2), out);  // 2 lost on the way
+  ingest.on_agent_message("conn-1", batch(5, 8, 2), out);  // and 4
+  ASSERT_EQ(ingest.model().gaps.count("gpu-1"), 1u);
+  EXPECT_EQ(ingest.node("gpu-1")->gap_seq, 2u);
+  EXPECT_EQ(ingest.node("gpu-1")->gap_since_ns, clock.now);
+  ingest.on_agent_message("conn-1", batch(2, 2, 2), out);  // re-sent: 4 is still missing
+  EXPECT_EQ(ingest.node("gpu-1")->gap_seq, 4u);
+  ingest.on_agent_message("conn-1", batch(4, 6, 2), out);
+  EXPECT_TRUE(ingest.model().gaps.empty());
+  EXPECT_EQ(ingest.node("gpu-1")->gap_seq, 0u);
+
+  // One that never comes (its agent gave it up) is waited for kBatchGapWaitNs, then taken as lost.
+  ingest.on_agent_message("conn-1", batch(7, 12, 2), out);
+  EXPECT_EQ(ingest.node("gpu-1")->gap_seq, 6u);
+  clock.now += kBatchGapWaitNs;
+  ingest.on_agent_message("conn-1", batch(8, 14, 2), out);
+  EXPECT_EQ(ingest.node("gpu-1")->gap_seq, 0u);
+  EXPECT_TRUE(ingest.model().gaps.empty());
+  // A later gap is a gap again.
+  ingest.on_agent_message("conn-1", batch(10, 18, 2), out);
+  EXPECT_EQ(ingest.node("gpu-1")->gap_seq, 9u);
+  // A new agent instance numbers its batches afresh: no gap.
+  ingest.on_agent_message("conn-2", hello("gpu-1", wire::PROTOCOL_VERSION, 100), out);
+  EXPECT_TRUE(ingest.model().gaps.empty());
+  ingest.on_agent_message("conn-2", batch(1, 20, 2, 100), out);
+  EXPECT_TRUE(ingest.model().gaps.empty());
+  ingest.on_agent_message("conn-2", batch(9, 30, 2, 99), out);  // the old instance's spool, replayed
+  EXPECT_TRUE(ingest.model().gaps.empty());
+}
+
 // (A batch whose commit failed stays in the window: the commit protocol
 // writes it with the next commit, collector/commit.h.)
 // A heartbeat of gpu-1 saying how process 10 is.

@@ -46,8 +46,9 @@ class SplitTest : public ::testing::Test {
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
   testing::ManualClock clock;
-  testing::StoreCommit commit{*store};
-  std::unique_ptr<Ingest> ingest = std::make_unique<Ingest>(*store, commit, clock);
+  // A restarted collector is a new commit with a new ingest (the ingest joins its commit).
+  std::unique_ptr<testing::StoreCommit> commit = std::make_unique<testing::StoreCommit>(*store);
+  std::unique_ptr<Ingest> ingest = std::make_unique<Ingest>(*store, *commit, clock);
   std::map<std::string, uint64_t> sent;  // by node: the agent's last batch seq
 
   void hello(const std::string& node) {
@@ -83,7 +84,7 @@ class SplitTest : public ::testing::Test {
   bool send(const std::string& node, const std::string& bytes) {
     Outbox out;
     ingest->on_agent_message("conn-" + node, bytes, out);
-    EXPECT_TRUE(commit.run(0));
+    EXPECT_TRUE(commit->run(0));
     return !out.after_commit.empty() || !out.now.empty();
   }
   const CommState& comm(uint64_t hash) { return ingest->comms().at(hash); }
@@ -128,7 +129,8 @@ TEST_F(SplitTest, ChildrenAreSizedAndRankedByKeyThenParentRankOnceEveryParentRan
 
   // A restarted collector knows the numbering: a later batch is stored alike.
   ingest.reset();
-  ingest = std::make_unique<Ingest>(*store, commit, clock);
+  commit = std::make_unique<testing::StoreCommit>(*store);
+  ingest = std::make_unique<Ingest>(*store, *commit, clock);
   ASSERT_TRUE(ingest->restore());
   EXPECT_EQ(comm(child_of(0)).nranks, 2);
   hello("gpu-1");
