@@ -12,8 +12,9 @@
 #                                             workload zoo (about 5 minutes a pattern)
 # --patterns: RS_PATTERNS="ddp fsdp ..." picks patterns (default: all seven);
 # RS_PATTERN_JOBS x RS_PATTERN_NODES x 8 ranks per slowdown run (default
-# 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of 12
-# healthy 8-rank jobs per pattern (default 120).
+# 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of
+# RS_HEALTHY_JOBS healthy 8-rank jobs per pattern (default 120 s, 12 jobs;
+# RS_HEALTHY_S=0: none).
 # RS_KEEP_DIR=DIR keeps each run's findings and scores there.
 # RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
 # runs that collector binary instead of BUILD_DIR's (a baseline build: the
@@ -132,11 +133,13 @@ if [ "$mode" = "--patterns" ]; then
   pjobs=${RS_PATTERN_JOBS:-8}
   pnodes=${RS_PATTERN_NODES:-4}
   healthy_s=${RS_HEALTHY_S:-120}
+  healthy_jobs=${RS_HEALTHY_JOBS:-12}
   echo "## Straggler accuracy per training pattern ($(date -u +%F), $(nproc) cores, kernel $(uname -r))"
   echo
   echo "Command: \`scripts/bench-sim.sh $build --patterns\` (RS_PATTERNS='$patterns', $pjobs jobs x $pnodes nodes x 8 ranks"
-  echo "per slowdown run, 40 s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); 12 healthy jobs of 8 ranks"
+  echo "per slowdown run, 40 s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); $healthy_jobs healthy jobs of 8 ranks"
   echo "for ${healthy_s} s, 100 ms steps standing for 1 s (fsdp: 500 ms; accum: 100 ms optimizer steps); seeds 21, 22)."
+  echo "Slowdown runs: $((pjobs * pnodes * 8)) ranks."
   echo
   echo "| pattern | 1.05-1.1x found | 1.1-1.5x found | 1.5-5x found | latency p50 / p90 (s), all | straggler precision | healthy job-hours | false alarms |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -159,18 +162,22 @@ if [ "$mode" = "--patterns" ]; then
     shape="--nodes-per-job 2 --gpus 4"
     # Pipeline stages need two data-parallel replicas: 4 nodes of 2 ranks.
     case $pattern in pipeline | tp-dp) shape="--nodes-per-job 4 --gpus 2" ;; esac
-    # shellcheck disable=SC2086
-    accuracy "$pattern-healthy" "$healthy_scores" -- --pattern "$pattern" --scenario healthy --seed 22 --jobs 12 \
-      $shape --pp 2 --step-ms "$step" --duration-s "$healthy_s" --nominal-step-s "$nominal" \
-      --batch-loss 0.01 --prefix healthy
+    if [ "$healthy_s" -gt 0 ]; then
+      # shellcheck disable=SC2086
+      accuracy "$pattern-healthy" "$healthy_scores" -- --pattern "$pattern" --scenario healthy --seed 22 \
+        --jobs "$healthy_jobs" $shape --pp 2 --step-ms "$step" --duration-s "$healthy_s" --nominal-step-s "$nominal" \
+        --batch-loss 0.01 --prefix healthy
+      "$bin/rankscope-sim" report "$healthy_scores" >"$work/report-$pattern-healthy.md"
+    else
+      : >"$work/report-$pattern-healthy.md"
+    fi
     "$bin/rankscope-sim" report "$scores" >"$work/report-$pattern.md"
-    "$bin/rankscope-sim" report "$healthy_scores" >"$work/report-$pattern-healthy.md"
     found() { awk -F'|' -v r="slowdown_rank $1" '$2 ~ r {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%.0f of %s", $3 * $4, $3; f = 1} END {if (!f) printf "-"}' "$work/report-$pattern.md"; }
     latency=$(grep -h '"kind":"slowdown_rank"' "$scores" | grep -o '"latency_s":[0-9.][0-9.]*' | cut -d: -f2 | sort -n |
       awk '{v[NR] = $1} END {if (NR) printf "%.1f / %.1f", v[int((NR + 1) / 2)], v[int(NR * 0.9 + 0.999)]; else printf "-"}')
     precision=$(awk -F'|' '$2 ~ /^ straggler / {gsub(/ /, "", $6); printf "%s", $6}' "$work/report-$pattern.md")
-    hours=$(grep -o 'Healthy jobs: [0-9.]* simulated job-days' "$work/report-$pattern-healthy.md" | awk '{printf "%.1f", $3 * 24}')
-    alarms=$(grep -o '[0-9]* false alarm(s)' "$work/report-$pattern-healthy.md" | head -1 | cut -d' ' -f1)
+    hours=$(grep -o 'Healthy jobs: [0-9.]* simulated job-days' "$work/report-$pattern-healthy.md" | awk '{printf "%.1f", $3 * 24}' || true)
+    alarms=$(grep -o '[0-9]* false alarm(s)' "$work/report-$pattern-healthy.md" | head -1 | cut -d' ' -f1 || true)
     echo "| $pattern | $(found 1.05-1.1x) | $(found 1.1-1.5x) | $(found 1.5-5x) | ${latency} | ${precision:--} | ${hours:-0} | ${alarms:-?} |"
   done
   echo

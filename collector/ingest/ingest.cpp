@@ -357,6 +357,9 @@ void Ingest::open_gap(NodeState& node, uint64_t instance, uint64_t seq) {
   const uint64_t now = clock_.realtime_ns();
   // Waited for long enough: taken as lost.
   if (node.gap_seq != 0 && now >= node.gap_since_ns + kBatchGapWaitNs) close_gap(node);
+  // After a restart of the collector, the window read back says how far the instance got.
+  if (node.top_seq == 0)
+    if (auto window = node.acked.find(instance); window != node.acked.end()) node.top_seq = window->second.through;
   if (seq > node.top_seq + 1 && node.gap_seq == 0) {
     node.gap_seq = node.top_seq + 1;
     node.gap_since_ns = now;

@@ -305,6 +305,17 @@ TEST_F(IngestTest, AMissingBatchIsAGapUntilItComesOrIsWaitedForTooLong) {
   EXPECT_TRUE(ingest.model().gaps.empty());
   ingest.on_agent_message("conn-2", batch(9, 30, 2, 99), out);  // the old instance's spool, replayed
   EXPECT_TRUE(ingest.model().gaps.empty());
+
+  // The collector restarts: the agent's next batch follows the ones stored before, no gap.
+  ASSERT_TRUE(commit.run(0));
+  testing::StoreCommit restarted_commit{*store};
+  Ingest restarted(*store, restarted_commit, clock);
+  ASSERT_TRUE(restarted.restore());
+  restarted.on_agent_message("conn-3", hello("gpu-1", wire::PROTOCOL_VERSION, 100), out);
+  restarted.on_agent_message("conn-3", batch(2, 22, 2, 100), out);
+  EXPECT_TRUE(restarted.model().gaps.empty());
+  restarted.on_agent_message("conn-3", batch(4, 26, 2, 100), out);
+  EXPECT_EQ(restarted.node("gpu-1")->gap_seq, 3u);
 }
 
 // (A batch whose commit failed stays in the window: the commit protocol
