@@ -14,10 +14,6 @@ constexpr size_t kMaxLatenessSamples = 65536;
 // looks back settle_ns plus one evaluation), at most this many.
 constexpr size_t kProcExchanges = 1024;
 constexpr uint64_t kProcHistoryNs = kBatchGapWaitNs + 2'000'000'000ull;  // ... or waits for a missing batch
-// A host wait on the GPU that began within this of an exchange's release
-// waited for it (a synchronize right after a Recv, or at a step's end after
-// the last bucket; one wait right after another chains on).
-constexpr uint64_t kWaitJoinNs = 2'000'000;
 // Complete instances waiting to be scored, per communicator: this many
 // bytes of them, and at least kMinSettling.
 constexpr size_t kSettlingBytes = 16u << 20;
@@ -48,15 +44,6 @@ void Detector::ProcHistory::add_issue(uint64_t issue) {
     issues.pop_front();
 }
 
-void Detector::ProcHistory::add_wait(uint64_t start, uint64_t end) {
-  auto at = waits.end();
-  while (at != waits.begin() && (at - 1)->second > end) --at;
-  waits.insert(at, {start, end});
-  while (waits.size() > kProcExchanges ||
-         (waits.front().second + kProcHistoryNs < waits.back().second && waits.size() > 1))
-    waits.pop_front();
-}
-
 std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_before(uint64_t t) const {
   // The latest release over the exchanges before t (the calls of one group,
   // a Send/Recv to each pipeline neighbour, are all waited for). If the
@@ -76,14 +63,6 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   if (later != issues.begin() && *(later - 1) > latest_arrival) return {Release::unknown, 0};
   if (latest_arrival == 0 || base == 0) return {Release::none, 0};
   if (latest_release > t) return {Release::ahead, 0};
-  // The host waited on the GPU from before the exchange's release, or from
-  // right after it, to past it: it waited for the exchange's data, and was
-  // free only when that came. A wait that began later was for its own GPU
-  // work (a slow GPU of its own, seen on the host side only so): not counted.
-  auto w = std::lower_bound(waits.begin(), waits.end(), base,
-                            [](const std::pair<uint64_t, uint64_t>& wait, uint64_t at) { return wait.second < at; });
-  for (; w != waits.end() && w->second <= t; ++w)
-    if (w->first <= base + kWaitJoinNs) base = std::max(base, w->second);
   return {Release::known, base};
 }
 
@@ -115,12 +94,6 @@ void Detector::on_pair(const PairComplete& pair) {
   uint64_t release = std::max(pair.send_issue_ns, pair.recv_issue_ns);
   if (ProcHistory* sender = proc_of(pair.comm, state, pair.sender)) sender->add(pair.send_issue_ns, release);
   if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver)) receiver->add(pair.recv_issue_ns, release);
-}
-
-void Detector::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
-  // Only processes a communicator's collectives made known.
-  auto p = procs_.find({node, pid});
-  if (p != procs_.end() && end_ns >= start_ns) p->second.add_wait(start_ns, end_ns);
 }
 
 void Detector::on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {

@@ -49,7 +49,7 @@ struct DetectOptions {
 // Hears the matcher's events (subscribes in its constructor), the GPU
 // matcher's (where subscribed) and reads the model of nodes, communicators
 // and processes.
-class Detector final : public MatchListener, public GpuListener, public RecordObserver {
+class Detector final : public MatchListener, public GpuListener {
  public:
   Detector(const ClusterModel& model, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
            DetectOptions options);
@@ -58,10 +58,6 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   void on_mismatch(const CollectiveMismatch& mismatch) override;
   void on_pair(const PairComplete& pair) override;
   void on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) override;
-  // A host wait on the GPU that ended (cudaStreamSynchronize and friends),
-  // as the ingest applies it (its observer): the host was not free to go on
-  // before the wait's end (ProcHistory).
-  void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
   void on_gpu_complete(const GpuComplete& done) override;
   // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
@@ -85,12 +81,8 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   struct ProcHistory {
     std::deque<std::pair<uint64_t, uint64_t>> exchanges;  // (arrival, release), cluster clock
     std::deque<uint64_t> issues;  // its calls of exchanges, complete or not, in time order
-    // Its host's waits on the GPU (start, end), by end: blocked in
-    // cudaStreamSynchronize until its stream's work was done.
-    std::deque<std::pair<uint64_t, uint64_t>> waits;
     void add(uint64_t arrival, uint64_t release);
     void add_issue(uint64_t issue);
-    void add_wait(uint64_t start, uint64_t end);
     // Its latest call of an exchange (by issue time): where it is now, if
     // that exchange has not completed.
     uint64_t last_comm = 0;
@@ -99,11 +91,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     uint64_t last_seq = 0;
     uint64_t last_issue_ns = 0;
     // When the process was last free to go on before `t`: the latest release
-    // of an exchange it entered before `t`, or the end of a host wait on the
-    // GPU under way then or begun right after (the host waited for the
-    // exchange's data: a pipeline stage for its partner's, which a slow
-    // partner's stream, or NCCL's proxy thread starved with its host,
-    // sends late) (known); it issued `t` before its
+    // of an exchange it entered before `t` (known); it issued `t` before its
     // latest exchange completed (ahead: the host ran ahead, so plain arrival
     // lateness applies, carried over from its previous instance); no
     // exchange before `t` is known (none: its first, or older than the
@@ -120,7 +108,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     // Its members' nodes that had a batch missing when it completed (the
     // node, and since when): a rank's earlier calls may be in that batch,
     // and without them its release is an older one and its own time a step
-    // too long. Scored once those batches came (BatchGap).
+    // too long. Scored once those batches came (kBatchGapWaitNs at most).
     std::vector<std::pair<const NodeState*, uint64_t>> gaps;
   };
   struct CommDetect {

@@ -93,8 +93,8 @@ struct NodeState {
   // A batch of its current agent instance missing while a later one is
   // stored (lost on the way and to be sent again, or re-ordered): until it
   // comes, its processes' histories lack what it holds (the detector waits
-  // for it: BatchGap). The lowest missing batch number (0: none), since
-  // when (collector clock), and the highest batch number stored.
+  // for it: Detector::Completed::gaps). The lowest missing batch number (0:
+  // none), since when (collector clock), and the highest batch number stored.
   uint64_t gap_seq = 0;
   uint64_t gap_since_ns = 0;
   uint64_t top_seq = 0;

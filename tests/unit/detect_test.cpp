@@ -43,7 +43,6 @@ class DetectTest : public ::testing::Test {
     options.node_lost_timeout_ns = 10 * kSecond;
     ingest.add_observer(&matcher);
     detector = std::make_unique<Detector>(ingest.model(), matcher, book, clock, options);
-    ingest.add_observer(detector.get());  // host waits, as collector/service.cpp
   }
 
   std::string node_of(int32_t rank) const { return "node-" + std::to_string(rank / 2); }
@@ -151,17 +150,6 @@ class DetectTest : public ::testing::Test {
     for (int32_t r = 0; r < nranks; ++r)
       if (!absent.count(r)) list.push_back({r, seq, t + (delay ? delay(r) : 0)});
     calls(list);
-  }
-
-  // `rank`'s host waited on its stream (cudaStreamSynchronize) from `start` to `end`.
-  void host_wait(int32_t rank, uint64_t start, uint64_t end) {
-    testing::AgentBatch b = batch(node_of(rank));
-    proto::WaitBlock block;
-    block.pid = 100 + rank;
-    block.tid = 100 + rank;
-    block.waits.push_back({static_cast<uint8_t>(wire::WaitKind::STREAM_SYNCHRONIZE), 0x5, start, end, 0});
-    b.waits.push_back(block);
-    send(node_of(rank), b.bytes());
   }
 
   // A heartbeat of `rank`'s node reporting that process only.
@@ -707,84 +695,6 @@ TEST_F(DetectTest, RankThatWaitedForASlowPipelinePartnerIsNotBlamed) {
   EXPECT_EQ(stragglers[0]->comm, kComm);
   EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{5}) << "rank 1 arrived 8 ms late too, waiting for rank 5";
   EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001) << "its own extra compute, not its partner's wait";
-}
-
-TEST_F(DetectTest, AStageHeldByItsPartnersSlowStreamIsNotBlamed) {
-  // 8 processes: stage 0 = ranks 0-3 sends to stage 1 = ranks 4-7 (pipeline
-  // i is {i, i + 4}, its own communicator), whose hosts wait on their
-  // streams until the data is in (cudaStreamSynchronize after the Recv),
-  // compute 10 ms on it and enter a collective over all 8 (kComm). From
-  // step 330 on, rank 1 is starved of CPU: its host computes twice as long,
-  // and its stream (NCCL's proxy thread, starved with it) moves the data 8
-  // ms after it issued the Send. Rank 5 waits those 8 ms for it and reaches
-  // the collective late from the pair's release (the Send's issue), as
-  // late as rank 1's stream was: only rank 1 is to blame.
-  start(8);
-  for (int32_t i = 0; i < 4; ++i) register_comm(kComm + 1 + i, {i, i + 4});
-  std::vector<uint64_t> ready(8, clock.now);
-  auto work = [&](int32_t r, uint64_t step, uint64_t ms) {
-    uint64_t c = ms * kMs + (r * 37 + step * 11) % 300 * 1000;
-    return r == 1 && step >= 330 ? 2 * c : c;
-  };
-  for (uint64_t step = 0; step < 550; ++step) {
-    std::vector<Call> list;
-    std::vector<std::pair<uint64_t, uint64_t>> waits(4);
-    for (int32_t r = 0; r < 8; ++r) ready[r] += work(r, step, 8);
-    for (int32_t i = 0; i < 4; ++i) {
-      uint64_t comm = kComm + 1 + i;
-      // Comm rank 0 (process i) sends to 1 on lane 3; comm rank 1 receives on lane 2.
-      list.push_back({i, step, ready[i], RS_OP_SEND, 1024, comm, 0, 3});
-      list.push_back({i + 4, step, ready[i + 4], RS_OP_RECV, 1024, comm, 1, 2});
-      uint64_t moved = std::max(ready[i], ready[i + 4]) + (i == 1 && step >= 330 ? 8 * kMs : 500'000);
-      waits[i] = {ready[i + 4] + 20'000, moved};
-      ready[i + 4] = moved;
-    }
-    for (int32_t r = 0; r < 8; ++r) {  // the collective over all ranks
-      ready[r] += work(r, step, 10);
-      list.push_back({r, step, ready[r]});
-    }
-    calls(list);
-    for (int32_t i = 0; i < 4; ++i) host_wait(i + 4, waits[i].first, waits[i].second);
-    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 100'000;
-    std::fill(ready.begin(), ready.end(), release);
-    if (step % 5 == 0) evaluate_at(release + options.settle_ns);
-  }
-  for (int i = 0; i < kTicks; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
-  auto stragglers = open(FindingKind::straggler);
-  ASSERT_EQ(stragglers.size(), 1u) << summaries(stragglers);
-  EXPECT_EQ(stragglers[0]->comm, kComm);
-  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1}) << "rank 5 waited for rank 1's data: not its own time";
-}
-
-TEST_F(DetectTest, ARankHeldByItsOwnGpuWorkIsStillNamed) {
-  // 4 ranks, 40 ms steps: each host works 5 ms after the step's collective,
-  // then waits on its stream for its own GPU work (as loss.item() does)
-  // and issues the next collective. From step 150 on, rank 2's GPU takes 8
-  // ms longer: its wait ends late and it issues late. That wait began long
-  // after the collective's release, so it was for its own work, not the
-  // others' data: rank 2 is found on the host side.
-  start(4);
-  std::vector<uint64_t> ready(4, clock.now);
-  for (uint64_t step = 0; step < 300; ++step) {
-    std::vector<Call> list;
-    std::vector<std::pair<uint64_t, uint64_t>> waits(4);
-    for (int32_t r = 0; r < 4; ++r) {
-      uint64_t start = ready[r] + 5 * kMs;
-      uint64_t end = start + 30 * kMs + (r * 37 + step * 11) % 300 * 1000 + (r == 2 && step >= 150 ? 8 * kMs : 0);
-      waits[r] = {start, end};
-      ready[r] = end + 50'000;
-      list.push_back({r, step, ready[r]});
-    }
-    calls(list);
-    for (int32_t r = 0; r < 4; ++r) host_wait(r, waits[r].first, waits[r].second);
-    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 100'000;
-    std::fill(ready.begin(), ready.end(), release);
-    if (step % 5 == 0) evaluate_at(release + options.settle_ns);
-  }
-  for (int i = 0; i < kTicks; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
-  auto stragglers = open(FindingKind::straggler);
-  ASSERT_EQ(stragglers.size(), 1u) << summaries(stragglers);
-  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{2});
 }
 
 TEST_F(DetectTest, ABatchLostAndSentAgainDoesNotMakeItsRanksLate) {
