@@ -141,8 +141,8 @@ const MetricInfo kCatalogue[] = {
      Type::counter,
      "",
      {},
-     "Complete collectives the straggler detector did not score: a member's node had a batch missing (lost on the "
-     "way, to be re-sent) that did not come within 10 s, so the ranks' earlier calls were not all known."},
+     "Complete collectives the straggler detector scored without a batch of a member's node that was missing (lost "
+     "on the way, to be re-sent) and did not come within 3 s: the ranks' earlier calls were not all known."},
     {"rankscope_ingest_batches_total", Type::counter, "", {}, "Agent batches stored."},
     {"rankscope_ingest_records_total", Type::counter, "", {}, "Collective records stored."},
     {"rankscope_ingest_duplicate_batches_total",

@@ -131,16 +131,12 @@ void Detector::on_complete(const CollectiveComplete& done) {
   if (!model_.gaps.empty()) note_gaps(comm, state.done.back());
   // A job completing thousands of collectives a second (FSDP's per-layer
   // calls) fills the settling queue within settle_ns: past its budget the
-  // oldest is scored early (its exchanges have mostly arrived), not dropped;
-  // one still waiting for a missing batch is.
+  // oldest is scored early (its exchanges have mostly arrived), not dropped,
+  // even one still waiting for a missing batch.
   const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
   while (state.done.size() > cap) {
-    if (ready(state.done.front(), clock_.realtime_ns()) == Ready::score) {
-      score_front(state);
-    } else {
-      state.done.pop_front();
-      ++unscored_;
-    }
+    if (ready(state.done.front(), clock_.realtime_ns()) != Ready::score) ++unscored_;
+    score_front(state);
   }
 }
 

@@ -66,8 +66,8 @@ class Detector final : public MatchListener, public GpuListener {
   // What it keeps state for: communicators and processes (bounded by the live model's).
   size_t tracked_comms() const { return comms_.size(); }
   size_t tracked_processes() const { return procs_.size(); }
-  // Complete instances never scored: a member's node had a batch missing
-  // that did not come within kBatchGapWaitNs.
+  // Complete instances scored without a member's node's batch that was
+  // missing when they completed and did not come within kBatchGapWaitNs.
   uint64_t unscored_instances() const { return unscored_; }
 
  private:
@@ -108,7 +108,7 @@ class Detector final : public MatchListener, public GpuListener {
     // Its members' nodes that had a batch missing when it completed (the
     // node, and since when): a rank's earlier calls may be in that batch,
     // and without them its release is an older one and its own time a step
-    // too long. Scored once those batches came (kBatchGapWaitNs at most).
+    // too long. Scored once those batches came, or kBatchGapWaitNs passed.
     std::vector<std::pair<const NodeState*, uint64_t>> gaps;
   };
   struct CommDetect {
@@ -160,8 +160,9 @@ class Detector final : public MatchListener, public GpuListener {
   void score(CommDetect& state, uint64_t now_ns);
   void score_front(CommDetect& state);
   // Whether the front instance can be scored: its members' missing batches
-  // came (score), are still awaited (wait), or were waited for too long (drop).
-  enum class Ready { score, wait, drop };
+  // came (score), are still awaited (wait), or were waited for long enough
+  // (late: scored on what is known).
+  enum class Ready { score, wait, late };
   Ready ready(const Completed& c, uint64_t now_ns) const;
   // The nodes of the communicator's members with a batch missing now.
   void note_gaps(const CommState& comm, Completed& c) const;

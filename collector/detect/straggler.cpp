@@ -29,12 +29,8 @@ void Detector::score(CommDetect& state, uint64_t now_ns) {
   while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) {
     Ready r = ready(state.done.front(), now_ns);
     if (r == Ready::wait) break;  // in order: the communicator's later instances wait behind it
-    if (r == Ready::score) {
-      score_front(state);
-    } else {
-      state.done.pop_front();
-      ++unscored_;
-    }
+    if (r == Ready::late) ++unscored_;
+    score_front(state);
   }
   while (!state.gpu_done.empty() && state.gpu_done.front().last_ns + options_.settle_ns <= now_ns)
     score_gpu_front(state);
@@ -43,7 +39,7 @@ void Detector::score(CommDetect& state, uint64_t now_ns) {
 Detector::Ready Detector::ready(const Completed& c, uint64_t now_ns) const {
   for (const auto& [node, since] : c.gaps) {
     // Past the wait it is taken as lost, whether or not it came since.
-    if (now_ns >= since + kBatchGapWaitNs) return Ready::drop;
+    if (now_ns >= since + kBatchGapWaitNs) return Ready::late;
     if (node->gap_seq != 0 && node->gap_since_ns == since) return Ready::wait;
   }
   return Ready::score;

@@ -101,10 +101,10 @@ struct NodeState {
 };
 
 // How long a missing batch is waited for: an agent re-sends a batch not
-// acknowledged within 2 s, doubling the wait at each re-send (two re-sends:
-// 6 s). Past it the batch is taken as lost (its agent's spool overflowed, or
-// the agent restarted).
-constexpr uint64_t kBatchGapWaitNs = 10'000'000'000ull;
+// acknowledged within 2 s, and the round trip adds to it. Past it the
+// collectives that waited are scored on what is known (a batch held back by
+// the collector itself, or lost for good, must not blind the detector).
+constexpr uint64_t kBatchGapWaitNs = 3'000'000'000ull;
 
 // ncclCommGetAsyncError found the member's communicator broken.
 struct CommError {
