@@ -38,7 +38,7 @@ enum class MetricId {
   node_refused_claims,
   comm_last_sequence,
   collective_issue_lateness,
-  detector_unscored,
+  detector_incomplete,
   ingest_batches,
   ingest_records,
   ingest_duplicate_batches,
@@ -137,7 +137,7 @@ const MetricInfo kCatalogue[] = {
      "seconds",
      {},
      "How much later than its peers' median each rank issued a collective, on the cluster clock."},
-    {"rankscope_detector_unscored_collectives_total",
+    {"rankscope_detector_incomplete_collectives_total",
      Type::counter,
      "",
      {},
@@ -359,7 +359,7 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   const MetricInfo& lateness = info(MetricId::collective_issue_lateness);
   issue_lateness_ =
       &prometheus::BuildHistogram().Name(lateness.name).Help(lateness.help).Register(r).Add({}, kLatenessBuckets);
-  detector_unscored_.counter = &counter(r, MetricId::detector_unscored);
+  detector_incomplete_.counter = &counter(r, MetricId::detector_incomplete);
   ingest_batches_.counter = &counter(r, MetricId::ingest_batches);
   ingest_records_.counter = &counter(r, MetricId::ingest_records);
   ingest_duplicate_batches_.counter = &counter(r, MetricId::ingest_duplicate_batches);
@@ -572,8 +572,8 @@ void Metrics::set_security_totals(uint64_t admitted, uint64_t refused, uint64_t 
   advance(throttled_query_, query_throttled);
 }
 
-void Metrics::set_detector_totals(uint64_t unscored) {
-  advance(detector_unscored_, unscored);
+void Metrics::set_detector_totals(uint64_t incomplete) {
+  advance(detector_incomplete_, incomplete);
 }
 
 void Metrics::set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t waits) {

@@ -98,8 +98,8 @@ class Metrics {
   void set_ingest_totals(uint64_t batches, uint64_t records, uint64_t duplicate_batches, uint64_t bad_messages,
                          uint64_t batch_bytes);
   void set_alert_posts(uint64_t ok, uint64_t failed);
-  // Collectives the straggler detector did not score (Detector::unscored_instances).
-  void set_detector_totals(uint64_t unscored);
+  // Collectives the straggler detector scored without a missing batch (Detector::scored_incomplete).
+  void set_detector_totals(uint64_t incomplete);
   // CurveZMQ handshakes the allow-list admitted and refused, and messages
   // dropped over the rate limit on each socket.
   // Failed commits (Commit::failures) and batches held back meanwhile (IngestCounters::held_batches).
@@ -184,7 +184,7 @@ class Metrics {
   std::map<std::string, TenantLast> tenant_last_;      // by account
   prometheus::Histogram* issue_lateness_;
   CounterTotal ingest_batches_, ingest_records_, ingest_duplicate_batches_, ingest_bad_messages_, ingest_bytes_;
-  CounterTotal ingest_held_batches_, commit_failures_, detector_unscored_;
+  CounterTotal ingest_held_batches_, commit_failures_, detector_incomplete_;
   CounterTotal splits_sized_, splits_abandoned_, split_waits_;
   CounterTotal gpu_taken_, gpu_unmatched_;
   CounterTotal alert_posts_ok_, alert_posts_failed_;

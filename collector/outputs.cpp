@@ -95,7 +95,7 @@ class MetricsOutput final : public Output {
       for (const auto& [rank, member] : comm.members) metrics_.set_comm_progress(comm.job, hex, rank, member.last_seq);
     }
     for (double lateness : detector.take_lateness_samples()) metrics_.observe_lateness(lateness);
-    metrics_.set_detector_totals(detector.unscored_instances());
+    metrics_.set_detector_totals(detector.scored_incomplete());
     const IngestCounters& c = ingest.counters();
     metrics_.set_ingest_totals(c.batches_stored, c.records_stored, c.duplicate_batches, c.bad_messages, c.batch_bytes);
   }

@@ -135,7 +135,7 @@ void Detector::on_complete(const CollectiveComplete& done) {
   // even one still waiting for a missing batch.
   const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
   while (state.done.size() > cap) {
-    if (ready(state.done.front(), clock_.realtime_ns()) != Ready::score) ++unscored_;
+    if (ready(state.done.front(), clock_.realtime_ns()) != Ready::score) ++incomplete_;
     score_front(state);
   }
 }

@@ -68,7 +68,7 @@ class Detector final : public MatchListener, public GpuListener {
   size_t tracked_processes() const { return procs_.size(); }
   // Complete instances scored without a member's node's batch that was
   // missing when they completed and did not come within kBatchGapWaitNs.
-  uint64_t unscored_instances() const { return unscored_; }
+  uint64_t scored_incomplete() const { return incomplete_; }
 
  private:
   struct RankStats {
@@ -272,7 +272,7 @@ class Detector final : public MatchListener, public GpuListener {
   // The node looked up last: a communicator's members come node by node.
   mutable const NodeState* last_node_ = nullptr;
   std::vector<double> lateness_samples_;
-  uint64_t unscored_ = 0;
+  uint64_t incomplete_ = 0;
 };
 
 }  // namespace rankscope::collector

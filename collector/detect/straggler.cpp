@@ -29,7 +29,7 @@ void Detector::score(CommDetect& state, uint64_t now_ns) {
   while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) {
     Ready r = ready(state.done.front(), now_ns);
     if (r == Ready::wait) break;  // in order: the communicator's later instances wait behind it
-    if (r == Ready::late) ++unscored_;
+    if (r == Ready::late) ++incomplete_;
     score_front(state);
   }
   while (!state.gpu_done.empty() && state.gpu_done.front().last_ns + options_.settle_ns <= now_ns)

@@ -758,7 +758,7 @@ TEST_F(DetectTest, ABatchLostAndSentAgainDoesNotMakeItsRanksLate) {
   ASSERT_EQ(stragglers.size(), 1u) << summaries(stragglers);
   EXPECT_EQ(stragglers[0]->comm, dp);
   EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1});
-  EXPECT_EQ(detector->unscored_instances(), 0u);
+  EXPECT_EQ(detector->scored_incomplete(), 0u);
 }
 
 TEST_F(DetectTest, LateRankIsFoundWhenTheHostRunsAheadThroughBackToBackBuckets) {
