@@ -25,6 +25,7 @@ Service::Service(TimelineStore& store, std::unique_ptr<CommitTarget> own_target,
   ingest_.add_observer(&refiner_);
   ingest_.add_observer(&ledger_);
   ingest_.add_observer(&gpu_matcher_);
+  ingest_.add_observer(&detector_);  // host waits on the GPU (its records come through the matcher)
   matcher_.subscribe(refiner_);
   gpu_matcher_.subscribe(detector_);
 }

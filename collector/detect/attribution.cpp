@@ -130,8 +130,36 @@ void WaitAttribution::close_bucket() {
   if (window_instances() >= options_.baseline_instances) learn(share);
 }
 
+void WaitAttribution::rank_arrivals(const std::vector<uint64_t>& arrival) {
+  // Each position's fair share of the stretches before it, as add() counts it on values.
+  const size_t n = ranks_.size();
+  by_arrival_.resize(n);
+  std::iota(by_arrival_.begin(), by_arrival_.end(), 0);
+  std::sort(by_arrival_.begin(), by_arrival_.end(), [&](int32_t a, int32_t b) { return arrival[a] < arrival[b]; });
+  fair_at_.assign(n, 0);
+  for (size_t j = 1; j < n; ++j) {
+    const double stretch = static_cast<double>(arrival[by_arrival_[j]] - arrival[by_arrival_[j - 1]]);
+    fair_at_[j] = fair_at_[j - 1] + static_cast<double>(j) * stretch / static_cast<double>(n - j) /
+                                        static_cast<double>(n - 1);
+  }
+}
+
+double WaitAttribution::fair_until(const std::vector<uint64_t>& arrival, uint64_t t) const {
+  // The ranks arrived by t (k of them) waited from the k-th arrival to t for
+  // the n - k not there, this rank among them.
+  const size_t n = ranks_.size();
+  auto after = std::upper_bound(by_arrival_.begin(), by_arrival_.end(), t,
+                                [&](uint64_t at, int32_t r) { return at < arrival[r]; });
+  const size_t k = static_cast<size_t>(after - by_arrival_.begin());
+  if (k == 0) return 0;
+  if (k >= n) return fair_at_[n - 1];
+  const double stretch = static_cast<double>(t - arrival[by_arrival_[k - 1]]);
+  return fair_at_[k - 1] + static_cast<double>(k) * stretch / static_cast<double>(n - k) / static_cast<double>(n - 1);
+}
+
 void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
-                          const std::vector<uint64_t>& margin, uint64_t completion_ns, bool carried) {
+                          const std::vector<uint64_t>& margin, uint64_t completion_ns, bool carried,
+                          const std::vector<uint64_t>* released) {
   const size_t n = ranks_.size();
   if (value.size() != n || arrival.size() != n || margin.size() != n || n < 2) return;
   // A bucket lasts at least bucket_ns and holds at least per_bucket_
@@ -166,18 +194,33 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
   // equal parts to the n - j ranks not there yet (`fair`, per waiting rank:
   // the job's time it cost); each of them kept the waiting ranks there for
   // the whole stretch (`held`: its lateness as measured).
+  // Lateness carried over from its previous instance (its host ran ahead)
+  // was owed there, or excused there: only what it added since is new
+  // waiting. What is carried is lateness in arrival: the instance before
+  // may have been judged on durations from each rank's release. A rank
+  // released at a known time (`released`) could not have arrived before
+  // it: the lateness it would have had arriving then is not its own
+  // either (a rank released late by an exchange of another communicator,
+  // and excused there, is as late in arrival at the calls it issues right
+  // after).
+  if (!carried || released) rank_arrivals(arrival);
+  if (!carried)
+    for (size_t j = 0; j < n; ++j) ranks_[by_arrival_[j]].carry = fair_at_[j];
+  else
+    ranks_[order_[0]].carry = 0;
   double held = 0, fair = 0;
-  ranks_[order_[0]].carry = 0;
   for (size_t j = 1; j < n; ++j) {
     int32_t r = order_[j];
     double stretch = static_cast<double>(value[r] - value[order_[j - 1]]);
     held += static_cast<double>(j) * stretch / static_cast<double>(n - 1);
     fair += static_cast<double>(j) * stretch / static_cast<double>(n - j) / static_cast<double>(n - 1);
     Rank& rank = ranks_[r];
-    // Lateness carried over from its previous instance (its host ran ahead)
-    // was owed there: only what it added since is new waiting.
-    const double before = carried ? rank.carry : 0;
-    rank.carry = fair;
+    double before = 0;
+    if (carried) {
+      before = rank.carry;
+      if (released && (*released)[r] != 0) before = std::max(before, fair_until(arrival, (*released)[r]));
+      rank.carry = fair;
+    }
     // Never late by less than min_lateness_ns, nor by less than the clocks
     // can tell apart; what is owed is what lies beyond the clocks' margin.
     if (fair < static_cast<double>(std::max(options_.min_lateness_ns, margin[r])) || fair <= 0) continue;

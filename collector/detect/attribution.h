@@ -92,8 +92,11 @@ class WaitAttribution {
   // instance is carried into this one and only what it added is owed: a
   // host that paused once, 60 ms, before 200 queued collectives (FSDP's
   // layers) is owed 60 ms, not the 400 ms those collectives span.
+  // `released` (where carried): by rank, when it was free to go on (0: not
+  // known, or it ran ahead); it is owed only what it added since.
   void add(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
-           const std::vector<uint64_t>& margin, uint64_t completion_ns, bool carried);
+           const std::vector<uint64_t>& margin, uint64_t completion_ns, bool carried,
+           const std::vector<uint64_t>* released = nullptr);
   // Every rank's standing as of the instances added (the current bucket included).
   std::vector<Standing> standings() const;
   // GPU time lost is counted for a rank while its evidence grows or while its finding is open.
@@ -105,7 +108,7 @@ class WaitAttribution {
     std::vector<uint32_t> held;   // by bucket slot
     std::vector<double> late;     // by bucket slot: its lateness at the instances it held up
     std::vector<double> lag;      // by bucket slot: the sum of its lags behind the median rank
-    double carry = 0;             // its lateness (fair share of the stretch) at its last instance
+    double carry = 0;             // its lateness in arrival (fair share of the stretch) at its last instance
     std::vector<double> change;   // by bucket slot: its mean lag's change from the bucket before (< 0: none)
     double last_lag = 0;          // its mean lag in the last closed bucket
     bool has_last = false;
@@ -126,6 +129,10 @@ class WaitAttribution {
   // The median share of the ranks other than r (of all ranks past 8).
   static double typical(const std::vector<double>& shares, const std::vector<double>& sorted, int32_t r);
   void close_bucket();
+  // The ranks by arrival (by_arrival_) and each position's lateness in
+  // arrival (fair_at_); and the lateness a rank not there by t has at t.
+  void rank_arrivals(const std::vector<uint64_t>& arrival);
+  double fair_until(const std::vector<uint64_t>& arrival, uint64_t t) const;
   // The chance test: the job's noise over the window (0: not yet known),
   // and each rank's mean lag in slot s less the median rank's (`centred`).
   double noise() const;
@@ -146,6 +153,8 @@ class WaitAttribution {
   uint64_t last_completion_ = 0;
   std::vector<Rank> ranks_;
   std::vector<int32_t> order_;         // scratch: ranks by value
+  std::vector<int32_t> by_arrival_;    // scratch: ranks by arrival
+  std::vector<double> fair_at_;        // scratch: lateness in arrival by position
   mutable std::vector<double> scratch_;  // noise(), centred_lags()
 };
 

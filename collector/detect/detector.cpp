@@ -14,6 +14,20 @@ constexpr size_t kMaxLatenessSamples = 65536;
 // looks back settle_ns plus one evaluation), at most this many.
 constexpr size_t kProcExchanges = 1024;
 constexpr uint64_t kProcHistoryNs = kBatchGapWaitNs + 2'000'000'000ull;  // ... or waits for a missing batch
+// A host wait on the GPU that began within this of an exchange's release
+// waited for it (a synchronize right after a Recv, or at a step's end after
+// the last bucket). One that began later waited for GPU work of its own.
+constexpr uint64_t kWaitJoinNs = 2'000'000;
+// A wait is matched to the exchanges its host entered at most this long
+// before it began (an exchange whose wait record came first is matched when
+// it completes).
+constexpr uint64_t kWaitLookbackNs = 1'000'000'000ull;
+// Whether a host wait (start, end) of a member that arrived at `arrival`
+// waited for an exchange released at `release`: the exchange was on its
+// stream before the wait began, and the wait held the host past the release.
+bool waited_for(uint64_t start, uint64_t end, uint64_t arrival, uint64_t release) {
+  return arrival <= start && start <= release + kWaitJoinNs && end >= release;
+}
 // Complete instances waiting to be scored, per communicator: this many
 // bytes of them, and at least kMinSettling.
 constexpr size_t kSettlingBytes = 16u << 20;
@@ -28,11 +42,34 @@ Detector::Detector(const ClusterModel& model, CollectiveMatcher& matcher, Findin
   matcher.subscribe(*this);
 }
 
-void Detector::ProcHistory::add(uint64_t arrival, uint64_t release) {
-  exchanges.emplace_back(arrival, release);
+void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data) {
+  Exchange e{arrival, false, data};
+  // Its waits that ended before the exchange completed here (the last
+  // member's records came later than its wait's).
+  for (auto w = waits.rbegin(); w != waits.rend() && w->second >= data->release; ++w)
+    if (waited_for(w->first, w->second, arrival, data->release)) {
+      e.waited = true;
+      data->data_ns = std::min(data->data_ns, w->second);
+    }
+  exchanges.push_back(std::move(e));
   while (exchanges.size() > kProcExchanges ||
-         (exchanges.front().first + kProcHistoryNs < arrival && exchanges.size() > 1))
+         (exchanges.front().arrival + kProcHistoryNs < arrival && exchanges.size() > 1))
     exchanges.pop_front();
+}
+
+void Detector::ProcHistory::add_wait(uint64_t start, uint64_t end) {
+  auto at = waits.end();
+  while (at != waits.begin() && (at - 1)->second > end) --at;
+  waits.insert(at, {start, end});
+  while (waits.size() > kProcExchanges ||
+         (waits.front().second + kProcHistoryNs < waits.back().second && waits.size() > 1))
+    waits.pop_front();
+  for (auto e = exchanges.rbegin(); e != exchanges.rend(); ++e) {
+    if (e->arrival + kWaitLookbackNs < start) break;
+    if (!waited_for(start, end, e->arrival, e->data->release)) continue;
+    e->waited = true;
+    e->data->data_ns = std::min(e->data->data_ns, end);
+  }
 }
 
 void Detector::ProcHistory::add_issue(uint64_t issue) {
@@ -49,12 +86,17 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   // a Send/Recv to each pipeline neighbour, are all waited for). If the
   // host issued t before its latest exchange completed, it ran ahead (back
   // to back buckets, asynchronous calls): nothing held it, and its lateness
-  // is carried, not its own to measure afresh.
+  // is carried, not its own to measure afresh. Where its host waited on the
+  // GPU for an exchange, it was free once the exchange's data had moved
+  // (ExchangeData), not at its release.
   uint64_t base = 0, latest_arrival = 0, latest_release = 0;
-  for (const auto& [arrival, release] : exchanges) {
-    if (arrival >= t) continue;
-    if (arrival >= latest_arrival) latest_arrival = arrival, latest_release = release;
-    if (release <= t) base = std::max(base, release);
+  for (const Exchange& e : exchanges) {
+    if (e.arrival >= t) continue;
+    const uint64_t release = e.data->release;
+    if (e.arrival >= latest_arrival) latest_arrival = e.arrival, latest_release = release;
+    uint64_t free = release;
+    if (e.waited && e.data->data_ns <= t) free = std::max(free, e.data->data_ns);
+    if (free <= t) base = std::max(base, free);
   }
   // A call after the latest known exchange: an exchange whose release is not
   // known (a Send whose Recv never arrived). The release before it would
@@ -91,9 +133,15 @@ Detector::CommDetect& Detector::state_of(const CommState& comm) {
 void Detector::on_pair(const PairComplete& pair) {
   // The pair is released when both sides are posted.
   CommDetect& state = comms_[pair.comm.hash];
-  uint64_t release = std::max(pair.send_issue_ns, pair.recv_issue_ns);
-  if (ProcHistory* sender = proc_of(pair.comm, state, pair.sender)) sender->add(pair.send_issue_ns, release);
-  if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver)) receiver->add(pair.recv_issue_ns, release);
+  auto data = std::make_shared<ExchangeData>(std::max(pair.send_issue_ns, pair.recv_issue_ns));
+  if (ProcHistory* sender = proc_of(pair.comm, state, pair.sender)) sender->add(pair.send_issue_ns, data);
+  if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver)) receiver->add(pair.recv_issue_ns, data);
+}
+
+void Detector::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
+  // Only processes a communicator's collectives made known.
+  auto p = procs_.find({node, pid});
+  if (p != procs_.end() && end_ns >= start_ns) p->second.add_wait(start_ns, end_ns);
 }
 
 void Detector::on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {
@@ -116,9 +164,11 @@ void Detector::on_complete(const CollectiveComplete& done) {
   const int32_t n = static_cast<int32_t>(done.issue.size());
   if (n < 2) return;
   int32_t last = static_cast<int32_t>(std::max_element(done.issue.begin(), done.issue.end()) - done.issue.begin());
-  // Every member was free to go on from here: the exchange's release.
+  // Every member was free to go on from here: the exchange's release (or
+  // once its data moved, for a member that waited for it).
+  auto data = std::make_shared<ExchangeData>(done.issue[last]);
   for (int32_t r = 0; r < n; ++r)
-    if (ProcHistory* p = proc_of(comm, state, r)) p->add(done.issue[r], done.issue[last]);
+    if (ProcHistory* p = proc_of(comm, state, r)) p->add(done.issue[r], data);
   // The last arrival's lateness against the median of the others, for the lateness histogram.
   if (lateness_samples_.size() < kMaxLatenessSamples) {
     std::vector<int64_t> others;

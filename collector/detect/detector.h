@@ -49,7 +49,7 @@ struct DetectOptions {
 // Hears the matcher's events (subscribes in its constructor), the GPU
 // matcher's (where subscribed) and reads the model of nodes, communicators
 // and processes.
-class Detector final : public MatchListener, public GpuListener {
+class Detector final : public MatchListener, public GpuListener, public RecordObserver {
  public:
   Detector(const ClusterModel& model, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
            DetectOptions options);
@@ -58,6 +58,10 @@ class Detector final : public MatchListener, public GpuListener {
   void on_mismatch(const CollectiveMismatch& mismatch) override;
   void on_pair(const PairComplete& pair) override;
   void on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) override;
+  // A host wait on the GPU that ended (cudaStreamSynchronize and friends),
+  // as the ingest applies it (its observer): when the exchange it waited
+  // for had its data (ProcHistory).
+  void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
   void on_gpu_complete(const GpuComplete& done) override;
   // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
@@ -75,14 +79,36 @@ class Detector final : public MatchListener, public GpuListener {
     int under = 0;                    // consecutive evaluations within its allowance
     int gpu_under = 0;                // ... on the GPU side (or with no GPU times)
   };
+  // An exchange (a collective instance, a matched Send/Recv pair) as its
+  // members' hosts saw it: its release (the last arrival) and when its data
+  // had moved, as far as a host can tell: the earliest end of a host wait
+  // on the GPU that covered it, by any member (began by its release, or
+  // kWaitJoinNs after; ended after it). Every member's wait ends once its
+  // stream has the exchange's data, and later by its host's own delay in
+  // waking (a CPU-starved host's is long): the earliest is the closest to
+  // the data's arrival and carries no other member's delay.
+  struct ExchangeData {
+    explicit ExchangeData(uint64_t at) : release(at) {}
+    uint64_t release;
+    uint64_t data_ns = UINT64_MAX;  // none covered it yet
+  };
   // When a process's host was last free to go on: per exchange it took part
-  // in (a collective instance, a matched Send/Recv pair), its own arrival and
-  // the exchange's release (the last arrival).
+  // in, its own arrival, whether its own host waited on the GPU for it, and
+  // the exchange's release and data.
   struct ProcHistory {
-    std::deque<std::pair<uint64_t, uint64_t>> exchanges;  // (arrival, release), cluster clock
+    struct Exchange {
+      uint64_t arrival;  // cluster clock
+      bool waited = false;
+      std::shared_ptr<ExchangeData> data;
+    };
+    std::deque<Exchange> exchanges;
     std::deque<uint64_t> issues;  // its calls of exchanges, complete or not, in time order
-    void add(uint64_t arrival, uint64_t release);
+    // Its host's waits on the GPU (start, end), by end: blocked in
+    // cudaStreamSynchronize until its stream's work was done.
+    std::deque<std::pair<uint64_t, uint64_t>> waits;
+    void add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data);
     void add_issue(uint64_t issue);
+    void add_wait(uint64_t start, uint64_t end);
     // Its latest call of an exchange (by issue time): where it is now, if
     // that exchange has not completed.
     uint64_t last_comm = 0;
@@ -91,7 +117,11 @@ class Detector final : public MatchListener, public GpuListener {
     uint64_t last_seq = 0;
     uint64_t last_issue_ns = 0;
     // When the process was last free to go on before `t`: the latest release
-    // of an exchange it entered before `t` (known); it issued `t` before its
+    // of an exchange it entered before `t`, or, where its host waited on the
+    // GPU for that exchange, when the exchange's data had moved (a pipeline
+    // stage waits for its partner's activations, which a slowed partner's
+    // stream, or NCCL's proxy thread starved with its host, sends late; it
+    // is not free before they come) (known); it issued `t` before its
     // latest exchange completed (ahead: the host ran ahead, so plain arrival
     // lateness applies, carried over from its previous instance); no
     // exchange before `t` is known (none: its first, or older than the
@@ -125,6 +155,7 @@ class Detector final : public MatchListener, public GpuListener {
     // completed (a node's first seconds, before its probes, are 1 s uncertain).
     std::shared_ptr<const std::vector<uint64_t>> margin;
     std::vector<uint64_t> scratch;            // the margins an instance is scored with
+    std::vector<uint64_t> released;           // ... and its members' releases
     std::vector<RankStats> ranks;
     std::set<std::string> all_inside;        // keys of open hangs where every rank is inside
     std::map<std::string, std::string> told;  // open hang key -> the culprits' process states it told

@@ -74,17 +74,24 @@ void Detector::score_gpu_front(CommDetect& state) {
 void Detector::score_front(CommDetect& state) {
   // Blame is judged on each rank's own duration: from the moment it was
   // free to go on (the release of its previous exchange: a collective or a
-  // Send/Recv pair) to this arrival. A rank that waited for someone else
+  // Send/Recv pair; or when that exchange's data came, where its host waited
+  // on the GPU for them) to this arrival. A rank that waited for someone else
   // (a slowed pipeline partner, a slow rank of another communicator) was
   // released late and is not to blame for it; the rank that arrived last
-  // there took long from its own release, and is. Where a member's release
-  // is unknown, plain arrival times are used.
+  // there took long from its own release, and is. Where a member's host ran
+  // ahead (issued this before its previous exchange completed: back-to-back
+  // buckets, FSDP's queued layers), plain arrivals are judged, each rank
+  // owed only the lateness it added since its previous instance, or since
+  // its release where that is known. Where a member's release is unknown,
+  // plain arrivals too.
   const Completed& c = state.done.front();
   const size_t n = c.issue.size();
   // Without margins from when it completed, how far apart its arrivals
   // really were is unknown: not scored.
   if (n == state.ranks.size() && c.margin && state.margin && c.margin->size() == n && state.margin->size() == n) {
     std::vector<int64_t> v(c.issue.begin(), c.issue.end());
+    std::vector<uint64_t>& released = state.released;
+    released.assign(n, 0);
     bool durations = true, carried = false, unknown = state.procs.size() != n;
     for (size_t r = 0; r < n && !unknown; ++r) {
       if (!state.procs[r]) {
@@ -92,14 +99,16 @@ void Detector::score_front(CommDetect& state) {
         break;
       }
       auto [release, base] = state.procs[r]->base_before(c.issue[r]);
-      if (release == ProcHistory::Release::unknown)
+      if (release == ProcHistory::Release::unknown) {
         unknown = true;
-      else if (release == ProcHistory::Release::ahead)
+      } else if (release == ProcHistory::Release::ahead) {
         durations = false, carried = true;
-      else if (release == ProcHistory::Release::none)
+      } else if (release == ProcHistory::Release::none) {
         durations = false;
-      else
+      } else {
         v[r] = static_cast<int64_t>(c.issue[r] - base);
+        released[r] = base;
+      }
     }
     // A member whose last exchange is not known: its own time cannot be
     // told from time it spent waiting for that exchange. Not scored.
@@ -110,7 +119,7 @@ void Detector::score_front(CommDetect& state) {
     if (!durations) v.assign(c.issue.begin(), c.issue.end());
     state.scratch.resize(n);
     for (size_t r = 0; r < n; ++r) state.scratch[r] = std::max((*c.margin)[r], (*state.margin)[r]);
-    state.waits->add(v, c.issue, state.scratch, c.last_ns, carried);
+    state.waits->add(v, c.issue, state.scratch, c.last_ns, carried, carried ? &released : nullptr);
   }
   state.done.pop_front();
 }

@@ -94,6 +94,24 @@ TEST(WaitAttribution, AHostThatRanAheadIsOwedWhatItAddedNotTheSpanItsLatenessCov
   EXPECT_NEAR(static_cast<double>(slowing.standings()[2].owed_ns), 18.1 * kMs, 0.2 * kMs);
 }
 
+TEST(WaitAttribution, WhatIsCarriedAfterAnInstanceJudgedOnDurationsIsTheLatenessInArrival) {
+  // Rank 1 was released 30 ms late (it waited for a pipeline partner's
+  // data) and issues the first of three buckets 30 ms after rank 0, on
+  // time from its release: judged on durations, it owes nothing. Its host
+  // runs ahead through the next two: judged on arrivals, it is as late as
+  // it was at the first, and added nothing.
+  AttributionOptions options;
+  options.baseline_instances = 1000;
+  WaitAttribution waits(2, options);
+  const uint64_t t = kStart;
+  waits.add({5 * kMs, 5 * kMs}, {t, t + 30 * kMs}, {0, 0}, t + 30 * kMs, false);
+  for (uint64_t b = 1; b < 3; ++b) instance(waits, t + b * 50'000, {0, 30 * kMs}, 0, true);
+  EXPECT_EQ(waits.standings()[1].owed_ns, 0u);
+  // Were it 10 ms later still at the third, those 10 ms would be its own.
+  instance(waits, t + 3 * 50'000, {0, 40 * kMs}, 0, true);
+  EXPECT_NEAR(static_cast<double>(waits.standings()[1].owed_ns), 10.0 * kMs, 0.2 * kMs);
+}
+
 TEST(WaitAttribution, AStallEveryThirdStepIsFoundWhereAMedianSeesNothing) {
   // A CPU quota's shape: on time at two steps of three, 85 ms late at the
   // third. The median lateness is 0; the waiting owed is a quarter of the time.

@@ -43,6 +43,7 @@ class DetectTest : public ::testing::Test {
     options.node_lost_timeout_ns = 10 * kSecond;
     ingest.add_observer(&matcher);
     detector = std::make_unique<Detector>(ingest.model(), matcher, book, clock, options);
+    ingest.add_observer(detector.get());  // host waits, as collector/service.cpp
   }
 
   std::string node_of(int32_t rank) const { return "node-" + std::to_string(rank / 2); }
@@ -150,6 +151,17 @@ class DetectTest : public ::testing::Test {
     for (int32_t r = 0; r < nranks; ++r)
       if (!absent.count(r)) list.push_back({r, seq, t + (delay ? delay(r) : 0)});
     calls(list);
+  }
+
+  // `rank`'s host waited on its stream (cudaStreamSynchronize) from `start` to `end`.
+  void host_wait(int32_t rank, uint64_t start, uint64_t end) {
+    testing::AgentBatch b = batch(node_of(rank));
+    proto::WaitBlock block;
+    block.pid = 100 + rank;
+    block.tid = 100 + rank;
+    block.waits.push_back({static_cast<uint8_t>(wire::WaitKind::STREAM_SYNCHRONIZE), 0x5, start, end, 0});
+    b.waits.push_back(block);
+    send(node_of(rank), b.bytes());
   }
 
   // A heartbeat of `rank`'s node reporting that process only.
@@ -695,6 +707,170 @@ TEST_F(DetectTest, RankThatWaitedForASlowPipelinePartnerIsNotBlamed) {
   EXPECT_EQ(stragglers[0]->comm, kComm);
   EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{5}) << "rank 1 arrived 8 ms late too, waiting for rank 5";
   EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001) << "its own extra compute, not its partner's wait";
+}
+
+TEST_F(DetectTest, AStageHeldByItsPartnersSlowStreamIsNotBlamed) {
+  // 8 processes: stage 0 = ranks 0-3 sends to stage 1 = ranks 4-7 (pipeline
+  // i is {i, i + 4}, its own communicator), whose hosts wait on their
+  // streams until the data is in (cudaStreamSynchronize after the Recv),
+  // compute 10 ms on it and enter a collective over all 8 (kComm). From
+  // step 330 on, rank 1 is starved of CPU: its host computes twice as long,
+  // and its stream (NCCL's proxy thread, starved with it) moves the data 8
+  // ms after it issued the Send. Rank 5 waits those 8 ms for it and reaches
+  // the collective late from the pair's release (the Send's issue), as
+  // late as rank 1's stream was: only rank 1 is to blame.
+  start(8);
+  for (int32_t i = 0; i < 4; ++i) register_comm(kComm + 1 + i, {i, i + 4});
+  std::vector<uint64_t> ready(8, clock.now);
+  auto work = [&](int32_t r, uint64_t step, uint64_t ms) {
+    uint64_t c = ms * kMs + (r * 37 + step * 11) % 300 * 1000;
+    return r == 1 && step >= 330 ? 2 * c : c;
+  };
+  for (uint64_t step = 0; step < 550; ++step) {
+    std::vector<Call> list;
+    std::vector<std::pair<uint64_t, uint64_t>> waits(4);
+    for (int32_t r = 0; r < 8; ++r) ready[r] += work(r, step, 8);
+    for (int32_t i = 0; i < 4; ++i) {
+      uint64_t comm = kComm + 1 + i;
+      // Comm rank 0 (process i) sends to 1 on lane 3; comm rank 1 receives on lane 2.
+      list.push_back({i, step, ready[i], RS_OP_SEND, 1024, comm, 0, 3});
+      list.push_back({i + 4, step, ready[i + 4], RS_OP_RECV, 1024, comm, 1, 2});
+      uint64_t moved = std::max(ready[i], ready[i + 4]) + (i == 1 && step >= 330 ? 8 * kMs : 500'000);
+      waits[i] = {ready[i + 4] + 20'000, moved};
+      ready[i + 4] = moved;
+    }
+    for (int32_t r = 0; r < 8; ++r) {  // the collective over all ranks
+      ready[r] += work(r, step, 10);
+      list.push_back({r, step, ready[r]});
+    }
+    calls(list);
+    for (int32_t i = 0; i < 4; ++i) host_wait(i + 4, waits[i].first, waits[i].second);
+    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 100'000;
+    std::fill(ready.begin(), ready.end(), release);
+    if (step % 5 == 0) evaluate_at(release + options.settle_ns);
+  }
+  for (int i = 0; i < kTicks; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u) << summaries(stragglers);
+  EXPECT_EQ(stragglers[0]->comm, kComm);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1}) << "rank 5 waited for rank 1's data: not its own time";
+}
+
+TEST_F(DetectTest, AStageReleasedLateByItsPartnerIsNotOwedTheCallsItIssuesRightAfter) {
+  // Two pipelines of two stages, as fakenccl's pipeline: process 0 and 2
+  // are stage 0, 1 and 3 stage 1; {0, 2} and {1, 3} are data-parallel
+  // groups. Per step, stage 1 computes and sends to its stage 0, which
+  // waits on its stream for the data; then every rank computes, issues its
+  // group's AllReduce and at once one over all 4 (kComm), and waits for
+  // them. From step 150 on, rank 3 is starved of CPU: it computes 11-23 ms
+  // longer and its data moves 8-20 ms late. Rank 2 is then last at both
+  // AllReduces, every step, by as much as it waited for rank 3's data; at
+  // the one over all ranks, 0 and 1 issued before their own group's was
+  // released (they ran ahead) and 2 did not: only rank 3 is to blame.
+  start(4);
+  const uint64_t kStage0 = kComm + 1, kStage1 = kComm + 2;
+  register_comm(kStage0, {0, 2});
+  register_comm(kStage1, {1, 3});
+  std::vector<uint64_t> ready(4, clock.now);
+  auto jitter = [](int32_t r, uint64_t step) { return (r * 37 + step * 11) % 300 * 1000; };
+  for (uint64_t step = 0; step < 450; ++step) {
+    const bool starved = step >= 150;
+    std::vector<Call> list;
+    std::vector<std::pair<uint64_t, uint64_t>> waits(4);
+    for (int32_t first : {0, 2}) {
+      const int32_t second = first + 1;
+      ready[second] += 12 * kMs + jitter(second, step) + (second == 3 && starved ? (6 + 4 * (step % 3)) * kMs : 0);
+      list.push_back({second, step, ready[second], RS_OP_SEND, 1024, kComm, -1, 1 + 2 * static_cast<uint32_t>(first)});
+      list.push_back({first, step, ready[first], RS_OP_RECV, 1024, kComm, -1, 2 + 2 * static_cast<uint32_t>(second)});
+      const uint64_t moved =
+          std::max(ready[first], ready[second]) + (second == 3 && starved ? (8 + 4 * (step % 4)) * kMs : 500'000);
+      waits[first] = {ready[first] + 20'000, moved + 50'000};
+      ready[first] = moved + 50'000;
+    }
+    for (int32_t r = 0; r < 4; ++r) {
+      ready[r] += 10 * kMs + jitter(r, step) + (r == 3 && starved ? (5 + 2 * (step % 3)) * kMs : 0);
+      list.push_back({r, step, ready[r], RS_OP_ALLREDUCE, 1024, r % 2 ? kStage1 : kStage0, r / 2});
+      list.push_back({r, step, ready[r] + 30'000});
+    }
+    calls(list);
+    for (int32_t first : {0, 2}) host_wait(first, waits[first].first, waits[first].second);
+    const uint64_t done = *std::max_element(ready.begin(), ready.end()) + 30'000 + 500'000;
+    for (int32_t r = 0; r < 4; ++r) {
+      host_wait(r, ready[r] + 50'000, done + 50'000);
+      ready[r] = done + 50'000;
+    }
+    if (step % 5 == 0) evaluate_at(done + options.settle_ns);
+  }
+  for (int i = 0; i < kTicks; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_GE(stragglers.size(), 1u);
+  for (const Finding* f : stragglers) {
+    // Rank 3 is comm rank 1 of its group, world rank 3.
+    EXPECT_EQ(f->ranks, std::vector<int32_t>{f->comm == kStage1 ? 1 : 3}) << summaries(stragglers);
+    EXPECT_NE(f->comm, kStage0) << summaries(stragglers);
+  }
+}
+
+TEST_F(DetectTest, ARankHeldByItsOwnGpuWorkIsStillNamed) {
+  // 4 ranks, 40 ms steps: each host works 5 ms after the step's collective,
+  // then waits on its stream for its own GPU work (as loss.item() does)
+  // and issues the next collective. From step 150 on, rank 2's GPU takes 8
+  // ms longer: its wait ends late and it issues late. That wait began long
+  // after the collective's release, so it was for its own work, not the
+  // others' data: rank 2 is found on the host side.
+  start(4);
+  std::vector<uint64_t> ready(4, clock.now);
+  for (uint64_t step = 0; step < 300; ++step) {
+    std::vector<Call> list;
+    std::vector<std::pair<uint64_t, uint64_t>> waits(4);
+    for (int32_t r = 0; r < 4; ++r) {
+      uint64_t start = ready[r] + 5 * kMs;
+      uint64_t end = start + 30 * kMs + (r * 37 + step * 11) % 300 * 1000 + (r == 2 && step >= 150 ? 8 * kMs : 0);
+      waits[r] = {start, end};
+      ready[r] = end + 50'000;
+      list.push_back({r, step, ready[r]});
+    }
+    calls(list);
+    for (int32_t r = 0; r < 4; ++r) host_wait(r, waits[r].first, waits[r].second);
+    uint64_t release = *std::max_element(ready.begin(), ready.end()) + 100'000;
+    std::fill(ready.begin(), ready.end(), release);
+    if (step % 5 == 0) evaluate_at(release + options.settle_ns);
+  }
+  for (int i = 0; i < kTicks; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u) << summaries(stragglers);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{2});
+}
+
+TEST_F(DetectTest, ACpuStarvedRankWokenLateFromItsWaitIsStillNamed) {
+  // 4 ranks, ~30 ms steps: compute, the step's collective, then a wait on
+  // the stream until its data has moved (500 us after the last arrival).
+  // From step 150 on, rank 2 shares its core with busy neighbours: woken at
+  // the end of its wait, it waits 8 ms more for a CPU before it returns.
+  // Its own wait's end is no measure of when the data came (the others'
+  // waits ended 8 ms before): that delay is its own, and it is named.
+  start(4);
+  std::vector<uint64_t> ready(4, clock.now);
+  for (uint64_t step = 0; step < 300; ++step) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 4; ++r) {
+      ready[r] += 30 * kMs + (r * 37 + step * 11) % 300 * 1000;
+      list.push_back({r, step, ready[r]});
+    }
+    calls(list);
+    const uint64_t moved = *std::max_element(ready.begin(), ready.end()) + 500'000;
+    for (int32_t r = 0; r < 4; ++r) {
+      const uint64_t end = moved + (r == 2 && step >= 150 ? 8 * kMs : 50'000);
+      host_wait(r, ready[r] + 20'000, end);
+      ready[r] = end;
+    }
+    if (step % 5 == 0) evaluate_at(moved + options.settle_ns);
+  }
+  for (int i = 0; i < kTicks; ++i) evaluate_at(ready[0] + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u) << summaries(stragglers);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{2});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.008, 0.001) << "its own late waking, not less";
 }
 
 TEST_F(DetectTest, ABatchLostAndSentAgainDoesNotMakeItsRanksLate) {
