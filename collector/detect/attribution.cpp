@@ -73,12 +73,20 @@ double WaitAttribution::noise() const {
 }
 
 void WaitAttribution::centred_lags(size_t s, std::vector<double>& centred) const {
-  centred.assign(ranks_.size(), 0);
-  if (count_[s] == 0) return;
-  for (size_t r = 0; r < ranks_.size(); ++r) centred[r] = ranks_[r].lag[s] / count_[s];
-  scratch_ = centred;
-  const double middle = median(scratch_);
-  for (double& lag : centred) lag -= middle;
+  // Each rank's mean lag less the mean of the others': lags are counted
+  // only where a rank is behind, so they are skewed, and the median of the
+  // ranks would sit below their mean: every rank would seem behind it by
+  // chance. The others' mean, not the rank's own, so that a straggler does
+  // not hide behind itself. That difference varies by sqrt(n / (n - 1))
+  // times a rank's own spread: divided by it, one standard deviation is
+  // what noise() measures.
+  const size_t n = ranks_.size();
+  centred.assign(n, 0);
+  if (count_[s] == 0 || n < 2) return;
+  double sum = 0;
+  for (size_t r = 0; r < n; ++r) sum += centred[r] = ranks_[r].lag[s] / count_[s];
+  const double nd = static_cast<double>(n), spread = std::sqrt(nd / (nd - 1));
+  for (double& lag : centred) lag = (lag - (sum - lag) / (nd - 1)) / spread;
 }
 
 double WaitAttribution::lag_step(double centred_lag, double noise) const {
@@ -186,10 +194,13 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
   order_.resize(n);
   std::iota(order_.begin(), order_.end(), 0);
   std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) { return value[a] < value[b]; });
-  // Each rank's lag behind the median rank, for the chance test.
+  // Each rank's lag behind the median rank, for the chance test: only
+  // where it was behind. A rank ahead at most collectives (a core to itself
+  // where the others share theirs) and far behind at some (its CPU share
+  // spent) holds the job up at those; being early elsewhere buys nothing back.
   const double middle = n % 2 ? static_cast<double>(value[order_[n / 2]])
                               : (static_cast<double>(value[order_[n / 2 - 1]]) + static_cast<double>(value[order_[n / 2]])) / 2;
-  for (size_t r = 0; r < n; ++r) ranks_[r].lag[s] += static_cast<double>(value[r]) - middle;
+  for (size_t r = 0; r < n; ++r) ranks_[r].lag[s] += std::max(0.0, static_cast<double>(value[r]) - middle);
   // Between the arrivals at positions j-1 and j, j ranks wait, owed in
   // equal parts to the n - j ranks not there yet (`fair`, per waiting rank:
   // the job's time it cost); each of them kept the waiting ranks there for
@@ -256,9 +267,20 @@ std::vector<Standing> WaitAttribution::standings() const {
   const double lag_cap = kEvidenceCap * options_.lag_evidence_sd;
   std::vector<double> centred;
   double job_noise = 0;
+  // The bucket being filled counts in proportion to how full it is: its
+  // first few instances' mean varies more than a whole bucket's, and
+  // counted as one would make a chance peak look like evidence.
+  double fill = 0;
   if (current_ >= 0) {
     centred_lags(slot(current_), centred);
     job_noise = noise();
+    const size_t s = slot(current_);
+    size_t closed = 0, closed_count = 0;
+    for (size_t b = 0; b < buckets_; ++b)
+      if (b != s && count_[b] > 0) closed += 1, closed_count += count_[b];
+    const double expected = closed > 0 ? static_cast<double>(closed_count) / static_cast<double>(closed)
+                                       : static_cast<double>(per_bucket_);
+    fill = std::min(1.0, static_cast<double>(count_[s]) / expected);
   }
   std::vector<Standing> out(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -286,7 +308,7 @@ std::vector<Standing> WaitAttribution::standings() const {
       size_t s = slot(current_);
       double x = static_cast<double>(rank.owed[s]) - st.allowance * static_cast<double>(wall_[s]);
       st.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
-      st.lag_evidence = std::clamp(rank.lag_evidence + lag_step(centred[r], job_noise), 0.0, lag_cap);
+      st.lag_evidence = std::clamp(rank.lag_evidence + fill * lag_step(centred[r], job_noise), 0.0, lag_cap);
     }
     st.under = st.share <= st.allowance;
     st.over = st.learnt && instances >= options_.min_instances &&

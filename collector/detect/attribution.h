@@ -24,12 +24,14 @@
 //   - it is not chance: in a job whose step times vary by data (another
 //     sequence length per rank and step), some rank arrives last at every
 //     step, and one is owed a large share for a while by luck alone. Each
-//     rank's lag at an instance is its value less the median rank's; a
-//     bucket's mean lag, less the median rank's, is measured against the
+//     rank's lag at an instance is how far its value is behind the median
+//     rank's (0 where it is ahead: early arrivals buy nothing back); a
+//     bucket's mean lag, less the others' mean, is measured against the
 //     job's own noise: the spread of a rank's mean lag from one bucket to
 //     the next, pooled over the ranks and the window (robust: 1.4826 x the
 //     median absolute change, / sqrt 2). A CUSUM of that standardised lag
-//     less `lag_reference_sd` must reach `lag_evidence_sd` (one pause may
+//     less `lag_reference_sd` must reach `lag_evidence_sd`; the bucket
+//     being filled counts in proportion to how full it is (one pause may
 //     reach it in a quiet job: the rules above are what a pause never
 //     passes). A structurally late rank (the last pipeline stage) passes
 //     this test always, and is judged by the rules above.
@@ -107,7 +109,7 @@ class WaitAttribution {
     std::vector<uint64_t> owed;   // by bucket slot
     std::vector<uint32_t> held;   // by bucket slot
     std::vector<double> late;     // by bucket slot: its lateness at the instances it held up
-    std::vector<double> lag;      // by bucket slot: the sum of its lags behind the median rank
+    std::vector<double> lag;      // by bucket slot: the sum of its lags behind the median rank (0 where ahead)
     double carry = 0;             // its lateness in arrival (fair share of the stretch) at its last instance
     std::vector<double> change;   // by bucket slot: its mean lag's change from the bucket before (< 0: none)
     double last_lag = 0;          // its mean lag in the last closed bucket
@@ -134,7 +136,8 @@ class WaitAttribution {
   void rank_arrivals(const std::vector<uint64_t>& arrival);
   double fair_until(const std::vector<uint64_t>& arrival, uint64_t t) const;
   // The chance test: the job's noise over the window (0: not yet known),
-  // and each rank's mean lag in slot s less the median rank's (`centred`).
+  // and each rank's mean lag in slot s less the others' mean, in units of
+  // that noise's standard deviation once divided by it (`centred`).
   double noise() const;
   void centred_lags(size_t s, std::vector<double>& centred) const;
   double lag_step(double centred_lag, double noise) const;
