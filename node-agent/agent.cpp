@@ -230,6 +230,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {
       for (const auto& library : discovery.scan(*scope)) attach_library(bpf, discovery, library, options);
+      bpf.consume();  // exit events of processes about to be found gone
       for (uint32_t pid : summariser.forget_exited()) rings.detach(pid, gpu);
       last_scan = t;
     }

@@ -447,8 +447,12 @@ std::vector<uint32_t> Summariser::forget_exited() {
       auto sample = read_sample(proc_root_, it->first);
       gone = !sample || sample->state == 'Z' || sample->state == 'X';
     }
-    // Keep an exited process until its records went out.
-    if (gone && it->second.sent) {
+    // Keep an exited process until its records went out, and for one more
+    // call until its exit event (how it ended: a signal, a status) is read.
+    if (gone && it->second.sent && !exit_codes_.count(it->first) && !it->second.seen_gone) {
+      it->second.seen_gone = true;
+      ++it;
+    } else if (gone && it->second.sent) {
       uint32_t pid = it->first;
       for (auto c = comms_.begin(); c != comms_.end();) c = (c->first.first == pid) ? comms_.erase(c) : std::next(c);
       exited_.push_back(pid);

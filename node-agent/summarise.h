@@ -55,7 +55,9 @@ class Summariser {
   // (proto/limits.h); the rest stays for the next (empty() says whether any).
   void fill(wire::Batch::Builder batch, const DropCounts& drops);
   // Frees entries of processes that exited (pid gone or reused); each is
-  // reported once more by health() as not alive. Returns their pids.
+  // reported once more by health() as not alive, with how it ended. One
+  // seen gone before its exit event was read (the event may still be in
+  // the ring buffer) is kept until the next call. Returns their pids.
   std::vector<uint32_t> forget_exited();
   // Processes that may have a profiler plugin's ring now, since the last
   // call: (pid, start time) of each newly traced one and of each that made
@@ -85,6 +87,7 @@ class Summariser {
     ProcessIdentity identity;
     bool sent = false;
     bool ring_wanted = true;  // look for its profiler ring (take_ring_candidates)
+    bool seen_gone = false;   // gone at the last forget_exited(), its exit event not yet read
   };
   using CommKey = std::pair<uint32_t, uint64_t>;                 // pid, ncclComm_t
   // pid, comm hash, rank (one process holds every rank after ncclCommInitAll), lane

@@ -109,5 +109,38 @@ TEST(Summarise, EveryMemberOfASplitIsAnnouncedWithTheSplitsIndexColorAndKey) {
   EXPECT_EQ(with.getNranks(), -1) << "no one member knows the child's size";
 }
 
+// A killed rank's process is found gone by /proc (the agent's scan) before
+// its exit event is read from the ring buffer: the event is still there.
+// How it ended must reach the collector all the same ("killed by signal 9"
+// in the hang), so it is kept one scan longer for it.
+TEST(Summarise, AProcessFoundGoneBeforeItsExitEventIsReadIsReportedWithHowItEnded) {
+  testing::TempDir proc;  // an empty /proc: every process is gone
+  Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  const uint32_t pid = 100;
+  summariser.on_event(init_event(pid, RS_OP_COMM_INIT_RANK, 0x10, 0, 0, 1'000));
+  announced(summariser);  // its records went out
+  EXPECT_TRUE(summariser.forget_exited().empty()) << "forgotten before its exit event could be read";
+  rs_exit_event exit{};
+  exit.hdr.pid = exit.hdr.tid = pid;
+  exit.hdr.kind = RS_EV_EXIT;
+  exit.exit_code = 9;  // SIGKILL
+  summariser.on_event(exit);
+  EXPECT_EQ(summariser.forget_exited(), std::vector<uint32_t>{pid});
+  capnp::MallocMessageBuilder message;
+  auto heartbeat = message.initRoot<wire::AgentMessage>().initHeartbeat();
+  summariser.health(heartbeat, 2'000);
+  ASSERT_EQ(heartbeat.getProcesses().size(), 1u);
+  EXPECT_FALSE(heartbeat.getProcesses()[0].getAlive());
+  EXPECT_EQ(heartbeat.getProcesses()[0].getExitSignal(), 9);
+
+  // One whose exit event never comes (it exited before it was traced, or
+  // the ring buffer was full) is forgotten at the scan after.
+  summariser.on_event(init_event(pid + 1, RS_OP_COMM_INIT_RANK, 0x11, 0, 0, 3'000));
+  announced(summariser);
+  EXPECT_TRUE(summariser.forget_exited().empty());
+  EXPECT_EQ(summariser.forget_exited(), std::vector<uint32_t>{pid + 1});
+  EXPECT_EQ(summariser.traced_processes(), 0u);
+}
+
 }  // namespace
 }  // namespace rankscope::agent
