@@ -17,11 +17,20 @@ constexpr double kEvidenceCap = 4;
 constexpr uint64_t kMaxIntervalNs = 30'000'000'000ull;
 }  // namespace
 
+size_t WaitAttribution::noise_memory(int32_t nranks) {
+  // The changes of n ranks' centred lags in one bucket sum to about 0: n - 1
+  // of them tell something. At least kNoiseChanges of those in all, and
+  // kNoiseBuckets of each rank.
+  const size_t others = nranks > 1 ? static_cast<size_t>(nranks) - 1 : 1;
+  return std::max(kNoiseBuckets, (kNoiseChanges + others - 1) / others);
+}
+
 WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
     : nranks_(nranks),
       options_(options),
       bucket_ns_(std::max<uint64_t>(1, options.window_ns / 5)),
-      per_bucket_(std::max<size_t>(1, (options.min_instances + buckets_ - 2) / (buckets_ - 1))) {
+      per_bucket_(std::max<size_t>(1, (options.min_instances + buckets_ - 2) / (buckets_ - 1))),
+      noise_memory_(noise_memory(nranks)) {
   wall_.assign(buckets_, 0);
   count_.assign(buckets_, 0);
   ranks_.resize(static_cast<size_t>(std::max(0, nranks)));
@@ -30,7 +39,7 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
     r.held.assign(buckets_, 0);
     r.late.assign(buckets_, 0);
     r.lag.assign(buckets_, 0);
-    r.change.assign(buckets_, -1);
+    r.changes.reserve(noise_memory_);
   }
 }
 
@@ -60,12 +69,15 @@ double WaitAttribution::typical(const std::vector<double>& shares, const std::ve
 }
 
 double WaitAttribution::noise() const {
-  // Changes of each rank's mean lag from one bucket to the next, over the
-  // window: under no fault, a difference of two means of the same noise.
+  // Changes of each rank's centred lag from one bucket to the next, the
+  // last noise_memory_ of each: under no fault, a difference of two values
+  // of the same noise. The centred lag itself, not the rank's raw mean:
+  // that is what is tested, and a rank never behind the median (its raw
+  // mean always 0) would otherwise drag the estimate down. Over many
+  // changes: a median of a few is now and then far too small, and every
+  // step it scales is then taken for evidence.
   scratch_.clear();
-  for (const Rank& rank : ranks_)
-    for (size_t b = 0; b < buckets_; ++b)
-      if (rank.change[b] >= 0) scratch_.push_back(rank.change[b]);
+  for (const Rank& rank : ranks_) scratch_.insert(scratch_.end(), rank.changes.begin(), rank.changes.end());
   if (scratch_.size() < 3) return 0;
   // Noise of exactly equal values (a replayed or synthetic job): a
   // microsecond, far under any lateness that counts.
@@ -76,17 +88,15 @@ void WaitAttribution::centred_lags(size_t s, std::vector<double>& centred) const
   // Each rank's mean lag less the mean of the others': lags are counted
   // only where a rank is behind, so they are skewed, and the median of the
   // ranks would sit below their mean: every rank would seem behind it by
-  // chance. The others' mean, not the rank's own, so that a straggler does
-  // not hide behind itself. That difference varies by sqrt(n / (n - 1))
-  // times a rank's own spread: divided by it, one standard deviation is
-  // what noise() measures.
+  // chance. The others' mean, not one that includes the rank, behind which
+  // a straggler would hide.
   const size_t n = ranks_.size();
   centred.assign(n, 0);
   if (count_[s] == 0 || n < 2) return;
   double sum = 0;
   for (size_t r = 0; r < n; ++r) sum += centred[r] = ranks_[r].lag[s] / count_[s];
-  const double nd = static_cast<double>(n), spread = std::sqrt(nd / (nd - 1));
-  for (double& lag : centred) lag = (lag - (sum - lag) / (nd - 1)) / spread;
+  const double others = static_cast<double>(n - 1);
+  for (double& lag : centred) lag -= (sum - lag) / others;
 }
 
 double WaitAttribution::lag_step(double centred_lag, double noise) const {
@@ -115,14 +125,18 @@ void WaitAttribution::close_bucket() {
   std::sort(sorted.begin(), sorted.end());
   const double cap = kEvidenceCap * static_cast<double>(options_.evidence_ns);
   const double lag_cap = kEvidenceCap * options_.lag_evidence_sd;
-  // Each rank's mean lag in this bucket, and its change from the last.
+  // Each rank's centred lag in this bucket, and its change from the last.
   std::vector<double> centred;
   centred_lags(s, centred);
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
-    const double mean = count_[s] > 0 ? rank.lag[s] / count_[s] : 0;
-    rank.change[s] = rank.has_last ? std::abs(mean - rank.last_lag) : -1;
-    rank.last_lag = mean;
+    if (rank.has_last) {
+      const double change = std::abs(centred[r] - rank.last_lag);
+      if (rank.changes.size() < noise_memory_) rank.changes.push_back(change);
+      else rank.changes[rank.next_change] = change;
+      rank.next_change = (rank.next_change + 1) % noise_memory_;
+    }
+    rank.last_lag = centred[r];
     rank.has_last = true;
   }
   const double job_noise = noise();
@@ -182,7 +196,7 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
     const size_t next = slot(current_);
     wall_[next] = 0;
     count_[next] = 0;
-    for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0, r.lag[next] = 0, r.change[next] = -1;
+    for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0, r.lag[next] = 0;
     bucket_start_ = completion_ns;
   }
   const size_t s = slot(current_);

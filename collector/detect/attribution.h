@@ -27,10 +27,11 @@
 //     rank's lag at an instance is how far its value is behind the median
 //     rank's (0 where it is ahead: early arrivals buy nothing back); a
 //     bucket's mean lag, less the others' mean, is measured against the
-//     job's own noise: the spread of a rank's mean lag from one bucket to
-//     the next, pooled over the ranks and the window (robust: 1.4826 x the
-//     median absolute change, / sqrt 2). A CUSUM of that standardised lag
-//     less `lag_reference_sd` must reach `lag_evidence_sd`; the bucket
+//     job's own noise: the spread of that centred lag from one bucket to
+//     the next, pooled over the ranks and their last changes (robust:
+//     1.4826 x the median absolute change, / sqrt 2). A CUSUM of that
+//     standardised lag less `lag_reference_sd` must reach
+//     `lag_evidence_sd`; the bucket
 //     being filled counts in proportion to how full it is (one pause may
 //     reach it in a quiet job: the rules above are what a pause never
 //     passes). A structurally late rank (the last pipeline stage) passes
@@ -111,8 +112,9 @@ class WaitAttribution {
     std::vector<double> late;     // by bucket slot: its lateness at the instances it held up
     std::vector<double> lag;      // by bucket slot: the sum of its lags behind the median rank (0 where ahead)
     double carry = 0;             // its lateness in arrival (fair share of the stretch) at its last instance
-    std::vector<double> change;   // by bucket slot: its mean lag's change from the bucket before (< 0: none)
-    double last_lag = 0;          // its mean lag in the last closed bucket
+    std::vector<double> changes;  // its centred lag's changes from one bucket to the next, the last noise_memory_
+    size_t next_change = 0;       // where the next change goes once `changes` is full
+    double last_lag = 0;          // its centred lag in the last closed bucket
     bool has_last = false;
     double evidence_ns = 0;
     double lag_evidence = 0;
@@ -135,9 +137,12 @@ class WaitAttribution {
   // arrival (fair_at_); and the lateness a rank not there by t has at t.
   void rank_arrivals(const std::vector<uint64_t>& arrival);
   double fair_until(const std::vector<uint64_t>& arrival, uint64_t t) const;
-  // The chance test: the job's noise over the window (0: not yet known),
-  // and each rank's mean lag in slot s less the others' mean, in units of
-  // that noise's standard deviation once divided by it (`centred`).
+  // The chance test: the job's noise over the last changes of each rank's
+  // centred lag (0: not yet known), and each rank's mean lag in slot s less
+  // the others' mean (`centred`).
+  static constexpr size_t kNoiseBuckets = 20;
+  static constexpr size_t kNoiseChanges = 400;
+  static size_t noise_memory(int32_t nranks);
   double noise() const;
   void centred_lags(size_t s, std::vector<double>& centred) const;
   double lag_step(double centred_lag, double noise) const;
@@ -149,6 +154,7 @@ class WaitAttribution {
   size_t buckets_ = 5;
   uint64_t bucket_ns_;                 // a bucket lasts at least this long ...
   size_t per_bucket_;                  // ... and holds at least this many instances
+  size_t noise_memory_;                // changes kept per rank: kNoiseBuckets, or kNoiseChanges / (n - 1)
   int64_t current_ = -1;               // the bucket being filled (counted from 0)
   uint64_t bucket_start_ = 0;          // the completion that opened it
   std::vector<uint64_t> wall_;         // by slot
@@ -158,7 +164,7 @@ class WaitAttribution {
   std::vector<int32_t> order_;         // scratch: ranks by value
   std::vector<int32_t> by_arrival_;    // scratch: ranks by arrival
   std::vector<double> fair_at_;        // scratch: lateness in arrival by position
-  mutable std::vector<double> scratch_;  // noise(), centred_lags()
+  mutable std::vector<double> scratch_;  // noise()
 };
 
 }  // namespace rankscope::collector
