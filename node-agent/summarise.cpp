@@ -442,15 +442,19 @@ std::vector<uint32_t> Summariser::forget_exited() {
   std::vector<uint32_t> forgotten;
   for (auto it = processes_.begin(); it != processes_.end();) {
     auto start = read_start_time(proc_root_, it->first);
-    bool gone = !start || (it->second.identity.start_time != 0 && *start != it->second.identity.start_time);
+    // Its pid reused: its exit event, written before it was reaped, was read
+    // with the ring buffer before this scan; the new process's are not its.
+    const bool reused = start && it->second.identity.start_time != 0 && *start != it->second.identity.start_time;
+    bool gone = !start || reused;
     if (!gone) {  // a zombie has exited too: only its parent has not reaped it yet
       auto sample = read_sample(proc_root_, it->first);
       gone = !sample || sample->state == 'Z' || sample->state == 'X';
     }
     // Keep an exited process until its records went out, and for one more
     // call until its exit event (how it ended: a signal, a status) is read.
-    if (gone && it->second.sent && !exit_codes_.count(it->first) && !it->second.seen_gone) {
-      it->second.seen_gone = true;
+    const bool await_exit = gone && !reused && !exit_codes_.count(it->first) && !it->second.seen_gone;
+    it->second.seen_gone = gone;
+    if (gone && it->second.sent && await_exit) {
       ++it;
     } else if (gone && it->second.sent) {
       uint32_t pid = it->first;
@@ -494,9 +498,14 @@ void set_host(wire::HostCounters::Builder out, const rs_host_stats& h) {
 }  // namespace
 
 void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, const HostLookup& host) {
-  auto list = heartbeat.initProcesses(static_cast<unsigned>(processes_.size() + exited_.size()));
+  // One found gone and kept for its exit event is reported once, with it,
+  // when forget_exited() lets it go (not as "exited" and how a moment later).
+  size_t kept = 0;
+  for (const auto& [pid, entry] : processes_) kept += entry.seen_gone ? 1 : 0;
+  auto list = heartbeat.initProcesses(static_cast<unsigned>(processes_.size() - kept + exited_.size()));
   unsigned i = 0;
   for (const auto& [pid, entry] : processes_) {
+    if (entry.seen_gone) continue;
     auto out = list[i++];
     out.setPid(pid);
     out.setSampleNs(now_ns);

@@ -87,7 +87,7 @@ class Summariser {
     ProcessIdentity identity;
     bool sent = false;
     bool ring_wanted = true;  // look for its profiler ring (take_ring_candidates)
-    bool seen_gone = false;   // gone at the last forget_exited(), its exit event not yet read
+    bool seen_gone = false;   // found gone at the last forget_exited()
   };
   using CommKey = std::pair<uint32_t, uint64_t>;                 // pid, ncclComm_t
   // pid, comm hash, rank (one process holds every rank after ncclCommInitAll), lane

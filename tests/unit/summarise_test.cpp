@@ -120,6 +120,12 @@ TEST(Summarise, AProcessFoundGoneBeforeItsExitEventIsReadIsReportedWithHowItEnde
   summariser.on_event(init_event(pid, RS_OP_COMM_INIT_RANK, 0x10, 0, 0, 1'000));
   announced(summariser);  // its records went out
   EXPECT_TRUE(summariser.forget_exited().empty()) << "forgotten before its exit event could be read";
+  {
+    capnp::MallocMessageBuilder message;
+    auto heartbeat = message.initRoot<wire::AgentMessage>().initHeartbeat();
+    summariser.health(heartbeat, 1'500);
+    EXPECT_EQ(heartbeat.getProcesses().size(), 0u) << "reported once, with how it ended, not as 'exited' first";
+  }
   rs_exit_event exit{};
   exit.hdr.pid = exit.hdr.tid = pid;
   exit.hdr.kind = RS_EV_EXIT;
