@@ -14,7 +14,8 @@
 # RS_PATTERN_JOBS x RS_PATTERN_NODES x 8 ranks per slowdown run (default
 # 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of
 # RS_HEALTHY_JOBS healthy 8-rank jobs per pattern (default 120 s, 12 jobs;
-# RS_HEALTHY_S=0: none).
+# RS_HEALTHY_S=0: none). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
+# instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
 # RS_KEEP_DIR=DIR keeps each run's findings and scores there.
 # RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
 # runs that collector binary instead of BUILD_DIR's (a baseline build: the
@@ -134,12 +135,13 @@ if [ "$mode" = "--patterns" ]; then
   pnodes=${RS_PATTERN_NODES:-4}
   healthy_s=${RS_HEALTHY_S:-120}
   healthy_jobs=${RS_HEALTHY_JOBS:-12}
+  slowdown_shape=${RS_SLOWDOWN_SHAPE:-even}
   echo "## Straggler accuracy per training pattern ($(date -u +%F), $(nproc) cores, kernel $(uname -r))"
   echo
   echo "Command: \`scripts/bench-sim.sh $build --patterns\` (RS_PATTERNS='$patterns', $pjobs jobs x $pnodes nodes x 8 ranks"
   echo "per slowdown run, 40 s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); $healthy_jobs healthy jobs of 8 ranks"
   echo "for ${healthy_s} s, 100 ms steps standing for 1 s (fsdp: 500 ms; accum: 100 ms optimizer steps); seeds 21, 22)."
-  echo "Slowdown runs: $((pjobs * pnodes * 8)) ranks."
+  echo "Slowdown runs: $((pjobs * pnodes * 8)) ranks, slowed $slowdown_shape (RS_SLOWDOWN_SHAPE; rankscope-sim --slowdown-shape)."
   echo
   echo "| pattern | 1.05-1.1x found | 1.1-1.5x found | 1.5-5x found | latency p50 / p90 (s), all | straggler precision | healthy job-hours | false alarms |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -152,7 +154,7 @@ if [ "$mode" = "--patterns" ]; then
       set -- $range
       accuracy "$pattern-$1" "$scores" -- --pattern "$pattern" --scenario slowdown --seed 21 --jobs "$pjobs" \
         --nodes-per-job "$pnodes" --pp 2 --step-ms "$slow_step" --duration-s 40 --fault-after-s 10 --fault-window-s 5 \
-        --culprits 1 --min-factor "$1" --max-factor "$2" --prefix "p$1"
+        --culprits 1 --min-factor "$1" --max-factor "$2" --slowdown-shape "$slowdown_shape" --prefix "p$1"
     done
     healthy_scores="$work/scores-pattern-$pattern-healthy.jsonl"
     step=100

@@ -2,6 +2,7 @@
 // collector: each pattern's calls and host waits per step, as its name says.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,8 +23,8 @@ struct Made {
   size_t ranks = 0;
 };
 
-// One healthy job of `nodes` nodes x 2 ranks, 5 simulated seconds of 100 ms steps.
-Made run(const std::string& pattern, int nodes = 2) {
+// One job of `pattern` on `nodes` nodes x 2 ranks, 100 ms steps, no GC-like pauses.
+FleetConfig small_job(const std::string& pattern, int nodes) {
   FleetConfig config;
   config.pattern = pattern;
   config.jobs = 1;
@@ -33,7 +34,12 @@ Made run(const std::string& pattern, int nodes = 2) {
   config.gc_rate = 0;
   std::string why;
   EXPECT_TRUE(apply_pattern(config, &why)) << why;
-  Fleet fleet(config);
+  return config;
+}
+
+// One healthy job of `nodes` nodes x 2 ranks, 5 simulated seconds.
+Made run(const std::string& pattern, int nodes = 2) {
+  Fleet fleet(small_job(pattern, nodes));
   std::vector<std::vector<SimEvent>> out;
   fleet.advance(5 * kSecond, out);
   Made made;
@@ -87,6 +93,40 @@ TEST(SimPatterns, AnUnknownPatternOrAnImpossibleFleetIsRefusedWithWhy) {
   config.nodes_per_job = 2;  // two stages, one replica: no data-parallel AllReduce
   EXPECT_FALSE(apply_pattern(config, &why));
   EXPECT_NE(why.find("two replicas"), std::string::npos) << why;
+}
+
+// A rank slowed 1.5x, evenly or by stalls (--slowdown-shape): the job
+// loses about the same time either way; evenly, the rank is late at every
+// collective; by stalls, on time at most and at least --stall-ms late at some.
+TEST(SimSlowdowns, StallsCostWhatEvenSlowingDoesButComeAtFewCollectives) {
+  struct Shape {
+    uint64_t steps = 0;
+    std::vector<int64_t> late;  // the culprit's lateness at each collective while slowed
+  };
+  auto run = [](const std::string& shape) {
+    FleetConfig config = small_job("ddp", 2);
+    config.scenario = "slowdown";
+    config.factor = 1.5;
+    config.fault_after_s = 1;
+    config.fault_window_s = 0;
+    config.slowdown_shape = shape;
+    Fleet fleet(config);
+    std::vector<std::vector<SimEvent>> out;
+    fleet.advance(20 * kSecond, out);
+    Shape s;
+    s.steps = fleet.steps()[0];
+    for (const auto& [key, late] : fleet.lateness()) s.late.insert(s.late.end(), late.begin(), late.end());
+    std::sort(s.late.begin(), s.late.end());
+    return s;
+  };
+  Shape even = run("even"), stalls = run("stalls");
+  ASSERT_GT(even.late.size(), 100u);
+  ASSERT_GT(stalls.late.size(), 100u);
+  EXPECT_NEAR(static_cast<double>(stalls.steps), static_cast<double>(even.steps), 0.1 * static_cast<double>(even.steps));
+  const int64_t ms = 1'000'000;
+  EXPECT_GT(even.late[even.late.size() / 2], 20 * ms) << "evenly: late at most collectives";
+  EXPECT_LT(stalls.late[stalls.late.size() / 2], 5 * ms) << "by stalls: on time at most collectives";
+  EXPECT_GE(stalls.late.back(), 100 * ms) << "... and a stall of at least --stall-ms at some";
 }
 
 }  // namespace

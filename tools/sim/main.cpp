@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
     ("min-factor", po::value(&fleet.min_factor)->default_value(fleet.min_factor), "")
     ("max-factor", po::value(&fleet.max_factor)->default_value(fleet.max_factor), "")
     ("culprits", po::value(&fleet.culprits_per_job)->default_value(fleet.culprits_per_job), "slowed ranks (nodes) per job")
+    ("slowdown-shape", po::value(&fleet.slowdown_shape)->default_value(fleet.slowdown_shape),
+     "even (every compute segment factor x longer) | stalls (full speed, then a stop once the extra time owed reaches --stall-ms: a CPU quota, CPU hogs)")
+    ("stall-ms", po::value(&fleet.stall_ms)->default_value(fleet.stall_ms), "slowdown-shape stalls: the least stall")
     ("ranks", po::value(&flood.ranks)->default_value(flood.ranks), "flood: ranks of the job")
     ("steps", po::value(&flood.steps)->default_value(flood.steps), "flood: steps of the job")
     ("steps-per-batch", po::value(&flood.steps_per_batch)->default_value(flood.steps_per_batch), "flood: steps in one batch of a node")
@@ -127,6 +130,9 @@ int main(int argc, char** argv) {
                                                     "hang-kill", "mismatch", "agent-death",   "mixed"};
     if (!scenarios.count(fleet.scenario)) return fail("unknown --scenario " + fleet.scenario);
     if (fleet.step_ms <= 0 || run.duration_s <= 0) return fail("--step-ms and --duration-s must be positive");
+    if (fleet.slowdown_shape != "even" && fleet.slowdown_shape != "stalls")
+      return fail("unknown --slowdown-shape " + fleet.slowdown_shape + " (even | stalls)");
+    if (!(fleet.stall_ms > 0)) return fail("--stall-ms must be positive");
     return run_fleet(fleet, run);
   }
   if (command == "score") {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <utility>
 
 #include "bpf/nccl_events.h"
 #include "common/stats.h"
@@ -287,7 +288,14 @@ void Fleet::compute(int j, int r, double base_ns) {
   double sigma = config_.jitter_sigma;
   double jitter = std::exp(std::normal_distribution<double>(-sigma * sigma / 2, sigma)(rng));
   double stage = rd.stage == config_.pp - 1 && config_.pp > 1 ? config_.last_stage_factor : 1.0;
-  double ns = base_ns * stage * jitter * slowdown(j, r, run.t[r]);
+  double ns = base_ns * stage * jitter;
+  if (double slow = slowdown(j, r, run.t[r]); slow > 1 && config_.slowdown_shape == "stalls") {
+    RankState& st = state_[j][r];
+    st.stall_owed_ns += ns * (slow - 1);
+    if (st.stall_owed_ns >= config_.stall_ms * 1e6) ns += std::exchange(st.stall_owed_ns, 0.0);
+  } else {
+    ns *= slow;
+  }
   if (std::uniform_real_distribution<double>(0, 1)(rng) < config_.gc_rate / segments_)
     ns += std::uniform_real_distribution<double>(config_.gc_min_ms, config_.gc_max_ms)(rng) * 1e6;
   run.t[r] += static_cast<int64_t>(ns);

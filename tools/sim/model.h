@@ -77,6 +77,13 @@ struct FleetConfig {
   double min_factor = 1.02, max_factor = 5;
   int culprits_per_job = 1;        // slowdowns: slowed ranks (or nodes) per job
   double fault_duration_s = 0;     // slowdowns end after this; 0: until the run ends
+  // How a slowed rank's extra time comes: "even", every compute segment
+  // takes `factor` times longer (a slower CPU); "stalls", it computes at
+  // full speed and, once the extra time it owes reaches `stall_ms`, stops
+  // for all of it (a cgroup CPU quota spent for its period, CPU hogs with
+  // more weight taking their turn): on time at most steps, far behind at some.
+  std::string slowdown_shape = "even";
+  double stall_ms = 100;
 };
 
 // Sets the knobs `config.pattern` fixes ("" leaves them as given); false
@@ -148,6 +155,7 @@ struct RankState {
   bool stopped = false, killed = false;
   int64_t since_ns = 0;        // stopped/killed/blocked since
   int64_t blocked_at = kNever; // in a host wait that will not end, since
+  double stall_owed_ns = 0;    // slowdown_shape "stalls": extra time owed, not yet stalled for
 };
 
 class Fleet {
