@@ -101,7 +101,12 @@ void WaitAttribution::centred_lags(size_t s, std::vector<double>& centred) const
 
 double WaitAttribution::lag_step(double centred_lag, double noise) const {
   if (noise <= 0) return 0;
-  return centred_lag / noise - options_.lag_reference_sd;
+  // One bucket gives at most a quarter of the evidence needed (a Huber
+  // clip of the standardised lag): persistence is what the test is for,
+  // and one pause of a node (hundreds of milliseconds in one collective of
+  // a quiet job) would otherwise pass it in one step.
+  const double clip = options_.lag_evidence_sd / 4;
+  return std::clamp(centred_lag / noise, -clip, clip) - options_.lag_reference_sd;
 }
 
 void WaitAttribution::learn(const std::vector<double>& share) {

@@ -30,11 +30,10 @@
 //     job's own noise: the spread of that centred lag from one bucket to
 //     the next, pooled over the ranks and their last changes (robust:
 //     1.4826 x the median absolute change, / sqrt 2). A CUSUM of that
-//     standardised lag less `lag_reference_sd` must reach
-//     `lag_evidence_sd`; the bucket
-//     being filled counts in proportion to how full it is (one pause may
-//     reach it in a quiet job: the rules above are what a pause never
-//     passes). A structurally late rank (the last pipeline stage) passes
+//     standardised lag, clipped to a quarter of `lag_evidence_sd` (one
+//     bucket, one pause, is not persistence), less `lag_reference_sd`
+//     must reach `lag_evidence_sd`; the bucket being filled counts in
+//     proportion to how full it is. A structurally late rank (the last pipeline stage) passes
 //     this test always, and is judged by the rules above.
 // Methods and defaults: docs/detection.md, Straggler.
 #include <cstddef>

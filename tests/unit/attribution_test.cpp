@@ -143,7 +143,9 @@ TEST(WaitAttribution, AStallEveryThirdStepIsFoundWhereAMedianSeesNothing) {
     if (st[6].over) found_after = i;
   }
   ASSERT_GE(found_after, 0) << "never found";
-  EXPECT_LT(found_after, 30) << "found at step " << found_after;
+  // About 4 s: the chance test takes at least 4 buckets of 1 s (one bucket
+  // gives at most a quarter of its evidence).
+  EXPECT_LT(found_after, 50) << "found at step " << found_after;
   for (int i = found_after + 1; i < found_after + 61; ++i) step(true, i);  // a whole window of it
   auto st = waits.standings()[6];
   EXPECT_NEAR(st.lateness_ns, 85.0 * kMs, 1.0 * kMs);
@@ -205,6 +207,25 @@ TEST(WaitAttribution, TheChanceTestOfATwoRankCommunicatorHoldsUnderNoFault) {
     for (const Standing& s : waits.standings()) highest = std::max(highest, s.lag_evidence);
   }
   EXPECT_LT(highest, options.lag_evidence_sd) << "chance alone passed the chance test";
+}
+
+TEST(WaitAttribution, OnePauseOfANodeInAQuietJobIsNotAStraggler) {
+  // Three ranks, 50 ms steps, 1 ms of jitter: rank 1 is 360 ms late once
+  // (its node paused; a rankscope-sim healthy job had this). Its share and
+  // evidence pass for a while; by chance alone its lag would be thousands
+  // of standard deviations: it is one bucket, not a persistent lateness.
+  AttributionOptions options;
+  WaitAttribution waits(3, options);
+  std::mt19937 rng(4);
+  std::uniform_int_distribution<int64_t> jitter(0, 1'000'000);
+  uint64_t t = kStart;
+  for (int i = 0; i < 1200; ++i) {
+    std::vector<int64_t> late = {jitter(rng), jitter(rng), jitter(rng)};
+    if (i == 600) late[1] += 360 * static_cast<int64_t>(kMs);
+    instance(waits, t, late);
+    t += static_cast<uint64_t>(*std::max_element(late.begin(), late.end())) + 50 * kMs;
+    for (const Standing& s : waits.standings()) ASSERT_FALSE(s.over) << "at step " << i << ": share " << s.share;
+  }
 }
 
 TEST(WaitAttribution, EveryRankOfAJitteryJobIsOwedAboutTheSameAndNoneIsOutsized) {
