@@ -90,6 +90,7 @@ struct Event {
   bool stop_writes = true;
   uint8_t op = 0;
   uint8_t channel = 0;
+  uint8_t direction = 0;  // proxy events: kProxySend or 0
   int32_t peer = -1;
   uint64_t seq_number = 0;
 };
@@ -107,6 +108,7 @@ struct Comm {
     Event* e = &events[id & (kEventsPerComm - 1)];
     e->comm = this;
     e->id = id;
+    e->direction = 0;
     return e;
   }
   // Proxy events on while the agent asks for them (detail on demand).
@@ -133,7 +135,7 @@ void fill(Record& r, const Event& e, RecordKind kind) {
   r.kind = kind;
   r.op = e.op;
   r.channel = e.channel;
-  r.state = 0;
+  r.state = e.direction;
 }
 
 abi::Result init(void** context, uint64_t comm_hash, int* mask, int rank) {
@@ -212,11 +214,11 @@ abi::Result start(void* context, void** handle, const Descr& d) {
       e->seq_number = parent ? parent->seq_number : 0;
       e->peer = d.proxy_op->peer;
       e->channel = d.proxy_op->channel_id;
+      e->direction = d.proxy_op->is_send ? kProxySend : 0;
       e->stop_kind = RecordKind::proxy_op_stop;
       e->stop_writes = true;
       fill(r, *e, RecordKind::proxy_op_start);
       r.bytes = static_cast<uint64_t>(d.proxy_op->n_steps) * static_cast<uint64_t>(d.proxy_op->chunk_size);
-      if (parent) r.event = parent->id;
       break;
     }
     case abi::kProxyStep: {
@@ -226,11 +228,11 @@ abi::Result start(void* context, void** handle, const Descr& d) {
       e->seq_number = parent->seq_number;
       e->peer = parent->peer;
       e->channel = parent->channel;
-      e->stop_writes = false;
+      e->direction = parent->direction;
+      e->stop_kind = RecordKind::proxy_step_stop;
+      e->stop_writes = true;
       fill(r, *e, RecordKind::proxy_step);
-      r.bytes = 0;
-      r.event = parent->id;
-      r.state = 0;
+      r.bytes = static_cast<uint64_t>(d.step);
       break;
     }
     default:
@@ -261,7 +263,7 @@ abi::Result record_state(void* handle, int state, abi::StateArgs* args) {
   } else if (state >= abi::kProxyStepSendGpuWait && state <= abi::kProxyStepRecvGpuWait) {
     Record r;
     fill(r, *e, RecordKind::proxy_step);
-    r.state = static_cast<uint8_t>(state);
+    r.state = static_cast<uint8_t>(e->direction | (state & kProxyStateMask));
     r.bytes = args ? args->proxy_step.trans_size : 0;
     process.write(r);
   }

@@ -45,10 +45,17 @@ enum class RecordKind : uint8_t {
   p2p_stop = 4,
   kernel_start = 5,    // a channel's kernel started: `gpu_ns` from %globaltimer
   kernel_stop = 6,     // ...and stopped
-  proxy_op_start = 7,  // the network proxy took one channel's transfer with `peer`
+  proxy_op_start = 7,  // the network proxy took one channel's transfer with `peer`: `bytes` planned
   proxy_op_stop = 8,
-  proxy_step = 9,  // a step of it changed state (`state`), `bytes` moved so far
+  proxy_step = 9,        // a step (chunk) of it started (`state` 0, `bytes` its step number) or
+                         // changed state (`state`: NCCL's state number, `bytes` moved so far)
+  proxy_step_stop = 10,  // ...and ended (its data sent or received)
 };
+
+// Proxy records: `event` is the proxy operation's or step's own id, and
+// `state` carries the direction in its high bit.
+constexpr uint8_t kProxySend = 0x80;
+constexpr uint8_t kProxyStateMask = 0x7f;
 
 struct alignas(64) Record {
   std::atomic<uint64_t> sequence;  // the queue's: position + 1 once written

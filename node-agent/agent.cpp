@@ -152,6 +152,17 @@ void take_replies(Transport& transport, Summariser& summariser, uint64_t& welcom
   }
 }
 
+// Whether NCCL's proxy steps are wanted now: during the first
+// proxy_detail_ms of each period of the wall clock (every node's agent at
+// once, within their clocks' agreement).
+bool proxy_detail_wanted(const Options& options) {
+  if (options.proxy_detail_ms == 0) return false;
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  const uint64_t ms = static_cast<uint64_t>(ts.tv_sec) * 1000 + static_cast<uint64_t>(ts.tv_nsec) / 1'000'000;
+  return ms % options.proxy_detail_period_ms < options.proxy_detail_ms;
+}
+
 // The rings of processes that may have one now (newly traced, or a new
 // communicator: the plugin makes its ring at the first), looked for once
 // each; not on a timer, which would list every descriptor of every traced
@@ -226,6 +237,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     take_replies(transport, summariser, welcomes);
     bpf.consume();
     attach_rings(summariser, rings);
+    rings.set_detail(proxy_detail_wanted(options));
     rings.drain(gpu);
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {

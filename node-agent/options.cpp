@@ -45,6 +45,8 @@ po::options_description describe(Options& options, uint64_t& max_unacked_mb, uin
     ("max-unacked-mb", po::value(&max_unacked_mb)->default_value(options.max_unacked_bytes >> 20), "memory for batches not yet acknowledged; past it the oldest are read back from the spool when sent (without a spool: dropped and counted) (1 to 1048576)")
     ("spool-dir", po::value(&options.spool_dir)->default_value(options.spool_dir), "keep batches on disk until the collector acknowledges them, in DIR/<node>; replayed after a reconnect or a restart of the agent (\"\": memory only)")
     ("spool-max-mb", po::value(&spool_max_mb)->default_value(options.spool_max_bytes >> 20), "disk for the spool; past it the oldest batches lose their records (summaries kept), counted and reported (1 to 1048576)")
+    ("proxy-detail-ms", po::value(&options.proxy_detail_ms)->default_value(options.proxy_detail_ms), "ask the NCCL profiler plugin for NCCL's proxy steps (the network side of each collective: which link is slow) during this long of every --proxy-detail-period-ms, on the wall clock so that all nodes ask at once (0: never; the period: always)")
+    ("proxy-detail-period-ms", po::value(&options.proxy_detail_period_ms)->default_value(options.proxy_detail_period_ms), "see --proxy-detail-ms (100 ms to 1 h)")
     ("test-clock-offset-ns", po::value(&options.test_clock_offset_ns)->default_value(0), "tests only: pretend this node's clock is off by this much")
     ("log-level", po::value(&options.log_level)->default_value(options.log_level), "error, warn, info or debug")
     ("key", po::value(&options.key)->default_value(options.key), "this node's CurveZMQ key pair (rankscope keygen --role agent --name NODE); its name must be --node")
@@ -147,6 +149,8 @@ Result<void> validate(const Options& o) {
   for (auto r : {check_range("--batch-interval-ms", o.batch_interval_ms, 1, 60'000),
                  check_range("--scan-interval-ms", o.scan_interval_ms, 10, 3'600'000),
                  check_range("--ack-timeout-ms", o.ack_timeout_ms, 100, 3'600'000),
+                 check_range("--proxy-detail-period-ms", o.proxy_detail_period_ms, 100, 3'600'000),
+                 check_range("--proxy-detail-ms", o.proxy_detail_ms, 0, o.proxy_detail_period_ms),
                  check_range("--max-unacked-mb", o.max_unacked_bytes >> 20, 1, kMaxUnackedMb),
                  check_range("--spool-max-mb", o.spool_max_bytes >> 20, 1, kMaxUnackedMb)})
     if (!r) return r;

@@ -6,6 +6,7 @@
 
 #include "bpf/nccl_events.h"
 #include "common/log.h"
+#include "nccl-profiler/abi.h"
 
 namespace rankscope::agent {
 
@@ -44,6 +45,7 @@ bool ProfilerRings::attach(uint32_t pid, uint64_t start_time) {
   ring->view = *view;
   ring->dropped_seen = view->header->dropped.load(std::memory_order_relaxed);
   view->header->reader.store(static_cast<uint32_t>(getpid()), std::memory_order_relaxed);
+  view->header->detail.store(detail_ ? 1 : 0, std::memory_order_relaxed);
   rings_[pid] = std::move(ring);
   ++counts_.rings;
   return true;
@@ -75,8 +77,31 @@ void ProfilerRings::read(Ring& ring, const std::function<void(const GpuCollectiv
   ring.dropped_seen = std::max(dropped, ring.dropped_seen);
 }
 
+bool ProfilerRings::Pending::kernels_done() const {
+  const uint32_t n = channels ? channels : channels_started;
+  return channels_stopped > 0 && channels_stopped >= n;
+}
+
+void ProfilerRings::Pending::add_link_wait(int32_t peer, uint64_t start, uint64_t end) {
+  auto link = std::find_if(links.begin(), links.end(), [&](const Link& l) { return l.peer == peer; });
+  if (link == links.end()) {
+    links.push_back(Link{peer, start, end, 0});
+  } else if (start > link->end) {  // a new run: NCCL posts a link's steps in order
+    link->total += link->end - link->start;
+    link->start = start;
+    link->end = end;
+  } else {
+    link->start = std::min(link->start, start);
+    link->end = std::max(link->end, end);
+  }
+}
+
 void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(const GpuCollective&)>& out) {
-  if (!is_collective(r.op)) return;  // point-to-point and proxy records: not read yet
+  if (!is_collective(r.op)) return;  // point-to-point records: not read yet
+  if (r.kind >= RecordKind::proxy_op_start && r.kind <= RecordKind::proxy_step_stop) {
+    take_proxy(ring, r, out);
+    return;
+  }
   const bool enqueue = r.kind == RecordKind::coll_start;
   const bool kernel = r.kind == RecordKind::kernel_start || r.kind == RecordKind::kernel_stop;
   if (!enqueue && !kernel) return;
@@ -105,16 +130,8 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     ++p.channels_stopped;
     p.gpu_end = std::max(p.gpu_end, r.gpu_ns);
   }
-  const uint32_t channels = p.channels ? p.channels : p.channels_started;
-  if (p.channels_stopped > 0 && p.channels_stopped >= channels) {
-    p.c.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring.gpu_to_host);
-    p.c.kernel_end_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_end) + ring.gpu_to_host);
-    out(p.c);
-    // A stream runs its collectives in order: those of this communicator
-    // and op still pending before it lost a record (a full ring).
-    auto first = ring.pending.lower_bound(Key{r.comm_hash, r.op, 0});
-    for (auto e = first; e != std::next(it); ++e) ring.by_order.erase(e->second.order);
-    ring.pending.erase(first, std::next(it));
+  if (p.kernels_done()) {
+    finish_if_done(ring, it, out);
     return;
   }
   if (ring.pending.size() > kPendingPerRing) {  // the oldest goes
@@ -123,12 +140,87 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
   }
 }
 
+// NCCL's proxy thread moves a collective's data over the network, one
+// operation per channel and peer, in steps (chunks). A send step is posted
+// to the network (SendWait) once the GPU filled it, and stops when the
+// network is done with it: that span is the link's own time, whatever the
+// other ranks did. A proxy record joins its collective by (comm hash, op,
+// seqNumber); one whose collective is not pending is not counted.
+void ProfilerRings::take_proxy(Ring& ring, const Record& r, const std::function<void(const GpuCollective&)>& out) {
+  const bool send = (r.state & profiler::kProxySend) != 0;
+  const uint8_t state = r.state & profiler::kProxyStateMask;
+  auto it = ring.pending.find(Key{r.comm_hash, r.op, r.seq_number});
+  switch (r.kind) {
+    case RecordKind::proxy_op_start:
+      if (it != ring.pending.end()) ++it->second.proxy_open;
+      return;
+    case RecordKind::proxy_op_stop:
+      if (it == ring.pending.end() || it->second.proxy_open == 0) return;
+      --it->second.proxy_open;
+      if (it->second.kernels_done()) finish_if_done(ring, it, out);
+      return;
+    case RecordKind::proxy_step: {
+      if (!send) return;
+      const std::pair<uint64_t, uint32_t> id{r.comm_hash, r.event};
+      if (state == 0) {
+        if (ring.steps.size() >= kStepsPerRing) ring.steps.erase(ring.steps.begin());  // lost stops: the oldest go
+        ring.steps[id] = Step{r.seq_number, r.op, r.peer, 0};
+      } else if (state == profiler::abi::kProxyStepSendWait) {
+        if (auto step = ring.steps.find(id); step != ring.steps.end()) step->second.posted_ns = r.host_ns;
+      }
+      return;
+    }
+    case RecordKind::proxy_step_stop: {
+      auto step = ring.steps.find({r.comm_hash, r.event});
+      if (step == ring.steps.end()) return;
+      if (step->second.posted_ns != 0 && r.host_ns > step->second.posted_ns && it != ring.pending.end())
+        it->second.add_link_wait(step->second.peer, step->second.posted_ns, r.host_ns);
+      ring.steps.erase(step);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void ProfilerRings::finish_if_done(Ring& ring, std::map<Key, Pending>::iterator it,
+                                   const std::function<void(const GpuCollective&)>& out) {
+  if (it->second.proxy_open > 0) return;  // its data is still moving: its link waits are not all known
+  const auto [comm, op, seq] = it->first;
+  // A stream runs its collectives in order: those of this communicator and
+  // op still pending before it are sent if their kernels stopped (their
+  // proxy work lost a record), else they lost one (a full ring).
+  auto first = ring.pending.lower_bound(Key{comm, op, 0});
+  for (auto e = first; e != std::next(it); ++e) {
+    Pending& p = e->second;
+    ring.by_order.erase(p.order);
+    if (!p.kernels_done()) continue;
+    p.c.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring.gpu_to_host);
+    p.c.kernel_end_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_end) + ring.gpu_to_host);
+    for (const auto& link : p.links) {
+      const uint64_t wait = link.total + (link.end - link.start);
+      if (wait > p.c.link_wait_ns) {
+        p.c.link_wait_ns = wait;
+        p.c.link_peer = link.peer;
+      }
+    }
+    out(p.c);
+  }
+  ring.pending.erase(first, std::next(it));
+}
+
+void ProfilerRings::set_detail(bool on) {
+  if (on == detail_) return;
+  detail_ = on;
+  for (auto& [pid, ring] : rings_) ring->view.header->detail.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
 std::vector<GpuOpenCollective> ProfilerRings::open() const {
   std::vector<GpuOpenCollective> out;
   for (const auto& [pid, ring] : rings_) {
     const Key* last = nullptr;
     for (const auto& [key, p] : ring->pending) {
-      if (p.c.enqueued_ns == 0) continue;  // its enqueue was not seen
+      if (p.c.enqueued_ns == 0 || p.kernels_done()) continue;  // its enqueue was not seen, or only its proxy work goes on
       if (last && std::get<0>(*last) == std::get<0>(key) && std::get<1>(*last) == std::get<1>(key)) continue;
       last = &key;
       GpuOpenCollective o;

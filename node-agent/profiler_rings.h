@@ -41,6 +41,11 @@ struct GpuCollective {
   uint64_t enqueued_ns = 0;    // host monotonic: NCCL enqueued it (0: not seen)
   uint64_t kernel_start_ns = 0;  // host monotonic: its first channel's kernel started
   uint64_t kernel_end_ns = 0;    // ... and its last one stopped
+  // NCCL's proxy steps (while the agent asks for them): the peer whose
+  // transfers from this rank waited longest on the network, and for how
+  // long (steps posted and not done, overlaps counted once). -1, 0: none seen.
+  int32_t link_peer = -1;
+  uint64_t link_wait_ns = 0;
 };
 
 // A collective NCCL enqueued whose kernels have not all stopped: the oldest
@@ -84,6 +89,10 @@ class ProfilerRings {
   // Per process, communicator and op, the oldest collective enqueued whose
   // kernels have not all stopped (as of the last drain).
   std::vector<GpuOpenCollective> open() const;
+  // Asks every ring's plugin for NCCL's proxy events too (or no longer):
+  // NCCL reads the plugin's mask again at each collective.
+  void set_detail(bool on);
+  bool detail() const { return detail_; }
 
  private:
   struct Pending {
@@ -92,7 +101,24 @@ class ProfilerRings {
     uint32_t channels = 0;  // NCCL's nChannels, from the enqueue record (0: not seen)
     uint32_t channels_started = 0, channels_stopped = 0;
     uint64_t order = 0;     // arrival, to drop the oldest first
+    int proxy_open = 0;     // its proxy operations started and not stopped: it is sent once they are
+    struct Link {
+      int32_t peer;
+      uint64_t start, end;  // the run of overlapping network waits being added to
+      uint64_t total;       // ... and the runs before it
+    };
+    std::vector<Link> links;  // this rank's sends, by peer
+    bool kernels_done() const;
+    void add_link_wait(int32_t peer, uint64_t start, uint64_t end);
   };
+  // A send step of NCCL's proxy, until it stops.
+  struct Step {
+    uint64_t seq = 0;
+    uint8_t op = 0;
+    int32_t peer = -1;
+    uint64_t posted_ns = 0;  // it entered SendWait: handed to the network (0: not yet)
+  };
+  static constexpr size_t kStepsPerRing = 1u << 14;
   static constexpr size_t kPendingPerRing = 4096;  // collectives whose kernels have not all stopped
   using Key = std::tuple<uint64_t, uint8_t, uint64_t>;  // (comm hash, op, seqNumber): one collective of a process
   struct Ring {
@@ -103,14 +129,21 @@ class ProfilerRings {
     std::map<Key, Pending> pending;
     std::map<uint64_t, Key> by_order;  // pending, oldest first
     uint64_t next_order = 0;
+    std::map<std::pair<uint64_t, uint32_t>, Step> steps;  // (comm hash, event) -> a send step in flight
   };
   void read(Ring& ring, const std::function<void(const GpuCollective&)>& out);
   void take(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);
+  void take_proxy(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);
+  // Sends pending collective `it` if its kernels and proxy work are done
+  // (and those of its communicator and op before it, done or lost).
+  void finish_if_done(Ring& ring, std::map<Key, Pending>::iterator it,
+                      const std::function<void(const GpuCollective&)>& out);
 
   std::string proc_root_;
   std::map<uint32_t, std::unique_ptr<Ring>> rings_;  // by pid
   std::map<uint32_t, uint64_t> refused_;             // pid -> start time of a process whose ring was refused
   ProfilerRingCounts counts_;
+  bool detail_ = false;
 };
 
 }  // namespace rankscope::agent

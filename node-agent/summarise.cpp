@@ -392,8 +392,8 @@ void Summariser::on_gpu(const GpuCollective& c) {
   block.comm_hash = c.comm_hash;
   block.rank = c.rank;
   block.op = c.op;
-  block.records.push_back(
-      proto::GpuRecord{c.seq_number, c.count, shift(c.enqueued_ns), shift(c.kernel_start_ns), shift(c.kernel_end_ns)});
+  block.records.push_back(proto::GpuRecord{c.seq_number, c.count, shift(c.enqueued_ns), shift(c.kernel_start_ns),
+                                           shift(c.kernel_end_ns), c.link_peer, c.link_wait_ns});
   ++pending_records_;
 }
 

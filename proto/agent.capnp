@@ -68,6 +68,11 @@ struct GpuColumns {
                             # within the GPU clock's uncertainty)
   kernelNs @10 :List(UInt64);      # kernel end - kernel start
   elements @11 :List(UInt64);      # element count, xor previous (previous of the first: 0)
+  # NCCL's proxy steps, while the agent asks for them (docs/gpu-timing.md):
+  # per collective, the send link whose transfers waited longest on the
+  # network. Empty when no collective of the block has them.
+  linkPeer @12 :List(UInt32);      # the peer's rank + 1; 0: no proxy steps seen
+  linkWaitNs @13 :List(UInt64);    # time its transfers to that peer were posted and not done
 }
 
 # ncclCommGetAsyncError returned an error or reported one: the communicator

@@ -105,7 +105,8 @@ void encode_gpu_block(const GpuBlock& block, uint32_t comm_index, uint64_t base_
   out.setBaseOffsetNs(static_cast<int64_t>(records[0].enqueued_ns - base_ns));
   std::vector<uint32_t> seq_gap(n);
   std::vector<int64_t> enqueue_delta(n), start(n);
-  std::vector<uint64_t> kernel(n), elements(n);
+  std::vector<uint64_t> kernel(n), elements(n), link_wait(n);
+  std::vector<uint32_t> link_peer(n);
   GpuRecord prev{};
   prev.seq = records[0].seq - 1;
   prev.enqueued_ns = records[0].enqueued_ns;
@@ -116,6 +117,10 @@ void encode_gpu_block(const GpuBlock& block, uint32_t comm_index, uint64_t base_
     start[i] = static_cast<int64_t>(r.kernel_start_ns - r.enqueued_ns);
     kernel[i] = r.kernel_end_ns >= r.kernel_start_ns ? r.kernel_end_ns - r.kernel_start_ns : 0;
     elements[i] = r.count ^ prev.count;
+    if (r.link_peer >= 0 && r.link_wait_ns > 0) {
+      link_peer[i] = static_cast<uint32_t>(r.link_peer) + 1;
+      link_wait[i] = r.link_wait_ns;
+    }
     prev = r;
   }
   put_column(seq_gap, [&](unsigned k) { return out.initSeqGap(k); });
@@ -123,6 +128,8 @@ void encode_gpu_block(const GpuBlock& block, uint32_t comm_index, uint64_t base_
   put_column(start, [&](unsigned k) { return out.initStartNs(k); });
   put_column(kernel, [&](unsigned k) { return out.initKernelNs(k); });
   put_column(elements, [&](unsigned k) { return out.initElements(k); });
+  put_column(link_peer, [&](unsigned k) { return out.initLinkPeer(k); });
+  put_column(link_wait, [&](unsigned k) { return out.initLinkWaitNs(k); });
 }
 }  // namespace
 
@@ -276,9 +283,12 @@ Result<GpuBlock> decode_gpu(wire::GpuColumns::Reader in, const BatchFrame& frame
   auto start = get_column<int64_t>(in.getStartNs(), n, "startNs");
   auto kernel = get_column<uint64_t>(in.getKernelNs(), n, "kernelNs");
   auto elements = get_column<uint64_t>(in.getElements(), n, "elements");
+  auto link_peer = get_column<uint32_t>(in.getLinkPeer(), n, "linkPeer");
+  auto link_wait = get_column<uint64_t>(in.getLinkWaitNs(), n, "linkWaitNs");
   for (const Error* e : {seq_gap.ok() ? nullptr : &seq_gap.error(), enqueue_delta.ok() ? nullptr : &enqueue_delta.error(),
                          start.ok() ? nullptr : &start.error(), kernel.ok() ? nullptr : &kernel.error(),
-                         elements.ok() ? nullptr : &elements.error()}) {
+                         elements.ok() ? nullptr : &elements.error(), link_peer.ok() ? nullptr : &link_peer.error(),
+                         link_wait.ok() ? nullptr : &link_wait.error()}) {
     if (e) return *e;
   }
   GpuBlock block;
@@ -311,6 +321,16 @@ Result<GpuBlock> decode_gpu(wire::GpuColumns::Reader in, const BatchFrame& frame
     r.enqueued_ns = static_cast<uint64_t>(enqueued);
     r.kernel_start_ns = static_cast<uint64_t>(kernel_start);
     r.kernel_end_ns = static_cast<uint64_t>(kernel_end);
+    // A peer is a rank (checked against the communicator's size by its reader).
+    const uint32_t peer = link_peer.value()[i];
+    const uint64_t wait = link_wait.value()[i];
+    if ((peer == 0) != (wait == 0) || peer > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()) ||
+        wait >= static_cast<uint64_t>(kMaxNs))
+      return make_error(Errc::protocol, "GPU record " + std::to_string(i) + " has a link wait out of range");
+    if (peer > 0) {
+      r.link_peer = static_cast<int32_t>(peer - 1);
+      r.link_wait_ns = wait;
+    }
     prev_seq = r.seq;
     prev_count = r.count;
   }

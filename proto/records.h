@@ -19,6 +19,11 @@ struct GpuRecord {
   uint64_t enqueued_ns = 0;      // NCCL enqueued it
   uint64_t kernel_start_ns = 0;  // its first channel's kernel started
   uint64_t kernel_end_ns = 0;    // its last channel's kernel stopped
+  // Its send link that waited longest on the network (NCCL's proxy steps,
+  // while the agent asks for them): the peer, and for how long its
+  // transfers to that peer were posted and not yet done. -1 and 0: not seen.
+  int32_t link_peer = -1;
+  uint64_t link_wait_ns = 0;
   bool operator==(const GpuRecord&) const = default;
 };
 

@@ -504,6 +504,7 @@ TEST(FakeNccl, TheAgentReadsEachRanksGpuTimesOnTheHostClock) {
       last = c.seq_number;
       ASSERT_NE(c.enqueued_ns, 0u);
       EXPECT_GE(c.kernel_end_ns, c.kernel_start_ns);
+      EXPECT_EQ(c.link_peer, -1) << "no proxy steps unless the agent asks for them";
       waited[r].push_back(static_cast<int64_t>(c.kernel_start_ns - c.enqueued_ns));
     }
     std::nth_element(waited[r].begin(), waited[r].begin() + waited[r].size() / 2, waited[r].end());
@@ -512,6 +513,56 @@ TEST(FakeNccl, TheAgentReadsEachRanksGpuTimesOnTheHostClock) {
   EXPECT_GE(median1, static_cast<int64_t>(kDelayNs)) << "the slow GPU's kernels start the delay after their enqueue";
   EXPECT_LT(median0, static_cast<int64_t>(kDelayNs) / 2) << "a healthy GPU's start at once";
   EXPECT_GE(median0, 0) << "no kernel starts before NCCL enqueued it, on the host clock";
+}
+
+// NCCL's proxy steps, asked for by the agent (detail): each rank's record of
+// a collective names its send link that waited longest on the network.
+// Rank 1's link to rank 2 holds each segment 10 ms (a slow link); every
+// other link, rank 1's to rank 0 too, moves at once.
+TEST(FakeNccl, TheAgentReadsWhichLinkIsSlowFromTheProxySteps) {
+  TempDir dir;
+  constexpr uint64_t kDelayNs = 10'000'000;
+  const std::vector<std::string> argv = {FAKENCCL_TRAIN, "--id-file", dir.file("id"), "--steps", "1000000",
+                                         "--buckets", "1", "--compute-iters", "1000", "--quiet"};
+  const std::string plugin = std::string("NCCL_PROFILER_PLUGIN=") + RANKSCOPE_PROFILER_PLUGIN;
+  RankProcess rank0(dir, "0", 0, 3, argv, {plugin});
+  RankProcess rank1(dir, "1", 1, 3, argv,
+                    {plugin, "FAKECUDA_LINK_DELAY_US=" + std::to_string(kDelayNs / 1000), "FAKECUDA_LINK_PEER=2"});
+  RankProcess rank2(dir, "2", 2, 3, argv, {plugin});
+  rankscope::agent::ProfilerRings rings;
+  rings.set_detail(true);
+  const pid_t pids[3] = {rank0.pid(), rank1.pid(), rank2.pid()};
+  ASSERT_TRUE(waitFor([&] {
+    bool all = true;
+    for (pid_t pid : pids) {
+      auto start = rankscope::agent::read_start_time("/proc", static_cast<uint32_t>(pid));
+      all = all && start && rings.attach(static_cast<uint32_t>(pid), *start);
+    }
+    return all;
+  })) << rank0.err() << rank1.err() << rank2.err();
+  std::map<uint32_t, std::vector<rankscope::agent::GpuCollective>> got;  // those with link waits
+  ASSERT_TRUE(waitFor([&] {
+    rings.drain([&](const rankscope::agent::GpuCollective& c) {
+      if (c.link_peer >= 0) got[c.pid].push_back(c);
+    });
+    return got[pids[0]].size() >= 20 && got[pids[1]].size() >= 20 && got[pids[2]].size() >= 20;
+  })) << rank0.err() << rank1.err() << rank2.err();
+  uint64_t median[3];
+  for (int r = 0; r < 3; ++r) {
+    std::vector<uint64_t> waits;
+    for (const auto& c : got[pids[r]]) {
+      EXPECT_NE(c.link_peer, r) << "a rank's link leads to another rank";
+      if (r == 1) {
+        EXPECT_EQ(c.link_peer, 2) << "rank 1's slowest link is its link to rank 2";
+      }
+      waits.push_back(c.link_wait_ns);
+    }
+    std::nth_element(waits.begin(), waits.begin() + waits.size() / 2, waits.end());
+    median[r] = waits[waits.size() / 2];
+  }
+  EXPECT_GE(median[1], kDelayNs) << "the slow link's transfers wait the delay on the network";
+  EXPECT_LT(median[0], kDelayNs / 4) << "the healthy links' do not";
+  EXPECT_LT(median[2], kDelayNs / 4);
 }
 
 }  // namespace

@@ -234,6 +234,10 @@ TEST(Codec, GpuRecordsRoundTripBesideHostRecordsAndShareTheCommTable) {
   gpu.records[7].seq += 2;                                              // a gap (the plugin's ring was full)
   for (size_t i = 8; i < gpu.records.size(); ++i) gpu.records[i].seq += 2;
   gpu.records[9].count = 77;
+  for (size_t i = 20; i < 40; ++i) {  // NCCL's proxy steps, asked for a while: the slowest send link
+    gpu.records[i].link_peer = static_cast<int32_t>(i % 3);
+    gpu.records[i].link_wait_ns = 1'200'000 + i * 1'000;
+  }
   GpuBlock other = gpu_block(3);
   other.comm_hash = 0x42;
   other.op = RS_OP_ALLGATHER;
@@ -289,6 +293,19 @@ TEST(Codec, HostileGpuBlocksAreRefusedWithAReason) {
   EXPECT_NE(refused([](auto g) { g.getStartNs().set(2, INT64_MAX); }).find("overflow"), std::string::npos);
   EXPECT_NE(refused([](auto g) { g.getKernelNs().set(1, UINT64_MAX); }).find("overflow"), std::string::npos);
   EXPECT_NE(refused([](auto g) { g.getEnqueueDeltaNs().set(3, INT64_MIN); }).find("overflow"), std::string::npos);
+  EXPECT_NE(refused([](auto g) { g.initLinkPeer(4).set(1, 3); }).find("link wait"), std::string::npos)
+      << "a link without a wait";
+  EXPECT_NE(refused([](auto g) {
+              g.initLinkPeer(4).set(1, UINT32_MAX);
+              g.initLinkWaitNs(4).set(1, 5);
+            }).find("link wait"),
+            std::string::npos)
+      << "a peer past any rank";
+  EXPECT_NE(refused([](auto g) {
+              g.initLinkPeer(4).set(1, 1);
+              g.initLinkWaitNs(4).set(1, UINT64_MAX);
+            }).find("link wait"),
+            std::string::npos);
   EXPECT_NE(refused([](auto g) {
               g.setFirstSeq(UINT64_MAX - 1);
               g.initSeqGap(4).set(2, 5);

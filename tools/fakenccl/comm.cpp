@@ -24,6 +24,7 @@ std::string describe(const SegmentHeader& header) {
 // The phases that share one exchange.
 struct Round {
   std::vector<Phase*> phases;
+  std::vector<const CollectiveCall*> callOf;  // by phase
   const CollectiveCall* firstCall;
   bool open;  // single-phase calls may still join
 };
@@ -41,10 +42,11 @@ std::vector<Round> formRounds(const std::vector<CollectiveCall>& calls,
     std::vector<Phase>& phases = plans[i]->phases;
     if (phases.size() == 1 && !rounds.empty() && rounds.back().open) {
       rounds.back().phases.push_back(&phases[0]);
+      rounds.back().callOf.push_back(&calls[i]);
       continue;
     }
     for (Phase& phase : phases) {
-      rounds.push_back(Round{{&phase}, &calls[i], phases.size() == 1});
+      rounds.push_back(Round{{&phase}, {&calls[i]}, &calls[i], phases.size() == 1});
     }
   }
   return rounds;
@@ -194,13 +196,17 @@ std::optional<Communicator::Failure> Communicator::run(const std::vector<Collect
   for (const Round& round : formRounds(calls, plans)) {
     std::vector<SendSegment> sends;
     std::vector<RecvSegment> recvs;
-    for (const Phase* phase : round.phases) {
-      sends.insert(sends.end(), phase->sends.begin(), phase->sends.end());
+    for (size_t k = 0; k < round.phases.size(); ++k) {
+      const Phase* phase = round.phases[k];
+      for (SendSegment segment : phase->sends) {
+        segment.owner = round.callOf[k]->profilerEvent;
+        sends.push_back(segment);
+      }
       recvs.insert(recvs.end(), phase->recvs.begin(), phase->recvs.end());
       selfSends.insert(selfSends.end(), phase->selfSends.begin(), phase->selfSends.end());
       selfRecvs.insert(selfRecvs.end(), phase->selfRecvs.begin(), phase->selfRecvs.end());
     }
-    ExchangeOutcome outcome = mesh_->exchange(sends, recvs);
+    ExchangeOutcome outcome = mesh_->exchange(sends, recvs, profiler_ ? profiler_.get() : nullptr);
     if (outcome.status != ExchangeOutcome::Status::kDone) {
       return Failure{std::move(outcome), round.firstCall};
     }

@@ -6,8 +6,13 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <optional>
 
 #include "tools/fakenccl/error.h"
@@ -27,6 +32,8 @@ struct PeerProgress {
   size_t recvIndex = 0;
   size_t recvOffset = 0;
   SegmentHeader header;  // the incoming header, as far as it has arrived
+  bool posted = false;   // the send segment at sendIndex was posted (SendObserver)
+  std::chrono::steady_clock::time_point heldUntil;  // ...and the link holds it until then
 
   bool sending() const { return sendIndex < sends.size(); }
   bool receiving() const { return recvIndex < recvs.size(); }
@@ -49,9 +56,10 @@ ExchangeOutcome mismatch(int peer, const SegmentHeader& expected, const SegmentH
   return outcome;
 }
 
-// Writes as much as the socket takes. Returns a failure, or nothing when the
-// socket is full or this peer's sends are done.
-std::optional<ExchangeOutcome> progressSends(int fd, int peer, PeerProgress& p) {
+// Writes as much of the segment being sent as the socket takes. Returns a
+// failure, or nothing when the socket is full or the segment is done (the
+// next one is posted by the caller).
+std::optional<ExchangeOutcome> progressSends(int fd, int peer, PeerProgress& p, SendObserver* observer) {
   while (p.sending()) {
     const SendSegment& segment = *p.sends[p.sendIndex];
     iovec parts[2];
@@ -78,9 +86,31 @@ std::optional<ExchangeOutcome> progressSends(int fd, int peer, PeerProgress& p) 
     if (p.sendOffset == kHeaderBytes + segment.header.bytes) {
       ++p.sendIndex;
       p.sendOffset = 0;
+      p.posted = false;
+      if (observer) observer->done(segment);
+      return std::nullopt;
     }
   }
   return std::nullopt;
+}
+
+// FAKECUDA_LINK_DELAY_US, FAKECUDA_LINK_PEER, FAKECUDA_LINK_DELAY_AFTER
+// (Mesh::exchange): how long the link to `peer` holds a segment this exchange.
+std::chrono::microseconds linkDelay(int peer, long long exchange) {
+  static const long long delay = [] {
+    const char* env = std::getenv("FAKECUDA_LINK_DELAY_US");
+    return env ? std::strtoll(env, nullptr, 10) : 0;
+  }();
+  static const long long only = [] {
+    const char* env = std::getenv("FAKECUDA_LINK_PEER");
+    return env && *env ? std::strtoll(env, nullptr, 10) : -1;
+  }();
+  static const long long after = [] {
+    const char* env = std::getenv("FAKECUDA_LINK_DELAY_AFTER");
+    return env ? std::strtoll(env, nullptr, 10) : 0;
+  }();
+  if (delay <= 0 || exchange < after || (only >= 0 && only != peer)) return std::chrono::microseconds(0);
+  return std::chrono::microseconds(delay);
 }
 
 // Reads what has arrived, never past the end of the segments expected (the
@@ -131,7 +161,10 @@ ncclResult_t Mesh::create(std::vector<Fd> peers, std::unique_ptr<Mesh>* mesh) {
 
 Mesh::Mesh(std::vector<Fd> peers, Fd wake) : peers_(std::move(peers)), wake_(std::move(wake)) {}
 
-ExchangeOutcome Mesh::exchange(std::span<const SendSegment> sends, std::span<const RecvSegment> recvs) {
+ExchangeOutcome Mesh::exchange(std::span<const SendSegment> sends, std::span<const RecvSegment> recvs,
+                               SendObserver* observer) {
+  static std::atomic<long long> exchanges{0};
+  const long long exchange = exchanges.fetch_add(1, std::memory_order_relaxed);
   std::vector<PeerProgress> progress(peers_.size());
   for (const SendSegment& segment : sends) progress[segment.peer].sends.push_back(&segment);
   for (const RecvSegment& segment : recvs) progress[segment.peer].recvs.push_back(&segment);
@@ -142,16 +175,32 @@ ExchangeOutcome Mesh::exchange(std::span<const SendSegment> sends, std::span<con
     // The wake fd first: an abort wins over any progress.
     watched.assign(1, pollfd{wake_.get(), POLLIN, 0});
     watchedPeer.assign(1, -1);
+    const auto now = std::chrono::steady_clock::now();
+    std::optional<std::chrono::steady_clock::time_point> wakeAt;  // the first held segment's release
+    bool busy = false;
     for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
-      const PeerProgress& p = progress[peer];
-      const short events = (p.sending() ? POLLOUT : 0) | (p.receiving() ? POLLIN : 0);
+      PeerProgress& p = progress[peer];
+      if (p.sending() && !p.posted) {
+        p.posted = true;
+        p.heldUntil = now + linkDelay(peer, exchange);
+        if (observer) observer->posted(*p.sends[p.sendIndex]);
+      }
+      const bool held = p.sending() && p.heldUntil > now;
+      if (held) wakeAt = std::min(wakeAt.value_or(p.heldUntil), p.heldUntil);
+      busy |= p.sending() || p.receiving();
+      const short events = (p.sending() && !held ? POLLOUT : 0) | (p.receiving() ? POLLIN : 0);
       if (events == 0) continue;
       watched.push_back({peers_[peer].get(), events, 0});
       watchedPeer.push_back(peer);
     }
-    if (watched.size() == 1) return {};  // all done
+    if (!busy) return {};  // all done
 
-    if (::poll(watched.data(), watched.size(), -1) < 0) {
+    timespec timeout{};
+    if (wakeAt) {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(*wakeAt - now).count();
+      timeout = {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    }
+    if (::ppoll(watched.data(), watched.size(), wakeAt ? &timeout : nullptr, nullptr) < 0) {
       if (errno == EINTR) continue;
       return peerLost(-1, std::strerror(errno));
     }
@@ -170,7 +219,7 @@ ExchangeOutcome Mesh::exchange(std::span<const SendSegment> sends, std::span<con
         if (auto failure = progressRecvs(watched[i].fd, peer, p)) return *failure;
       }
       if (ready & (POLLOUT | POLLHUP | POLLERR)) {
-        if (auto failure = progressSends(watched[i].fd, peer, p)) return *failure;
+        if (auto failure = progressSends(watched[i].fd, peer, p, observer)) return *failure;
       }
     }
   }

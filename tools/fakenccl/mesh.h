@@ -39,7 +39,18 @@ static_assert(sizeof(SegmentHeader) == 32);
 struct SendSegment {
   int peer;
   SegmentHeader header;
-  const void* data;  // header.bytes bytes
+  const void* data;       // header.bytes bytes
+  void* owner = nullptr;  // the profiler plugin's handle of the call it belongs to (profiler.h), if any
+};
+
+// Told when each send segment is handed to the network (its first byte may
+// go: NCCL's proxy posts a step) and when its last byte went: the network
+// side of the call, as NCCL's proxy steps report it.
+class SendObserver {
+ public:
+  virtual ~SendObserver() = default;
+  virtual void posted(const SendSegment& segment) = 0;
+  virtual void done(const SendSegment& segment) = 0;
 };
 
 struct RecvSegment {
@@ -69,8 +80,16 @@ class Mesh {
   // sends and receives can deadlock on full socket buffers. Segments to (and
   // from) one peer go in the order given. Returns when all are done, or at
   // the first mismatch, lost peer or abort(). A rank's transfers to itself
-  // are not segments. One exchange at a time per mesh.
-  ExchangeOutcome exchange(std::span<const SendSegment> sends, std::span<const RecvSegment> recvs);
+  // are not segments. One exchange at a time per mesh. `observer`, if any,
+  // hears each send segment posted and done.
+  //
+  // FAKECUDA_LINK_DELAY_US=N: a slow link. Each segment this process sends
+  // (to FAKECUDA_LINK_PEER only, when set: one link; else on every link: its
+  // NIC) goes N microseconds after it was posted, as if the network took
+  // that long with it; with FAKECUDA_LINK_DELAY_AFTER=M, from the process's
+  // M-th exchange on (a link that degrades while the job runs).
+  ExchangeOutcome exchange(std::span<const SendSegment> sends, std::span<const RecvSegment> recvs,
+                           SendObserver* observer = nullptr);
 
   // Makes the running exchange and every later one return kAborted, and
   // shuts the connections down so that the peers' exchanges end too.

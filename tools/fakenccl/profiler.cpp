@@ -2,7 +2,10 @@
 
 #include <dlfcn.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -70,6 +73,8 @@ struct Event {
   abi::CollDescr coll{};
   abi::P2pDescr p2p{};
   abi::KernelChDescr kernel{};
+  abi::ProxyOpDescr proxyOp{};
+  int step = 0;
 };
 
 }  // namespace
@@ -109,6 +114,8 @@ void* startEvent(void* context, const Event& e) {
     if (e.type == abi::kColl) d.coll.d = e.coll;
     if (e.type == abi::kP2p) d.p2p.d = e.p2p;
     if (e.type == abi::kKernelCh) d.kernel_ch = e.kernel;
+    if (e.type == abi::kProxyOp) d.proxy_op = e.proxyOp;
+    if (e.type == abi::kProxyStep) d.proxy_step.step = e.step;
     p.v5->start_event(context, &handle, &d);
   } else {
     abi::EventDescrV4 d{};
@@ -118,6 +125,8 @@ void* startEvent(void* context, const Event& e) {
     if (e.type == abi::kColl) d.coll = e.coll;
     if (e.type == abi::kP2p) d.p2p = e.p2p;
     if (e.type == abi::kKernelCh) d.kernel_ch = e.kernel;
+    if (e.type == abi::kProxyOp) d.proxy_op = e.proxyOp;
+    if (e.type == abi::kProxyStep) d.proxy_step.step = e.step;
     p.v4->start_event(context, &handle, &d);
   }
   return handle;
@@ -127,6 +136,12 @@ void stopEvent(void* handle) {
   if (handle == nullptr) return;
   const Plugin& p = plugin();
   p.v5 ? p.v5->stop_event(handle) : p.v4->stop_event(handle);
+}
+
+void recordState(void* handle, int state, abi::StateArgs* args) {
+  if (handle == nullptr) return;
+  const Plugin& p = plugin();
+  p.v5 ? p.v5->record_event_state(handle, state, args) : p.v4->record_event_state(handle, state, args);
 }
 }  // namespace
 
@@ -173,12 +188,52 @@ void* ProfilerComm::kernelStarted(void* call) {
 
 void ProfilerComm::kernelStopped(void* kernel) {
   if (kernel == nullptr) return;
-  const Plugin& p = plugin();
   abi::StateArgs args{};
   args.kernel_ch.gpu_stop_ns = gpuNow();
-  p.v5 ? p.v5->record_event_state(kernel, abi::kKernelChStop, &args)
-       : p.v4->record_event_state(kernel, abi::kKernelChStop, &args);
+  recordState(kernel, abi::kKernelChStop, &args);
   stopEvent(kernel);
+}
+
+// As NCCL's proxy thread reports a send: the operation (its parent is the
+// call's event), one step, its data ready on the GPU (SendGPUWait) and at
+// once handed to the network (SendWait, with its size); both stop when the
+// network is done with it.
+void ProfilerComm::posted(const SendSegment& segment) {
+  if (segment.owner == nullptr || !(mask_ & static_cast<int>(abi::kProxyOp))) return;
+  Event op;
+  op.rank = rank_;
+  op.type = abi::kProxyOp;
+  op.parent = segment.owner;
+  op.proxyOp.pid = ::getpid();
+  op.proxyOp.channel_id = 0;
+  op.proxyOp.peer = segment.peer;
+  op.proxyOp.n_steps = 1;
+  op.proxyOp.chunk_size = static_cast<int>(std::min<uint64_t>(segment.header.bytes, INT32_MAX));
+  op.proxyOp.is_send = 1;
+  Proxy proxy;
+  proxy.op = startEvent(context_, op);
+  if (proxy.op == nullptr) return;
+  if (mask_ & static_cast<int>(abi::kProxyStep)) {
+    Event step;
+    step.rank = rank_;
+    step.type = abi::kProxyStep;
+    step.parent = proxy.op;
+    step.step = 0;
+    proxy.step = startEvent(context_, step);
+    abi::StateArgs args{};
+    recordState(proxy.step, abi::kProxyStepSendGpuWait, &args);
+    args.proxy_step.trans_size = segment.header.bytes;
+    recordState(proxy.step, abi::kProxyStepSendWait, &args);
+  }
+  proxies_[&segment] = proxy;
+}
+
+void ProfilerComm::done(const SendSegment& segment) {
+  auto it = proxies_.find(&segment);
+  if (it == proxies_.end()) return;
+  stopEvent(it->second.step);
+  stopEvent(it->second.op);
+  proxies_.erase(it);
 }
 
 }  // namespace rankscope::fakenccl

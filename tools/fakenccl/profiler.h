@@ -16,12 +16,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 
 #include "tools/fakenccl/collectives.h"
 
 namespace rankscope::fakenccl {
 
-class ProfilerComm {
+class ProfilerComm final : public SendObserver {
  public:
   // The plugin's session for one communicator; null without a plugin (or
   // when its init fails, said once on stderr).
@@ -36,12 +37,22 @@ class ProfilerComm {
   // The call's kernel on its stream: started now; stopped (GPU stop time now).
   void* kernelStarted(void* call);
   void kernelStopped(void* kernel);
+  // NCCL's proxy, sending a segment of a call over the network (mesh.h):
+  // one proxy operation of one step per segment, when the plugin asks for
+  // them. Only the send side is modelled (the side rankscope reads).
+  void posted(const SendSegment& segment) override;
+  void done(const SendSegment& segment) override;
 
  private:
   explicit ProfilerComm(int rank) : rank_(rank) {}
   const int rank_;
   void* context_ = nullptr;
   int mask_ = 0;  // the plugin's activation mask (it may change it at any event)
+  struct Proxy {
+    void* op = nullptr;
+    void* step = nullptr;
+  };
+  std::unordered_map<const SendSegment*, Proxy> proxies_;  // segments posted and not done
 };
 
 }  // namespace rankscope::fakenccl
