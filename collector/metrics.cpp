@@ -237,8 +237,6 @@ static_assert(std::size(kCatalogue) == static_cast<size_t>(MetricId::count));
 const std::vector<double> kLatenessBuckets = {10e-6, 30e-6, 100e-6, 300e-6, 1e-3, 3e-3, 10e-3,
                                               30e-3, 0.1,   0.3,    1,      3,    10,   30};
 
-constexpr FindingKind kAllKinds[] = {FindingKind::hang, FindingKind::mismatch, FindingKind::straggler,
-                                     FindingKind::node_lost};
 
 const MetricInfo& info(MetricId id) {
   return kCatalogue[static_cast<size_t>(id)];
@@ -342,7 +340,7 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   // Every kind has a series from the start: "no hang open" reads as 0, not as no data.
   auto& open = gauges(r, MetricId::findings_open);
   auto& opened = counters(r, MetricId::findings_opened);
-  for (FindingKind kind : kAllKinds) {
+  for (FindingKind kind : kAllFindingKinds) {
     findings_open_[static_cast<size_t>(kind)] = &open.Add({{"kind", finding_kind_name(kind)}});
     findings_opened_[static_cast<size_t>(kind)] = &opened.Add({{"kind", finding_kind_name(kind)}});
   }

@@ -9,6 +9,7 @@
 // share a budget; past it, updates that would create a series are dropped
 // and counted, never silently.
 #include <array>
+#include <iterator>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -137,7 +138,7 @@ class Metrics {
     std::string job;
     prometheus::Gauge* last_sequence = nullptr;
   };
-  static constexpr size_t kFindingKinds = static_cast<size_t>(FindingKind::node_lost) + 1;
+  static constexpr size_t kFindingKinds = std::size(kAllFindingKinds);
 
   Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series);
 

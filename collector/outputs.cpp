@@ -45,7 +45,7 @@ class MetricsOutput final : public Output {
  private:
   void update(const Ingest& ingest, const FindingBook& findings, Detector& detector, uint64_t now_ns,
               uint64_t liveness_ns) {
-    for (FindingKind kind : {FindingKind::hang, FindingKind::mismatch, FindingKind::straggler, FindingKind::node_lost})
+    for (FindingKind kind : kAllFindingKinds)
       metrics_.set_open_findings(kind, findings.open_count(kind));
     for (const Finding* f : findings.all()) {
       if (f->id <= newest_finding_) break;  // newest first

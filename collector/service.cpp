@@ -16,6 +16,7 @@ Service::Service(TimelineStore& store, std::unique_ptr<CommitTarget> own_target,
       commit_(target ? *target : *own_target_, options.max_commit_backlog_bytes),
       ingest_(store, commit_, clock),
       detector_(ingest_.model(), matcher_, findings_, clock, options.detect),
+      links_(ingest_.model(), findings_, options.links),
       refiner_(ingest_.model()),
       ledger_(ingest_.model(), matcher_, store, options.usage) {
   // The ingest joined the commit first; then the findings, then the ledger.
@@ -28,6 +29,7 @@ Service::Service(TimelineStore& store, std::unique_ptr<CommitTarget> own_target,
   ingest_.add_observer(&detector_);  // host waits on the GPU (its records come through the matcher)
   matcher_.subscribe(refiner_);
   gpu_matcher_.subscribe(detector_);
+  gpu_matcher_.subscribe(links_);
 }
 
 Result<void> Service::restore() {
@@ -42,6 +44,7 @@ void Service::evaluate(uint64_t now_ns) {
   matcher_.sweep(ingest_.comms());
   gpu_matcher_.sweep(ingest_.comms());
   detector_.evaluate(now_ns);
+  links_.evaluate(now_ns);
   ledger_.tick(now_ns, findings_.open());
 }
 

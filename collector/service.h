@@ -19,6 +19,7 @@
 #include "collector/detect/detector.h"
 #include "collector/detect/finding_store.h"
 #include "collector/detect/findings.h"
+#include "collector/detect/link.h"
 #include "collector/ingest/ingest.h"
 #include "collector/match/matcher.h"
 #include "collector/model/clock_refine.h"
@@ -31,6 +32,7 @@ namespace rankscope::collector {
 
 struct ServiceOptions {
   DetectOptions detect;
+  LinkOptions links;
   UsageOptions usage;
   uint64_t retire_after_ns = 600'000'000'000ull;  // quiet communicators that are over leave the live model (Ingest::retire)
   uint64_t max_commit_backlog_bytes = Commit::kMaxBacklogBytes;  // while commits fail (Commit::holding)
@@ -60,6 +62,7 @@ class Service {
   FindingBook& findings() { return findings_; }
   CollectiveMatcher& matcher() { return matcher_; }
   Detector& detector() { return detector_; }
+  LinkDetector& links() { return links_; }
   UsageLedger& ledger() { return ledger_; }
 
  private:
@@ -76,6 +79,7 @@ class Service {
   CollectiveMatcher matcher_;
   GpuMatcher gpu_matcher_;
   Detector detector_;
+  LinkDetector links_;
   ClockRefiner refiner_;
   UsageLedger ledger_;
 };

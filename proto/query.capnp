@@ -41,7 +41,7 @@ struct ReportQuery {
 
 struct FindingsQuery {
   openOnly @0 :Bool;
-  kind @1 :Text;            # "" for every kind; else hang | mismatch | straggler | node_lost
+  kind @1 :Text;            # "" for every kind; else hang | mismatch | straggler | node_lost | slow_link
   limit @2 :UInt32 = 200;   # newest first
 }
 
@@ -108,7 +108,7 @@ struct FindingsReply {
 
 struct Finding {
   id @0 :UInt64;
-  kind @1 :Text;            # hang | mismatch | straggler | node_lost
+  kind @1 :Text;            # hang | mismatch | straggler | node_lost | slow_link
   job @2 :Text;
   comm @3 :UInt64;
   seq @4 :Int64;            # -1 when the finding is not about one collective

@@ -35,14 +35,16 @@ const char* alert_name(FindingKind kind) {
       return "RankscopeStraggler";
     case FindingKind::node_lost:
       return "RankscopeNodeLost";
+    case FindingKind::slow_link:
+      return "RankscopeSlowLink";
   }
   return "Rankscope";
 }
 
 // A hang, a mismatch or a lost node stops the job: someone must look now. A
-// straggler only slows it.
+// straggler or a slow link only slows it.
 const char* severity(FindingKind kind) {
-  return kind == FindingKind::straggler ? "warning" : "page";
+  return kind == FindingKind::straggler || kind == FindingKind::slow_link ? "warning" : "page";
 }
 
 template <typename T>

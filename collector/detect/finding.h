@@ -7,9 +7,13 @@
 
 namespace rankscope::collector {
 
-enum class FindingKind { hang, mismatch, straggler, node_lost };
+// slow_link: a network link between two ranks whose transfers are slow
+// (NCCL's proxy steps, docs/gpu-timing.md).
+enum class FindingKind { hang, mismatch, straggler, node_lost, slow_link };
+inline constexpr FindingKind kAllFindingKinds[] = {FindingKind::hang, FindingKind::mismatch, FindingKind::straggler,
+                                                   FindingKind::node_lost, FindingKind::slow_link};
 
-const char* finding_kind_name(FindingKind kind);  // "hang", "mismatch", "straggler", "node_lost"
+const char* finding_kind_name(FindingKind kind);  // "hang", "mismatch", "straggler", "node_lost", "slow_link"
 bool parse_finding_kind(const std::string& name, FindingKind& out);
 
 struct Finding {
@@ -18,7 +22,7 @@ struct Finding {
   std::string job;
   uint64_t comm = 0;             // communicator hash; 0 for node_lost
   int64_t seq = -1;              // the sequence number concerned; -1 when none
-  std::vector<int32_t> ranks;    // the culprit ranks
+  std::vector<int32_t> ranks;    // the culprit ranks (slow_link: the sender, then the receiver)
   std::vector<std::string> nodes;
   uint64_t opened_ns = 0;        // cluster clock
   uint64_t resolved_ns = 0;      // 0 while open

@@ -14,16 +14,23 @@ void GpuMatcher::on_gpu(const CommState& comm, int32_t rank, uint8_t op, const p
     instance.issue.assign(comm.nranks, 0);
     instance.enqueued.assign(comm.nranks, 0);
     instance.end.assign(comm.nranks, 0);
+    instance.link_peer.assign(comm.nranks, -1);
+    instance.link_wait.assign(comm.nranks, 0);
   }
   if (instance.issue[rank] == 0) {  // a rank's record counts once
     instance.issue[rank] = std::max<uint64_t>(record.kernel_start_ns, 1);
     instance.enqueued[rank] = record.enqueued_ns;
     instance.end[rank] = record.kernel_end_ns;
+    if (record.link_peer >= 0 && record.link_peer < comm.nranks && record.link_peer != rank) {
+      instance.link_peer[rank] = record.link_peer;
+      instance.link_wait[rank] = record.link_wait_ns;
+    }
     instance.arrived += 1;
   }
   if (instance.arrived == comm.nranks) {
     ++completed_;
-    GpuComplete done{comm, op, record.seq, instance.issue, instance.enqueued, instance.end};
+    GpuComplete done{
+        comm, op, record.seq, instance.issue, instance.enqueued, instance.end, instance.link_peer, instance.link_wait};
     for (GpuListener* listener : listeners_) listener->on_gpu_complete(done);
     budget_.close(comm.hash, open, slot);
   }

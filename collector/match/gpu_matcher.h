@@ -27,6 +27,11 @@ struct GpuComplete {
   const std::vector<uint64_t>& kernel_start;  // by rank, cluster clock
   const std::vector<uint64_t>& enqueued;      // by rank
   const std::vector<uint64_t>& kernel_end;    // by rank
+  // By rank, NCCL's proxy steps where they were asked for (GpuRecord): the
+  // peer of its send link that waited longest on the network (-1: none
+  // seen), and how long.
+  const std::vector<int32_t>& link_peer;
+  const std::vector<uint64_t>& link_wait;
 };
 
 class GpuListener {
@@ -48,12 +53,14 @@ class GpuMatcher final : public RecordObserver {
   struct Open {
     std::vector<uint64_t> issue;  // kernel start by rank (0: not yet); named for the budget
     std::vector<uint64_t> enqueued, end;
+    std::vector<int32_t> link_peer;
+    std::vector<uint64_t> link_wait;
     int32_t arrived = 0;
   };
   using Instances = std::map<uint64_t, Open>;  // by seq << 8 | op: oldest first
   std::vector<GpuListener*> listeners_;
   std::map<uint64_t, Instances> comms_;
-  OpenBudget budget_{3 * sizeof(uint64_t)};
+  OpenBudget budget_{4 * sizeof(uint64_t) + sizeof(int32_t)};
   uint64_t completed_ = 0;
 };
 

@@ -326,6 +326,39 @@ TEST_F(DetectE2E, ASlowGpuWhoseHostIssuesOnTimeIsTheOneGpuSideStraggler) {
   EXPECT_TRUE(of_kind(deployment->findings(false), "hang").empty()) << dump(*deployment, dir);
 }
 
+// A slow link: each transfer from rank 2 to rank 1 (on the other node)
+// takes 1.5 ms longer on the network, from rank 2's 600th exchange on (~100
+// steps), while every host and GPU is on time: the job's steps take about
+// twice as long. The agents ask for NCCL's proxy steps 2 s of every 10 s
+// (their default); the link is named from them, and nothing else is named.
+TEST_F(DetectE2E, ASlowLinkIsNamedFromNcclsProxySteps) {
+  deploy();
+  JobOptions job;
+  job.args = {"--steps", "100000", "--compute-iters", "2000000", "--bucket-elems", "1024"};
+  job.env = {{"NCCL_PROFILER_PLUGIN", kPlugin}};
+  job.rank_env[2] = {
+      {"FAKECUDA_LINK_DELAY_US", "1500"}, {"FAKECUDA_LINK_PEER", "1"}, {"FAKECUDA_LINK_DELAY_AFTER", "600"}};
+  auto ranks = launch_job(dir, cluster, job);
+  std::vector<SeenFinding> links;
+  bool found = wait_for(
+      [&] {
+        links = of_kind(deployment->findings(true), "slow_link");
+        return !links.empty();
+      },
+      std::chrono::seconds(60));
+  ASSERT_TRUE(found) << dump(*deployment, dir);
+  observe_for(std::chrono::seconds(3));  // the other links' chance to be (wrongly) named
+  links = of_kind(deployment->findings(false), "slow_link");
+  ASSERT_EQ(links.size(), 1u) << dump(*deployment, dir);
+  EXPECT_EQ(links[0].ranks, (std::vector<int32_t>{2, 1})) << links[0].detail;
+  EXPECT_NE(links[0].detail.find("rank 2 on " + deployment->node_name(1) + " -> rank 1 on " + deployment->node_name(0)),
+            std::string::npos)
+      << links[0].detail;
+  EXPECT_NE(links[0].detail.find("link side"), std::string::npos) << links[0].detail;
+  EXPECT_TRUE(of_kind(deployment->findings(false), "hang").empty()) << dump(*deployment, dir);
+  EXPECT_TRUE(of_kind(deployment->findings(false), "straggler").empty()) << dump(*deployment, dir);
+}
+
 // A rank whose GPU stops (a kernel that never finishes) while every host
 // lives: every host issues the step's collectives and blocks in
 // cudaStreamSynchronize. Host timing says only "all entered, none

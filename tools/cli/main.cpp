@@ -45,7 +45,7 @@ const char* kUsage =
     "  jobs                         jobs, their communicators and ranks\n"
     "  timeline --comm C [--rank R] [--last N]\n"
     "                               the NCCL calls of one communicator, per rank\n"
-    "  findings [--open] [--kind K] hangs, mismatches, stragglers and lost nodes, newest first\n"
+    "  findings [--open] [--kind K] hangs, mismatches, stragglers, lost nodes and slow links, newest first\n"
     "  hangs                        open hangs (findings --open --kind hang)\n"
     "  stragglers                   open stragglers (findings --open --kind straggler)\n"
     "  ack ID                       close finding ID: you have seen it. A mismatch stays open until\n"
@@ -384,7 +384,7 @@ int main(int argc, char** argv) {
     ("rank", po::value(&rank), "timeline: only this rank")
     ("last", po::value(&last)->default_value(last), "timeline: the last N calls per rank (0: all)")
     ("open", po::bool_switch(&open_only), "findings: only the open ones")
-    ("kind", po::value(&kind), "findings: only hang, mismatch, straggler or node_lost")
+    ("kind", po::value(&kind), "findings: only hang, mismatch, straggler, node_lost or slow_link")
     ("since", po::value(&since), "report, export: from this time (default: the start of the record)")
     ("until", po::value(&until), "report, export: up to this time (default: now)")
     ("by", po::value(&report.by)->default_value(report.by), "report: account, user, job, namespace, pod, cgroup or node")

@@ -209,6 +209,13 @@ std::vector<std::string> next_steps(query::Finding::Reader f) {
     steps.push_back("Its agent stopped reporting: is " + node + " up, is rankscope-agent running there "
                     "(`systemctl status rankscope-agent`), can it reach the collector?");
     steps.push_back("Ranks on " + node + " are not observed meanwhile: hangs and stragglers there cannot be seen.");
+  } else if (kind == "slow_link") {
+    const std::string to = f.getNodes().size() > 1 ? std::string(f.getNodes()[1]) : "its peer's node";
+    steps.push_back("Check the link from " + node + " to " + to + ": the NIC's error and speed counters on both "
+                    "(`ethtool -S`, `ibstat`, `ibv_devinfo`), the cable and the switch ports between them.");
+    steps.push_back("Its transfers waited longest on the network, not its GPU or its host: replacing the rank's GPU "
+                    "will not help. It costs the collectives " + format_percent(f.getWaitShare()) +
+                    " of their GPU time where sampled.");
   }
   return steps;
 }
@@ -598,14 +605,14 @@ class Tools {
   const std::vector<Tool> tools_ = {
       {"list_findings",
        "Open findings",
-       "Hangs, collective mismatches, stragglers and lost nodes the collector has found, newest first: each with "
+       "Hangs, collective mismatches, stragglers, lost nodes and slow links the collector has found, newest first: each with "
        "its id, job, communicator, culprit ranks and nodes, and a one-line summary.",
        {{"type", "object"},
         {"properties",
          {{"open_only", {{"type", "boolean"}, {"description", "only findings still open (default true)"}}},
           {"kind",
            {{"type", "string"},
-            {"enum", {"hang", "mismatch", "straggler", "node_lost"}},
+            {"enum", {"hang", "mismatch", "straggler", "node_lost", "slow_link"}},
             {"description", "only this kind"}}},
           {"job", {{"type", "string"}, {"description", "only this job's findings"}}},
           {"limit",
