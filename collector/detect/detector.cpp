@@ -198,7 +198,7 @@ void Detector::on_gpu_complete(const GpuComplete& done) {
   if (!state.gpu_waits) state.gpu_waits = std::make_unique<WaitAttribution>(comm.nranks, options_.straggler);
   if (!state.margin) refresh_margins(comm, state);
   const uint64_t last = *std::max_element(done.kernel_start.begin(), done.kernel_start.end());
-  state.gpu_done.push_back(Completed{done.kernel_start, last, state.margin, {}});
+  state.gpu_done.push_back(Completed{done.kernel_start, last, state.margin, {}, done.kernel_end});
   const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
   while (state.gpu_done.size() > cap) score_gpu_front(state);
 }

@@ -140,6 +140,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     // and without them its release is an older one and its own time a step
     // too long. Scored once those batches came, or kBatchGapWaitNs passed.
     std::vector<std::pair<const NodeState*, uint64_t>> gaps;
+    std::vector<uint64_t> end;  // the GPU side: by rank, when its kernels of it ended (empty on the host side)
   };
   struct CommDetect {
     std::deque<Completed> done;              // complete, not yet scored (settling)
@@ -149,6 +150,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     // waiting of the ranks' kernels attributed alike; null until GPU times come.
     std::deque<Completed> gpu_done;
     std::unique_ptr<WaitAttribution> gpu_waits;
+    std::vector<uint64_t> gpu_free;  // by rank: the latest end of its kernels scored (0: none yet)
     // By rank: the clocks' uncertainty against the others, as of the last
     // evaluation. Records are put on the cluster clock as they arrive, with
     // the clocks as then known: an instance keeps the margins of when it
@@ -197,8 +199,8 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   Ready ready(const Completed& c, uint64_t now_ns) const;
   // The nodes of the communicator's members with a batch missing now.
   void note_gaps(const CommState& comm, Completed& c) const;
-  // The GPU side: each rank's kernel start is its arrival (plain arrival
-  // lateness: a kernel starts when its stream reaches it).
+  // The GPU side: each rank's kernel start is its arrival, judged from
+  // when its GPU was free to go on (its previous kernels' end).
   void score_gpu_front(CommDetect& state);
   // Nodes silent for long enough that their ranks are unseen, not hung.
   bool unseen(const std::string& node) const { return silent_.count(node) > 0; }
