@@ -2,7 +2,9 @@
 # rankscope on a real GPU machine: a collector, an agent (real eBPF) and a
 # 3-rank PyTorch NCCL job (scripts/gpu-job.py) loading rankscope's NCCL
 # profiler plugin; a healthy run, then one whose rank 2 GPU slows down
-# mid-run while its host issues on time. Prints what rankscope found.
+# mid-run while its host issues on time, then one whose rank 2 sends slowly
+# for a while (a slow link: build/lib/librankscope-slow-send.so preloaded,
+# 400 MB/s). Prints what rankscope found.
 #   scripts/gpu-check.sh [BUILD] [OUTDIR]
 # Needs root, python3 with PyTorch (CUDA) and its NCCL. With one GPU the
 # ranks share it, each a "node" of its own (NCCL_HOSTID), so NCCL moves the
@@ -26,14 +28,16 @@ sleep 1
   --spool-dir "" --slurm-jobs-dir "" >"$out/agent.log" 2>&1 &
 pids+=($!)
 sleep 3
-job() {  # name slow_rank steps slow_after
-  local ranks=()
+job() {  # name slow_rank steps slow_after [kind [slow_until]]
+  local ranks=() kind=${5:-gpu} until=${6:-$3} preload=""
+  [ "$kind" = link ] && preload="$build/lib/librankscope-slow-send.so"
   for r in 0 1 2; do
     local local_rank=0 hostid=node$r
     if [ "${GPUS:-1}" -ge 3 ]; then local_rank=$r; hostid=$(hostname); fi
     RANK=$r WORLD_SIZE=3 LOCAL_RANK=$local_rank MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 10)) \
       NCCL_HOSTID=$hostid NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 RANKSCOPE_JOB_ID=$1 \
       NCCL_PROFILER_PLUGIN="$build/lib/librankscope-nccl-profiler.so" SLOW_RANK=$2 STEPS=$3 SLOW_AFTER=$4 \
+      SLOW_KIND=$kind SLOW_UNTIL=$until LD_PRELOAD=$preload RANKSCOPE_SLOW_SEND_FILE="$out/slow-send-$1-$r" \
       python3 "$here/gpu-job.py" >"$out/job-$1-$r.log" 2>&1 &
     ranks+=($!)
   done
@@ -42,6 +46,7 @@ job() {  # name slow_rank steps slow_after
 }
 job healthy -1 300 0
 job slowgpu 2 900 300
+job slowlink 2 900 300 link 700
 sleep 2
 q=(--collector tcp://127.0.0.1:$((port + 1)) --insecure)
 "$build/bin/rankscope" "${q[@]}" jobs
