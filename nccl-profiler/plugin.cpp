@@ -28,6 +28,12 @@ namespace rankscope::profiler {
 namespace {
 
 constexpr uint32_t kEventsPerComm = 1u << 13;  // live events a communicator may hold (recycled in turn)
+// Proxy steps come by the thousand in a large collective and live briefly:
+// a pool of their own, so that they never recycle a collective's, a
+// kernel's or a proxy operation's event while it lives. Their ids have the
+// high bit set.
+constexpr uint32_t kStepsPerComm = 1u << 13;
+constexpr uint32_t kStepIdBit = 1u << 31;
 
 uint64_t monotonic_ns() {
   timespec ts;
@@ -101,11 +107,21 @@ struct Comm {
   int* mask = nullptr;  // NCCL's activation mask, read again at each operation
   bool detail = false;
   std::atomic<uint32_t> next{0};
+  std::atomic<uint32_t> next_step{0};
   std::unique_ptr<Event[]> events = std::make_unique<Event[]>(kEventsPerComm);
+  std::unique_ptr<Event[]> steps = std::make_unique<Event[]>(kStepsPerComm);
 
   Event* take() {
-    uint32_t id = next.fetch_add(1, std::memory_order_relaxed);
+    uint32_t id = next.fetch_add(1, std::memory_order_relaxed) & ~kStepIdBit;
     Event* e = &events[id & (kEventsPerComm - 1)];
+    e->comm = this;
+    e->id = id;
+    e->direction = 0;
+    return e;
+  }
+  Event* take_step() {
+    uint32_t id = next_step.fetch_add(1, std::memory_order_relaxed) | kStepIdBit;
+    Event* e = &steps[id & (kStepsPerComm - 1)];
     e->comm = this;
     e->id = id;
     e->direction = 0;
@@ -223,7 +239,7 @@ abi::Result start(void* context, void** handle, const Descr& d) {
     }
     case abi::kProxyStep: {
       if (!parent) return abi::kSuccess;
-      e = comm->take();
+      e = comm->take_step();
       e->op = parent->op;
       e->seq_number = parent->seq_number;
       e->peer = parent->peer;

@@ -125,21 +125,31 @@ inline uint64_t own_start_time() {
 
 // The ring behind descriptor `fd`, checked (sealed, a size matching its
 // header, this build's layout) and mapped read-write; nullopt with `why`.
-inline std::optional<RingView> map_ring(int fd, std::string& why) {
+// `unfinished` (where given) says whether the refusal is what a ring being
+// made looks like for a moment (not yet sized, sealed or initialised):
+// worth another look shortly.
+inline std::optional<RingView> map_ring(int fd, std::string& why, bool* unfinished = nullptr) {
+  if (unfinished) *unfinished = false;
   struct stat st {};
   void* map = MAP_FAILED;
   const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
     why = "it is not sealed against resizing";
-  else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) < sizeof(RingHeader))
+    if (unfinished) *unfinished = true;
+  } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) < sizeof(RingHeader)) {
     why = "it is smaller than a ring's header";
+  }
   else if ((map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
            MAP_FAILED)
     why = "it cannot be mapped";
   if (map == MAP_FAILED) return std::nullopt;
   auto* h = static_cast<RingHeader*>(map);
+  const uint32_t magic = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE);  // published last (ring_init)
   const uint32_t slots = h->slots;
-  if (h->magic != kRingMagic || h->version != kRingVersion || h->record_size != sizeof(Record))
+  if (magic == 0) {
+    why = "its header is not written";  // sealed and mapped by its maker, not yet initialised
+    if (unfinished) *unfinished = true;
+  } else if (magic != kRingMagic || h->version != kRingVersion || h->record_size != sizeof(Record))
     why = "another layout (another plugin build)";
   else if (slots == 0 || (slots & (slots - 1)) != 0 || static_cast<size_t>(st.st_size) != ring_bytes(slots))
     why = "its size does not match its header";
@@ -154,8 +164,9 @@ inline std::optional<RingView> map_ring(int fd, std::string& why) {
 // descriptors), found among its descriptors (PROC/PID/fd) and mapped;
 // nullopt with `why` when it has none (`why` empty) or it is refused.
 inline std::optional<RingView> map_process_ring(const std::string& proc_root, uint32_t pid, uint64_t start_time,
-                                                std::string& why) {
+                                                std::string& why, bool* unfinished = nullptr) {
   why.clear();
+  if (unfinished) *unfinished = false;
   const std::string dir = proc_root + "/" + std::to_string(pid) + "/fd";
   const std::string want = std::string("/memfd:") + kRingMemfdName + " (deleted)";
   DIR* d = opendir(dir.c_str());
@@ -168,7 +179,9 @@ inline std::optional<RingView> map_process_ring(const std::string& proc_root, ui
     if (n != static_cast<ssize_t>(want.size()) || want.compare(0, want.size(), target, n) != 0) continue;
     int fd = open(link.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) continue;
-    found = map_ring(fd, why);
+    bool this_unfinished = false;
+    found = map_ring(fd, why, &this_unfinished);
+    if (unfinished) *unfinished = *unfinished || this_unfinished;
     close(fd);
     if (found && found->header->pid == pid && found->header->start_time == start_time) break;
     if (found) {
@@ -186,10 +199,10 @@ inline void unmap_ring(RingView ring) {
   if (ring.header) munmap(ring.header, ring_bytes(ring.slots));
 }
 
-// Sets up a zeroed mapping of ring_bytes(slots) as an empty ring.
+// Sets up a zeroed mapping of ring_bytes(slots) as an empty ring. The magic
+// is written last: a reader that sees it sees the rest.
 inline void ring_init(RingView& ring, uint32_t slots, uint32_t pid, uint64_t start_time) {
   RingHeader* h = ring.header;
-  h->magic = kRingMagic;
   h->version = kRingVersion;
   h->record_size = sizeof(Record);
   h->slots = slots;
@@ -199,6 +212,7 @@ inline void ring_init(RingView& ring, uint32_t slots, uint32_t pid, uint64_t sta
   for (uint32_t i = 0; i < slots; ++i) ring.records[i].sequence.store(i, std::memory_order_relaxed);
   h->head.store(0, std::memory_order_relaxed);
   h->tail.store(0, std::memory_order_relaxed);
+  __atomic_store_n(&h->magic, kRingMagic, __ATOMIC_RELEASE);
 }
 
 // Writes `record` (its sequence ignored); false when dropped (and counted).

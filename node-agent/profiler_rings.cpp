@@ -32,14 +32,25 @@ bool ProfilerRings::attach(uint32_t pid, uint64_t start_time) {
   if (rings_.count(pid)) return true;
   if (auto it = refused_.find(pid); it != refused_.end() && it->second == start_time) return false;
   std::string why;
-  auto view = profiler::map_process_ring(proc_root_, pid, start_time, why);
+  bool unfinished = false;
+  auto view = profiler::map_process_ring(proc_root_, pid, start_time, why, &unfinished);
   if (!view) {
-    if (why.empty()) return false;  // no plugin in it (yet)
+    if (why.empty()) {  // no plugin in it (yet)
+      unfinished_.erase(pid);
+      return false;
+    }
+    if (unfinished) {  // its plugin is making it now
+      Unfinished& u = unfinished_[pid];
+      if (u.start_time != start_time) u = Unfinished{start_time, 0};
+      if (++u.tries < kUnfinishedTries) return false;
+    }
+    unfinished_.erase(pid);
     ++counts_.refused;
     refused_[pid] = start_time;  // not looked at again while this process lives
     RS_LOG(warn, "profiler ring of process %u not read: %s", pid, why.c_str());
     return false;
   }
+  unfinished_.erase(pid);
   auto ring = std::make_unique<Ring>();
   ring->pid = pid;
   ring->view = *view;
@@ -52,14 +63,24 @@ bool ProfilerRings::attach(uint32_t pid, uint64_t start_time) {
 }
 
 void ProfilerRings::drain(const std::function<void(const GpuCollective&)>& out) {
+  if (!unfinished_.empty()) {
+    std::vector<std::pair<uint32_t, uint64_t>> again;
+    for (const auto& [pid, u] : unfinished_) again.emplace_back(pid, u.start_time);
+    for (const auto& [pid, start_time] : again)
+      if (attach(pid, start_time)) RS_LOG(info, "reading the GPU side of process %u (NCCL profiler plugin)", pid);
+  }
   for (auto& [pid, ring] : rings_) read(*ring, out);
 }
 
 void ProfilerRings::detach(uint32_t pid, const std::function<void(const GpuCollective&)>& out) {
   refused_.erase(pid);
+  unfinished_.erase(pid);
   auto it = rings_.find(pid);
   if (it == rings_.end()) return;
   read(*it->second, out);
+  // What it finished whose proxy records never came is sent all the same.
+  for (auto& [key, p] : it->second->pending)
+    if (p.kernels_done()) send(*it->second, p, out);
   profiler::unmap_ring(it->second->view);  // the last reference: the ring is freed
   rings_.erase(it);
   --counts_.rings;
@@ -82,11 +103,12 @@ bool ProfilerRings::Pending::kernels_done() const {
   return channels_stopped > 0 && channels_stopped >= n;
 }
 
-void ProfilerRings::Pending::add_link_wait(int32_t peer, uint64_t start, uint64_t end) {
-  auto link = std::find_if(links.begin(), links.end(), [&](const Link& l) { return l.peer == peer; });
+void ProfilerRings::Pending::add_link_wait(int32_t peer, uint8_t channel, uint64_t start, uint64_t end) {
+  auto link = std::find_if(links.begin(), links.end(),
+                           [&](const Link& l) { return l.peer == peer && l.channel == channel; });
   if (link == links.end()) {
-    links.push_back(Link{peer, start, end, 0});
-  } else if (start > link->end) {  // a new run: NCCL posts a link's steps in order
+    if (links.size() < kLinksPerCollective) links.push_back(Link{peer, channel, start, end, 0});
+  } else if (start > link->end) {  // a new run: NCCL posts a channel's steps in order
     link->total += link->end - link->start;
     link->start = start;
     link->end = end;
@@ -134,10 +156,15 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     finish_if_done(ring, it, out);
     return;
   }
-  if (ring.pending.size() > kPendingPerRing) {  // the oldest goes
-    ring.pending.erase(ring.by_order.begin()->second);
-    ring.by_order.erase(ring.by_order.begin());
-  }
+  if (ring.pending.size() > kPendingPerRing) evict_oldest(ring, out);
+}
+
+void ProfilerRings::evict_oldest(Ring& ring, const std::function<void(const GpuCollective&)>& out) {
+  auto oldest = ring.pending.find(ring.by_order.begin()->second);
+  ring.by_order.erase(ring.by_order.begin());
+  if (oldest == ring.pending.end()) return;
+  if (oldest->second.kernels_done()) send(ring, oldest->second, out);  // held for proxy records that were lost
+  ring.pending.erase(oldest);
 }
 
 // NCCL's proxy thread moves a collective's data over the network, one
@@ -152,7 +179,7 @@ void ProfilerRings::take_proxy(Ring& ring, const Record& r, const std::function<
   auto it = ring.pending.find(Key{r.comm_hash, r.op, r.seq_number});
   switch (r.kind) {
     case RecordKind::proxy_op_start:
-      if (it != ring.pending.end()) ++it->second.proxy_open;
+      if (it != ring.pending.end() && it->second.proxy_open < kProxyOpsPerCollective) ++it->second.proxy_open;
       return;
     case RecordKind::proxy_op_stop:
       if (it == ring.pending.end() || it->second.proxy_open == 0) return;
@@ -160,21 +187,30 @@ void ProfilerRings::take_proxy(Ring& ring, const Record& r, const std::function<
       if (it->second.kernels_done()) finish_if_done(ring, it, out);
       return;
     case RecordKind::proxy_step: {
-      if (!send) return;
-      const std::pair<uint64_t, uint32_t> id{r.comm_hash, r.event};
+      if (!send || r.peer < 0 || r.peer == r.rank) return;
+      const Ring::StepKey id{r.comm_hash, r.rank, r.event};
       if (state == 0) {
-        if (ring.steps.size() >= kStepsPerRing) ring.steps.erase(ring.steps.begin());  // lost stops: the oldest go
-        ring.steps[id] = Step{r.seq_number, r.op, r.peer, 0};
+        // Steps whose stop was lost (a full ring): the oldest go.
+        while (ring.steps.size() >= kStepsPerRing && !ring.step_order.empty()) {
+          ring.steps.erase(ring.step_order.front());
+          ring.step_order.pop_front();
+        }
+        while (ring.step_order.size() >= 2 * kStepsPerRing) {  // mostly stopped long ago
+          ring.steps.erase(ring.step_order.front());
+          ring.step_order.pop_front();
+        }
+        ring.steps[id] = Step{r.seq_number, r.op, r.channel, r.peer, 0};
+        ring.step_order.push_back(id);
       } else if (state == profiler::abi::kProxyStepSendWait) {
         if (auto step = ring.steps.find(id); step != ring.steps.end()) step->second.posted_ns = r.host_ns;
       }
       return;
     }
     case RecordKind::proxy_step_stop: {
-      auto step = ring.steps.find({r.comm_hash, r.event});
+      auto step = ring.steps.find(Ring::StepKey{r.comm_hash, r.rank, r.event});
       if (step == ring.steps.end()) return;
       if (step->second.posted_ns != 0 && r.host_ns > step->second.posted_ns && it != ring.pending.end())
-        it->second.add_link_wait(step->second.peer, step->second.posted_ns, r.host_ns);
+        it->second.add_link_wait(step->second.peer, step->second.channel, step->second.posted_ns, r.host_ns);
       ring.steps.erase(step);
       return;
     }
@@ -194,19 +230,22 @@ void ProfilerRings::finish_if_done(Ring& ring, std::map<Key, Pending>::iterator 
   for (auto e = first; e != std::next(it); ++e) {
     Pending& p = e->second;
     ring.by_order.erase(p.order);
-    if (!p.kernels_done()) continue;
-    p.c.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring.gpu_to_host);
-    p.c.kernel_end_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_end) + ring.gpu_to_host);
-    for (const auto& link : p.links) {
-      const uint64_t wait = link.total + (link.end - link.start);
-      if (wait > p.c.link_wait_ns) {
-        p.c.link_wait_ns = wait;
-        p.c.link_peer = link.peer;
-      }
-    }
-    out(p.c);
+    if (p.kernels_done()) send(ring, p, out);
   }
   ring.pending.erase(first, std::next(it));
+}
+
+void ProfilerRings::send(const Ring& ring, Pending& p, const std::function<void(const GpuCollective&)>& out) {
+  p.c.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring.gpu_to_host);
+  p.c.kernel_end_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_end) + ring.gpu_to_host);
+  for (const auto& link : p.links) {  // the channel that waited longest, of the peer that waited longest
+    const uint64_t wait = link.total + (link.end - link.start);
+    if (wait > p.c.link_wait_ns) {
+      p.c.link_wait_ns = wait;
+      p.c.link_peer = link.peer;
+    }
+  }
+  out(p.c);
 }
 
 void ProfilerRings::set_detail(bool on) {

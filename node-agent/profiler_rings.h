@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -78,7 +79,9 @@ class ProfilerRings {
 
   // Looks for process `pid`'s ring (started at `start_time`, /proc/PID/stat
   // field 22) if it has none yet; true when it is read now. A refused ring
-  // is not looked at again while that process lives.
+  // is not looked at again while that process lives; one found while its
+  // plugin was still making it (not yet sealed or initialised) is looked
+  // at again at each drain, up to kUnfinishedTries times.
   bool attach(uint32_t pid, uint64_t start_time);
   // Reads every ring; each collective whose kernel has stopped on every
   // channel goes to `out`.
@@ -101,20 +104,28 @@ class ProfilerRings {
     uint32_t channels = 0;  // NCCL's nChannels, from the enqueue record (0: not seen)
     uint32_t channels_started = 0, channels_stopped = 0;
     uint64_t order = 0;     // arrival, to drop the oldest first
-    int proxy_open = 0;     // its proxy operations started and not stopped: it is sent once they are
+    uint32_t proxy_open = 0;  // its proxy operations started and not stopped: it is sent once they are
+    // This rank's sends, by peer and channel: a channel's steps are posted
+    // and done in order, so overlapping ones are merged as they come. A
+    // link's wait is its channel that waited longest (channels move their
+    // data side by side).
     struct Link {
       int32_t peer;
+      uint8_t channel;
       uint64_t start, end;  // the run of overlapping network waits being added to
       uint64_t total;       // ... and the runs before it
     };
-    std::vector<Link> links;  // this rank's sends, by peer
+    std::vector<Link> links;
     bool kernels_done() const;
-    void add_link_wait(int32_t peer, uint64_t start, uint64_t end);
+    void add_link_wait(int32_t peer, uint8_t channel, uint64_t start, uint64_t end);
   };
+  static constexpr size_t kLinksPerCollective = 256;  // (peer, channel) pairs kept; a ring's writer is not trusted
+  static constexpr uint32_t kProxyOpsPerCollective = 1u << 16;
   // A send step of NCCL's proxy, until it stops.
   struct Step {
     uint64_t seq = 0;
     uint8_t op = 0;
+    uint8_t channel = 0;
     int32_t peer = -1;
     uint64_t posted_ns = 0;  // it entered SendWait: handed to the network (0: not yet)
   };
@@ -129,7 +140,9 @@ class ProfilerRings {
     std::map<Key, Pending> pending;
     std::map<uint64_t, Key> by_order;  // pending, oldest first
     uint64_t next_order = 0;
-    std::map<std::pair<uint64_t, uint32_t>, Step> steps;  // (comm hash, event) -> a send step in flight
+    using StepKey = std::tuple<uint64_t, int32_t, uint32_t>;  // (comm hash, rank, event)
+    std::map<StepKey, Step> steps;                             // send steps in flight
+    std::deque<StepKey> step_order;                            // ... as they started, to drop the oldest
   };
   void read(Ring& ring, const std::function<void(const GpuCollective&)>& out);
   void take(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);
@@ -138,10 +151,20 @@ class ProfilerRings {
   // (and those of its communicator and op before it, done or lost).
   void finish_if_done(Ring& ring, std::map<Key, Pending>::iterator it,
                       const std::function<void(const GpuCollective&)>& out);
+  // Sends `p` (its kernels stopped): its times on the host clock, its link.
+  void send(const Ring& ring, Pending& p, const std::function<void(const GpuCollective&)>& out);
+  // Drops the oldest pending collective, sent first if its kernels stopped.
+  void evict_oldest(Ring& ring, const std::function<void(const GpuCollective&)>& out);
 
   std::string proc_root_;
   std::map<uint32_t, std::unique_ptr<Ring>> rings_;  // by pid
   std::map<uint32_t, uint64_t> refused_;             // pid -> start time of a process whose ring was refused
+  struct Unfinished {
+    uint64_t start_time = 0;
+    uint32_t tries = 0;
+  };
+  static constexpr uint32_t kUnfinishedTries = 40;  // ~1 s of the agent's ticks
+  std::map<uint32_t, Unfinished> unfinished_;       // pid -> a ring being made when last looked at
   ProfilerRingCounts counts_;
   bool detail_ = false;
 };

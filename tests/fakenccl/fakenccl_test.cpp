@@ -377,12 +377,15 @@ class RingTap {
  public:
   explicit RingTap(pid_t pid) : pid_(static_cast<uint32_t>(pid)) {}
   ~RingTap() { rankscope::profiler::unmap_ring(ring_); }
-  // Maps the ring once the process has made it (at its first communicator).
+  // Maps the ring once the process has made it (at its first communicator;
+  // a ring still being made is looked at again).
   bool open() {
     std::string why;
     auto start = rankscope::agent::read_start_time("/proc", pid_);
     if (!start) return false;
-    auto ring = rankscope::profiler::map_process_ring("/proc", pid_, *start, why);
+    bool unfinished = false;
+    auto ring = rankscope::profiler::map_process_ring("/proc", pid_, *start, why, &unfinished);
+    if (unfinished) return false;
     EXPECT_EQ(why, "");
     if (!ring) return false;
     ring_ = *ring;

@@ -12,9 +12,11 @@
 #include <atomic>
 #include <filesystem>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bpf/nccl_events.h"
+#include "nccl-profiler/abi.h"
 #include "tests/support/harness.h"
 
 namespace rankscope::agent {
@@ -129,6 +131,8 @@ TEST(ProfilerRings, ARingOfAnotherProcessOrLayoutIsNotRead) {
     // A ring its writer could shrink under the agent's mapping (SIGBUS in the agent).
     FakeRing unsealed(proc, kPid + 2, kStart, profiler::kRingVersion, F_SEAL_SEAL);
     EXPECT_FALSE(rings.attach(kPid + 2, kStart)) << "a ring not sealed against resizing";
+    // Its plugin might be making it: looked at again at each drain, a while.
+    for (int i = 0; i < 40; ++i) rings.drain([](const GpuCollective&) {});
     EXPECT_EQ(unsealed.view.header->reader.load(), 0u);
   }
   EXPECT_FALSE(rings.attach(kPid + 3, kStart)) << "no such process";
@@ -138,6 +142,36 @@ TEST(ProfilerRings, ARingOfAnotherProcessOrLayoutIsNotRead) {
     EXPECT_FALSE(rings.attach(kPid + 1, kStart)) << "a refused process is not looked at again";
     rings.detach(kPid + 1, [](const GpuCollective&) {});  // it exited; its pid may come back
     EXPECT_TRUE(rings.attach(kPid + 1, kStart));
+  }
+}
+
+// The plugin makes its ring in steps (a memfd, sized, sealed, mapped, its
+// header written last): the agent may look in between. Such a ring is
+// looked at again at the next drains and read once made, not refused for
+// the process's life (which left its job without a GPU side).
+TEST(ProfilerRings, ARingFoundWhileItsPluginMakesItIsReadOnceMade) {
+  testing::TempDir proc;
+  auto ignore = [](const GpuCollective&) {};
+  {
+    FakeRing ring(proc, kPid, kStart, profiler::kRingVersion, /*seals=*/0);  // not sealed yet
+    ProfilerRings rings(proc.path());
+    EXPECT_FALSE(rings.attach(kPid, kStart));
+    ASSERT_EQ(fcntl(ring.fd, F_ADD_SEALS, profiler::kRingSeals), 0);
+    rings.drain(ignore);
+    EXPECT_EQ(rings.counts().rings, 1u);
+    EXPECT_EQ(rings.counts().refused, 0u);
+    EXPECT_NE(ring.view.header->reader.load(), 0u);
+  }
+  {
+    FakeRing ring(proc, kPid + 1, kStart);
+    const uint32_t magic = ring.view.header->magic;
+    ring.view.header->magic = 0;  // its header not written yet
+    ProfilerRings rings(proc.path());
+    EXPECT_FALSE(rings.attach(kPid + 1, kStart));
+    ring.view.header->magic = magic;
+    rings.drain(ignore);
+    EXPECT_EQ(rings.counts().rings, 1u);
+    EXPECT_EQ(rings.counts().refused, 0u);
   }
 }
 
@@ -209,6 +243,82 @@ TEST(ProfilerRings, AnExitedProcessIsDrainedAndItsRingLetGo) {
   for (uint32_t i = 0; i < kSlots + 3; ++i) again.write(RecordKind::coll_start, i, i, 0, 1);
   rings.drain([](const GpuCollective&) {});
   EXPECT_EQ(rings.counts().plugin_dropped, 3u);
+}
+
+// NCCL's proxy steps (while the agent asks for them): per collective, the
+// send link that waited longest on the network, a link being its busiest
+// channel (each channel's overlapping steps once). A collective is held
+// until its proxy operations stopped; one whose stop never came is sent
+// when its process exits. Steps with no peer (a hostile writer) count for
+// nothing.
+TEST(ProfilerRings, ProxyStepsGiveEachCollectiveTheSendLinkThatWaitedLongest) {
+  testing::TempDir proc;
+  FakeRing ring(proc, kPid, kStart);
+  ProfilerRings rings(proc.path());
+  rings.set_detail(true);
+  ASSERT_TRUE(rings.attach(kPid, kStart));
+  EXPECT_EQ(ring.view.header->detail.load(), 1u) << "the agent asks for proxy events";
+  std::vector<GpuCollective> got;
+  auto keep = [&](const GpuCollective& c) { got.push_back(c); };
+  auto proxy = [&](RecordKind kind, uint64_t seq, uint64_t host_ns, uint32_t event, int32_t peer, uint8_t channel,
+                   uint8_t state) {
+    Record r{};
+    r.comm_hash = kComm;
+    r.seq_number = seq;
+    r.host_ns = host_ns;
+    r.rank = 3;
+    r.peer = peer;
+    r.event = event;
+    r.kind = kind;
+    r.op = RS_OP_ALLREDUCE;
+    r.channel = channel;
+    r.state = state;
+    ASSERT_TRUE(profiler::ring_write(ring.view, r));
+  };
+  const uint8_t send = profiler::kProxySend, wait = profiler::abi::kProxyStepSendWait;
+  // Collective #1 on two channels, each with a send operation to rank 1.
+  ASSERT_TRUE(ring.write(RecordKind::coll_start, 1, 1'000, 0, 2));
+  proxy(RecordKind::proxy_op_start, 1, 1'100, 10, 1, 0, send);
+  proxy(RecordKind::proxy_op_start, 1, 1'100, 11, 1, 1, send);
+  // Channel 0: steps [2,000, 6,000] and [4,000, 7,000] overlap: 5,000.
+  // Channel 1: [8,000, 9,000], its stop read between channel 0's two.
+  const std::vector<std::tuple<uint32_t, uint8_t, uint64_t, uint64_t>> steps = {
+      {100, 0, 2'000, 6'000}, {101, 1, 8'000, 9'000}, {102, 0, 4'000, 7'000}};
+  for (auto [event, channel, posted, done] : steps) {
+    proxy(RecordKind::proxy_step, 1, posted - 10, event, 1, channel, send);
+    proxy(RecordKind::proxy_step, 1, posted, event, 1, channel, send | wait);
+  }
+  for (auto [event, channel, posted, done] : steps) proxy(RecordKind::proxy_step_stop, 1, done, event, 1, channel, send);
+  rings.drain(keep);
+  // A step to no peer, 1 s long: nothing.
+  proxy(RecordKind::proxy_step, 1, 7'000, 103, -1, 1, send);
+  proxy(RecordKind::proxy_step, 1, 7'000, 103, -1, 1, send | wait);
+  proxy(RecordKind::proxy_step_stop, 1, 1'000'007'000, 103, -1, 1, send);
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 1, 2'000, 2'000, 0));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 1, 2'000, 2'000, 1));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 1, 6'500, 6'500, 0));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 1, 6'500, 6'500, 1));
+  proxy(RecordKind::proxy_op_stop, 1, 6'600, 10, 1, 0, send);
+  rings.drain(keep);
+  EXPECT_TRUE(got.empty()) << "a proxy operation still moves its data";
+  proxy(RecordKind::proxy_op_stop, 1, 9'100, 11, 1, 1, send);
+  rings.drain(keep);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].link_peer, 1);
+  EXPECT_EQ(got[0].link_wait_ns, 5'000u) << "its busiest channel, 0: its steps, overlapping ones once";
+  EXPECT_TRUE(rings.open().empty()) << "its kernels are not open";
+
+  // Collective #2: its proxy operation's stop is lost; it is sent when the process exits.
+  ASSERT_TRUE(ring.write(RecordKind::coll_start, 2, 8'000, 0, 1));
+  proxy(RecordKind::proxy_op_start, 2, 8'100, 12, 1, 0, send);
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 2, 9'000, 9'000, 0));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 2, 9'500, 9'500, 0));
+  rings.drain(keep);
+  EXPECT_EQ(got.size(), 1u);
+  rings.detach(kPid, keep);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].seq_number, 2u);
+  EXPECT_EQ(got[1].link_peer, -1) << "no step of it was seen";
 }
 
 }  // namespace

@@ -208,6 +208,7 @@ std::optional<Communicator::Failure> Communicator::run(const std::vector<Collect
     }
     ExchangeOutcome outcome = mesh_->exchange(sends, recvs, profiler_ ? profiler_.get() : nullptr);
     if (outcome.status != ExchangeOutcome::Status::kDone) {
+      if (profiler_) profiler_->abandonSends();
       return Failure{std::move(outcome), round.firstCall};
     }
     for (Phase* phase : round.phases) {

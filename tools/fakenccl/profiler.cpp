@@ -228,6 +228,14 @@ void ProfilerComm::posted(const SendSegment& segment) {
   proxies_[&segment] = proxy;
 }
 
+void ProfilerComm::abandonSends() {
+  for (auto& [segment, proxy] : proxies_) {
+    stopEvent(proxy.step);
+    stopEvent(proxy.op);
+  }
+  proxies_.clear();
+}
+
 void ProfilerComm::done(const SendSegment& segment) {
   auto it = proxies_.find(&segment);
   if (it == proxies_.end()) return;

@@ -42,6 +42,9 @@ class ProfilerComm final : public SendObserver {
   // them. Only the send side is modelled (the side rankscope reads).
   void posted(const SendSegment& segment) override;
   void done(const SendSegment& segment) override;
+  // An exchange ended early (a mismatch, a lost peer, an abort): the sends
+  // it posted stop where they are.
+  void abandonSends();
 
  private:
   explicit ProfilerComm(int rank) : rank_(rank) {}
