@@ -75,7 +75,7 @@ const MetricInfo kCatalogue[] = {
      Type::gauge,
      "",
      {"kind"},
-     "Findings open now, by kind (hang, mismatch, straggler, node_lost)."},
+     "Findings open now, by kind (hang, mismatch, straggler, node_lost, slow_link)."},
     {"rankscope_findings_opened_total",
      Type::counter,
      "",

@@ -198,7 +198,7 @@ Result<void> answer_findings(const QueryContext& ctx, query::FindingsQuery::Read
   FindingKind kind{};
   std::string kind_name = q.getKind();
   if (!kind_name.empty() && !parse_finding_kind(kind_name, kind))
-    return make_error(Errc::invalid_argument, "--kind must be hang, mismatch, straggler or node_lost, not '" + kind_name + "'");
+    return make_error(Errc::invalid_argument, "--kind must be hang, mismatch, straggler, node_lost or slow_link, not '" + kind_name + "'");
   std::vector<const Finding*> selected;
   for (const Finding* f : q.getOpenOnly() ? ctx.findings.open() : ctx.findings.all()) {
     if (!kind_name.empty() && f->kind != kind) continue;

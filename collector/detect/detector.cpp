@@ -177,7 +177,7 @@ void Detector::on_complete(const CollectiveComplete& done) {
     lateness_samples_.push_back(static_cast<double>(static_cast<int64_t>(done.issue[last]) - median(others)) / 1e9);
   }
   if (!state.margin) refresh_margins(comm, state);  // its first instance before its first evaluation
-  state.done.push_back(Completed{done.issue, done.issue[last], state.margin, {}});
+  state.done.push_back(Completed{done.issue, done.issue[last], state.margin, {}, {}});
   if (!model_.gaps.empty()) note_gaps(comm, state.done.back());
   // A job completing thousands of collectives a second (FSDP's per-layer
   // calls) fills the settling queue within settle_ns: past its budget the

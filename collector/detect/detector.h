@@ -15,6 +15,7 @@
 // Methods, parameters and limits: docs/detection.md. One class, one file per
 // pass: detector.cpp (events, evaluation, shared state), hang.cpp,
 // mismatch.cpp, straggler.cpp, node_lost.cpp; text.* (what findings say).
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -150,7 +151,13 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     // waiting of the ranks' kernels attributed alike; null until GPU times come.
     std::deque<Completed> gpu_done;
     std::unique_ptr<WaitAttribution> gpu_waits;
-    std::vector<uint64_t> gpu_free;  // by rank: the latest end of its kernels scored (0: none yet)
+    // By rank, the ends of its kernels of the last instances scored (0: none
+    // yet): the latest one before a start is when its GPU was free to go on.
+    // Instances are scored as they complete, not in GPU order (another op's
+    // may complete first): a few are kept.
+    static constexpr size_t kGpuEnds = 8;
+    std::vector<std::array<uint64_t, kGpuEnds>> gpu_ends;
+    size_t gpu_ends_next = 0;
     // By rank: the clocks' uncertainty against the others, as of the last
     // evaluation. Records are put on the cluster clock as they arrive, with
     // the clocks as then known: an instance keeps the margins of when it

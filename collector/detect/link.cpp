@@ -7,6 +7,13 @@
 
 namespace rankscope::collector {
 
+namespace {
+// Times from an agent are the user's (their plugin writes them): each is
+// taken as at most an hour, so that the window's sums cannot wrap.
+constexpr uint64_t kMaxNs = 3'600'000'000'000ull;
+uint64_t bounded(uint64_t ns) { return std::min(ns, kMaxNs); }
+}  // namespace
+
 LinkDetector::LinkDetector(const ClusterModel& model, FindingBook& book, LinkOptions options)
     : model_(model), book_(book), options_(options) {}
 
@@ -16,7 +23,7 @@ void LinkDetector::on_gpu_complete(const GpuComplete& done) {
   uint64_t kernel_ns = 0;
   for (int32_t r = 0; r < n; ++r) {
     if (done.kernel_end[r] > done.kernel_start[r])
-      kernel_ns = std::max(kernel_ns, done.kernel_end[r] - done.kernel_start[r]);
+      kernel_ns = std::max(kernel_ns, bounded(done.kernel_end[r] - done.kernel_start[r]));
     if (done.link_peer[r] < 0) continue;
     ++seen;
     if (top < 0 || done.link_wait[r] > done.link_wait[top]) top = r;
@@ -24,12 +31,12 @@ void LinkDetector::on_gpu_complete(const GpuComplete& done) {
   if (seen < 2) return;  // no proxy steps asked for, or one rank's alone: nothing to compare
   std::vector<uint64_t> others;
   for (int32_t r = 0; r < n; ++r)
-    if (r != top && done.link_peer[r] >= 0) others.push_back(done.link_wait[r]);
+    if (r != top && done.link_peer[r] >= 0) others.push_back(bounded(done.link_wait[r]));
   std::nth_element(others.begin(), others.begin() + static_cast<std::ptrdiff_t>(others.size() / 2), others.end());
   Sample s;
   s.others_ns = others[others.size() / 2];
   s.kernel_ns = kernel_ns;
-  const uint64_t wait = done.link_wait[top];
+  const uint64_t wait = bounded(done.link_wait[top]);
   if (wait >= s.others_ns + options_.floor_ns &&
       static_cast<double>(wait) >= options_.ratio * static_cast<double>(s.others_ns)) {
     s.rank = top;

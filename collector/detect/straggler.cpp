@@ -64,18 +64,21 @@ void Detector::score_gpu_front(CommDetect& state) {
   // collective's kernels end when their last data came: the rank that
   // receives last (downstream of a slow link, or of a late peer in a ring)
   // ends last, and its next kernel starts late for that alone; it is not to
-  // blame. Where a rank's previous end is not known, or comes after this
-  // start (kernels on another stream), plain starts are judged. A kernel
-  // waits inside its collective for the others: its stream, and its next
-  // kernel, are held back with it; no lateness is carried.
+  // blame. Where a rank's previous end is not known (none kept before this
+  // start), plain starts are judged. A kernel waits inside its collective
+  // for the others: its stream, and its next kernel, are held back with it;
+  // no lateness is carried.
   const Completed& c = state.gpu_done.front();
   const size_t n = c.issue.size();
   if (state.gpu_waits && c.margin && state.margin && c.margin->size() == n && state.margin->size() == n) {
     std::vector<int64_t> v(c.issue.begin(), c.issue.end());
-    bool durations = state.gpu_free.size() == n;
+    bool durations = state.gpu_ends.size() == n;
     for (size_t r = 0; r < n && durations; ++r) {
-      if (state.gpu_free[r] == 0 || state.gpu_free[r] > c.issue[r]) durations = false;
-      else v[r] = static_cast<int64_t>(c.issue[r] - state.gpu_free[r]);
+      uint64_t free = 0;
+      for (uint64_t end : state.gpu_ends[r])
+        if (end <= c.issue[r]) free = std::max(free, end);
+      if (free == 0) durations = false;
+      else v[r] = static_cast<int64_t>(c.issue[r] - free);
     }
     if (!durations) v.assign(c.issue.begin(), c.issue.end());
     state.scratch.resize(n);
@@ -83,8 +86,9 @@ void Detector::score_gpu_front(CommDetect& state) {
     state.gpu_waits->add(v, c.issue, state.scratch, c.last_ns, false);
   }
   if (c.end.size() == n) {
-    state.gpu_free.resize(n, 0);
-    for (size_t r = 0; r < n; ++r) state.gpu_free[r] = std::max(state.gpu_free[r], c.end[r]);
+    state.gpu_ends.resize(n, {});
+    for (size_t r = 0; r < n; ++r) state.gpu_ends[r][state.gpu_ends_next] = c.end[r];
+    state.gpu_ends_next = (state.gpu_ends_next + 1) % CommDetect::kGpuEnds;
   }
   state.gpu_done.pop_front();
 }
