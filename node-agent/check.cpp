@@ -1,9 +1,12 @@
 #include "node-agent/check.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <ostream>
 #include <sstream>
@@ -12,7 +15,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "node-agent/attach.h"
+#include "nccl-profiler/ring.h"
 #include "node-agent/discover.h"
+#include "node-agent/identify.h"
 #include "node-agent/transport.h"
 #include "proto/agent_wire.h"
 #include "proto/codec.h"
@@ -177,6 +182,91 @@ void check_collector(Report& report, const Options& options) {
               "start rankscope-collector there, or give its address with --collector");
 }
 
+bool maps_nccl(const std::string& proc_root, uint32_t pid) {
+  std::ifstream maps(proc_root + "/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("/libnccl.so") != std::string::npos) return true;
+  return false;
+}
+
+// `name`'s value in the process's environment, as the process started
+// ("" when unset or unreadable); its bytes are the user's: only printable
+// ASCII is kept, at most 200 bytes.
+std::string environ_value(const std::string& proc_root, uint32_t pid, const std::string& name) {
+  std::ifstream environ(proc_root + "/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::string entry;
+  while (std::getline(environ, entry, '\0')) {
+    if (entry.compare(0, name.size() + 1, name + "=") != 0) continue;
+    std::string value;
+    for (char c : entry.substr(name.size() + 1, 200)) value.push_back(c >= ' ' && c <= '~' ? c : '?');
+    return value;
+  }
+  return "";
+}
+
+// Whether rankscope's NCCL profiler plugin is loaded in process `pid` (its
+// ring is among the process's descriptors) and read, or why it is not.
+std::string profiler_state(const std::string& proc_root, uint32_t pid) {
+  std::string why;
+  if (auto start = read_start_time(proc_root, pid)) {
+    // A ring its plugin is making right now is looked at again, a second at most.
+    bool unfinished = false;
+    auto ring = profiler::map_process_ring(proc_root, pid, *start, why, &unfinished);
+    for (int tries = 0; !ring && unfinished && tries < 20; ++tries) {
+      usleep(50'000);
+      ring = profiler::map_process_ring(proc_root, pid, *start, why, &unfinished);
+    }
+    if (ring) {
+      const uint32_t reader = ring->header->reader.load();
+      const uint64_t written = ring->header->written.load(), dropped = ring->header->dropped.load();
+      profiler::unmap_ring(*ring);
+      return "rankscope's NCCL profiler plugin is loaded; its ring is " +
+             (reader ? "read by the agent (pid " + std::to_string(reader) + ")"
+                     : std::string("not read (no agent reads it: its events are only counted)")) +
+             ", " + std::to_string(written) + " records written, " + std::to_string(dropped) + " dropped";
+    }
+  }
+  if (!why.empty()) return "its profiler ring is refused: " + why;
+  const std::string plugin = environ_value(proc_root, pid, "NCCL_PROFILER_PLUGIN");
+  if (plugin.empty() || plugin == "none")
+    return "no profiler plugin (NCCL_PROFILER_PLUGIN is not set): host timing only";
+  if (plugin.find("rankscope") != std::string::npos)
+    return "NCCL_PROFILER_PLUGIN=" + plugin +
+           ", but no ring: NCCL loads the plugin at the process's first communicator, or could not load it "
+           "(NCCL_DEBUG=INFO says why)";
+  return "another profiler plugin (NCCL_PROFILER_PLUGIN=" + plugin +
+         "): host timing only (NCCL loads one profiler plugin per process)";
+}
+
+// Each NCCL process in scope: is rankscope's profiler plugin loaded (the GPU
+// side, docs/gpu-timing.md)? Told, not a problem: a job may run without it.
+void check_profiler(Report& report, const Options& options, const Scope& scope) {
+  constexpr size_t kShown = 20;
+  std::vector<uint32_t> pids;
+  if (DIR* d = opendir(options.proc_root.c_str())) {
+    while (dirent* entry = readdir(d)) {
+      char* end = nullptr;
+      const unsigned long pid = std::strtoul(entry->d_name, &end, 10);
+      if (*end == '\0' && pid > 0 && pid != static_cast<unsigned long>(getpid())) pids.push_back(static_cast<uint32_t>(pid));
+    }
+    closedir(d);
+  }
+  std::sort(pids.begin(), pids.end());
+  Discovery discovery(options.proc_root);
+  size_t nccl = 0;
+  for (uint32_t pid : pids) {
+    if (!discovery.in_scope(scope, pid) || !maps_nccl(options.proc_root, pid)) continue;
+    if (++nccl > kShown) continue;
+    report.line("GPU side", true, "process " + std::to_string(pid) + ": " + profiler_state(options.proc_root, pid));
+  }
+  if (nccl > kShown) report.line("GPU side", true, std::to_string(nccl - kShown) + " more NCCL processes not listed");
+  if (nccl == 0)
+    report.line("GPU side", true,
+                "no NCCL process in scope now; a job loads rankscope's NCCL profiler plugin with "
+                "NCCL_PROFILER_PLUGIN=<path of librankscope-nccl-profiler.so> (docs/gpu-timing.md)");
+}
+
 }  // namespace
 
 int run_check(const Options& options, std::ostream& out) {
@@ -199,6 +289,7 @@ int run_check(const Options& options, std::ostream& out) {
                 "from /proc only and TCP retransmits are not counted");
   }
   if (probes) check_libraries(report, options, *scope, **probes);
+  check_profiler(report, options, *scope);
   check_collector(report, options);
   out << (report.problems == 0 ? "ready: this node can be traced\n"
                                : "not ready: " + std::to_string(report.problems) + " problem(s) above\n");

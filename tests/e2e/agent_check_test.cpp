@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "tests/support/harness.h"
 #include "tests/support/keys.h"
 
@@ -56,6 +58,53 @@ TEST(AgentCheck, ProblemsComeWithWhatToDo) {
   EXPECT_NE(out.find("cannot read key file " + dir.file("no/such/agent.key")), std::string::npos) << out;
   EXPECT_NE(out.find("-> make this node's key pair with `rankscope keygen --role agent"), std::string::npos) << out;
   EXPECT_NE(out.find("not ready: 3 problem(s)"), std::string::npos) << out;
+}
+
+// Each NCCL process in scope: whether rankscope's profiler plugin is loaded
+// (and read), or why not. A 2-rank fakenccl job, rank 0 with the plugin,
+// rank 1 without; no agent runs, so nobody reads rank 0's ring.
+TEST(AgentCheck, SaysWhetherEachNcclProcessLoadedTheProfilerPlugin) {
+  if (geteuid() != 0) GTEST_SKIP() << "loading eBPF programs needs root: run the suite as root (sudo make test)";
+  TempDir dir;
+  std::vector<Process> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    SpawnOptions spawn;
+    spawn.argv = {bin_path("fakenccl-train"), "--id-file", dir.file("nccl.id"), "--steps", "1000000", "--quiet"};
+    spawn.env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(rank)}};
+    if (rank == 0) spawn.env["NCCL_PROFILER_PLUGIN"] = RANKSCOPE_PROFILER_PLUGIN;
+    spawn.stdout_path = dir.file("rank" + std::to_string(rank) + ".log");
+    ranks.emplace_back(spawn);
+  }
+  // The plugin makes its ring at the first communicator.
+  const std::string fd_dir = "/proc/" + std::to_string(ranks[0].pid()) + "/fd";
+  ASSERT_TRUE(wait_for(
+      [&] {
+        std::error_code ec;
+        for (const auto& entry : std::filesystem::directory_iterator(fd_dir, ec)) {
+          std::error_code link_ec;
+          if (std::filesystem::read_symlink(entry.path(), link_ec).string().find("rankscope-nccl-ring") !=
+              std::string::npos)
+            return true;
+        }
+        return false;
+      },
+      std::chrono::seconds(30)))
+      << slurp(dir.file("rank0.log"));
+  SpawnOptions check;
+  check.argv = {bin_path("rankscope-agent"), "check", "--collector", "tcp://127.0.0.1:" + std::to_string(free_port()),
+                "--insecure", "--pid", std::to_string(ranks[0].pid()), "--pid", std::to_string(ranks[1].pid())};
+  check.stdout_path = dir.file("check.out");
+  Process agent(check);
+  agent.wait(std::chrono::seconds(60));
+  std::string out = slurp(dir.file("check.out"));
+  EXPECT_NE(out.find("process " + std::to_string(ranks[0].pid()) +
+                     ": rankscope's NCCL profiler plugin is loaded; its ring is not read"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("process " + std::to_string(ranks[1].pid()) +
+                     ": no profiler plugin (NCCL_PROFILER_PLUGIN is not set): host timing only"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace
