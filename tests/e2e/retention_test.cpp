@@ -135,12 +135,23 @@ TEST(Retention, SmallDiskCapKeepsTheNewestAndTakesNewData) {
   EXPECT_GE(late.stored, 1u);
   // Stored records of that rank end at (about) what the collector last heard.
   EXPECT_LE(late.first_stored, late.last_seq);
-  // About the cap, sampled between checks (each second) while records pour
-  // in. A compaction writes its new files before it deletes the old ones,
-  // so for a moment the database holds both: samples were seen up to 3%
-  // over an 8 MiB cap (8,644,307 bytes); 10% is the bound this test holds
-  // it to (docs/operations.md says to leave room on the disk).
-  EXPECT_LE(steady_most, kCap + kCap / 10) << log;
+  // Each check brings the database back under the cap: what retention
+  // promises. Between checks (each second) it grows by what arrives, and a
+  // compaction writes its new files before it deletes the old ones, so for
+  // a moment it holds both (docs/operations.md says to leave room for
+  // that): sampled up to 3% over an 8 MiB cap alone, 11% under a whole
+  // `make test`'s load. How far depends on the machine's speed, so the
+  // sampled size is held only to the cap plus one compaction's copy.
+  size_t checks = 0;
+  for (size_t at = log.find("retention: removed records"); at != std::string::npos;
+       at = log.find("retention: removed records", at + 1)) {
+    const size_t arrow = log.find(" -> ", at), end = log.find(" bytes", arrow);
+    ASSERT_NE(arrow, std::string::npos) << log;
+    ++checks;
+    EXPECT_LE(std::stoull(log.substr(arrow + 4, end - arrow - 4)), kCap) << log.substr(at, end - at);
+  }
+  EXPECT_GE(checks, 2u) << log;
+  EXPECT_LE(steady_most, 2 * kCap) << log;
 }
 
 }  // namespace
