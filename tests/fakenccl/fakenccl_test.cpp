@@ -27,6 +27,7 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -468,6 +469,18 @@ TEST(FakeNccl, TheProfilerPluginHearsEachCollectiveAndItsKernelWithGpuTimes) {
   EXPECT_GE(lag[lag.size() / 2], kDelayUs * 1000 / 2) << "rank 1's kernels do not start late";
 }
 
+// The agent's reader attached to every rank's ring, once each has made it.
+bool attachAll(rankscope::agent::ProfilerRings& rings, std::span<const pid_t> pids) {
+  return waitFor([&] {
+    bool all = true;
+    for (pid_t pid : pids) {
+      auto start = rankscope::agent::read_start_time("/proc", static_cast<uint32_t>(pid));
+      all = all && start && rings.attach(static_cast<uint32_t>(pid), *start);
+    }
+    return all;
+  });
+}
+
 // The agent's reader (node-agent/profiler_rings.h) on the same job: one
 // record per AllReduce and rank, its kernel's times put on the host's
 // monotonic clock from the GPU's (the wall clock here). The slow GPU's
@@ -482,14 +495,7 @@ TEST(FakeNccl, TheAgentReadsEachRanksGpuTimesOnTheHostClock) {
   RankProcess rank1(dir, "1", 1, 2, argv, {plugin, "FAKECUDA_GPU_DELAY_US=" + std::to_string(kDelayNs / 1000)});
   rankscope::agent::ProfilerRings rings;
   const pid_t pids[2] = {rank0.pid(), rank1.pid()};
-  ASSERT_TRUE(waitFor([&] {
-    bool all = true;
-    for (pid_t pid : pids) {
-      auto start = rankscope::agent::read_start_time("/proc", static_cast<uint32_t>(pid));
-      all = all && start && rings.attach(static_cast<uint32_t>(pid), *start);
-    }
-    return all;
-  })) << rank0.err() << rank1.err();
+  ASSERT_TRUE(attachAll(rings, pids)) << rank0.err() << rank1.err();
   std::map<uint32_t, std::vector<rankscope::agent::GpuCollective>> got;
   ASSERT_TRUE(waitFor([&] {
     rings.drain([&](const rankscope::agent::GpuCollective& c) { got[c.pid].push_back(c); });
@@ -535,14 +541,7 @@ TEST(FakeNccl, TheAgentReadsWhichLinkIsSlowFromTheProxySteps) {
   rankscope::agent::ProfilerRings rings;
   rings.set_detail(true);
   const pid_t pids[3] = {rank0.pid(), rank1.pid(), rank2.pid()};
-  ASSERT_TRUE(waitFor([&] {
-    bool all = true;
-    for (pid_t pid : pids) {
-      auto start = rankscope::agent::read_start_time("/proc", static_cast<uint32_t>(pid));
-      all = all && start && rings.attach(static_cast<uint32_t>(pid), *start);
-    }
-    return all;
-  })) << rank0.err() << rank1.err() << rank2.err();
+  ASSERT_TRUE(attachAll(rings, pids)) << rank0.err() << rank1.err() << rank2.err();
   std::map<uint32_t, std::vector<rankscope::agent::GpuCollective>> got;  // those with link waits
   ASSERT_TRUE(waitFor([&] {
     rings.drain([&](const rankscope::agent::GpuCollective& c) {
