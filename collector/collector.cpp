@@ -168,6 +168,7 @@ void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64
                       service.detector(),
                       service.ledger(),
                       service.commit(),
+                      service.detail(),
                       sockets.zap ? sockets.zap->admitted() : 0,
                       sockets.zap ? sockets.zap->refused() : 0,
                       query_throttled};

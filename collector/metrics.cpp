@@ -49,6 +49,8 @@ enum class MetricId {
   split_children,
   ingest_split_waits,
   ingest_gpu_records,
+  detail_comms,
+  detail_requests,
   alertmanager_posts,
   handshakes,
   throttled_messages,
@@ -181,6 +183,16 @@ const MetricInfo kCatalogue[] = {
      "",
      {"result"},
      "GPU-side records of collectives from NCCL's profiler plugin, by result (taken; unmatched: their communicator or member was not known, or another process holds that member)."},
+    {"rankscope_detail_comms",
+     Type::gauge,
+     "",
+     {},
+     "Communicators whose NCCL proxy steps the collector asks their agents for now (a straggler, slow link or hang suspected or found there)."},
+    {"rankscope_detail_requests_total",
+     Type::counter,
+     "",
+     {"reason"},
+     "Times a communicator's NCCL proxy steps were asked for, by reason (finding: one of its findings is open; link: a link beyond the others in sampled collectives; rise: its collectives' shortest kernel grew)."},
     {"rankscope_alertmanager_posts_total",
      Type::counter,
      "",
@@ -372,6 +384,11 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   auto& gpu = counters(r, MetricId::ingest_gpu_records);
   gpu_taken_.counter = &gpu.Add({{"result", "taken"}});
   gpu_unmatched_.counter = &gpu.Add({{"result", "unmatched"}});
+  detail_comms_ = &gauges(r, MetricId::detail_comms).Add({});
+  auto& detail = counters(r, MetricId::detail_requests);
+  detail_finding_.counter = &detail.Add({{"reason", "finding"}});
+  detail_link_.counter = &detail.Add({{"reason", "link"}});
+  detail_rise_.counter = &detail.Add({{"reason", "rise"}});
   auto& posts = counters(r, MetricId::alertmanager_posts);
   alert_posts_ok_.counter = &posts.Add({{"result", "ok"}});
   alert_posts_failed_.counter = &posts.Add({{"result", "failed"}});
@@ -583,6 +600,13 @@ void Metrics::set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t wait
 void Metrics::set_gpu_totals(uint64_t taken, uint64_t unmatched) {
   advance(gpu_taken_, taken);
   advance(gpu_unmatched_, unmatched);
+}
+
+void Metrics::set_detail(size_t comms, uint64_t for_finding, uint64_t for_link, uint64_t for_rise) {
+  detail_comms_->Set(static_cast<double>(comms));
+  advance(detail_finding_, for_finding);
+  advance(detail_link_, for_link);
+  advance(detail_rise_, for_rise);
 }
 
 void Metrics::set_alert_posts(uint64_t ok, uint64_t failed) {

@@ -108,6 +108,9 @@ class Metrics {
   // Split children sized and abandoned, and batches sent back to wait for one (IngestCounters).
   void set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t waits);
   void set_gpu_totals(uint64_t taken, uint64_t unmatched);
+  // NCCL's proxy steps asked for (collector/detect/detail.h): communicators
+  // now, and the times one became wanted, by reason.
+  void set_detail(size_t comms, uint64_t for_finding, uint64_t for_link, uint64_t for_rise);
   void set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled, uint64_t query_throttled);
 
   // Running totals of one Slurm account since the collector started (the
@@ -188,6 +191,8 @@ class Metrics {
   CounterTotal ingest_held_batches_, commit_failures_, detector_incomplete_;
   CounterTotal splits_sized_, splits_abandoned_, split_waits_;
   CounterTotal gpu_taken_, gpu_unmatched_;
+  prometheus::Gauge* detail_comms_;
+  CounterTotal detail_finding_, detail_link_, detail_rise_;
   CounterTotal alert_posts_ok_, alert_posts_failed_;
   CounterTotal handshakes_admitted_, handshakes_refused_, throttled_agent_, throttled_query_;
   prometheus::Counter* series_dropped_;

@@ -7,6 +7,7 @@
 #include "collector/alert/alertmanager.h"
 #include "collector/alert/drain.h"
 #include "collector/commit.h"
+#include "collector/detect/detail.h"
 #include "collector/detect/detector.h"
 #include "collector/detect/findings.h"
 #include "collector/ingest/ingest.h"
@@ -40,6 +41,8 @@ class MetricsOutput final : public Output {
     const IngestCounters& counters = e.ingest.counters();
     metrics_.set_split_totals(counters.splits_sized, counters.splits_abandoned, counters.split_waits);
     metrics_.set_gpu_totals(counters.gpu_records, counters.gpu_unmatched);
+    const DetailPolicy::Counts& detail = e.detail.counts();
+    metrics_.set_detail(e.detail.wanted_comms(), detail.finding, detail.link, detail.rise);
   }
 
  private:

@@ -14,6 +14,7 @@
 namespace rankscope::collector {
 
 class Commit;
+class DetailPolicy;
 class Detector;
 class FindingBook;
 class Ingest;
@@ -28,6 +29,7 @@ struct Evaluated {
   Detector& detector;   // its lateness samples are taken by the metrics
   UsageLedger& ledger;  // totals() builds its view on demand
   const Commit& commit;
+  const DetailPolicy& detail;  // NCCL's proxy steps asked for (collector/detect/detail.h)
   uint64_t keys_admitted = 0, keys_refused = 0;  // CurveZMQ keys (the ZAP handler)
   uint64_t queries_throttled = 0;
 };

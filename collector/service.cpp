@@ -17,6 +17,7 @@ Service::Service(TimelineStore& store, std::unique_ptr<CommitTarget> own_target,
       ingest_(store, commit_, clock),
       detector_(ingest_.model(), matcher_, findings_, clock, options.detect),
       links_(ingest_.model(), findings_, options.links),
+      detail_(ingest_.model(), findings_, links_, options.detail),
       refiner_(ingest_.model()),
       ledger_(ingest_.model(), matcher_, store, options.usage) {
   // The ingest joined the commit first; then the findings, then the ledger.
@@ -30,6 +31,7 @@ Service::Service(TimelineStore& store, std::unique_ptr<CommitTarget> own_target,
   matcher_.subscribe(refiner_);
   gpu_matcher_.subscribe(detector_);
   gpu_matcher_.subscribe(links_);
+  gpu_matcher_.subscribe(detail_);
 }
 
 Result<void> Service::restore() {
@@ -45,6 +47,8 @@ void Service::evaluate(uint64_t now_ns) {
   gpu_matcher_.sweep(ingest_.comms());
   detector_.evaluate(now_ns);
   links_.evaluate(now_ns);
+  detail_.evaluate(now_ns);
+  ingest_.set_detail_wanted(detail_.by_node());
   ledger_.tick(now_ns, findings_.open());
 }
 

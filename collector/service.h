@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "collector/commit.h"
+#include "collector/detect/detail.h"
 #include "collector/detect/detector.h"
 #include "collector/detect/finding_store.h"
 #include "collector/detect/findings.h"
@@ -33,6 +34,7 @@ namespace rankscope::collector {
 struct ServiceOptions {
   DetectOptions detect;
   LinkOptions links;
+  DetailOptions detail;
   UsageOptions usage;
   uint64_t retire_after_ns = 600'000'000'000ull;  // quiet communicators that are over leave the live model (Ingest::retire)
   uint64_t max_commit_backlog_bytes = Commit::kMaxBacklogBytes;  // while commits fail (Commit::holding)
@@ -63,6 +65,7 @@ class Service {
   CollectiveMatcher& matcher() { return matcher_; }
   Detector& detector() { return detector_; }
   LinkDetector& links() { return links_; }
+  const DetailPolicy& detail() const { return detail_; }
   UsageLedger& ledger() { return ledger_; }
 
  private:
@@ -80,6 +83,7 @@ class Service {
   GpuMatcher gpu_matcher_;
   Detector detector_;
   LinkDetector links_;
+  DetailPolicy detail_;
   ClockRefiner refiner_;
   UsageLedger ledger_;
 };

@@ -233,11 +233,14 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   auto flush = [&] { send_batch(bpf, summariser, transport, rings, instance, ++batch_seq, now()); };
   uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
   uint64_t welcomes = 0;
+  // The collector renews its request for proxy steps with each heartbeat's
+  // reply; a few heartbeats without one, and they go off.
+  const uint64_t detail_lease_ns = std::max<uint64_t>(5ull * options.heartbeat_interval_ms, 5'000) * kMs;
   while (!stop.load()) {
     take_replies(transport, summariser, welcomes);
     bpf.consume();
     attach_rings(summariser, rings);
-    rings.set_detail(proxy_detail_wanted(options));
+    rings.set_detail(proxy_detail_wanted(options), transport.detail_comms(detail_lease_ns));
     rings.drain(gpu);
     uint64_t t = now();
     if (t - last_scan >= options.scan_interval_ms * kMs) {

@@ -33,11 +33,13 @@ struct Options {
   uint32_t heartbeat_interval_ms = 1000;
   uint32_t clock_probe_interval_ms = 1000;
   // NCCL's proxy steps (the network side of each collective, through the
-  // profiler plugin) are asked for during the first proxy_detail_ms of
-  // every proxy_detail_period_ms of the wall clock, so that every node's
-  // agent asks at once (docs/gpu-timing.md). 0: never; the period: always.
-  uint32_t proxy_detail_period_ms = 10'000;
-  uint32_t proxy_detail_ms = 2'000;
+  // profiler plugin) are asked for where the collector wants them (a
+  // straggler, slow link or hang suspected), and as a background sample
+  // during the first proxy_detail_ms of every proxy_detail_period_ms of the
+  // wall clock, so that every node's agent samples at once
+  // (docs/gpu-timing.md). 0: no background sample; the period: always.
+  uint32_t proxy_detail_period_ms = 30'000;
+  uint32_t proxy_detail_ms = 1'000;
   uint32_t ack_timeout_ms = 2000;                   // re-send a batch not acknowledged within this time
   uint64_t max_unacked_bytes = 64ull << 20;         // bound on memory held for unacknowledged batches
   std::string spool_dir = "/var/lib/rankscope/spool"; // unacked batches on disk, in <spool_dir>/<node>; "": memory only

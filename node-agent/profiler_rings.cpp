@@ -56,7 +56,8 @@ bool ProfilerRings::attach(uint32_t pid, uint64_t start_time) {
   ring->view = *view;
   ring->dropped_seen = view->header->dropped.load(std::memory_order_relaxed);
   view->header->reader.store(static_cast<uint32_t>(getpid()), std::memory_order_relaxed);
-  view->header->detail.store(detail_ ? 1 : 0, std::memory_order_relaxed);
+  ring->detail = detail_all_;
+  view->header->detail.store(ring->detail ? 1 : 0, std::memory_order_relaxed);
   rings_[pid] = std::move(ring);
   ++counts_.rings;
   return true;
@@ -141,6 +142,11 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     if (!enqueue) ++counts_.unmatched;
   }
   if (enqueue) {
+    if (ring.comms.size() < kCommsPerRing && ring.comms.insert(r.comm_hash).second && !ring.detail &&
+        wants_detail(ring, detail_all_, detail_comms_)) {
+      ring.detail = true;  // a communicator asked for before this process's first collective of it
+      ring.view.header->detail.store(1, std::memory_order_relaxed);
+    }
     p.c.enqueued_ns = r.host_ns;
     p.c.count = r.bytes;
     p.channels = r.channel;
@@ -177,6 +183,7 @@ void ProfilerRings::take_proxy(Ring& ring, const Record& r, const std::function<
   const bool send = (r.state & profiler::kProxySend) != 0;
   const uint8_t state = r.state & profiler::kProxyStateMask;
   auto it = ring.pending.find(Key{r.comm_hash, r.op, r.seq_number});
+  if (it != ring.pending.end()) it->second.proxy_seen = true;
   switch (r.kind) {
     case RecordKind::proxy_op_start:
       if (it != ring.pending.end() && it->second.proxy_open < kProxyOpsPerCollective) ++it->second.proxy_open;
@@ -248,15 +255,42 @@ void ProfilerRings::send(const Ring& ring, Pending& p, const std::function<void(
   out(p.c);
 }
 
-void ProfilerRings::set_detail(bool on) {
-  if (on == detail_) return;
-  detail_ = on;
-  for (auto& [pid, ring] : rings_) ring->view.header->detail.store(on ? 1 : 0, std::memory_order_relaxed);
+bool ProfilerRings::wants_detail(const Ring& ring, bool all, const std::vector<uint64_t>& comms) const {
+  if (all) return true;
+  for (uint64_t comm : ring.comms)
+    if (std::binary_search(comms.begin(), comms.end(), comm)) return true;
+  return false;
+}
+
+void ProfilerRings::set_detail(bool all, const std::vector<uint64_t>& comms) {
+  std::vector<uint64_t> sorted = comms;
+  std::sort(sorted.begin(), sorted.end());
+  detail_all_ = all;
+  detail_comms_ = std::move(sorted);
+  for (auto& [pid, ring] : rings_) {
+    const bool on = wants_detail(*ring, detail_all_, detail_comms_);
+    if (on == ring->detail) continue;
+    ring->detail = on;
+    ring->view.header->detail.store(on ? 1 : 0, std::memory_order_relaxed);
+  }
+}
+
+size_t ProfilerRings::detailed() const {
+  size_t n = 0;
+  for (const auto& [pid, ring] : rings_) n += ring->detail ? 1 : 0;
+  return n;
 }
 
 std::vector<GpuOpenCollective> ProfilerRings::open() const {
   std::vector<GpuOpenCollective> out;
   for (const auto& [pid, ring] : rings_) {
+    // Per collective, its send step handed to the network longest ago.
+    std::map<Key, const Step*> oldest_send;
+    for (const auto& [id, step] : ring->steps) {
+      if (step.posted_ns == 0) continue;
+      const Step*& o = oldest_send[Key{std::get<0>(id), step.op, step.seq}];
+      if (!o || step.posted_ns < o->posted_ns) o = &step;
+    }
     const Key* last = nullptr;
     for (const auto& [key, p] : ring->pending) {
       if (p.c.enqueued_ns == 0 || p.kernels_done()) continue;  // its enqueue was not seen, or only its proxy work goes on
@@ -271,6 +305,11 @@ std::vector<GpuOpenCollective> ProfilerRings::open() const {
       o.enqueued_ns = p.c.enqueued_ns;
       if (p.channels_started > 0 && ring->gpu_to_host != INT64_MAX)
         o.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring->gpu_to_host);
+      o.proxy_steps = p.proxy_seen;
+      if (auto send = oldest_send.find(key); send != oldest_send.end()) {
+        o.send_peer = send->second->peer;
+        o.send_since_ns = send->second->posted_ns;
+      }
       out.push_back(o);
     }
   }

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -59,6 +60,11 @@ struct GpuOpenCollective {
   uint64_t seq_number = 0;
   uint64_t enqueued_ns = 0;      // host monotonic
   uint64_t kernel_start_ns = 0;  // host monotonic; 0: no channel's kernel started
+  // Where its proxy steps were asked for: its send step handed to the
+  // network longest ago and not done (a link that stopped moving).
+  bool proxy_steps = false;   // proxy records of it were seen
+  int32_t send_peer = -1;     // -1: no send step on the network
+  uint64_t send_since_ns = 0;  // host monotonic: when that step was handed over
 };
 
 struct ProfilerRingCounts {
@@ -92,10 +98,12 @@ class ProfilerRings {
   // Per process, communicator and op, the oldest collective enqueued whose
   // kernels have not all stopped (as of the last drain).
   std::vector<GpuOpenCollective> open() const;
-  // Asks every ring's plugin for NCCL's proxy events too (or no longer):
-  // NCCL reads the plugin's mask again at each collective.
-  void set_detail(bool on);
-  bool detail() const { return detail_; }
+  // Asks the plugins for NCCL's proxy events too (or no longer): every
+  // ring's when `all`, else those of processes in any of `comms` (NCCL's
+  // commHash). NCCL reads the plugin's mask again at each collective.
+  void set_detail(bool all, const std::vector<uint64_t>& comms = {});
+  // Rings whose plugin is asked for proxy events now.
+  size_t detailed() const;
 
  private:
   struct Pending {
@@ -105,6 +113,7 @@ class ProfilerRings {
     uint32_t channels_started = 0, channels_stopped = 0;
     uint64_t order = 0;     // arrival, to drop the oldest first
     uint32_t proxy_open = 0;  // its proxy operations started and not stopped: it is sent once they are
+    bool proxy_seen = false;  // a proxy record of it came
     // This rank's sends, by peer and channel: a channel's steps are posted
     // and done in order, so overlapping ones are merged as they come. A
     // link's wait is its channel that waited longest (channels move their
@@ -143,7 +152,11 @@ class ProfilerRings {
     using StepKey = std::tuple<uint64_t, int32_t, uint32_t>;  // (comm hash, rank, event)
     std::map<StepKey, Step> steps;                             // send steps in flight
     std::deque<StepKey> step_order;                            // ... as they started, to drop the oldest
+    std::set<uint64_t> comms;  // its communicators (collectives seen), kCommsPerRing at most
+    bool detail = false;       // its plugin is asked for proxy events
   };
+  static constexpr size_t kCommsPerRing = 1024;
+  bool wants_detail(const Ring& ring, bool all, const std::vector<uint64_t>& comms) const;
   void read(Ring& ring, const std::function<void(const GpuCollective&)>& out);
   void take(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);
   void take_proxy(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);
@@ -166,7 +179,8 @@ class ProfilerRings {
   static constexpr uint32_t kUnfinishedTries = 40;  // ~1 s of the agent's ticks
   std::map<uint32_t, Unfinished> unfinished_;       // pid -> a ring being made when last looked at
   ProfilerRingCounts counts_;
-  bool detail_ = false;
+  bool detail_all_ = false;             // the last set_detail's
+  std::vector<uint64_t> detail_comms_;  // ... sorted
 };
 
 }  // namespace rankscope::agent

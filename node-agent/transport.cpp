@@ -336,10 +336,28 @@ void Transport::handle(const std::string& bytes) {
         }
         break;
       }
+      case wire::CollectorMessage::DETAIL: {
+        auto comms = message.getDetail().getComms();
+        if (comms.size() > 0 && detail_comms_.empty())
+          RS_LOG(info, "collector %s asks for NCCL's proxy steps of %u communicator(s)", options_.collector.c_str(),
+                 comms.size());
+        detail_comms_.clear();
+        for (uint64_t comm : comms) {
+          if (detail_comms_.size() >= kMaxDetailComms) break;
+          detail_comms_.push_back(comm);
+        }
+        detail_at_ns_ = now();
+        break;
+      }
       default: RS_LOG(warn, "collector sent a message this agent does not know; ignored"); break;
     }
   });
   if (!result) RS_LOG(warn, "from collector %s: %s", options_.collector.c_str(), result.error().message.c_str());
+}
+
+std::vector<uint64_t> Transport::detail_comms(uint64_t lease_ns) const {
+  if (detail_comms_.empty() || now() - detail_at_ns_ > lease_ns) return {};
+  return detail_comms_;
 }
 
 void Transport::resend_due() {

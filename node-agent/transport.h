@@ -61,6 +61,11 @@ class Transport {
   uint64_t ack_timeout_ns() const { return ack_timer_.timeout_ns(); }
   const Spool* spool() const { return spool_.get(); }
   zmq::socket_t& socket() { return socket_; }
+  // The communicators whose NCCL proxy steps the collector wants now
+  // (its last DetailRequest), until `lease_ns` passes without another: a
+  // collector that stopped asking, or died, does not leave them on.
+  std::vector<uint64_t> detail_comms(uint64_t lease_ns) const;
+  static constexpr size_t kMaxDetailComms = 4096;  // more in a request are not kept
 
  private:
   struct Pending {
@@ -107,6 +112,8 @@ class Transport {
   uint64_t last_silence_log_ns_ = 0;
   uint64_t last_reconnect_ns_ = 0;
   AckTimer ack_timer_;
+  std::vector<uint64_t> detail_comms_;  // the collector's last DetailRequest
+  uint64_t detail_at_ns_ = 0;           // ... when it came
 };
 
 // A batch without its collective records and waits (same instance id and

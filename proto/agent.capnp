@@ -254,6 +254,12 @@ struct GpuOpen {
   seq @4 :UInt64;           # NCCL's seqNumber
   enqueuedNs @5 :UInt64;    # agent clock
   kernelStartNs @6 :UInt64; # agent clock; 0: no channel's kernel started
+  # Where NCCL's proxy steps were asked for when it was enqueued: its send
+  # step handed to the network longest ago and not done, the peer it goes
+  # to, and when it was handed over (a link that stopped moving).
+  sendPeer @7 :Int32 = -1;  # -1: none in flight (or no proxy steps seen)
+  sendSinceNs @8 :UInt64;   # agent clock; 0: none
+  proxySteps @9 :Bool;      # proxy steps of it were seen at all
 }
 
 # One cgroup's use of the host, cumulative since the agent started (BPF
@@ -323,7 +329,18 @@ struct CollectorMessage {
     ack @1 :Ack;
     clockReply @2 :ClockReply;
     error @3 :ErrorReply;
+    detail @4 :DetailRequest;
   }
+}
+
+# The communicators whose NCCL proxy steps the collector wants now (a
+# straggler, a slow link or a hang suspected there: docs/gpu-timing.md),
+# sent in reply to a heartbeat of a node with members in them, and once
+# with an empty list when it no longer wants any. The agent asks the
+# profiler plugin of each process in them for its proxy steps, and stops
+# when told, or when no request renews it for a few heartbeats.
+struct DetailRequest {
+  comms @0 :List(UInt64);   # NCCL's commHash
 }
 
 struct HelloReply {

@@ -234,6 +234,11 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     std::vector<int32_t> not_started;  // ranks whose GPU has not started it
     size_t started = 0;                // ranks whose kernels started
     uint64_t enqueued_ns = 0;          // the latest enqueue of the ones not started
+    size_t with_steps = 0;             // ranks whose open collective showed NCCL's proxy steps
+    // Of those, the send handed to the network longest ago and not done:
+    // its sender, receiver and since when (-1: none).
+    int32_t link_from = -1, link_to = -1;
+    uint64_t link_since_ns = 0;
     // Some GPUs started and wait, others never started: those are stuck.
     bool named() const { return !not_started.empty() && started > 0; }
     bool all_started(int32_t n) const { return not_started.empty() && started == static_cast<size_t>(n); }

@@ -133,6 +133,13 @@ Detector::GpuSplit Detector::gpu_split(const CommState& comm) const {
     for (const auto& g : health->gpu_open())
       if (g.comm == comm.hash && (!oldest || g.enqueued_ns < oldest->enqueued_ns)) oldest = &g;
     if (!oldest) continue;
+    split.with_steps += oldest->proxy_steps ? 1 : 0;
+    if (oldest->send_peer >= 0 && oldest->send_peer < comm.nranks && oldest->send_peer != rank &&
+        oldest->send_since_ns != 0 && (split.link_from < 0 || oldest->send_since_ns < split.link_since_ns)) {
+      split.link_from = rank;
+      split.link_to = oldest->send_peer;
+      split.link_since_ns = oldest->send_since_ns;
+    }
     if (oldest->kernel_start_ns != 0) {
       ++split.started;
     } else {
@@ -171,7 +178,14 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
   stall.timed_out = true;
   f.seq = max_last;
   const GpuSplit gpu = stuck.empty() ? gpu_split(comm) : GpuSplit{};
-  f.ranks = !stuck.empty() ? stuck : gpu.named() ? gpu.not_started : std::vector<int32_t>{};
+  // Every GPU inside and waiting, and one send handed to the network long
+  // before and never done: that link stopped moving.
+  const bool link = !gpu.named() && gpu.all_started(n) && gpu.link_from >= 0 && now_ns > gpu.link_since_ns &&
+                    now_ns - gpu.link_since_ns >= options_.hang_timeout_ns / 2;
+  f.ranks = !stuck.empty()  ? stuck
+            : gpu.named()   ? gpu.not_started
+            : link          ? std::vector<int32_t>{gpu.link_from, gpu.link_to}
+                            : std::vector<int32_t>{};
   if (f.ranks.empty())
     for (int32_t r = 0; r < n; ++r) f.ranks.push_back(r);
   std::string idle = format_time_ns(last_activity);
@@ -187,13 +201,30 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
                 "; a kernel before it never finished: a hung GPU, or work stuck on its stream), while the other " +
                 "ranks' kernels started and wait for its data; every process is alive" +
                 (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait" : "");
-  else
+  else if (link) {
+    auto node_of = [&](int32_t r) {
+      auto m = comm.members.find(r);
+      return m == comm.members.end() || m->second.node.empty() ? std::string() : " on " + m->second.node;
+    };
+    f.summary = where("hang", comm) + ": all " + std::to_string(n) + " ranks entered collective #" +
+                std::to_string(max_last) + " and none has progressed since " + idle +
+                ": every rank's kernels started and wait; rank " + std::to_string(gpu.link_from) +
+                node_of(gpu.link_from) + " handed its data for rank " + std::to_string(gpu.link_to) +
+                node_of(gpu.link_to) + " to the network at " + format_time_ns(gpu.link_since_ns) +
+                " and the network never finished with it: the link " + std::to_string(gpu.link_from) + " -> " +
+                std::to_string(gpu.link_to) + " stopped moving (NCCL's proxy steps; every process is alive" +
+                (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
+  } else
     f.summary = where("hang", comm) + ": all " + std::to_string(n) + " ranks entered collective #" +
                 std::to_string(max_last) + " and none has progressed since " + idle +
                 ": no rank is missing; " +
-                (gpu.all_started(n) ? "every rank's kernels started and none finished: suspect the network (a link) "
-                                      "or a GPU inside the collective"
-                                    : "suspect the network or a GPU") +
+                (!gpu.all_started(n) ? std::string("suspect the network or a GPU")
+                 : gpu.with_steps == static_cast<size_t>(n)
+                     ? std::string("every rank's kernels started and none finished, and no rank's data is held by "
+                                   "the network (NCCL's proxy steps): suspect a GPU inside the collective")
+                     : std::string("every rank's kernels started and none finished: suspect the network (a link) "
+                                   "or a GPU inside the collective; NCCL's proxy steps were not on when it was "
+                                   "enqueued, so no link can be named")) +
                 " (every process is alive and idle" +
                 (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
   tail = ".\nRanks:";

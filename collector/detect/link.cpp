@@ -48,6 +48,15 @@ void LinkDetector::on_gpu_complete(const GpuComplete& done) {
   while (window.size() > options_.window) window.pop_front();
 }
 
+bool LinkDetector::suspects(uint64_t comm) const {
+  auto it = comms_.find(comm);
+  if (it == comms_.end()) return false;
+  const auto& window = it->second.window;
+  const size_t n = std::min(window.size(), options_.min_collectives);
+  return std::any_of(window.end() - static_cast<std::ptrdiff_t>(n), window.end(),
+                     [](const Sample& s) { return s.rank >= 0; });
+}
+
 void LinkDetector::evaluate(uint64_t now_ns) {
   for (auto it = comms_.begin(); it != comms_.end();) {
     auto comm = model_.comms.find(it->first);

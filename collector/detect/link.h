@@ -40,6 +40,9 @@ class LinkDetector final : public GpuListener {
   // Raises, updates and resolves slow-link findings; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
   size_t tracked_comms() const { return comms_.size(); }
+  // Whether a link of communicator `comm` was beyond the others at any of
+  // its last min_collectives sampled collectives (a lead, not a finding).
+  bool suspects(uint64_t comm) const;
 
  private:
   // One collective whose ranks' link waits were seen (two ranks at least).

@@ -7,6 +7,7 @@
 #include "common/format.h"
 #include "common/log.h"
 #include "common/version.h"
+#include "proto/limits.h"
 #include "proto/store.capnp.h"
 
 namespace rankscope::collector {
@@ -144,6 +145,7 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
         break;
       case wire::AgentMessage::HEARTBEAT:
         on_heartbeat(node, message.getHeartbeat());
+        reply_detail(node, routing_id, out);
         break;
       case wire::AgentMessage::CLOCK_PROBE: {
         capnp::MallocMessageBuilder builder;
@@ -163,6 +165,19 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
     bad_message(known == node_of_connection_.end() ? nullptr : &model_.nodes[known->second], result.error().message);
     out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, result.error().message));
   }
+}
+
+void Ingest::reply_detail(NodeState& node, const std::string& routing_id, Outbox& out) {
+  auto wanted = detail_wanted_.find(node.name);
+  if (wanted == detail_wanted_.end() && node.detail_asked.empty()) return;
+  static const std::vector<uint64_t> kNone;
+  const std::vector<uint64_t>& comms = wanted == detail_wanted_.end() ? kNone : wanted->second;
+  capnp::MallocMessageBuilder builder;
+  auto list = builder.initRoot<wire::CollectorMessage>().initDetail().initComms(
+      static_cast<unsigned>(std::min<size_t>(comms.size(), proto::kMaxListEntries)));
+  for (unsigned i = 0; i < list.size(); ++i) list.set(i, comms[i]);
+  out.now.emplace_back(routing_id, proto::to_packed(builder));
+  node.detail_asked = comms;
 }
 
 void Ingest::bad_message(NodeState* node, const std::string& what) {
@@ -475,9 +490,11 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   std::map<uint32_t, std::vector<GpuOpen>> gpu;
   for (auto g : heartbeat.getGpuOpen()) {
     const uint64_t start = g.getKernelStartNs();
+    const uint64_t since = g.getSendSinceNs();
     gpu[g.getPid()].push_back(GpuOpen{g.getCommHash(), g.getRank(), g.getOp(), g.getSeq(),
                                       node.clock.to_cluster(g.getEnqueuedNs()),
-                                      start ? node.clock.to_cluster(start) : 0});
+                                      start ? node.clock.to_cluster(start) : 0, g.getProxySteps(),
+                                      since ? g.getSendPeer() : -1, since ? node.clock.to_cluster(since) : 0});
   }
   for (auto& [pid, health] : node.health) {
     auto it = waits.find(pid);

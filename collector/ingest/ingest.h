@@ -125,6 +125,10 @@ class Ingest final : public CommitParticipant {
   const IngestCounters& counters() const { return counters_; }
   const ProcessInfo* process(const std::string& node, uint32_t pid) const { return model_.process(node, pid); }
   uint64_t started_ns() const { return model_.started_ns; }
+  // Per node, the communicators whose NCCL proxy steps its agent is asked
+  // for (collector/detect/detail.h), in the reply to each of its
+  // heartbeats; a node asked before and no longer is told once.
+  void set_detail_wanted(const std::map<std::string, std::vector<uint64_t>>& by_node) { detail_wanted_ = by_node; }
 
  private:
   void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out, const std::string& key_node);
@@ -169,6 +173,8 @@ class Ingest final : public CommitParticipant {
   // GPU records are taken only for a member this node's process already holds.
   void apply_gpu(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame);
   void on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat);
+  // The reply to a heartbeat: the node's DetailRequest, if it has one to hear.
+  void reply_detail(NodeState& node, const std::string& routing_id, Outbox& out);
   // The communicator (made if new); `changed` is set when what restore
   // needs of it (members, lanes, job, size) changed.
   CommState& comm_for(uint64_t hash, const std::string& node, uint32_t pid, bool& changed);
@@ -194,6 +200,7 @@ class Ingest final : public CommitParticipant {
   // Counts (in total and for `node`, null: not identified yet) and logs, rate-limited, one bad message.
   void bad_message(NodeState* node, const std::string& what);
 
+  std::map<std::string, std::vector<uint64_t>> detail_wanted_;
   TimelineStore& store_;
   Commit& commit_;
   WriteSet& pending_;  // commit_'s

@@ -16,6 +16,7 @@ void GpuMatcher::on_gpu(const CommState& comm, int32_t rank, uint8_t op, const p
     instance.end.assign(comm.nranks, 0);
     instance.link_peer.assign(comm.nranks, -1);
     instance.link_wait.assign(comm.nranks, 0);
+    instance.count = record.count;
   }
   if (instance.issue[rank] == 0) {  // a rank's record counts once
     instance.issue[rank] = std::max<uint64_t>(record.kernel_start_ns, 1);
@@ -29,8 +30,8 @@ void GpuMatcher::on_gpu(const CommState& comm, int32_t rank, uint8_t op, const p
   }
   if (instance.arrived == comm.nranks) {
     ++completed_;
-    GpuComplete done{
-        comm, op, record.seq, instance.issue, instance.enqueued, instance.end, instance.link_peer, instance.link_wait};
+    GpuComplete done{comm,          op, record.seq, instance.issue, instance.enqueued, instance.end, instance.link_peer,
+                     instance.link_wait, instance.count};
     for (GpuListener* listener : listeners_) listener->on_gpu_complete(done);
     budget_.close(comm.hash, open, slot);
   }

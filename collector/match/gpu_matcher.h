@@ -32,6 +32,7 @@ struct GpuComplete {
   // seen), and how long.
   const std::vector<int32_t>& link_peer;
   const std::vector<uint64_t>& link_wait;
+  uint64_t count;  // elements, as the first rank's record said
 };
 
 class GpuListener {
@@ -55,6 +56,7 @@ class GpuMatcher final : public RecordObserver {
     std::vector<uint64_t> enqueued, end;
     std::vector<int32_t> link_peer;
     std::vector<uint64_t> link_wait;
+    uint64_t count = 0;
     int32_t arrived = 0;
   };
   using Instances = std::map<uint64_t, Open>;  // by seq << 8 | op: oldest first

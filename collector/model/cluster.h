@@ -98,6 +98,9 @@ struct NodeState {
   uint64_t gap_seq = 0;
   uint64_t gap_since_ns = 0;
   uint64_t top_seq = 0;
+  // The communicators whose NCCL proxy steps its agent was last asked for
+  // (collector/detect/detail.h); empty: none.
+  std::vector<uint64_t> detail_asked;
 };
 
 // How long a missing batch is waited for: an agent re-sends a batch not

@@ -61,6 +61,11 @@ struct GpuOpen {
   uint64_t seq = 0;              // NCCL's seqNumber
   uint64_t enqueued_ns = 0;      // cluster clock
   uint64_t kernel_start_ns = 0;  // cluster clock; 0: no kernel of it started
+  // Where NCCL's proxy steps were on when it was enqueued: its send step
+  // handed to the network longest ago and not done (wire GpuOpen).
+  bool proxy_steps = false;
+  int32_t send_peer = -1;        // -1: none
+  uint64_t send_since_ns = 0;    // cluster clock
 };
 
 class ProcessHealth {

@@ -78,6 +78,7 @@ void set_every_metric(Metrics& metrics) {
   metrics.set_ingest_totals(12, 3400, 1, 2, 52000);
   metrics.set_alert_posts(5, 1);
   metrics.set_split_totals(4, 1, 3);
+  metrics.set_detail(2, 1, 0, 3);
   metrics.set_tenant_usage("physics", 7200, 360, 0);
   metrics.set_tenant_usage("(unknown)", 60, 0, 12.5);
   metrics.set_node_unacked_batches("gpu-0", 42);
@@ -114,6 +115,8 @@ TEST(Metrics, ExpositionPassesPromtoolAndHasEveryCatalogueMetric) {
   EXPECT_EQ(sample(exposition, "rankscope_tenant_gpu_seconds_total{account=\"physics\"}"), 7200);
   EXPECT_EQ(sample(exposition, "rankscope_tenant_caused_waste_gpu_seconds_total{account=\"(unknown)\"}"), 12.5);
   EXPECT_EQ(sample(exposition, "rankscope_node_unacked_batches{node=\"gpu-0\"}"), 42);
+  EXPECT_EQ(sample(exposition, "rankscope_detail_comms"), 2);
+  EXPECT_EQ(sample(exposition, "rankscope_detail_requests_total{reason=\"rise\"}"), 3);
   EXPECT_EQ(sample(exposition, "rankscope_findings_waste_gpu_seconds{job_name=\"slurm-4242\",kind=\"straggler\"}"), 2700);
 }
 

@@ -66,6 +66,15 @@ std::vector<SeenFinding> of_kind(const std::vector<SeenFinding>& all, const std:
   return out;
 }
 
+// One series of the collector's /metrics (its full name and labels, as
+// exposed); -1 when absent or unreachable.
+double metric(int port, const std::string& series) {
+  auto response = collector::http_request("GET", "http://127.0.0.1:" + std::to_string(port) + "/metrics");
+  const std::string line = series + " ";
+  size_t at = response ? response->body.find("\n" + line) : std::string::npos;
+  return at == std::string::npos ? -1 : std::stod(response->body.substr(at + 1 + line.size()));
+}
+
 class DetectE2E : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -77,6 +86,36 @@ class DetectE2E : public ::testing::Test {
     deployment = std::make_unique<TestDeployment>(dir, cluster, kNodes, options);
     ASSERT_TRUE(deployment->wait_connected(std::chrono::seconds(20))) << slurp(dir.file("collector.log"));
   }
+  // A job with the plugin whose rank `rank` gets `env` (a GPU-side fault
+  // armed by the file `trigger`); once the agents have read 100
+  // collectives a rank's worth of GPU records (the plugin writes only while
+  // someone reads, and a kernel start unread cannot be told), the file is
+  // made. Returns the hangs open once one is (none after 60 s).
+  std::vector<SeenFinding> gpu_fault_hang(DeploymentOptions options, int rank,
+                                          std::map<std::string, std::string> env, const std::string& trigger) {
+    const int metrics_port = free_port();
+    options.collector_args.insert(options.collector_args.end(), {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
+    deploy(options);
+    JobOptions job;
+    job.args = {"--steps", "100000", "--compute-iters", "200000", "--bucket-elems", "1024"};
+    job.env = {{"NCCL_PROFILER_PLUGIN", kPlugin}};
+    job.rank_env[rank] = std::move(env);
+    fault_job = launch_job(dir, cluster, job);
+    const std::string taken = "rankscope_ingest_gpu_records_total{result=\"taken\"}";
+    if (!wait_for([&] { return metric(metrics_port, taken) >= 4 * 100; }, std::chrono::seconds(60))) {
+      ADD_FAILURE() << "no GPU records taken: " << dump(*deployment, dir);
+      return {};
+    }
+    std::ofstream(trigger).close();
+    std::vector<SeenFinding> hangs;
+    wait_for(
+        [&] {
+          hangs = of_kind(deployment->findings(true), "hang");
+          return !hangs.empty();
+        },
+        std::chrono::seconds(60));
+    return hangs;
+  }
   bool wait_progress(int64_t seq) {
     return wait_for([&] { return deployment->min_progress() >= seq; }, std::chrono::seconds(60));
   }
@@ -84,6 +123,7 @@ class DetectE2E : public ::testing::Test {
   TempDir dir;
   NetnsCluster cluster{kNodes};
   std::unique_ptr<TestDeployment> deployment;
+  std::vector<Process> fault_job;  // the ranks gpu_fault_hang started: they go before the deployment
 };
 
 // A stress-ng CPU hog on the victim's core: the victim computes slower and
@@ -329,10 +369,17 @@ TEST_F(DetectE2E, ASlowGpuWhoseHostIssuesOnTimeIsTheOneGpuSideStraggler) {
 // A slow link: each transfer from rank 2 to rank 1 (on the other node)
 // takes 1.5 ms longer on the network, from rank 2's 600th exchange on (~100
 // steps), while every host and GPU is on time: the job's steps take about
-// twice as long. The agents ask for NCCL's proxy steps 2 s of every 10 s
-// (their default); the link is named from them, and nothing else is named.
-TEST_F(DetectE2E, ASlowLinkIsNamedFromNcclsProxySteps) {
-  deploy();
+// twice as long. The agents take no background sample of NCCL's proxy
+// steps: the collector asks for them once the collectives' shortest kernel
+// grows; the link is named from them, and nothing else is named.
+TEST_F(DetectE2E, ASlowLinkIsNamedFromNcclsProxyStepsAskedForOnDemand) {
+  // No background sampling: the agents ask for NCCL's proxy steps only
+  // when the collector asks them to.
+  const int metrics_port = free_port();
+  DeploymentOptions options;
+  options.collector_args = {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)};
+  options.agent_args = [](int) { return std::vector<std::string>{"--proxy-detail-ms", "0"}; };
+  deploy(options);
   JobOptions job;
   job.args = {"--steps", "100000", "--compute-iters", "2000000", "--bucket-elems", "1024"};
   job.env = {{"NCCL_PROFILER_PLUGIN", kPlugin}};
@@ -347,6 +394,10 @@ TEST_F(DetectE2E, ASlowLinkIsNamedFromNcclsProxySteps) {
       },
       std::chrono::seconds(60));
   ASSERT_TRUE(found) << dump(*deployment, dir);
+  // Asked for because the collectives' shortest kernel grew (nothing else
+  // had proxy steps to go on), and still asked for while the finding is open.
+  EXPECT_GE(metric(metrics_port, "rankscope_detail_requests_total{reason=\"rise\"}"), 1) << dump(*deployment, dir);
+  EXPECT_GE(metric(metrics_port, "rankscope_detail_comms"), 1) << dump(*deployment, dir);
   observe_for(std::chrono::seconds(3));  // the other links' chance to be (wrongly) named
   links = of_kind(deployment->findings(false), "slow_link");
   ASSERT_EQ(links.size(), 1u) << dump(*deployment, dir);
@@ -359,41 +410,39 @@ TEST_F(DetectE2E, ASlowLinkIsNamedFromNcclsProxySteps) {
   EXPECT_TRUE(of_kind(deployment->findings(false), "straggler").empty()) << dump(*deployment, dir);
 }
 
+// A link that dies while every host and GPU is healthy: every rank issues
+// the collective, every rank's kernels start and wait, and nothing moves.
+// Host timing and kernel times say only "all inside, none finishes"; NCCL's
+// proxy steps (on when the collective was enqueued) show rank 2's data for
+// rank 1 handed to the network and never done, and the hang names that link.
+TEST_F(DetectE2E, ALinkThatStopsMovingIsNamedInTheHang) {
+  // Proxy steps always on, so that they are on when the link dies (NCCL
+  // fixes a collective's events when it is enqueued: docs/gpu-timing.md).
+  DeploymentOptions options;
+  options.agent_args = [](int) {
+    return std::vector<std::string>{"--proxy-detail-ms", "1000", "--proxy-detail-period-ms", "1000"};
+  };
+  auto hangs = gpu_fault_hang(options, 2, {{"FAKECUDA_LINK_STALL_FILE", dir.file("dead")}, {"FAKECUDA_LINK_PEER", "1"}},
+                              dir.file("dead"));
+  ASSERT_EQ(hangs.size(), 1u) << dump(*deployment, dir);
+  EXPECT_EQ(hangs[0].ranks, (std::vector<int32_t>{2, 1})) << hangs[0].detail;
+  EXPECT_NE(hangs[0].detail.find("rank 2 on " + deployment->node_name(1) + " handed its data for rank 1 on " +
+                                 deployment->node_name(0)),
+            std::string::npos)
+      << hangs[0].detail;
+  EXPECT_NE(hangs[0].detail.find("stopped moving"), std::string::npos) << hangs[0].detail;
+  EXPECT_NE(hangs[0].detail.find("every process is alive"), std::string::npos) << hangs[0].detail;
+  EXPECT_TRUE(of_kind(deployment->findings(false), "straggler").empty()) << dump(*deployment, dir);
+}
+
 // A rank whose GPU stops (a kernel that never finishes) while every host
 // lives: every host issues the step's collectives and blocks in
 // cudaStreamSynchronize. Host timing says only "all entered, none
 // progresses"; its GPU never started the collective that the others'
 // kernels started and wait in, and the hang names it.
 TEST_F(DetectE2E, AHungGpuWithEveryHostAliveIsNamedInTheHang) {
-  const int metrics_port = free_port();
-  DeploymentOptions options;
-  options.collector_args = {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)};
-  deploy(options);
   constexpr int kStuck = 1;
-  JobOptions job;
-  job.args = {"--steps", "100000", "--compute-iters", "200000", "--bucket-elems", "1024"};
-  job.env = {{"NCCL_PROFILER_PLUGIN", kPlugin}};
-  job.rank_env[kStuck] = {{"FAKECUDA_GPU_HANG_FILE", dir.file("hang")}};
-  auto ranks = launch_job(dir, cluster, job);
-  // Its GPU stops once the agents read the rings (100 collectives a rank's
-  // worth): the plugin writes only while someone reads, and a kernel start
-  // unread cannot be told.
-  auto gpu_records = [&] {
-    auto response = collector::http_request("GET", "http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics");
-    const std::string series = "rankscope_ingest_gpu_records_total{result=\"taken\"} ";
-    size_t at = response ? response->body.find(series) : std::string::npos;
-    return at == std::string::npos ? 0.0 : std::stod(response->body.substr(at + series.size()));
-  };
-  ASSERT_TRUE(wait_for([&] { return gpu_records() >= 4 * 100; }, std::chrono::seconds(60))) << dump(*deployment, dir);
-  std::ofstream(dir.file("hang")).close();
-  std::vector<SeenFinding> hangs;
-  bool found = wait_for(
-      [&] {
-        hangs = of_kind(deployment->findings(true), "hang");
-        return !hangs.empty();
-      },
-      std::chrono::seconds(60));
-  ASSERT_TRUE(found) << dump(*deployment, dir);
+  auto hangs = gpu_fault_hang({}, kStuck, {{"FAKECUDA_GPU_HANG_FILE", dir.file("hang")}}, dir.file("hang"));
   ASSERT_EQ(hangs.size(), 1u) << dump(*deployment, dir);
   EXPECT_EQ(hangs[0].ranks, std::vector<int32_t>{kStuck}) << hangs[0].detail;
   EXPECT_NE(hangs[0].detail.find("never started its collective"), std::string::npos) << hangs[0].detail;

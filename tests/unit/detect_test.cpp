@@ -193,6 +193,46 @@ class DetectTest : public ::testing::Test {
     });
   }
 
+  // A heartbeat of the node of `ranks`, as above (blocked in a CUDA wait
+  // since `waiting_since`), whose processes' GPUs are inside collective
+  // `seq` of kComm: every kernel started at `started`; `steps`: NCCL's proxy
+  // steps were on when it was enqueued; `held`: rank -> (peer, since) of
+  // its send step handed to the network and not done.
+  void node_gpu(const std::vector<int32_t>& ranks, uint64_t sample_ns, uint64_t waiting_since, uint64_t seq,
+                uint64_t started, bool steps, const std::map<int32_t, std::pair<int32_t, uint64_t>>& held) {
+    send(node_of(ranks.front()), [&](auto m) {
+      auto hb = m.initHeartbeat();
+      hb.setInstanceId(7);
+      const auto n = static_cast<unsigned>(ranks.size());
+      auto p = hb.initProcesses(n);
+      auto w = hb.initOpenWaits(n);
+      auto g = hb.initGpuOpen(n);
+      for (unsigned i = 0; i < n; ++i) {
+        const uint32_t pid = 100 + static_cast<uint32_t>(ranks[i]);
+        p[i].setPid(pid);
+        p[i].setAlive(true);
+        p[i].setState('S');
+        p[i].setCpuNs(1000);
+        p[i].setSampleNs(sample_ns);
+        w[i].setPid(pid);
+        w[i].setKind(wire::WaitKind::STREAM_SYNCHRONIZE);
+        w[i].setStartNs(waiting_since);
+        g[i].setPid(pid);
+        g[i].setCommHash(kComm);
+        g[i].setRank(ranks[i]);
+        g[i].setOp(RS_OP_ALLREDUCE);
+        g[i].setSeq(seq);
+        g[i].setEnqueuedNs(started - kMs);
+        g[i].setKernelStartNs(started);
+        g[i].setProxySteps(steps);
+        if (auto h = held.find(ranks[i]); h != held.end()) {
+          g[i].setSendPeer(h->second.first);
+          g[i].setSendSinceNs(h->second.second);
+        }
+      }
+    });
+  }
+
   // Every node's agent talks at `at` (an empty heartbeat), as live agents do
   // once a second: their ranks are seen, not lost.
   void keep_talking(uint64_t at) {
@@ -306,6 +346,58 @@ TEST_F(DetectTest, EveryRankInsideAndIdleIsReportedAsNoRankMissing) {
   EXPECT_NE(hangs[0]->summary.find("no rank is missing"), std::string::npos) << hangs[0]->summary;
   EXPECT_NE(hangs[0]->summary.find("every rank blocked in a CUDA wait"), std::string::npos) << hangs[0]->summary;
   EXPECT_NE(hangs[0]->detail.find("blocked in cudaStreamSynchronize since"), std::string::npos) << hangs[0]->detail;
+}
+
+// Every rank inside, every GPU's kernels started and none finishes: NCCL's
+// proxy steps (on when the collective was enqueued) show rank 2's data for
+// rank 1 handed to the network and never done (and rank 0's for rank 3,
+// handed over later). The hang names that link; with proxy steps and no
+// data held, it says to suspect a GPU; with none, that no link can be named.
+class DetectGpuInsideTest : public DetectTest {
+ protected:
+  // `held`: rank -> (peer, handed over this long after the kernels started).
+  const Finding* hang_with(bool steps, const std::map<int32_t, std::pair<int32_t, uint64_t>>& held) {
+    start(4);
+    uint64_t t = clock.now;
+    for (uint64_t seq = 0; seq < 5; ++seq) instance(seq, t + seq * kMs);
+    clock.now = t + 6 * kSecond;  // the agents report now
+    std::map<int32_t, std::pair<int32_t, uint64_t>> since;
+    for (const auto& [rank, h] : held) since[rank] = {h.first, t + 5 * kMs + h.second};
+    for (int32_t node = 0; node < 2; ++node)
+      node_gpu({2 * node, 2 * node + 1}, t + 6 * kSecond, t + 5 * kMs, 4, t + 5 * kMs, steps, since);
+    evaluate_at(t + options.hang_timeout_ns + kSecond);
+    auto hangs = open(FindingKind::hang);
+    EXPECT_EQ(hangs.size(), 1u);
+    return hangs.empty() ? nullptr : hangs[0];
+  }
+};
+
+TEST_F(DetectGpuInsideTest, OneSendHeldByTheNetworkNamesTheLink) {
+  const Finding* f = hang_with(true, {{2, {1, kMs}}, {0, {3, 50 * kMs}}});
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->ranks, (std::vector<int32_t>{2, 1})) << f->summary;
+  EXPECT_NE(f->summary.find("rank 2 on node-1 handed its data for rank 1 on node-0 to the network"), std::string::npos)
+      << f->summary;
+  EXPECT_NE(f->summary.find("the link 2 -> 1 stopped moving"), std::string::npos) << f->summary;
+  EXPECT_NE(f->summary.find("every process is alive"), std::string::npos) << f->summary;
+}
+
+TEST_F(DetectGpuInsideTest, ProxyStepsWithNoSendHeldSuspectAGpu) {
+  const Finding* f = hang_with(true, {});
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->ranks.size(), 4u);
+  EXPECT_NE(f->summary.find("no rank's data is held by the network (NCCL's proxy steps): suspect a GPU"),
+            std::string::npos)
+      << f->summary;
+}
+
+TEST_F(DetectGpuInsideTest, WithoutProxyStepsNoLinkIsNamed) {
+  const Finding* f = hang_with(false, {});
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->ranks.size(), 4u);
+  EXPECT_NE(f->summary.find("NCCL's proxy steps were not on when it was enqueued, so no link can be named"),
+            std::string::npos)
+      << f->summary;
 }
 
 TEST_F(DetectTest, StoppedProcessInsideTheCollectiveIsTheCulprit) {

@@ -349,6 +349,75 @@ std::string announce(uint64_t seq, uint64_t first, size_t n, int32_t nranks, siz
   return b.bytes();
 }
 
+// Detail on demand: a heartbeat of a node asked for NCCL's proxy steps is
+// answered with the communicators wanted of it; once none is, with an empty
+// request, once; then with nothing. Another node hears nothing.
+TEST_F(IngestTest, AHeartbeatIsAnsweredWithTheProxyStepsWantedOfItsNode) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ingest.on_agent_message("conn-2", hello("gpu-2"), out);
+  auto detail_replies = [&](const std::string& conn) {
+    Outbox reply;
+    ingest.on_agent_message(conn, heartbeat(true), reply);
+    std::vector<std::vector<uint64_t>> got;
+    for (const auto& [id, bytes] : reply.now) {
+      EXPECT_EQ(id, conn);
+      EXPECT_TRUE(proto::read_packed<wire::CollectorMessage>(bytes, proto::ReadLimits{}, [&](auto m) {
+        ASSERT_EQ(m.which(), wire::CollectorMessage::DETAIL);
+        std::vector<uint64_t> comms;
+        for (uint64_t c : m.getDetail().getComms()) comms.push_back(c);
+        got.push_back(comms);
+      }));
+    }
+    return got;
+  };
+  EXPECT_TRUE(detail_replies("conn-1").empty()) << "nothing wanted: no reply";
+  ingest.set_detail_wanted({{"gpu-1", {0xc0ffee, 0xbeef}}});
+  EXPECT_EQ(detail_replies("conn-1"), (std::vector<std::vector<uint64_t>>{{0xc0ffee, 0xbeef}}));
+  EXPECT_EQ(detail_replies("conn-1"), (std::vector<std::vector<uint64_t>>{{0xc0ffee, 0xbeef}})) << "renewed";
+  EXPECT_TRUE(detail_replies("conn-2").empty());
+  ingest.set_detail_wanted({});
+  EXPECT_EQ(detail_replies("conn-1"), (std::vector<std::vector<uint64_t>>{{}})) << "told once that none is";
+  EXPECT_TRUE(detail_replies("conn-1").empty());
+}
+
+// A heartbeat's open GPU collective with a send step held by the network:
+// its peer and since when, on the cluster clock.
+TEST_F(IngestTest, AnOpenGpuCollectivesHeldSendIsOnTheClusterClock) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);  // offset 5 ms
+  ingest.on_agent_message("conn-1", batch(1, 0, 2), out);
+  capnp::MallocMessageBuilder message;
+  auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();
+  hb.setInstanceId(99);
+  auto p = hb.initProcesses(1);
+  p[0].setPid(10);
+  p[0].setAlive(true);
+  p[0].setState('S');
+  p[0].setSampleNs(5'000);
+  auto open = hb.initGpuOpen(2);
+  for (unsigned i = 0; i < 2; ++i) {
+    open[i].setPid(10);
+    open[i].setCommHash(0xc0ffee);
+    open[i].setRank(1);
+    open[i].setOp(i == 0 ? RS_OP_ALLREDUCE : RS_OP_ALLGATHER);
+    open[i].setSeq(4);
+    open[i].setEnqueuedNs(3'000);
+    open[i].setKernelStartNs(3'500);
+    open[i].setProxySteps(true);
+    open[i].setSendPeer(0);
+    open[i].setSendSinceNs(i == 0 ? 3'900 : 0);  // the second: a peer with no time, so none
+  }
+  ingest.on_agent_message("conn-1", proto::to_packed(message), out);
+  const auto& gpu = ingest.node("gpu-1")->health.at(10).gpu_open();
+  ASSERT_EQ(gpu.size(), 2u);
+  EXPECT_TRUE(gpu[0].proxy_steps);
+  EXPECT_EQ(gpu[0].send_peer, 0);
+  EXPECT_EQ(gpu[0].send_since_ns, 3'900u + 5'000'000u);
+  EXPECT_EQ(gpu[1].send_peer, -1);
+  EXPECT_EQ(gpu[1].send_since_ns, 0u);
+}
+
 TEST_F(IngestTest, ACommunicatorWhoseProcessesExitedLeavesTheLiveModelOnceQuietAndStaysInTheDatabase) {
   constexpr uint64_t kQuiet = 600'000'000'000ull;
   Outbox out;

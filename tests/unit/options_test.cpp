@@ -103,13 +103,13 @@ TEST(Options, AgentValuesOutOfRangeAreRefused) {
   for (const char* bad : {"batch-interval-ms = 0\n", "ack-timeout-ms = 5\n", "scan-interval-ms = 1\n",
                           "max-unacked-mb = 0\n", "max-unacked-mb = 18446744073709551615\n", "pid = 0\n",
                           "node = two words\n", "collector = \n", "cuda-waits = maybe\n", "unknown-key = 1\n",
-                          "proxy-detail-period-ms = 50\n", "proxy-detail-ms = 10001\n"}) {
+                          "proxy-detail-period-ms = 50\n", "proxy-detail-ms = 30001\n"}) {
     auto line = agent_config(bad);
     EXPECT_FALSE(line) << bad;
   }
   auto line = agent_config("max-unacked-mb = 16\npid = 10\npid = 11\nnode = gpu-12\nproxy-detail-ms = 0\n");
   ASSERT_TRUE(line) << line.error().message;
-  EXPECT_EQ(line->options.proxy_detail_ms, 0u) << "never: proxy steps not asked for";
+  EXPECT_EQ(line->options.proxy_detail_ms, 0u) << "no background sample: proxy steps only when the collector asks";
   EXPECT_EQ(line->options.max_unacked_bytes, 16u << 20);
   EXPECT_EQ(line->options.pids, (std::vector<uint32_t>{10, 11}));
   EXPECT_EQ(line->options.node, "gpu-12");

@@ -71,6 +71,22 @@ class FakeRing {
     r.state = 0;
     return profiler::ring_write(view, r);
   }
+  // As the plugin writes one proxy record of rank 3 (an operation's or a step's).
+  bool proxy(RecordKind kind, uint64_t seq, uint64_t host_ns, uint32_t event, int32_t peer, uint8_t channel,
+             uint8_t state) {
+    Record r{};
+    r.comm_hash = kComm;
+    r.seq_number = seq;
+    r.host_ns = host_ns;
+    r.rank = 3;
+    r.peer = peer;
+    r.event = event;
+    r.kind = kind;
+    r.op = RS_OP_ALLREDUCE;
+    r.channel = channel;
+    r.state = state;
+    return profiler::ring_write(view, r);
+  }
   int fd = -1;
   void* map = nullptr;
   size_t bytes = 0;
@@ -260,21 +276,7 @@ TEST(ProfilerRings, ProxyStepsGiveEachCollectiveTheSendLinkThatWaitedLongest) {
   EXPECT_EQ(ring.view.header->detail.load(), 1u) << "the agent asks for proxy events";
   std::vector<GpuCollective> got;
   auto keep = [&](const GpuCollective& c) { got.push_back(c); };
-  auto proxy = [&](RecordKind kind, uint64_t seq, uint64_t host_ns, uint32_t event, int32_t peer, uint8_t channel,
-                   uint8_t state) {
-    Record r{};
-    r.comm_hash = kComm;
-    r.seq_number = seq;
-    r.host_ns = host_ns;
-    r.rank = 3;
-    r.peer = peer;
-    r.event = event;
-    r.kind = kind;
-    r.op = RS_OP_ALLREDUCE;
-    r.channel = channel;
-    r.state = state;
-    ASSERT_TRUE(profiler::ring_write(ring.view, r));
-  };
+  auto proxy = [&](auto... args) { ASSERT_TRUE(ring.proxy(args...)); };
   const uint8_t send = profiler::kProxySend, wait = profiler::abi::kProxyStepSendWait;
   // Collective #1 on two channels, each with a send operation to rank 1.
   ASSERT_TRUE(ring.write(RecordKind::coll_start, 1, 1'000, 0, 2));
@@ -319,6 +321,77 @@ TEST(ProfilerRings, ProxyStepsGiveEachCollectiveTheSendLinkThatWaitedLongest) {
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[1].seq_number, 2u);
   EXPECT_EQ(got[1].link_peer, -1) << "no step of it was seen";
+}
+
+// Detail on demand: the collector names the communicators whose proxy
+// steps it wants; the plugin of a process in one of them is asked, the
+// others' are not, and a request that no longer names it turns them off.
+TEST(ProfilerRings, ProxyStepsAreAskedOfTheProcessesInTheCommunicatorsNamed) {
+  testing::TempDir proc;
+  FakeRing ring(proc, kPid, kStart);
+  ProfilerRings rings(proc.path());
+  ASSERT_TRUE(rings.attach(kPid, kStart));
+  rings.set_detail(false, {kComm});
+  EXPECT_EQ(ring.view.header->detail.load(), 0u) << "its communicators are not known before its first collective";
+  ASSERT_TRUE(ring.write(RecordKind::coll_start, 1, 1'000, 0, 1));
+  rings.drain([](const GpuCollective&) {});
+  EXPECT_EQ(ring.view.header->detail.load(), 1u) << "asked once a collective of a named communicator is seen";
+  EXPECT_EQ(rings.detailed(), 1u);
+  rings.set_detail(false, {kComm + 1});
+  EXPECT_EQ(ring.view.header->detail.load(), 0u) << "another communicator named: not this process";
+  rings.set_detail(false, {kComm + 1, kComm});
+  EXPECT_EQ(ring.view.header->detail.load(), 1u);
+  rings.set_detail(false, {});
+  EXPECT_EQ(ring.view.header->detail.load(), 0u);
+  EXPECT_EQ(rings.detailed(), 0u);
+  rings.set_detail(true, {});
+  EXPECT_EQ(ring.view.header->detail.load(), 1u) << "the background sample asks every process";
+}
+
+// A collective whose kernels never stop (a hang) reports, while it is open,
+// its send step handed to the network longest ago and not done: a link that
+// stopped moving. Steps handed over and done, or not yet handed over, do
+// not count.
+TEST(ProfilerRings, AnOpenCollectiveNamesItsSendStepThatStoppedMoving) {
+  testing::TempDir proc;
+  FakeRing ring(proc, kPid, kStart);
+  ProfilerRings rings(proc.path());
+  rings.set_detail(true);
+  ASSERT_TRUE(rings.attach(kPid, kStart));
+  auto proxy = [&](RecordKind kind, uint64_t seq, uint64_t host_ns, uint32_t event, int32_t peer, uint8_t state) {
+    ASSERT_TRUE(ring.proxy(kind, seq, host_ns, event, peer, 0, state));
+  };
+  const uint8_t send = profiler::kProxySend, wait = profiler::abi::kProxyStepSendWait;
+  ASSERT_TRUE(ring.write(RecordKind::coll_start, 7, 1'000, 0, 1));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_start, 7, 2'000, 2'000, 0));
+  proxy(RecordKind::proxy_op_start, 7, 2'100, 10, 4, send);
+  proxy(RecordKind::proxy_step, 7, 2'200, 100, 4, send);  // to rank 4: handed over, done
+  proxy(RecordKind::proxy_step, 7, 2'300, 100, 4, send | wait);
+  proxy(RecordKind::proxy_step_stop, 7, 2'900, 100, 4, send);
+  proxy(RecordKind::proxy_step, 7, 3'000, 101, 4, send);  // handed over at 3,100, never done
+  proxy(RecordKind::proxy_step, 7, 3'100, 101, 4, send | wait);
+  proxy(RecordKind::proxy_step, 7, 3'200, 102, 4, send);  // waits for the GPU's data: not the link's
+  proxy(RecordKind::proxy_step, 7, 3'300, 103, 2, send);  // to rank 2: handed over later
+  proxy(RecordKind::proxy_step, 7, 3'400, 103, 2, send | wait);
+  rings.drain([](const GpuCollective&) { ADD_FAILURE() << "its kernels never stopped"; });
+  auto open = rings.open();
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_EQ(open[0].seq_number, 7u);
+  EXPECT_TRUE(open[0].proxy_steps);
+  EXPECT_EQ(open[0].send_peer, 4);
+  EXPECT_EQ(open[0].send_since_ns, 3'100u);
+
+  // The same with no proxy steps asked for: nothing is known of its links.
+  FakeRing quiet(proc, kPid + 1, kStart);
+  ProfilerRings plain(proc.path());
+  ASSERT_TRUE(plain.attach(kPid + 1, kStart));
+  ASSERT_TRUE(quiet.write(RecordKind::coll_start, 8, 1'000, 0, 1));
+  ASSERT_TRUE(quiet.write(RecordKind::kernel_start, 8, 2'000, 2'000, 0));
+  plain.drain([](const GpuCollective&) {});
+  open = plain.open();
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_FALSE(open[0].proxy_steps);
+  EXPECT_EQ(open[0].send_peer, -1);
 }
 
 }  // namespace

@@ -50,6 +50,7 @@ struct CollectiveCall {
   uint64_t issue = 0;  // this rank's order of calls on the communicator
   uint64_t seq = 0;    // SegmentHeader::seq, equal on the ranks that must match
   void* profilerEvent = nullptr;  // the profiler plugin's handle of it (profiler.h), if any
+  int profilerMask = 0;           // the plugin's activation mask when it was enqueued
 };
 
 // A step of a call: segments that move together, then local work on what

@@ -97,7 +97,10 @@ void Communicator::number(CollectiveCall& call) {
       call.seq = collectiveSeq_++;
       break;
   }
-  if (profiler_ && call.kind != OpKind::kCommSplit) call.profilerEvent = profiler_->enqueued(call, funcSeq_[call.kind]++);
+  if (profiler_ && call.kind != OpKind::kCommSplit) {
+    call.profilerEvent = profiler_->enqueued(call, funcSeq_[call.kind]++);
+    call.profilerMask = profiler_->mask();
+  }
 }
 
 bool Communicator::waitTurn(uint64_t issue) {
@@ -200,6 +203,7 @@ std::optional<Communicator::Failure> Communicator::run(const std::vector<Collect
       const Phase* phase = round.phases[k];
       for (SendSegment segment : phase->sends) {
         segment.owner = round.callOf[k]->profilerEvent;
+        segment.ownerMask = round.callOf[k]->profilerMask;
         sends.push_back(segment);
       }
       recvs.insert(recvs.end(), phase->recvs.begin(), phase->recvs.end());

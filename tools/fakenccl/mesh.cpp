@@ -94,8 +94,8 @@ std::optional<ExchangeOutcome> progressSends(int fd, int peer, PeerProgress& p, 
   return std::nullopt;
 }
 
-// FAKECUDA_LINK_DELAY_US, FAKECUDA_LINK_PEER, FAKECUDA_LINK_DELAY_AFTER
-// (Mesh::exchange): how long the link to `peer` holds a segment this exchange.
+// FAKECUDA_LINK_DELAY_US, FAKECUDA_LINK_PEER, FAKECUDA_LINK_DELAY_AFTER,
+// FAKECUDA_LINK_STALL_FILE (Mesh::exchange): how long the link to `peer` holds a segment this exchange.
 std::chrono::microseconds linkDelay(int peer, long long exchange) {
   static const long long delay = [] {
     const char* env = std::getenv("FAKECUDA_LINK_DELAY_US");
@@ -109,7 +109,12 @@ std::chrono::microseconds linkDelay(int peer, long long exchange) {
     const char* env = std::getenv("FAKECUDA_LINK_DELAY_AFTER");
     return env ? std::strtoll(env, nullptr, 10) : 0;
   }();
-  if (delay <= 0 || exchange < after || (only >= 0 && only != peer)) return std::chrono::microseconds(0);
+  static const char* stall = std::getenv("FAKECUDA_LINK_STALL_FILE");
+  if (only >= 0 && only != peer) return std::chrono::microseconds(0);
+  // A dead link: once the file exists, what is posted on it is never sent
+  // (held a day; an abort still ends the exchange).
+  if (stall && *stall && ::access(stall, F_OK) == 0) return std::chrono::hours(24);
+  if (delay <= 0 || exchange < after) return std::chrono::microseconds(0);
   return std::chrono::microseconds(delay);
 }
 

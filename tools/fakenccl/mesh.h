@@ -41,6 +41,7 @@ struct SendSegment {
   SegmentHeader header;
   const void* data;       // header.bytes bytes
   void* owner = nullptr;  // the profiler plugin's handle of the call it belongs to (profiler.h), if any
+  int ownerMask = 0;      // the plugin's activation mask when that call was enqueued
 };
 
 // Told when each send segment is handed to the network (its first byte may
@@ -88,6 +89,8 @@ class Mesh {
   // NIC) goes N microseconds after it was posted, as if the network took
   // that long with it; with FAKECUDA_LINK_DELAY_AFTER=M, from the process's
   // M-th exchange on (a link that degrades while the job runs).
+  // FAKECUDA_LINK_STALL_FILE=PATH: a link that dies. Once PATH exists, a
+  // segment posted on it (FAKECUDA_LINK_PEER's, or every link) is never sent.
   ExchangeOutcome exchange(std::span<const SendSegment> sends, std::span<const RecvSegment> recvs,
                            SendObserver* observer = nullptr);
 

@@ -199,7 +199,10 @@ void ProfilerComm::kernelStopped(void* kernel) {
 // once handed to the network (SendWait, with its size); both stop when the
 // network is done with it.
 void ProfilerComm::posted(const SendSegment& segment) {
-  if (segment.owner == nullptr || !(mask_ & static_cast<int>(abi::kProxyOp))) return;
+  // The mask as it was when the call was enqueued: NCCL decides then
+  // whether a call's proxy work reports events.
+  const int mask = segment.ownerMask;
+  if (segment.owner == nullptr || !(mask & static_cast<int>(abi::kProxyOp))) return;
   Event op;
   op.rank = rank_;
   op.type = abi::kProxyOp;
@@ -213,7 +216,7 @@ void ProfilerComm::posted(const SendSegment& segment) {
   Proxy proxy;
   proxy.op = startEvent(context_, op);
   if (proxy.op == nullptr) return;
-  if (mask_ & static_cast<int>(abi::kProxyStep)) {
+  if (mask & static_cast<int>(abi::kProxyStep)) {
     Event step;
     step.rank = rank_;
     step.type = abi::kProxyStep;

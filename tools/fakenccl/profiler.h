@@ -34,6 +34,8 @@ class ProfilerComm final : public SendObserver {
   // `call` enqueued (host thread): its event started and stopped; the
   // handle its kernel hangs off (null: not recorded).
   void* enqueued(const CollectiveCall& call, uint64_t seqNumber);
+  // The plugin's activation mask now (the call enqueued last keeps it).
+  int mask() const { return mask_; }
   // The call's kernel on its stream: started now; stopped (GPU stop time now).
   void* kernelStarted(void* call);
   void kernelStopped(void* kernel);
