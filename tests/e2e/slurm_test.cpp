@@ -191,7 +191,8 @@ TEST(SlurmE2E, SrunLaunchIsAttributedToItsJobStepUserAccountAndRanks) {
     std::string environ = slurp("/proc/" + field(r, "pid") + "/environ");
     EXPECT_NE(environ.find(std::string("SLURM_JOB_ID=") + job_id + '\0'), std::string::npos);
     EXPECT_NE(environ.find(std::string("SLURM_PROCID=") + std::to_string(rank) + '\0'), std::string::npos);
-    // The TaskProlog named rankscope's NCCL profiler plugin (deploy/slurm/rankscope-task-prolog.sh).
+    // The TaskProlog named rankscope's NCCL profiler plugin for the job's partition, which the
+    // site listed (deploy/slurm/rankscope-task-prolog.sh).
     EXPECT_EQ(env_entries(environ, '\0').count(std::string("NCCL_PROFILER_PLUGIN=") + RANKSCOPE_PROFILER_PLUGIN), 1u)
         << "task " << rank << "'s environment names no profiler plugin";
   }

@@ -207,10 +207,14 @@ bool RealSlurm::start_daemons(const std::string& hardware, std::string* why) {
   // The shipped Prolog, Epilog and TaskProlog, writing to this instance's
   // folder and naming this build's profiler plugin (slurmd runs them with
   // the job's variables only: a wrapper names them).
+  // The TaskProlog names the plugin for jobs of this cluster's partition (the site's opt-in).
+  const std::string task_prolog_conf = dir_.file("task-prolog.conf");
+  std::ofstream(task_prolog_conf) << "RANKSCOPE_PROFILER_PARTITIONS=\"" << partition_ << "\"\n";
   auto hook = [&](const std::string& which) {
     std::string path = dir_.file("rankscope-" + which + ".sh");
     std::ofstream(path) << "#!/bin/sh\nRANKSCOPE_SLURM_DIR='" << jobs_dir() << "' RANKSCOPE_EPILOG_CONF='"
-                        << epilog_conf() << "' RANKSCOPE_PROFILER_LIB='" << RANKSCOPE_PROFILER_PLUGIN
+                        << epilog_conf() << "' RANKSCOPE_TASK_PROLOG_CONF='" << task_prolog_conf
+                        << "' RANKSCOPE_PROFILER_LIB='" << RANKSCOPE_PROFILER_PLUGIN
                         << "' SLURM_CONF='" << conf_ << "' exec /bin/sh '" << RANKSCOPE_SOURCE_DIR
                         << "/deploy/slurm/rankscope-" << which << ".sh'\n";
     chmod(path.c_str(), 0755);
