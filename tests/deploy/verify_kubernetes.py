@@ -71,6 +71,66 @@ def free_port():
         return s.getsockname()[1]
 
 
+def check_nccl_profiler(kubectl, deploy, plain):
+    """The nccl-profiler component added to the same deployment: the agent's
+    init container puts the plugin where the policy's pods mount it and
+    NCCL_PROFILER_PLUGIN names it; only opted-in namespaces, never a pod
+    that names its own plugin; nothing else changes."""
+    with open(os.path.join(deploy, "kustomization.yaml"), "a") as f:
+        f.write("components:\n  - nccl-profiler\n")
+    built = subprocess.run([kubectl, "kustomize", deploy], capture_output=True, text=True)
+    if built.returncode != 0:
+        fail("kubectl kustomize with the nccl-profiler component: " + built.stderr)
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(built.stdout) if o}
+    added = set(objects) - set(plain)
+    want = {("MutatingAdmissionPolicy", "rankscope-nccl-profiler"),
+            ("MutatingAdmissionPolicyBinding", "rankscope-nccl-profiler")}
+    if added != want:
+        fail("the nccl-profiler component adds %s, not %s" % (sorted(added), sorted(want)))
+    policy = objects[("MutatingAdmissionPolicy", "rankscope-nccl-profiler")]
+    binding = objects[("MutatingAdmissionPolicyBinding", "rankscope-nccl-profiler")]
+    if binding["spec"]["policyName"] != policy["metadata"]["name"]:
+        fail("the binding names another policy")
+    spec = policy["spec"]
+    match = spec["matchConstraints"]
+    if match["namespaceSelector"] != {"matchLabels": {"rankscope.io/nccl-profiler": "enabled"}}:
+        fail("the policy is not opt-in per namespace: %r" % match["namespaceSelector"])
+    if match["resourceRules"] != [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                   "resources": ["pods"]}]:
+        fail("the policy mutates more than pods being created: %r" % match["resourceRules"])
+    if spec.get("failurePolicy") != "Ignore":
+        fail("a pod must never be refused for want of the plugin (failurePolicy Ignore)")
+    if not any("NCCL_PROFILER_PLUGIN" in c["expression"] for c in spec.get("matchConditions", [])):
+        fail("the policy does not leave alone a pod that names its own profiler plugin")
+    expression = spec["mutations"][0]["applyConfiguration"]["expression"]
+    env = re.search(r'name: "NCCL_PROFILER_PLUGIN",\s*value: "([^"]+)"', expression)
+    host = re.search(r'hostPath\{path: "([^"]+)"', expression)
+    mount = re.search(r'mountPath: "([^"]+)",\s*readOnly: true', expression)
+    if not env or not host or not mount:
+        fail("the policy's mutation does not set the plugin, its host folder and a read-only mount")
+    if os.path.dirname(env.group(1)) != mount.group(1) or mount.group(1) != host.group(1):
+        fail("NCCL_PROFILER_PLUGIN=%s is not in the folder mounted from the node (%s at %s)" %
+             (env.group(1), host.group(1), mount.group(1)))
+    # The agent's init container writes that file on the node.
+    ds = objects[("DaemonSet", "rankscope-agent")]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in ds["volumes"]}
+    inits = ds.get("initContainers", [])
+    if len(inits) != 1:
+        fail("the agent has %d init containers, not the plugin's installer" % len(inits))
+    init = inits[0]
+    script = " ".join(init["command"])
+    target = re.search(r"mv -f \S+ (\S+)", script)
+    if not target or target.group(1) != env.group(1):
+        fail("the installer does not put the plugin at %s: %s" % (env.group(1), script))
+    if mounted_path(init, volumes, target.group(1)).get("hostPath", {}).get("path") != host.group(1):
+        fail("the installer's %s is not the node's %s" % (target.group(1), host.group(1)))
+    if init.get("securityContext", {}).get("privileged"):
+        fail("the plugin's installer must not be privileged")
+    plain_ds = plain[("DaemonSet", "rankscope-agent")]["spec"]["template"]["spec"]
+    if ds["containers"] != plain_ds["containers"]:
+        fail("the component changes the agent's container")
+
+
 def main():
     build = os.path.abspath(sys.argv[1])
     kubectl = shutil.which("kubectl")
@@ -196,7 +256,9 @@ def main():
             proc.wait(10)
         if "allow-list %s: %d key(s)" % (allow_dir, len(want)) not in text:
             fail("the collector did not admit the %d keys:\n%s" % (len(want), text))
-        print("kubernetes deployment verified: %d objects, %d keys admitted" % (len(objects), len(want)))
+        check_nccl_profiler(kubectl, deploy, objects)
+        print("kubernetes deployment verified: %d objects, %d keys admitted; the nccl-profiler component" %
+              (len(objects), len(want)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
