@@ -45,11 +45,13 @@ uint64_t monotonic_ns() {
 // (then every record is counted as dropped, here only).
 struct Process {
   std::once_flag made;
+  pid_t pid = 0;  // this process (a proxy operation of another one has a parent in its memory, not ours)
   RingView ring;
   std::atomic<uint64_t> unrecorded{0};
   std::atomic<int> comms{0};
 
   void make() {
+    pid = getpid();
     int fd = memfd_create(kRingMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return;
     const size_t bytes = ring_bytes(kRingSlots);
@@ -225,6 +227,10 @@ abi::Result start(void* context, void** handle, const Descr& d) {
       break;
     }
     case abi::kProxyOp: {
+      // NCCL's PXN: this process's proxy moves another local process's data,
+      // and the parent is that process's event, an address in its memory:
+      // never read. The operation is recorded without its collective.
+      if (d.proxy_op->pid != process.pid) parent = nullptr;
       e = comm->take();
       e->op = parent ? parent->op : 0;
       e->seq_number = parent ? parent->seq_number : 0;

@@ -270,6 +270,53 @@ TEST_F(ProfilerPlugin, WithNoReaderEveryEventIsOnlyCountedAndProxyDetailComesOnD
   EXPECT_EQ(mask & static_cast<int>(kProxyOp | kProxyStep), 0);
 }
 
+// NCCL's PXN: a proxy operation this process's proxy runs for another local
+// process names that process (pid) and, as parent, that process's event: an
+// address in its memory. The plugin never reads it (here a pointer that
+// would crash it); the operation is recorded without its collective, and
+// its own steps follow it.
+TEST_F(ProfilerPlugin, AProxyOperationOfAnotherProcessNeverReadsItsParent) {
+  int mask = 0;
+  void* context = init_v5(0xfeed, 1, &mask);
+  attach();
+  ring.header->detail.store(1);
+  EventDescrV5 c = coll(7, "AllReduce", 64);
+  void* coll_handle = nullptr;
+  ASSERT_EQ(v5->start_event(context, &coll_handle, &c), kSuccess);  // turns proxy events on
+  EventDescrV5 op{};
+  op.type = kProxyOp;
+  op.parent = reinterpret_cast<void*>(uintptr_t{0x10});  // another process's event
+  op.rank = 1;
+  op.proxy_op.pid = getpid() + 1;
+  op.proxy_op.peer = 3;
+  op.proxy_op.n_steps = 2;
+  op.proxy_op.chunk_size = 512;
+  op.proxy_op.is_send = 1;
+  void* op_handle = nullptr;
+  ASSERT_EQ(v5->start_event(context, &op_handle, &op), kSuccess);
+  ASSERT_NE(op_handle, nullptr);
+  EventDescrV5 step{};
+  step.type = kProxyStep;
+  step.parent = op_handle;
+  step.proxy_step.step = 0;
+  void* step_handle = nullptr;
+  ASSERT_EQ(v5->start_event(context, &step_handle, &step), kSuccess);
+  ASSERT_EQ(v5->stop_event(step_handle), kSuccess);
+  ASSERT_EQ(v5->stop_event(op_handle), kSuccess);
+  std::deque<Record> got;
+  drain(&got);
+  size_t proxy = 0;
+  for (const Record& r : got) {
+    if (r.kind != RecordKind::proxy_op_start && r.kind != RecordKind::proxy_step) continue;
+    ++proxy;
+    EXPECT_EQ(r.op, 0) << "its collective is not known here";
+    EXPECT_EQ(r.seq_number, 0u);
+    EXPECT_EQ(r.peer, 3);
+  }
+  EXPECT_EQ(proxy, 2u);
+  ring.header->detail.store(0);
+}
+
 TEST(ProfilerRing, AFullRingDropsAndCountsAndKeepsOrder) {
   constexpr uint32_t kSlots = 8;
   std::vector<char> memory(ring_bytes(kSlots) + 64);
