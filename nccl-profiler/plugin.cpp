@@ -6,6 +6,13 @@
 // slot from a fixed per-communicator pool, reads the monotonic clock (vDSO)
 // and writes one record: no allocation, no lock, no system call. init and
 // finalize, once per communicator, may do all three.
+//
+// NCCL loads one profiler plugin per process. RANKSCOPE_NCCL_PROFILER_CHAIN
+// names another (NVIDIA's NCCL Inspector, say: a path, or a name NCCL's way,
+// libnccl-profiler-NAME.so): this plugin loads it and passes every call on
+// to it, with the events it asked for, as if NCCL called it directly (its
+// own contexts, handles and parents; NCCL's mask is the union of both).
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -14,11 +21,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "nccl-profiler/abi.h"
 #include "nccl-profiler/ring.h"
@@ -89,11 +98,71 @@ struct Process {
   }
 } process;
 
+// The plugin RANKSCOPE_NCCL_PROFILER_CHAIN names, loaded at the first init
+// that finds it set (later names are not read); its table of the version
+// NCCL called this one with.
+struct Chain {
+  std::mutex mutex;
+  bool tried = false;
+  std::string name;
+  void* lib = nullptr;
+  const abi::ProfilerV5* v5 = nullptr;
+  const abi::ProfilerV4* v4 = nullptr;
+  bool v5_tried = false, v4_tried = false;
+} chain;
+
+void say(abi::Logger log, int level, const std::string& text) {
+  if (log)
+    log(level, 1 /* NCCL_INIT */, __FILE__, __LINE__, "%s", text.c_str());
+  else
+    std::fprintf(stderr, "NCCL profiler: %s\n", text.c_str());
+}
+
+// The chained plugin's table of version 5 (or 4), or null (none named, or
+// it cannot be used: said once, through NCCL's logger).
+template <typename Table>
+const Table* chained(abi::Logger log, const char* symbol, const Table* own) {
+  const char* env = std::getenv("RANKSCOPE_NCCL_PROFILER_CHAIN");
+  if (!env || !*env) return nullptr;
+  std::lock_guard<std::mutex> lock(chain.mutex);
+  if (!chain.tried) {
+    chain.tried = true;
+    chain.name = env;
+    const std::string file = std::strchr(env, '/') ? chain.name : "libnccl-profiler-" + chain.name + ".so";
+    chain.lib = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!chain.lib) say(log, 2 /* WARN */, "rankscope: not chaining to " + chain.name + ": " + dlerror());
+  }
+  if (!chain.lib) return nullptr;
+  constexpr bool v5 = std::is_same_v<Table, abi::ProfilerV5>;
+  const Table*& table = [&]() -> const Table*& {
+    if constexpr (v5) return chain.v5;
+    else return chain.v4;
+  }();
+  bool& tried = v5 ? chain.v5_tried : chain.v4_tried;
+  if (table || tried) return table;
+  tried = true;
+  auto* found = static_cast<const Table*>(dlsym(chain.lib, symbol));
+  if (found == own) {
+    say(log, 2, "rankscope: not chaining to " + chain.name + ": it is rankscope's own plugin");
+  } else if (!found || !found->init || !found->start_event || !found->stop_event || !found->record_event_state ||
+             !found->finalize) {
+    say(log, 2, "rankscope: not chaining to " + chain.name + ": it has no complete " + symbol +
+                    ", the version NCCL called rankscope's with");
+  } else {
+    table = found;
+    say(log, 3 /* INFO */, "rankscope: chaining to " + chain.name + " (" + (found->name ? found->name : "?") +
+                               ", " + symbol + ")");
+  }
+  return table;
+}
+
 struct Comm;
 
 struct Event {
   Comm* comm = nullptr;
   uint32_t id = 0;
+  void* chained = nullptr;  // the chained plugin's handle of the same event
+  bool recorded = false;    // rankscope records it (else it only carries `chained`)
   RecordKind stop_kind = RecordKind::coll_stop;  // what stopEvent writes (none for kernels: their state does)
   bool stop_writes = true;
   uint8_t op = 0;
@@ -107,7 +176,13 @@ struct Comm {
   uint64_t hash = 0;
   int32_t rank = -1;
   int* mask = nullptr;  // NCCL's activation mask, read again at each operation
+  int own_mask = 0;     // what rankscope asks for
   bool detail = false;
+  // The chained plugin's session (null: none), and the mask it asks for.
+  void* chained = nullptr;
+  const abi::ProfilerV5* chained_v5 = nullptr;
+  const abi::ProfilerV4* chained_v4 = nullptr;
+  int chained_mask = 0;
   std::atomic<uint32_t> next{0};
   std::atomic<uint32_t> next_step{0};
   std::unique_ptr<Event[]> events = std::make_unique<Event[]>(kEventsPerComm);
@@ -119,6 +194,8 @@ struct Comm {
     e->comm = this;
     e->id = id;
     e->direction = 0;
+    e->chained = nullptr;
+    e->recorded = true;
     return e;
   }
   Event* take_step() {
@@ -127,19 +204,25 @@ struct Comm {
     e->comm = this;
     e->id = id;
     e->direction = 0;
+    e->chained = nullptr;
+    e->recorded = true;
     return e;
   }
-  // Proxy events on while the agent asks for them (detail on demand).
-  void follow_detail() {
-    bool wanted = process.detail();
-    if (wanted == detail || !mask) return;
-    detail = wanted;
-    int proxy = static_cast<int>(abi::kProxyOp | abi::kProxyStep);
-    *mask = wanted ? (*mask | proxy) : (*mask & ~proxy);
-  }
+  // Proxy events on while the agent asks for them (detail on demand), and
+  // whatever the chained plugin asks for now.
+  void follow_detail();
 };
 
 constexpr int kBaseMask = static_cast<int>(abi::kColl | abi::kP2p | abi::kKernelCh);
+constexpr int kProxyMask = static_cast<int>(abi::kProxyOp | abi::kProxyStep);
+
+void Comm::follow_detail() {
+  detail = process.detail();
+  own_mask = kBaseMask | (detail ? kProxyMask : 0);
+  if (!mask) return;
+  const int wanted = own_mask | chained_mask;
+  if (*mask != wanted) *mask = wanted;
+}
 
 void fill(Record& r, const Event& e, RecordKind kind) {
   r.comm_hash = e.comm->hash;
@@ -162,7 +245,6 @@ abi::Result init(void** context, uint64_t comm_hash, int* mask, int rank) {
   comm->hash = comm_hash;
   comm->rank = rank;
   comm->mask = mask;
-  if (mask) *mask = kBaseMask;
   comm->follow_detail();
   process.comms.fetch_add(1);
   *context = comm;
@@ -180,12 +262,27 @@ struct Descr {
   const abi::KernelChDescr* kernel_ch;
 };
 
-abi::Result start(void* context, void** handle, const Descr& d) {
-  *handle = nullptr;
-  auto* comm = static_cast<Comm*>(context);
-  if (d.type == abi::kColl) comm->follow_detail();
-  if (!process.read()) return abi::kSuccess;
+// The chained plugin's start of the event NCCL described with `d` (copied:
+// its parent, rankscope's handle, becomes the chained plugin's own).
+template <typename Table, typename Descriptor>
+void* chained_start(Comm* comm, const Table* table, const Descriptor& d, bool foreign) {
+  if (!comm->chained || !(comm->chained_mask & static_cast<int>(d.type))) return nullptr;
+  Descriptor copy = d;
+  // A PXN proxy operation's parent is in another process's memory: not ours to read.
+  copy.parent = d.parent && !foreign ? static_cast<Event*>(d.parent)->chained : nullptr;
+  void* out = nullptr;
+  if (table->start_event(comm->chained, &out, &copy) != abi::kSuccess) return nullptr;
+  return out;
+}
+
+// Records the start of an event rankscope asked for; its handle, or null.
+Event* record_start(Comm* comm, const Descr& d) {
   auto* parent = static_cast<Event*>(d.parent);
+  // NCCL's PXN: this process's proxy moves another local process's data,
+  // and the parent is that process's event, an address in its memory:
+  // never read. The operation is recorded without its collective.
+  if (d.type == abi::kProxyOp && d.proxy_op->pid != process.pid) parent = nullptr;
+  if (parent && !parent->recorded) parent = nullptr;  // it only carries the chained plugin's handle
   Event* e = nullptr;
   Record r;
   switch (d.type) {
@@ -227,10 +324,6 @@ abi::Result start(void* context, void** handle, const Descr& d) {
       break;
     }
     case abi::kProxyOp: {
-      // NCCL's PXN: this process's proxy moves another local process's data,
-      // and the parent is that process's event, an address in its memory:
-      // never read. The operation is recorded without its collective.
-      if (d.proxy_op->pid != process.pid) parent = nullptr;
       e = comm->take();
       e->op = parent ? parent->op : 0;
       e->seq_number = parent ? parent->seq_number : 0;
@@ -244,7 +337,7 @@ abi::Result start(void* context, void** handle, const Descr& d) {
       break;
     }
     case abi::kProxyStep: {
-      if (!parent) return abi::kSuccess;
+      if (!parent) return nullptr;
       e = comm->take_step();
       e->op = parent->op;
       e->seq_number = parent->seq_number;
@@ -258,16 +351,45 @@ abi::Result start(void* context, void** handle, const Descr& d) {
       break;
     }
     default:
-      return abi::kSuccess;  // not enabled by rankscope
+      return nullptr;  // not enabled by rankscope
   }
   process.write(r);
+  return e;
+}
+
+// `chained_handle`: the chained plugin's handle of this event (null: none).
+abi::Result start(void* context, void** handle, const Descr& d, void* chained_handle) {
+  *handle = nullptr;
+  auto* comm = static_cast<Comm*>(context);
+  if (d.type == abi::kColl) comm->follow_detail();
+  Event* e = nullptr;
+  if ((comm->own_mask & static_cast<int>(d.type)) && process.read()) e = record_start(comm, d);
+  if (chained_handle) {
+    if (!e) {  // an event only the chained plugin asked for (or no reader): it carries its handle
+      e = comm->take();
+      e->recorded = false;
+      e->stop_writes = false;
+    }
+    e->chained = chained_handle;
+  }
   *handle = e;
   return abi::kSuccess;
 }
 
+// Passes the event's stop on to the chained plugin.
+void chained_stop(const Event& e) {
+  if (!e.chained) return;
+  if (e.comm->chained_v5)
+    e.comm->chained_v5->stop_event(e.chained);
+  else
+    e.comm->chained_v4->stop_event(e.chained);
+}
+
 abi::Result stop(void* handle) {
   auto* e = static_cast<Event*>(handle);
-  if (!e || !e->stop_writes) return abi::kSuccess;
+  if (!e) return abi::kSuccess;
+  chained_stop(*e);
+  if (!e->recorded || !e->stop_writes) return abi::kSuccess;
   Record r;
   fill(r, *e, e->stop_kind);
   process.write(r);
@@ -277,6 +399,13 @@ abi::Result stop(void* handle) {
 abi::Result record_state(void* handle, int state, abi::StateArgs* args) {
   auto* e = static_cast<Event*>(handle);
   if (!e) return abi::kSuccess;
+  if (e->chained) {
+    if (e->comm->chained_v5)
+      e->comm->chained_v5->record_event_state(e->chained, state, args);
+    else
+      e->comm->chained_v4->record_event_state(e->chained, state, args);
+  }
+  if (!e->recorded) return abi::kSuccess;
   if (state == abi::kKernelChStop) {
     Record r;
     fill(r, *e, RecordKind::kernel_stop);
@@ -293,31 +422,82 @@ abi::Result record_state(void* handle, int state, abi::StateArgs* args) {
 }
 
 abi::Result finalize(void* context) {
-  delete static_cast<Comm*>(context);
+  auto* comm = static_cast<Comm*>(context);
+  if (comm->chained) {
+    if (comm->chained_v5)
+      comm->chained_v5->finalize(comm->chained);
+    else
+      comm->chained_v4->finalize(comm->chained);
+  }
+  delete comm;
   process.comms.fetch_sub(1);
   return abi::kSuccess;
 }
 
-abi::Result init_v5(void** context, uint64_t comm_hash, int* mask, const char*, int, int, int rank, abi::Logger) {
-  return init(context, comm_hash, mask, rank);
-}
-abi::Result init_v4(void** context, int* mask, const char*, uint64_t comm_hash, int, int, int rank, abi::Logger) {
-  return init(context, comm_hash, mask, rank);
-}
-
-abi::Result start_v5(void* context, void** handle, abi::EventDescrV5* d) {
-  return start(context, handle,
-               Descr{d->type, d->parent, &d->coll.d, &d->p2p.d, &d->proxy_op, d->proxy_step.step, &d->kernel_ch});
-}
-abi::Result start_v4(void* context, void** handle, abi::EventDescrV4* d) {
-  return start(context, handle,
-               Descr{d->type, d->parent, &d->coll, &d->p2p, &d->proxy_op, d->proxy_step.step, &d->kernel_ch});
+// The chained plugin's session for the communicator just made: its init
+// with NCCL's arguments and a mask of its own (NCCL's is the union).
+void chain_init(Comm* comm, const abi::ProfilerV5* v5, const abi::ProfilerV4* v4, const char* name, int n_nodes,
+                int nranks, int rank, abi::Logger log) {
+  if (!v5 && !v4) return;
+  void* context = nullptr;
+  const abi::Result result = v5 ? v5->init(&context, comm->hash, &comm->chained_mask, name, n_nodes, nranks, rank, log)
+                                : v4->init(&context, &comm->chained_mask, name, comm->hash, n_nodes, nranks, rank, log);
+  if (result != abi::kSuccess || !context) {
+    comm->chained_mask = 0;
+    return;
+  }
+  comm->chained = context;
+  comm->chained_v5 = v5;
+  comm->chained_v4 = v4;
+  comm->follow_detail();
 }
 
 }  // namespace
 }  // namespace rankscope::profiler
 
 namespace rp = rankscope::profiler;
+
+extern "C" {
+extern rp::abi::ProfilerV5 ncclProfiler_v5;
+extern rp::abi::ProfilerV4 ncclProfiler_v4;
+}
+
+namespace rankscope::profiler {
+namespace {
+
+abi::Result init_v5(void** context, uint64_t comm_hash, int* mask, const char* name, int n_nodes, int nranks,
+                    int rank, abi::Logger log) {
+  abi::Result result = init(context, comm_hash, mask, rank);
+  chain_init(static_cast<Comm*>(*context), chained(log, "ncclProfiler_v5", &ncclProfiler_v5), nullptr, name,
+             n_nodes, nranks, rank, log);
+  return result;
+}
+abi::Result init_v4(void** context, int* mask, const char* name, uint64_t comm_hash, int n_nodes, int nranks,
+                    int rank, abi::Logger log) {
+  abi::Result result = init(context, comm_hash, mask, rank);
+  chain_init(static_cast<Comm*>(*context), nullptr, chained(log, "ncclProfiler_v4", &ncclProfiler_v4), name,
+             n_nodes, nranks, rank, log);
+  return result;
+}
+
+bool foreign(uint64_t type, const abi::ProxyOpDescr& op) { return type == abi::kProxyOp && op.pid != process.pid; }
+
+abi::Result start_v5(void* context, void** handle, abi::EventDescrV5* d) {
+  auto* comm = static_cast<Comm*>(context);
+  void* chained = comm->chained_v5 ? chained_start(comm, comm->chained_v5, *d, foreign(d->type, d->proxy_op)) : nullptr;
+  return start(context, handle,
+               Descr{d->type, d->parent, &d->coll.d, &d->p2p.d, &d->proxy_op, d->proxy_step.step, &d->kernel_ch},
+               chained);
+}
+abi::Result start_v4(void* context, void** handle, abi::EventDescrV4* d) {
+  auto* comm = static_cast<Comm*>(context);
+  void* chained = comm->chained_v4 ? chained_start(comm, comm->chained_v4, *d, foreign(d->type, d->proxy_op)) : nullptr;
+  return start(context, handle,
+               Descr{d->type, d->parent, &d->coll, &d->p2p, &d->proxy_op, d->proxy_step.step, &d->kernel_ch}, chained);
+}
+
+}  // namespace
+}  // namespace rankscope::profiler
 
 extern "C" {
 __attribute__((visibility("default"))) rp::abi::ProfilerV5 ncclProfiler_v5 = {

@@ -221,10 +221,12 @@ std::string profiler_state(const std::string& proc_root, uint32_t pid) {
       const uint32_t reader = ring->header->reader.load();
       const uint64_t written = ring->header->written.load(), dropped = ring->header->dropped.load();
       profiler::unmap_ring(*ring);
+      const std::string chain = environ_value(proc_root, pid, "RANKSCOPE_NCCL_PROFILER_CHAIN");
       return "rankscope's NCCL profiler plugin is loaded; its ring is " +
              (reader ? "read by the agent (pid " + std::to_string(reader) + ")"
                      : std::string("not read (no agent reads it: its events are only counted)")) +
-             ", " + std::to_string(written) + " records written, " + std::to_string(dropped) + " dropped";
+             ", " + std::to_string(written) + " records written, " + std::to_string(dropped) + " dropped" +
+             (chain.empty() ? "" : "; chained to " + chain);
     }
   }
   if (!why.empty()) return "its profiler ring is refused: " + why;
@@ -236,7 +238,8 @@ std::string profiler_state(const std::string& proc_root, uint32_t pid) {
            ", but no ring: NCCL loads the plugin at the process's first communicator, or could not load it "
            "(NCCL_DEBUG=INFO says why)";
   return "another profiler plugin (NCCL_PROFILER_PLUGIN=" + plugin +
-         "): host timing only (NCCL loads one profiler plugin per process)";
+         "): host timing only (NCCL loads one profiler plugin per process; to keep it, name rankscope's in "
+         "NCCL_PROFILER_PLUGIN and it in RANKSCOPE_NCCL_PROFILER_CHAIN)";
 }
 
 // Each NCCL process in scope: is rankscope's profiler plugin loaded (the GPU

@@ -524,6 +524,68 @@ TEST(FakeNccl, TheAgentReadsEachRanksGpuTimesOnTheHostClock) {
   EXPECT_GE(median0, 0) << "no kernel starts before NCCL enqueued it, on the host clock";
 }
 
+// Another profiler plugin beside rankscope's (NCCL loads one per process):
+// RANKSCOPE_NCCL_PROFILER_CHAIN names it, and it hears, through rankscope's,
+// each collective and kernel as NCCL would have told it alone, while the
+// agent reads rankscope's ring as usual. A chain that cannot be used (a
+// missing file; rankscope's own plugin) is said through NCCL's logger
+// (NCCL_DEBUG=WARN), and the job runs.
+TEST(FakeNccl, AChainedProfilerPluginHearsEveryCollectiveBesideTheAgent) {
+  TempDir dir;
+  constexpr int kSteps = 60;
+  const std::vector<std::string> argv = {FAKENCCL_TRAIN, "--id-file", dir.file("id"), "--steps",
+                                         std::to_string(kSteps), "--buckets", "1", "--compute-iters", "1000", "--quiet"};
+  const std::vector<std::string> env = {std::string("NCCL_PROFILER_PLUGIN=") + RANKSCOPE_PROFILER_PLUGIN,
+                                        std::string("RANKSCOPE_NCCL_PROFILER_CHAIN=") + RANKSCOPE_TEST_CHAINED_PLUGIN,
+                                        "RANKSCOPE_TEST_CHAIN_LOG=" + dir.file("chain.log"), "NCCL_DEBUG=INFO"};
+  RankProcess rank0(dir, "0", 0, 2, argv, env);
+  RankProcess rank1(dir, "1", 1, 2, argv, env);
+  rankscope::agent::ProfilerRings rings;
+  const pid_t pids[2] = {rank0.pid(), rank1.pid()};
+  ASSERT_TRUE(attachAll(rings, pids)) << rank0.err() << rank1.err();
+  std::map<uint32_t, size_t> got;
+  auto drain = [&] { rings.drain([&](const rankscope::agent::GpuCollective& c) { ++got[c.pid]; }); };
+  ASSERT_TRUE(waitFor([&] {
+    drain();
+    return !rank0.running() && !rank1.running();
+  })) << rank0.err() << rank1.err();
+  EXPECT_EQ(rank0.waitExit(), 0) << rank0.err();
+  EXPECT_EQ(rank1.waitExit(), 0) << rank1.err();
+  for (pid_t pid : pids) rings.detach(static_cast<uint32_t>(pid), [&](const auto& c) { ++got[c.pid]; });
+  for (pid_t pid : pids) EXPECT_GE(got[static_cast<uint32_t>(pid)], 20u) << "the agent read rankscope's ring";
+
+  std::istringstream log(readFile(dir.file("chain.log")));
+  int lines = 0;
+  for (std::string line; std::getline(log, line); ++lines) {
+    std::map<std::string, int> n;
+    std::istringstream fields(line);
+    for (std::string field; fields >> field;) n[field.substr(0, field.find('='))] = std::stoi(field.substr(field.find('=') + 1));
+    EXPECT_EQ(n["inits"], 1) << line;
+    EXPECT_GE(n["colls"], kSteps) << line;
+    EXPECT_EQ(n["kernels"], n["colls"]) << "every collective's kernel, under it: " << line;
+    EXPECT_EQ(n["kernel_stops"], n["kernels"]) << line;
+    EXPECT_EQ(n["stops"], n["colls"] + n["kernels"]) << line;
+    EXPECT_EQ(n["others"], 0) << "only what it asked for: " << line;
+    EXPECT_EQ(n["foreign"], 0) << "its own handles and parents only: " << line;
+  }
+  EXPECT_EQ(lines, 2) << "one line per rank at its last finalize";
+  EXPECT_NE(rank0.err().find("chaining to " + std::string(RANKSCOPE_TEST_CHAINED_PLUGIN)), std::string::npos)
+      << rank0.err();
+
+  for (const std::string& chain : {dir.file("missing.so"), std::string(RANKSCOPE_PROFILER_PLUGIN)}) {
+    TempDir again;
+    std::vector<std::string> args = argv;
+    args[2] = again.file("id");
+    const std::vector<std::string> bad = {std::string("NCCL_PROFILER_PLUGIN=") + RANKSCOPE_PROFILER_PLUGIN,
+                                          "RANKSCOPE_NCCL_PROFILER_CHAIN=" + chain, "NCCL_DEBUG=WARN"};
+    RankProcess a(again, "0", 0, 2, args, bad);
+    RankProcess b(again, "1", 1, 2, args, bad);
+    EXPECT_EQ(a.waitExit(), 0) << a.err();
+    EXPECT_EQ(b.waitExit(), 0) << b.err();
+    EXPECT_NE(a.err().find("not chaining to " + chain), std::string::npos) << a.err();
+  }
+}
+
 // NCCL's proxy steps, asked for by the agent (detail): each rank's record of
 // a collective names its send link that waited longest on the network.
 // Rank 1's link to rank 2 holds each segment 10 ms (a slow link); every

@@ -317,6 +317,76 @@ TEST_F(ProfilerPlugin, AProxyOperationOfAnotherProcessNeverReadsItsParent) {
   ring.header->detail.store(0);
 }
 
+// NCCL loads one profiler plugin per process; RANKSCOPE_NCCL_PROFILER_CHAIN
+// names another (here a stand-in for NVIDIA's Inspector), which rankscope's
+// loads and passes NCCL's calls on to. NCCL's mask is the union of both;
+// the other plugin hears exactly the events it asked for (groups, which
+// rankscope does not record, too), with its own context, handles and
+// parents, whether an agent reads rankscope's ring or not. rankscope's ring
+// gets what it always did.
+TEST_F(ProfilerPlugin, AnotherPluginNamedInTheEnvironmentHearsWhatItAskedForThroughRankscopes) {
+  setenv("RANKSCOPE_NCCL_PROFILER_CHAIN", RANKSCOPE_TEST_CHAINED_PLUGIN, 1);
+  int mask = 0;
+  void* context = init_v5(0xc4a1, 1, &mask);
+  unsetenv("RANKSCOPE_NCCL_PROFILER_CHAIN");
+  void* other = dlopen(RANKSCOPE_TEST_CHAINED_PLUGIN, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(other, nullptr) << "rankscope's plugin did not load the chained one";
+  auto counts_of = reinterpret_cast<void (*)(int*)>(dlsym(other, "rankscope_test_chain_counts"));
+  ASSERT_NE(counts_of, nullptr);
+  enum { inits, finalized, groups, colls, kernels, others, stops, kernel_stops, foreign, kCounts };
+  int c[kCounts];
+  counts_of(c);
+  EXPECT_EQ(c[inits], 1);
+  EXPECT_EQ(mask, static_cast<int>(kGroup | kColl | kP2p | kKernelCh)) << "what either asked for";
+  attach();
+
+  auto one_collective = [&](uint64_t seq) {
+    EventDescrV5 g{};
+    g.type = kGroup;
+    g.rank = 1;
+    void* group = nullptr;
+    ASSERT_EQ(v5->start_event(context, &group, &g), kSuccess);
+    ASSERT_NE(group, nullptr) << "a handle that carries the other plugin's";
+    EventDescrV5 d = coll(seq, "AllReduce", 256);
+    d.parent = group;
+    void* collective = nullptr;
+    ASSERT_EQ(v5->start_event(context, &collective, &d), kSuccess);
+    EventDescrV5 k{};
+    k.type = kKernelCh;
+    k.parent = collective;
+    k.kernel_ch.gpu_start_ns = 1'000;
+    void* kernel = nullptr;
+    ASSERT_EQ(v5->start_event(context, &kernel, &k), kSuccess);
+    ASSERT_EQ(v5->stop_event(collective), kSuccess);
+    StateArgs args{};
+    args.kernel_ch.gpu_stop_ns = 2'000;
+    ASSERT_EQ(v5->record_event_state(kernel, kKernelChStop, &args), kSuccess);
+    ASSERT_EQ(v5->stop_event(kernel), kSuccess);
+    ASSERT_EQ(v5->stop_event(group), kSuccess);
+  };
+  one_collective(1);
+  EXPECT_EQ(drain(), (std::vector<RecordKind>{RecordKind::coll_start, RecordKind::kernel_start, RecordKind::coll_stop,
+                                              RecordKind::kernel_stop}))
+      << "rankscope's records as without a chained plugin: no group";
+  ring.header->reader.store(0);  // no agent now: rankscope only counts, the other plugin still hears all
+  one_collective(2);
+  EXPECT_TRUE(drain().empty());
+  ring.header->reader.store(static_cast<uint32_t>(getpid()));
+
+  counts_of(c);
+  EXPECT_EQ(c[groups], 2);
+  EXPECT_EQ(c[colls], 2);
+  EXPECT_EQ(c[kernels], 2);
+  EXPECT_EQ(c[kernel_stops], 2);
+  EXPECT_EQ(c[stops], 6);
+  EXPECT_EQ(c[others], 0) << "only what it asked for";
+  EXPECT_EQ(c[foreign], 0) << "every handle, parent and context its own; each kernel's parent its collective";
+  ASSERT_EQ(v5->finalize(context), kSuccess);
+  contexts.clear();
+  counts_of(c);
+  EXPECT_EQ(c[finalized], 1);
+}
+
 TEST(ProfilerRing, AFullRingDropsAndCountsAndKeepsOrder) {
   constexpr uint32_t kSlots = 8;
   std::vector<char> memory(ring_bytes(kSlots) + 64);

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -63,7 +65,23 @@ uint64_t gpuNow() {
   return static_cast<uint64_t>(static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec + offset);
 }
 
-void quietLog(int, unsigned long, const char*, int, const char*, ...) {}
+// NCCL's logger as plugins get it: a message is printed when NCCL_DEBUG
+// asks for its level (VERSION 1, WARN 2, INFO 3, TRACE 5), else dropped.
+void pluginLog(int level, unsigned long, const char*, int, const char* format, ...) {
+  static const int wanted = [] {
+    const char* env = std::getenv("NCCL_DEBUG");
+    if (!env) return 0;
+    const std::string v = env;
+    return v == "VERSION" ? 1 : v == "WARN" ? 2 : v == "INFO" ? 3 : v == "TRACE" ? 5 : 0;
+  }();
+  if (level <= 0 || level > wanted) return;
+  char text[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  std::fprintf(stderr, "NCCL %s %s\n", level == 2 ? "WARN" : "INFO", text);
+}
 
 // Both versions' descriptors from one description.
 struct Event {
@@ -86,9 +104,9 @@ std::unique_ptr<ProfilerComm> ProfilerComm::open(uint64_t commHash, int nranks, 
   // NCCL enables nothing until the plugin says what it wants.
   const std::string name = "fakenccl";
   abi::Result result = p.v5 ? p.v5->init(&comm->context_, commHash, &comm->mask_, name.c_str(), 1, nranks, rank,
-                                         quietLog)
+                                         pluginLog)
                             : p.v4->init(&comm->context_, &comm->mask_, name.c_str(), commHash, 1, nranks, rank,
-                                         quietLog);
+                                         pluginLog);
   if (result != abi::kSuccess) {
     warn("the profiler plugin's init failed (%d) for rank %d: this communicator runs without it", result, rank);
     return nullptr;
