@@ -311,8 +311,10 @@ int main(int argc, char** argv) {
   drain_now();
   uint64_t dropped_reading = ring.header->dropped.load() - dropped_before;
   const uint64_t drained_plain = drained.load();
+  ring.header->detail.store(1);  // the agent asks for proxy steps (the plugin reads it at the next collective)
   Figures detailed = run(table, context, collectives / 10, drain_now, /*detail=*/true);
   drain_now();
+  ring.header->detail.store(0);
   const uint64_t dropped_detail = ring.header->dropped.load() - dropped_before - dropped_reading;
   ring.header->reader.store(0);
   Figures unread = run(table, context, collectives);
