@@ -26,7 +26,32 @@ enum EventType : uint64_t {
   kProxyCtrl = 1 << 5,
   kKernelCh = 1 << 6,  // a kernel's channel, with the GPU's %globaltimer
   kNetPlugin = 1 << 7,
+  // v5 only (NCCL 2.28): API calls and kernel launches.
+  kGroupApi = 1 << 8,
+  kCollApi = 1 << 9,
+  kP2pApi = 1 << 10,
+  kKernelLaunch = 1 << 11,
 };
+
+// NCCL starts an event of `type` when its activation mask holds that type
+// or one reported only beneath it (its children need a parent): the
+// conditions of src/plugin/profiler.cc in NCCL 2.28. A plugin that asks
+// for kernel channels alone hears collectives and p2p operations too.
+constexpr uint64_t started_for(uint64_t type) {
+  constexpr uint64_t kBelowTask = kProxyOp | kProxyStep | kKernelCh | kNetPlugin;
+  switch (type) {
+    case kGroupApi:
+      return kGroupApi | kCollApi | kP2pApi | kKernelLaunch | kGroup | kColl | kP2p | kBelowTask;
+    case kCollApi: return kCollApi | kColl | kBelowTask;
+    case kP2pApi: return kP2pApi | kP2p | kBelowTask;
+    case kGroup: return kGroup | kColl | kP2p | kBelowTask;
+    case kColl: return kColl | kBelowTask;
+    case kP2p: return kP2p | kBelowTask;
+    case kProxyOp: return kProxyOp | kProxyStep | kNetPlugin;
+    case kProxyStep: return kProxyStep | kNetPlugin;
+    default: return type;  // kProxyCtrl, kKernelCh, kNetPlugin, kKernelLaunch
+  }
+}
 
 // recordEventState's states that rankscope reads (the rest are ignored).
 enum State : int {

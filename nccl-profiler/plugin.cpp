@@ -7,6 +7,12 @@
 // and writes one record: no allocation, no lock, no system call. init and
 // finalize, once per communicator, may do all three.
 //
+// NCCL's PXN has this process's proxy move the data of another process on
+// the node: the proxy operation then comes with that process's context and
+// parent, addresses in its memory. The plugin never reads either: it tells
+// such an operation by its pid, and the communicator of a proxy step by its
+// parent (its own operation), never by the context NCCL passes with it.
+//
 // NCCL loads one profiler plugin per process. RANKSCOPE_NCCL_PROFILER_CHAIN
 // names another (NVIDIA's NCCL Inspector, say: a path, or a name NCCL's way,
 // libnccl-profiler-NAME.so): this plugin loads it and passes every call on
@@ -58,6 +64,10 @@ struct Process {
   RingView ring;
   std::atomic<uint64_t> unrecorded{0};
   std::atomic<int> comms{0};
+  // Whether NCCL's mask (one per process) asks for proxy events on
+  // rankscope's behalf now: what NCCL copies into the operations it
+  // schedules until the plugin next changes it.
+  std::atomic<bool> proxied{false};
 
   void make() {
     pid = getpid();
@@ -85,15 +95,18 @@ struct Process {
     }
     ring_write(ring, record);
   }
+  void drop() {
+    if (ring.header)
+      ring.header->dropped.fetch_add(1, std::memory_order_relaxed);
+    else
+      unrecorded.fetch_add(1, std::memory_order_relaxed);
+  }
   bool detail() const { return ring.header && ring.header->detail.load(std::memory_order_relaxed) != 0; }
   // Someone drains the ring; else an event is only counted (no handle, so
   // NCCL makes no further call for it).
   bool read() {
     if (ring.header && ring.header->reader.load(std::memory_order_relaxed) != 0) return true;
-    if (ring.header)
-      ring.header->dropped.fetch_add(1, std::memory_order_relaxed);
-    else
-      unrecorded.fetch_add(1, std::memory_order_relaxed);
+    drop();
     return false;
   }
 } process;
@@ -103,6 +116,9 @@ struct Process {
 // NCCL called this one with.
 struct Chain {
   std::mutex mutex;
+  // What the chained plugin asks for. NCCL's mask is one per process, so
+  // this is too: every init of the chained plugin gets it, and may change it.
+  int mask = 0;
   bool tried = false;
   std::string name;
   void* lib = nullptr;
@@ -142,7 +158,7 @@ const Table* chained(abi::Logger log, const char* symbol, const Table* own) {
   if (table || tried) return table;
   tried = true;
   auto* found = static_cast<const Table*>(dlsym(chain.lib, symbol));
-  if (found == own) {
+  if (found == own || (found && found->name && std::strcmp(found->name, own->name) == 0)) {
     say(log, 2, "rankscope: not chaining to " + chain.name + ": it is rankscope's own plugin");
   } else if (!found || !found->init || !found->start_event || !found->stop_event || !found->record_event_state ||
              !found->finalize) {
@@ -159,10 +175,16 @@ const Table* chained(abi::Logger log, const char* symbol, const Table* own) {
 struct Comm;
 
 struct Event {
+  std::atomic<bool> live{false};  // handed to NCCL and not yet stopped: never taken again meanwhile
   Comm* comm = nullptr;
   uint32_t id = 0;
   void* chained = nullptr;  // the chained plugin's handle of the same event
   bool recorded = false;    // rankscope records it (else it only carries `chained`)
+  // Collectives and p2p operations: proxy events were wanted when NCCL
+  // scheduled it (NCCL fixes the mask of its proxy work then), so its proxy
+  // operations and their steps are recorded, even if the agent stops asking
+  // before they end.
+  bool detail = false;
   RecordKind stop_kind = RecordKind::coll_stop;  // what stopEvent writes (none for kernels: their state does)
   bool stop_writes = true;
   uint8_t op = 0;
@@ -172,57 +194,66 @@ struct Event {
   uint64_t seq_number = 0;
 };
 
+// Slots a take() looks at, from its turn on, for one not live; none free
+// (NCCL holds that many events unstopped): the event is not recorded.
+constexpr uint32_t kProbes = 8;
+
 struct Comm {
   uint64_t hash = 0;
   int32_t rank = -1;
-  int* mask = nullptr;  // NCCL's activation mask, read again at each operation
-  int own_mask = 0;     // what rankscope asks for
-  bool detail = false;
-  // The chained plugin's session (null: none), and the mask it asks for.
+  int* mask = nullptr;  // NCCL's activation mask (one per process), read again at each operation
+  // The chained plugin's session (null: none).
   void* chained = nullptr;
   const abi::ProfilerV5* chained_v5 = nullptr;
   const abi::ProfilerV4* chained_v4 = nullptr;
-  int chained_mask = 0;
   std::atomic<uint32_t> next{0};
   std::atomic<uint32_t> next_step{0};
   std::unique_ptr<Event[]> events = std::make_unique<Event[]>(kEventsPerComm);
   std::unique_ptr<Event[]> steps = std::make_unique<Event[]>(kStepsPerComm);
 
-  Event* take() {
-    uint32_t id = next.fetch_add(1, std::memory_order_relaxed) & ~kStepIdBit;
-    Event* e = &events[id & (kEventsPerComm - 1)];
-    e->comm = this;
-    e->id = id;
-    e->direction = 0;
-    e->chained = nullptr;
-    e->recorded = true;
-    return e;
-  }
-  Event* take_step() {
-    uint32_t id = next_step.fetch_add(1, std::memory_order_relaxed) | kStepIdBit;
-    Event* e = &steps[id & (kStepsPerComm - 1)];
-    e->comm = this;
-    e->id = id;
-    e->direction = 0;
-    e->chained = nullptr;
-    e->recorded = true;
-    return e;
-  }
+  // A free slot of the main pool (collectives, p2p, kernels, proxy
+  // operations) or of the steps' (proxy steps and what lives beneath
+  // them), marked live; null when none is free.
+  Event* take() { return take_from(events.get(), kEventsPerComm, next, 0); }
+  Event* take_step() { return take_from(steps.get(), kStepsPerComm, next_step, kStepIdBit); }
   // Proxy events on while the agent asks for them (detail on demand), and
   // whatever the chained plugin asks for now.
   void follow_detail();
+
+ private:
+  Event* take_from(Event* pool, uint32_t size, std::atomic<uint32_t>& turn, uint32_t id_bit) {
+    for (uint32_t probe = 0; probe < kProbes; ++probe) {
+      const uint32_t id = (turn.fetch_add(1, std::memory_order_relaxed) & ~kStepIdBit) | id_bit;
+      Event* e = &pool[id & (size - 1)];
+      bool idle = false;
+      if (!e->live.compare_exchange_strong(idle, true, std::memory_order_acquire)) continue;
+      e->comm = this;
+      e->id = id;
+      e->direction = 0;
+      e->chained = nullptr;
+      e->recorded = true;
+      e->detail = false;
+      return e;
+    }
+    return nullptr;
+  }
 };
 
 constexpr int kBaseMask = static_cast<int>(abi::kColl | abi::kP2p | abi::kKernelCh);
 constexpr int kProxyMask = static_cast<int>(abi::kProxyOp | abi::kProxyStep);
 
+int chained_mask() { return __atomic_load_n(&chain.mask, __ATOMIC_RELAXED); }
+
 void Comm::follow_detail() {
-  detail = process.detail();
-  own_mask = kBaseMask | (detail ? kProxyMask : 0);
+  const bool detail = process.detail();
   if (!mask) return;
-  const int wanted = own_mask | chained_mask;
-  if (*mask != wanted) *mask = wanted;
+  const int wanted = kBaseMask | (detail ? kProxyMask : 0) | chained_mask();
+  if (__atomic_load_n(mask, __ATOMIC_RELAXED) != wanted) __atomic_store_n(mask, wanted, __ATOMIC_RELAXED);
+  process.proxied.store(detail, std::memory_order_relaxed);
 }
+
+// The event NCCL handed back as a handle or parent: one of this process's.
+Event* event_of(void* handle) { return static_cast<Event*>(handle); }
 
 void fill(Record& r, const Event& e, RecordKind kind) {
   r.comm_hash = e.comm->hash;
@@ -262,57 +293,90 @@ struct Descr {
   const abi::KernelChDescr* kernel_ch;
 };
 
-// The chained plugin's start of the event NCCL described with `d` (copied:
-// its parent, rankscope's handle, becomes the chained plugin's own).
+// The communicator of the event NCCL describes, or null when it is not
+// this process's to read: a proxy operation of another process (PXN; its
+// context is an address in that process), or an event beneath one that
+// was not recorded. A proxy step (and a network plugin's event beneath it)
+// takes its operation's: PXN hands it the other process's context too.
+Comm* owner(void* context, const Descr& d) {
+  switch (d.type) {
+    case abi::kProxyOp: return d.proxy_op->pid == process.pid ? static_cast<Comm*>(context) : nullptr;
+    case abi::kProxyStep:
+    case abi::kNetPlugin: return d.parent ? event_of(d.parent)->comm : nullptr;
+    default: return static_cast<Comm*>(context);
+  }
+}
+
+// The chained plugin's start of the event NCCL described with `d`, when
+// NCCL would have started it for that plugin alone (copied: its parents,
+// rankscope's handles, become the chained plugin's own).
 template <typename Table, typename Descriptor>
-void* chained_start(Comm* comm, const Table* table, const Descriptor& d, bool foreign) {
-  if (!comm->chained || !(comm->chained_mask & static_cast<int>(d.type))) return nullptr;
+void* chained_start(Comm* comm, const Table* table, const Descriptor& d) {
+  if (!comm->chained || !(static_cast<uint64_t>(chained_mask()) & abi::started_for(d.type))) return nullptr;
+  auto theirs = [](void* parent) { return parent ? event_of(parent)->chained : nullptr; };
   Descriptor copy = d;
-  // A PXN proxy operation's parent is in another process's memory: not ours to read.
-  copy.parent = d.parent && !foreign ? static_cast<Event*>(d.parent)->chained : nullptr;
+  copy.parent = theirs(d.parent);
+  if constexpr (std::is_same_v<Descriptor, abi::EventDescrV5>) {
+    if (d.type == abi::kColl) copy.coll.parent_group = theirs(d.coll.parent_group);
+    if (d.type == abi::kP2p) copy.p2p.parent_group = theirs(d.p2p.parent_group);
+  }
   void* out = nullptr;
   if (table->start_event(comm->chained, &out, &copy) != abi::kSuccess) return nullptr;
   return out;
 }
 
-// Records the start of an event rankscope asked for; its handle, or null.
-Event* record_start(Comm* comm, const Descr& d) {
-  auto* parent = static_cast<Event*>(d.parent);
-  // NCCL's PXN: this process's proxy moves another local process's data,
-  // and the parent is that process's event, an address in its memory:
-  // never read. The operation is recorded without its collective.
-  if (d.type == abi::kProxyOp && d.proxy_op->pid != process.pid) parent = nullptr;
+// A slot for an event rankscope records; null (and the record counted as
+// dropped) when nobody reads the ring or NCCL holds every slot.
+Event* take_recorded(Comm* comm, bool step) {
+  if (!process.read()) return nullptr;
+  Event* e = step ? comm->take_step() : comm->take();
+  if (!e) process.drop();
+  return e;
+}
+
+// Records the start of an event rankscope reads, when it should; its
+// handle, or null. Collectives, p2p operations and kernel channels always;
+// a proxy operation when its collective or p2p operation was scheduled
+// with proxy events on for rankscope (`scheduled_with_detail`: NCCL read
+// its mask at the API call, before this start), and a proxy step when its
+// operation was recorded.
+Event* record_start(Comm* comm, const Descr& d, bool scheduled_with_detail) {
+  Event* parent = event_of(d.parent);
   if (parent && !parent->recorded) parent = nullptr;  // it only carries the chained plugin's handle
   Event* e = nullptr;
   Record r;
   switch (d.type) {
     case abi::kColl: {
-      e = comm->take();
+      if (!(e = take_recorded(comm, false))) return nullptr;
       e->op = proto::op_from_name(d.coll->func ? d.coll->func : "");
       e->seq_number = d.coll->seq_number;
       e->peer = d.coll->root;
       e->channel = d.coll->n_channels;
       e->stop_kind = RecordKind::coll_stop;
       e->stop_writes = true;
+      e->detail = scheduled_with_detail;
       fill(r, *e, RecordKind::coll_start);
       r.bytes = d.coll->count;
+      r.state = e->detail ? kCollDetail : 0;
       break;
     }
     case abi::kP2p: {
-      e = comm->take();
+      if (!(e = take_recorded(comm, false))) return nullptr;
       e->op = proto::op_from_name(d.p2p->func ? d.p2p->func : "");
       e->seq_number = 0;
       e->peer = d.p2p->peer;
       e->channel = d.p2p->n_channels;
       e->stop_kind = RecordKind::p2p_stop;
       e->stop_writes = true;
+      e->detail = scheduled_with_detail;
       fill(r, *e, RecordKind::p2p_start);
       r.bytes = d.p2p->count;
+      r.state = e->detail ? kCollDetail : 0;
       break;
     }
     case abi::kKernelCh: {
       // A channel of the collective or p2p operation `parent`.
-      e = comm->take();
+      if (!(e = take_recorded(comm, false))) return nullptr;
       e->op = parent ? parent->op : 0;
       e->seq_number = parent ? parent->seq_number : 0;
       e->peer = parent ? parent->peer : -1;
@@ -324,9 +388,9 @@ Event* record_start(Comm* comm, const Descr& d) {
       break;
     }
     case abi::kProxyOp: {
-      e = comm->take();
-      e->op = parent ? parent->op : 0;
-      e->seq_number = parent ? parent->seq_number : 0;
+      if (!parent || !parent->detail || !(e = take_recorded(comm, false))) return nullptr;
+      e->op = parent->op;
+      e->seq_number = parent->seq_number;
       e->peer = d.proxy_op->peer;
       e->channel = d.proxy_op->channel_id;
       e->direction = d.proxy_op->is_send ? kProxySend : 0;
@@ -337,8 +401,7 @@ Event* record_start(Comm* comm, const Descr& d) {
       break;
     }
     case abi::kProxyStep: {
-      if (!parent) return nullptr;
-      e = comm->take_step();
+      if (!parent || !(e = take_recorded(comm, true))) return nullptr;
       e->op = parent->op;
       e->seq_number = parent->seq_number;
       e->peer = parent->peer;
@@ -351,29 +414,28 @@ Event* record_start(Comm* comm, const Descr& d) {
       break;
     }
     default:
-      return nullptr;  // not enabled by rankscope
+      return nullptr;  // not read by rankscope
   }
   process.write(r);
   return e;
 }
 
 // `chained_handle`: the chained plugin's handle of this event (null: none).
-abi::Result start(void* context, void** handle, const Descr& d, void* chained_handle) {
-  *handle = nullptr;
-  auto* comm = static_cast<Comm*>(context);
-  if (d.type == abi::kColl) comm->follow_detail();
-  Event* e = nullptr;
-  if ((comm->own_mask & static_cast<int>(d.type)) && process.read()) e = record_start(comm, d);
+void* start(Comm* comm, const Descr& d, void* chained_handle) {
+  const bool scheduled_with_detail = process.proxied.load(std::memory_order_relaxed);
+  if (d.type == abi::kColl || d.type == abi::kP2p) comm->follow_detail();  // for the operations NCCL schedules next
+  Event* e = record_start(comm, d, scheduled_with_detail);
   if (chained_handle) {
-    if (!e) {  // an event only the chained plugin asked for (or no reader): it carries its handle
-      e = comm->take();
+    if (!e) {  // an event only the chained plugin wants (or no reader): it carries its handle
+      const bool under_step = d.type == abi::kProxyStep || d.type == abi::kNetPlugin;
+      e = under_step ? comm->take_step() : comm->take();
+      if (!e) return nullptr;  // every slot live: the chained plugin misses it, as when its own pool is full
       e->recorded = false;
       e->stop_writes = false;
     }
     e->chained = chained_handle;
   }
-  *handle = e;
-  return abi::kSuccess;
+  return e;
 }
 
 // Passes the event's stop on to the chained plugin.
@@ -386,18 +448,20 @@ void chained_stop(const Event& e) {
 }
 
 abi::Result stop(void* handle) {
-  auto* e = static_cast<Event*>(handle);
+  Event* e = event_of(handle);
   if (!e) return abi::kSuccess;
   chained_stop(*e);
-  if (!e->recorded || !e->stop_writes) return abi::kSuccess;
-  Record r;
-  fill(r, *e, e->stop_kind);
-  process.write(r);
+  if (e->recorded && e->stop_writes) {
+    Record r;
+    fill(r, *e, e->stop_kind);
+    process.write(r);
+  }
+  e->live.store(false, std::memory_order_release);  // NCCL makes no further call with it
   return abi::kSuccess;
 }
 
 abi::Result record_state(void* handle, int state, abi::StateArgs* args) {
-  auto* e = static_cast<Event*>(handle);
+  Event* e = event_of(handle);
   if (!e) return abi::kSuccess;
   if (e->chained) {
     if (e->comm->chained_v5)
@@ -435,17 +499,14 @@ abi::Result finalize(void* context) {
 }
 
 // The chained plugin's session for the communicator just made: its init
-// with NCCL's arguments and a mask of its own (NCCL's is the union).
+// with NCCL's arguments and the process's chained mask (NCCL's is the union).
 void chain_init(Comm* comm, const abi::ProfilerV5* v5, const abi::ProfilerV4* v4, const char* name, int n_nodes,
                 int nranks, int rank, abi::Logger log) {
   if (!v5 && !v4) return;
   void* context = nullptr;
-  const abi::Result result = v5 ? v5->init(&context, comm->hash, &comm->chained_mask, name, n_nodes, nranks, rank, log)
-                                : v4->init(&context, &comm->chained_mask, name, comm->hash, n_nodes, nranks, rank, log);
-  if (result != abi::kSuccess || !context) {
-    comm->chained_mask = 0;
-    return;
-  }
+  const abi::Result result = v5 ? v5->init(&context, comm->hash, &chain.mask, name, n_nodes, nranks, rank, log)
+                                : v4->init(&context, &chain.mask, name, comm->hash, n_nodes, nranks, rank, log);
+  if (result != abi::kSuccess || !context) return;
   comm->chained = context;
   comm->chained_v5 = v5;
   comm->chained_v4 = v4;
@@ -480,20 +541,22 @@ abi::Result init_v4(void** context, int* mask, const char* name, uint64_t comm_h
   return result;
 }
 
-bool foreign(uint64_t type, const abi::ProxyOpDescr& op) { return type == abi::kProxyOp && op.pid != process.pid; }
-
+template <typename Table, typename Descriptor>
+abi::Result start_any(void* context, void** handle, const Table* Comm::*table, const Descriptor& d, const Descr& fields) {
+  *handle = nullptr;
+  Comm* comm = owner(context, fields);
+  if (!comm) return abi::kSuccess;
+  void* chained = comm->*table ? chained_start(comm, comm->*table, d) : nullptr;
+  *handle = start(comm, fields, chained);
+  return abi::kSuccess;
+}
 abi::Result start_v5(void* context, void** handle, abi::EventDescrV5* d) {
-  auto* comm = static_cast<Comm*>(context);
-  void* chained = comm->chained_v5 ? chained_start(comm, comm->chained_v5, *d, foreign(d->type, d->proxy_op)) : nullptr;
-  return start(context, handle,
-               Descr{d->type, d->parent, &d->coll.d, &d->p2p.d, &d->proxy_op, d->proxy_step.step, &d->kernel_ch},
-               chained);
+  return start_any(context, handle, &Comm::chained_v5, *d,
+                   Descr{d->type, d->parent, &d->coll.d, &d->p2p.d, &d->proxy_op, d->proxy_step.step, &d->kernel_ch});
 }
 abi::Result start_v4(void* context, void** handle, abi::EventDescrV4* d) {
-  auto* comm = static_cast<Comm*>(context);
-  void* chained = comm->chained_v4 ? chained_start(comm, comm->chained_v4, *d, foreign(d->type, d->proxy_op)) : nullptr;
-  return start(context, handle,
-               Descr{d->type, d->parent, &d->coll, &d->p2p, &d->proxy_op, d->proxy_step.step, &d->kernel_ch}, chained);
+  return start_any(context, handle, &Comm::chained_v4, *d,
+                   Descr{d->type, d->parent, &d->coll, &d->p2p, &d->proxy_op, d->proxy_step.step, &d->kernel_ch});
 }
 
 }  // namespace

@@ -56,6 +56,10 @@ enum class RecordKind : uint8_t {
 // `state` carries the direction in its high bit.
 constexpr uint8_t kProxySend = 0x80;
 constexpr uint8_t kProxyStateMask = 0x7f;
+// coll_start and p2p_start: `state` holds this when NCCL reports the
+// operation's proxy work (proxy events were asked for when NCCL scheduled
+// it); 0 from plugins that predate it.
+constexpr uint8_t kCollDetail = 0x01;
 
 struct alignas(64) Record {
   std::atomic<uint64_t> sequence;  // the queue's: position + 1 once written
@@ -70,7 +74,7 @@ struct alignas(64) Record {
   RecordKind kind;
   uint8_t op;  // enum rs_nccl_op (bpf/nccl_events.h); 0 when unknown
   uint8_t channel;
-  uint8_t state;  // proxy_step: NCCL's state number
+  uint8_t state;  // proxy_step: NCCL's state number; coll_start, p2p_start: kCollDetail or 0
 };
 static_assert(sizeof(Record) == 64);
 

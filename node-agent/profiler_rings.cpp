@@ -142,14 +142,14 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     if (!enqueue) ++counts_.unmatched;
   }
   if (enqueue) {
-    if (ring.comms.size() < kCommsPerRing && ring.comms.insert(r.comm_hash).second && !ring.detail &&
-        wants_detail(ring, detail_all_, detail_comms_)) {
+    if (note_comm(ring, r.comm_hash, p.order) && !ring.detail && wants_detail(ring, detail_all_, detail_comms_)) {
       ring.detail = true;  // a communicator asked for before this process's first collective of it
       ring.view.header->detail.store(1, std::memory_order_relaxed);
     }
     p.c.enqueued_ns = r.host_ns;
     p.c.count = r.bytes;
     p.channels = r.channel;
+    p.detail = (r.state & profiler::kCollDetail) != 0;
   } else if (r.kind == RecordKind::kernel_start) {
     ++p.channels_started;
     p.gpu_start = std::min(p.gpu_start, r.gpu_ns);
@@ -257,9 +257,20 @@ void ProfilerRings::send(const Ring& ring, Pending& p, const std::function<void(
 
 bool ProfilerRings::wants_detail(const Ring& ring, bool all, const std::vector<uint64_t>& comms) const {
   if (all) return true;
-  for (uint64_t comm : ring.comms)
+  for (const auto& [comm, last] : ring.comms)
     if (std::binary_search(comms.begin(), comms.end(), comm)) return true;
   return false;
+}
+
+bool ProfilerRings::note_comm(Ring& ring, uint64_t comm, uint64_t order) {
+  auto [it, made] = ring.comms.try_emplace(comm, order);
+  it->second = order;
+  if (made && ring.comms.size() > kCommsPerRing) {
+    auto least = std::min_element(ring.comms.begin(), ring.comms.end(),
+                                  [](const auto& a, const auto& b) { return a.second < b.second; });
+    ring.comms.erase(least);  // never the one just noted: its order is the newest
+  }
+  return made;
 }
 
 void ProfilerRings::set_detail(bool all, const std::vector<uint64_t>& comms) {
@@ -305,6 +316,7 @@ std::vector<GpuOpenCollective> ProfilerRings::open() const {
       o.enqueued_ns = p.c.enqueued_ns;
       if (p.channels_started > 0 && ring->gpu_to_host != INT64_MAX)
         o.kernel_start_ns = static_cast<uint64_t>(static_cast<int64_t>(p.gpu_start) + ring->gpu_to_host);
+      o.detail = p.detail;
       o.proxy_steps = p.proxy_seen;
       if (auto send = oldest_send.find(key); send != oldest_send.end()) {
         o.send_peer = send->second->peer;

@@ -60,8 +60,11 @@ struct GpuOpenCollective {
   uint64_t seq_number = 0;
   uint64_t enqueued_ns = 0;      // host monotonic
   uint64_t kernel_start_ns = 0;  // host monotonic; 0: no channel's kernel started
-  // Where its proxy steps were asked for: its send step handed to the
-  // network longest ago and not done (a link that stopped moving).
+  // NCCL reports its proxy work: proxy events were asked for when NCCL
+  // scheduled it (a rank whose peers are all on its node has none to report).
+  bool detail = false;
+  // Where they were: its send step handed to the network longest ago and
+  // not done (a link that stopped moving).
   bool proxy_steps = false;   // proxy records of it were seen
   int32_t send_peer = -1;     // -1: no send step on the network
   uint64_t send_since_ns = 0;  // host monotonic: when that step was handed over
@@ -114,6 +117,7 @@ class ProfilerRings {
     uint64_t order = 0;     // arrival, to drop the oldest first
     uint32_t proxy_open = 0;  // its proxy operations started and not stopped: it is sent once they are
     bool proxy_seen = false;  // a proxy record of it came
+    bool detail = false;      // NCCL reports its proxy work (its enqueue record says)
     // This rank's sends, by peer and channel: a channel's steps are posted
     // and done in order, so overlapping ones are merged as they come. A
     // link's wait is its channel that waited longest (channels move their
@@ -152,11 +156,16 @@ class ProfilerRings {
     using StepKey = std::tuple<uint64_t, int32_t, uint32_t>;  // (comm hash, rank, event)
     std::map<StepKey, Step> steps;                             // send steps in flight
     std::deque<StepKey> step_order;                            // ... as they started, to drop the oldest
-    std::set<uint64_t> comms;  // its communicators (collectives seen), kCommsPerRing at most
+    // Its communicators (collectives seen) and the order of the last
+    // enqueue of each; kCommsPerRing at most, the least recent going first
+    // (a job that makes a communicator per step).
+    std::map<uint64_t, uint64_t> comms;
     bool detail = false;       // its plugin is asked for proxy events
   };
   static constexpr size_t kCommsPerRing = 1024;
   bool wants_detail(const Ring& ring, bool all, const std::vector<uint64_t>& comms) const;
+  // Notes an enqueue of `comm` in the ring's process; whether it is new.
+  static bool note_comm(Ring& ring, uint64_t comm, uint64_t order);
   void read(Ring& ring, const std::function<void(const GpuCollective&)>& out);
   void take(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);
   void take_proxy(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);

@@ -576,6 +576,7 @@ void Summariser::gpu_open(const std::vector<GpuOpenCollective>& open, wire::Hear
     list[i].setEnqueuedNs(shift(open[i].enqueued_ns));
     list[i].setKernelStartNs(open[i].kernel_start_ns ? shift(open[i].kernel_start_ns) : 0);
     list[i].setProxySteps(open[i].proxy_steps);
+    list[i].setDetail(open[i].detail);
     list[i].setSendPeer(open[i].send_peer);
     list[i].setSendSinceNs(open[i].send_since_ns ? shift(open[i].send_since_ns) : 0);
   }

@@ -349,7 +349,11 @@ void Transport::handle(const std::string& bytes) {
         detail_at_ns_ = now();
         break;
       }
-      default: RS_LOG(warn, "collector sent a message this agent does not know; ignored"); break;
+      default:
+        // A newer collector's (it may send one with every reply): said once.
+        if (!warned_unknown_message_) RS_LOG(warn, "collector sent a message this agent does not know; ignored");
+        warned_unknown_message_ = true;
+        break;
     }
   });
   if (!result) RS_LOG(warn, "from collector %s: %s", options_.collector.c_str(), result.error().message.c_str());

@@ -114,6 +114,7 @@ class Transport {
   AckTimer ack_timer_;
   std::vector<uint64_t> detail_comms_;  // the collector's last DetailRequest
   uint64_t detail_at_ns_ = 0;           // ... when it came
+  bool warned_unknown_message_ = false;  // a message of a newer collector was said once
 };
 
 // A batch without its collective records and waits (same instance id and

@@ -30,6 +30,7 @@ struct Hello {
   kernelRelease @5 :Text;
   monotonicNs @6 :UInt64;   # the clock every event is stamped with (CLOCK_MONOTONIC)
   realtimeNs @7 :UInt64;    # the node's wall clock at the same instant (a first, rough offset)
+  takesDetail @8 :Bool;     # the agent reads DetailRequest (an older one is never sent it)
 }
 
 struct Batch {
@@ -260,6 +261,8 @@ struct GpuOpen {
   sendPeer @7 :Int32 = -1;  # -1: none in flight (or no proxy steps seen)
   sendSinceNs @8 :UInt64;   # agent clock; 0: none
   proxySteps @9 :Bool;      # proxy steps of it were seen at all
+  detail @10 :Bool;         # NCCL reports its proxy work: proxy events were asked for when it was
+                            # enqueued (a rank whose peers are all on its node has none to report)
 }
 
 # One cgroup's use of the host, cumulative since the agent started (BPF

@@ -17,6 +17,7 @@ std::string encode_hello(const Hello& h) {
   hello.setKernelRelease(h.kernel_release);
   hello.setMonotonicNs(h.monotonic_ns);
   hello.setRealtimeNs(h.realtime_ns);
+  hello.setTakesDetail(true);  // this build's agent reads DetailRequest
   return to_packed(message);
 }
 

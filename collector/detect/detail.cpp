@@ -49,7 +49,7 @@ void DetailPolicy::on_gpu_complete(const GpuComplete& done) {
     rose_[done.comm.hash] = true;
 }
 
-void DetailPolicy::want(uint64_t comm, Reason reason, uint64_t now_ns) {
+void DetailPolicy::want(uint64_t comm, Reason reason, uint64_t at_ns) {
   auto [it, made] = wanted_.try_emplace(comm);
   if (made) {
     switch (reason) {
@@ -59,7 +59,7 @@ void DetailPolicy::want(uint64_t comm, Reason reason, uint64_t now_ns) {
     }
     it->second.reason = reason;
   }
-  it->second.until_ns = std::max(it->second.until_ns, now_ns + options_.hold_ns);
+  it->second.until_ns = std::max(it->second.until_ns, at_ns + options_.hold_ns);
 }
 
 void DetailPolicy::evaluate(uint64_t now_ns) {
@@ -80,7 +80,9 @@ void DetailPolicy::evaluate(uint64_t now_ns) {
     if (f->kind == FindingKind::straggler || f->kind == FindingKind::slow_link || f->kind == FindingKind::hang)
       if (live(f->comm)) want(f->comm, Reason::finding, now_ns);
   for (const auto& [hash, comm] : model_.comms)
-    if (!comm.ended && links_.suspects(hash)) want(hash, Reason::link, now_ns);
+    if (!comm.ended)
+      if (const uint64_t at = std::min(links_.suspected_at(hash), now_ns); at && at + options_.hold_ns > now_ns)
+        want(hash, Reason::link, at);  // held from the sample, not from now: an idle communicator is let go
   for (const auto& [hash, rose] : rose_)
     if (live(hash)) want(hash, Reason::rise, now_ns);
   rose_.clear();

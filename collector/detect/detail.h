@@ -71,7 +71,7 @@ class DetailPolicy final : public GpuListener {
     uint64_t until_ns = 0;
     Reason reason = Reason::finding;
   };
-  void want(uint64_t comm, Reason reason, uint64_t now_ns);
+  void want(uint64_t comm, Reason reason, uint64_t at_ns);  // held hold_ns from `at_ns`
   using Key = std::tuple<uint64_t, uint8_t, uint64_t>;  // (comm, op, count)
 
   const ClusterModel& model_;

@@ -234,7 +234,10 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     std::vector<int32_t> not_started;  // ranks whose GPU has not started it
     size_t started = 0;                // ranks whose kernels started
     uint64_t enqueued_ns = 0;          // the latest enqueue of the ones not started
-    size_t with_steps = 0;             // ranks whose open collective showed NCCL's proxy steps
+    // Ranks whose open collective was enqueued with NCCL's proxy steps off,
+    // and, of the others, those whose proxy steps never came (every peer on
+    // their node: their data moves inside it, where no proxy step reports).
+    std::vector<int32_t> without_detail, without_steps;
     // Of those, the send handed to the network longest ago and not done:
     // its sender, receiver and since when (-1: none).
     int32_t link_from = -1, link_to = -1;
@@ -244,6 +247,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     bool all_started(int32_t n) const { return not_started.empty() && started == static_cast<size_t>(n); }
   };
   GpuSplit gpu_split(const CommState& comm) const;
+  static std::string inside_cause(const GpuSplit& gpu, int32_t n);
   // Resolves the communicator's Send/Recv hangs that progressed, and notes
   // its halves waiting for their other half as a stall (unless `stalled`:
   // its collectives already stall).

@@ -133,7 +133,10 @@ Detector::GpuSplit Detector::gpu_split(const CommState& comm) const {
     for (const auto& g : health->gpu_open())
       if (g.comm == comm.hash && (!oldest || g.enqueued_ns < oldest->enqueued_ns)) oldest = &g;
     if (!oldest) continue;
-    split.with_steps += oldest->proxy_steps ? 1 : 0;
+    if (!oldest->detail && !oldest->proxy_steps)  // proxy steps seen: on, from an agent that predates `detail`
+      split.without_detail.push_back(rank);
+    else if (!oldest->proxy_steps)
+      split.without_steps.push_back(rank);
     if (oldest->send_peer >= 0 && oldest->send_peer < comm.nranks && oldest->send_peer != rank &&
         oldest->send_since_ns != 0 && (split.link_from < 0 || oldest->send_since_ns < split.link_since_ns)) {
       split.link_from = rank;
@@ -148,6 +151,31 @@ Detector::GpuSplit Detector::gpu_split(const CommState& comm) const {
     }
   }
   return split;
+}
+
+// What NCCL's proxy steps tell of a collective every rank entered and no
+// stopped process holds, when no GPU and no stopped link can be named.
+std::string Detector::inside_cause(const GpuSplit& gpu, int32_t n) {
+  const std::string started = "every rank's kernels started and none finished";
+  if (!gpu.all_started(n)) return "suspect the network or a GPU";
+  if (!gpu.without_detail.empty()) {
+    const bool all = gpu.without_detail.size() == static_cast<size_t>(n);
+    return started + ": suspect the network (a link) or a GPU inside the collective; NCCL's proxy steps were not " +
+           "on when it was enqueued" + (all ? "" : " on rank" + std::string(gpu.without_detail.size() > 1 ? "s " : " ") +
+                                                     join(gpu.without_detail)) +
+           ", so no link can be named";
+  }
+  if (gpu.link_from >= 0)  // held, but not long enough to call the link stopped
+    return started + "; the network has held rank " + std::to_string(gpu.link_from) + "'s data for rank " +
+           std::to_string(gpu.link_to) + " only since " + format_time_ns(gpu.link_since_ns) +
+           " (NCCL's proxy steps): suspect the network or a GPU inside the collective";
+  if (gpu.without_steps.empty())
+    return started + ", and no rank's data is held by the network (NCCL's proxy steps): suspect a GPU inside the "
+                     "collective";
+  return started + ", and no rank's data is held by the network (NCCL's proxy steps; rank" +
+         (gpu.without_steps.size() > 1 ? "s " : " ") + join(gpu.without_steps) +
+         " moved theirs inside their node, where no proxy step reports): suspect a GPU, or a link inside a node "
+         "(NVLink, PCIe), inside the collective";
 }
 
 bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_activity, uint64_t now_ns) {
@@ -216,16 +244,8 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
                 (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
   } else
     f.summary = where("hang", comm) + ": all " + std::to_string(n) + " ranks entered collective #" +
-                std::to_string(max_last) + " and none has progressed since " + idle +
-                ": no rank is missing; " +
-                (!gpu.all_started(n) ? std::string("suspect the network or a GPU")
-                 : gpu.with_steps == static_cast<size_t>(n)
-                     ? std::string("every rank's kernels started and none finished, and no rank's data is held by "
-                                   "the network (NCCL's proxy steps): suspect a GPU inside the collective")
-                     : std::string("every rank's kernels started and none finished: suspect the network (a link) "
-                                   "or a GPU inside the collective; NCCL's proxy steps were not on when it was "
-                                   "enqueued, so no link can be named")) +
-                " (every process is alive and idle" +
+                std::to_string(max_last) + " and none has progressed since " + idle + ": no rank is missing; " +
+                inside_cause(gpu, n) + " (every process is alive and idle" +
                 (in_gpu_wait == static_cast<size_t>(n) ? ", every rank blocked in a CUDA wait)" : ")");
   tail = ".\nRanks:";
   state.all_inside.insert(f.key());

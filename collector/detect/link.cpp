@@ -20,8 +20,9 @@ LinkDetector::LinkDetector(const ClusterModel& model, FindingBook& book, LinkOpt
 void LinkDetector::on_gpu_complete(const GpuComplete& done) {
   const int32_t n = done.comm.nranks;
   int32_t top = -1, seen = 0;
-  uint64_t kernel_ns = 0;
+  uint64_t kernel_ns = 0, ended_ns = 0;
   for (int32_t r = 0; r < n; ++r) {
+    ended_ns = std::max(ended_ns, done.kernel_end[r]);
     if (done.kernel_end[r] > done.kernel_start[r])
       kernel_ns = std::max(kernel_ns, bounded(done.kernel_end[r] - done.kernel_start[r]));
     if (done.link_peer[r] < 0) continue;
@@ -36,6 +37,7 @@ void LinkDetector::on_gpu_complete(const GpuComplete& done) {
   Sample s;
   s.others_ns = others[others.size() / 2];
   s.kernel_ns = kernel_ns;
+  s.ended_ns = ended_ns;
   const uint64_t wait = bounded(done.link_wait[top]);
   if (wait >= s.others_ns + options_.floor_ns &&
       static_cast<double>(wait) >= options_.ratio * static_cast<double>(s.others_ns)) {
@@ -48,13 +50,15 @@ void LinkDetector::on_gpu_complete(const GpuComplete& done) {
   while (window.size() > options_.window) window.pop_front();
 }
 
-bool LinkDetector::suspects(uint64_t comm) const {
+uint64_t LinkDetector::suspected_at(uint64_t comm) const {
   auto it = comms_.find(comm);
-  if (it == comms_.end()) return false;
+  if (it == comms_.end()) return 0;
   const auto& window = it->second.window;
   const size_t n = std::min(window.size(), options_.min_collectives);
-  return std::any_of(window.end() - static_cast<std::ptrdiff_t>(n), window.end(),
-                     [](const Sample& s) { return s.rank >= 0; });
+  uint64_t at = 0;
+  for (auto s = window.end() - static_cast<std::ptrdiff_t>(n); s != window.end(); ++s)
+    if (s->rank >= 0) at = std::max(at, s->ended_ns);
+  return at;
 }
 
 void LinkDetector::evaluate(uint64_t now_ns) {

@@ -40,9 +40,10 @@ class LinkDetector final : public GpuListener {
   // Raises, updates and resolves slow-link findings; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
   size_t tracked_comms() const { return comms_.size(); }
-  // Whether a link of communicator `comm` was beyond the others at any of
-  // its last min_collectives sampled collectives (a lead, not a finding).
-  bool suspects(uint64_t comm) const;
+  // When the last of communicator `comm`'s last min_collectives sampled
+  // collectives in which a link was beyond the others ended (cluster
+  // clock); 0: none was (a lead, not a finding).
+  uint64_t suspected_at(uint64_t comm) const;
 
  private:
   // One collective whose ranks' link waits were seen (two ranks at least).
@@ -52,6 +53,7 @@ class LinkDetector final : public GpuListener {
     uint64_t wait_ns = 0;    // its wait
     uint64_t others_ns = 0;  // the median of the other ranks' longest waits
     uint64_t kernel_ns = 0;  // the collective's longest kernel (its GPU time)
+    uint64_t ended_ns = 0;   // its last kernel's end, cluster clock
   };
   struct CommLinks {
     std::deque<Sample> window;

@@ -168,6 +168,7 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
 }
 
 void Ingest::reply_detail(NodeState& node, const std::string& routing_id, Outbox& out) {
+  if (!node.takes_detail) return;  // an older agent: it would not know the message
   auto wanted = detail_wanted_.find(node.name);
   if (wanted == detail_wanted_.end() && node.detail_asked.empty()) return;
   static const std::vector<uint64_t> kNone;
@@ -236,6 +237,7 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     if (!node.boot_id.empty() && node.boot_id != std::string(hello.getBootId().cStr())) node.clock = NodeClock{};
     node.name = name;
     node.agent_version = hello.getAgentVersion();
+    node.takes_detail = hello.getTakesDetail();
     node.boot_id = hello.getBootId();
     node.last_contact_ns = clock_.realtime_ns();
     if (new_instance) {
@@ -494,7 +496,8 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     gpu[g.getPid()].push_back(GpuOpen{g.getCommHash(), g.getRank(), g.getOp(), g.getSeq(),
                                       node.clock.to_cluster(g.getEnqueuedNs()),
                                       start ? node.clock.to_cluster(start) : 0, g.getProxySteps(),
-                                      since ? g.getSendPeer() : -1, since ? node.clock.to_cluster(since) : 0});
+                                      since ? g.getSendPeer() : -1, since ? node.clock.to_cluster(since) : 0,
+                                      g.getDetail()});
   }
   for (auto& [pid, health] : node.health) {
     auto it = waits.find(pid);

@@ -101,6 +101,7 @@ struct NodeState {
   // The communicators whose NCCL proxy steps its agent was last asked for
   // (collector/detect/detail.h); empty: none.
   std::vector<uint64_t> detail_asked;
+  bool takes_detail = false;  // its agent said in its hello that it reads DetailRequest
 };
 
 // How long a missing batch is waited for: an agent re-sends a batch not

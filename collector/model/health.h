@@ -63,9 +63,10 @@ struct GpuOpen {
   uint64_t kernel_start_ns = 0;  // cluster clock; 0: no kernel of it started
   // Where NCCL's proxy steps were on when it was enqueued: its send step
   // handed to the network longest ago and not done (wire GpuOpen).
-  bool proxy_steps = false;
+  bool proxy_steps = false;      // proxy steps of it were seen
   int32_t send_peer = -1;        // -1: none
   uint64_t send_since_ns = 0;    // cluster clock
+  bool detail = false;           // they were on (NCCL reports its proxy work)
 };
 
 class ProcessHealth {

@@ -2,7 +2,9 @@
 // that rankscope's plugin chains to (RANKSCOPE_NCCL_PROFILER_CHAIN): it asks
 // for groups (which rankscope does not), collectives and kernel channels,
 // and checks that every call it gets is one NCCL could have made to it
-// alone: handles and parents its own, a kernel's parent its collective.
+// alone: handles and parents its own, a kernel's parent its collective, a
+// proxy step's its proxy operation. rankscope_test_chain_set_mask changes
+// what it asks for, through the mask NCCL gave it, as a plugin may.
 // Its counts: rankscope_test_chain_counts() in-process, and one line per
 // process appended to RANKSCOPE_TEST_CHAIN_LOG at its last finalize.
 #include <unistd.h>
@@ -18,7 +20,7 @@ namespace abi = rankscope::profiler::abi;
 
 struct Counts {
   std::atomic<int> inits{0}, finalized{0};
-  std::atomic<int> groups{0}, colls{0}, kernels{0}, others{0};
+  std::atomic<int> groups{0}, colls{0}, kernels{0}, others{0}, proxy_ops{0}, proxy_steps{0};
   std::atomic<int> stops{0}, kernel_stops{0};
   std::atomic<int> foreign{0};  // a handle or parent not its own, or a kernel whose parent is no collective
 };
@@ -36,8 +38,11 @@ bool own(void* handle) {
   return e >= events && e < events + kEvents;
 }
 
+int* nccl_mask = nullptr;
+
 abi::Result init(void** context, int* mask) {
   *mask = static_cast<int>(abi::kGroup | abi::kColl | abi::kKernelCh);
+  nccl_mask = mask;
   counts.inits++;
   *context = &counts;
   return abi::kSuccess;
@@ -56,6 +61,14 @@ abi::Result start(void* context, void** handle, uint64_t type, void* parent) {
     case abi::kKernelCh:
       counts.kernels++;
       if (!parent || static_cast<Event*>(parent)->type != abi::kColl) counts.foreign++;
+      break;
+    case abi::kProxyOp:
+      counts.proxy_ops++;
+      if (!parent || static_cast<Event*>(parent)->type != abi::kColl) counts.foreign++;
+      break;
+    case abi::kProxyStep:
+      counts.proxy_steps++;
+      if (!parent || static_cast<Event*>(parent)->type != abi::kProxyOp) counts.foreign++;
       break;
     default: counts.others++; break;  // never asked for
   }
@@ -107,10 +120,15 @@ __attribute__((visibility("default"))) abi::ProfilerV5 ncclProfiler_v5 = {"test-
 __attribute__((visibility("default"))) abi::ProfilerV4 ncclProfiler_v4 = {"test-chained", init_v4, start_v4, stop,
                                                                           state, finalize};
 // Its counts, for a test in the same process: inits, finalized, groups,
-// colls, kernels, others, stops, kernel_stops, foreign.
+// colls, kernels, others, stops, kernel_stops, foreign, proxy_ops, proxy_steps.
 __attribute__((visibility("default"))) void rankscope_test_chain_counts(int* out) {
-  const int values[] = {counts.inits,  counts.finalized, counts.groups,       counts.colls,  counts.kernels,
-                        counts.others, counts.stops,     counts.kernel_stops, counts.foreign};
-  for (int i = 0; i < 9; ++i) out[i] = values[i];
+  const int values[] = {counts.inits,        counts.finalized, counts.groups,  counts.colls,
+                        counts.kernels,      counts.others,    counts.stops,   counts.kernel_stops,
+                        counts.foreign,      counts.proxy_ops, counts.proxy_steps};
+  for (int i = 0; i < 11; ++i) out[i] = values[i];
+}
+// Asks for `mask` from now on (NCCL reads it at its next operation).
+__attribute__((visibility("default"))) void rankscope_test_chain_set_mask(int mask) {
+  if (nccl_mask) __atomic_store_n(nccl_mask, mask, __ATOMIC_RELAXED);
 }
 }

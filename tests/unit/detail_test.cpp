@@ -191,6 +191,12 @@ TEST_F(DetailTest, ALinkBeyondTheOthersInASampleIsFollowedUp) {
   EXPECT_TRUE(book.open().empty());
   EXPECT_EQ(policy.counts().link, 1u);
   EXPECT_EQ(policy.wanted_comms(), 1u);
+
+  // The job goes quiet (a long checkpoint): that sample is the last the
+  // communicator has, but once it is older than the hold it is no lead.
+  idle(3 * DetailOptions{}.hold_ns / 2);
+  EXPECT_EQ(policy.wanted_comms(), 0u) << "an idle communicator is not asked for on an old sample";
+  EXPECT_TRUE(policy.by_node().empty());
 }
 
 TEST_F(DetailTest, ACommunicatorThatEndsIsNoLongerAskedFor) {

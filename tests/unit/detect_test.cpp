@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 #include <tuple>
 
 #include "collector/detect/detector.h"
@@ -199,7 +200,8 @@ class DetectTest : public ::testing::Test {
   // steps were on when it was enqueued; `held`: rank -> (peer, since) of
   // its send step handed to the network and not done.
   void node_gpu(const std::vector<int32_t>& ranks, uint64_t sample_ns, uint64_t waiting_since, uint64_t seq,
-                uint64_t started, bool steps, const std::map<int32_t, std::pair<int32_t, uint64_t>>& held) {
+                uint64_t started, const std::set<int32_t>& detail, const std::set<int32_t>& steps,
+                const std::map<int32_t, std::pair<int32_t, uint64_t>>& held) {
     send(node_of(ranks.front()), [&](auto m) {
       auto hb = m.initHeartbeat();
       hb.setInstanceId(7);
@@ -224,7 +226,8 @@ class DetectTest : public ::testing::Test {
         g[i].setSeq(seq);
         g[i].setEnqueuedNs(started - kMs);
         g[i].setKernelStartNs(started);
-        g[i].setProxySteps(steps);
+        g[i].setDetail(detail.count(ranks[i]) > 0);
+        g[i].setProxySteps(steps.count(ranks[i]) > 0);
         if (auto h = held.find(ranks[i]); h != held.end()) {
           g[i].setSendPeer(h->second.first);
           g[i].setSendSinceNs(h->second.second);
@@ -355,8 +358,12 @@ TEST_F(DetectTest, EveryRankInsideAndIdleIsReportedAsNoRankMissing) {
 // data held, it says to suspect a GPU; with none, that no link can be named.
 class DetectGpuInsideTest : public DetectTest {
  protected:
-  // `held`: rank -> (peer, handed over this long after the kernels started).
-  const Finding* hang_with(bool steps, const std::map<int32_t, std::pair<int32_t, uint64_t>>& held) {
+  const std::set<int32_t> all{0, 1, 2, 3};
+  // `detail`: ranks whose collective was enqueued with proxy steps on;
+  // `steps`: ranks whose proxy steps came; `held`: rank -> (peer, handed
+  // over this long after the kernels started).
+  const Finding* hang_with(const std::set<int32_t>& detail, const std::set<int32_t>& steps,
+                           const std::map<int32_t, std::pair<int32_t, uint64_t>>& held) {
     start(4);
     uint64_t t = clock.now;
     for (uint64_t seq = 0; seq < 5; ++seq) instance(seq, t + seq * kMs);
@@ -364,7 +371,7 @@ class DetectGpuInsideTest : public DetectTest {
     std::map<int32_t, std::pair<int32_t, uint64_t>> since;
     for (const auto& [rank, h] : held) since[rank] = {h.first, t + 5 * kMs + h.second};
     for (int32_t node = 0; node < 2; ++node)
-      node_gpu({2 * node, 2 * node + 1}, t + 6 * kSecond, t + 5 * kMs, 4, t + 5 * kMs, steps, since);
+      node_gpu({2 * node, 2 * node + 1}, t + 6 * kSecond, t + 5 * kMs, 4, t + 5 * kMs, detail, steps, since);
     evaluate_at(t + options.hang_timeout_ns + kSecond);
     auto hangs = open(FindingKind::hang);
     EXPECT_EQ(hangs.size(), 1u);
@@ -373,7 +380,7 @@ class DetectGpuInsideTest : public DetectTest {
 };
 
 TEST_F(DetectGpuInsideTest, OneSendHeldByTheNetworkNamesTheLink) {
-  const Finding* f = hang_with(true, {{2, {1, kMs}}, {0, {3, 50 * kMs}}});
+  const Finding* f = hang_with(all, all, {{2, {1, kMs}}, {0, {3, 50 * kMs}}});
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->ranks, (std::vector<int32_t>{2, 1})) << f->summary;
   EXPECT_NE(f->summary.find("rank 2 on node-1 handed its data for rank 1 on node-0 to the network"), std::string::npos)
@@ -383,7 +390,7 @@ TEST_F(DetectGpuInsideTest, OneSendHeldByTheNetworkNamesTheLink) {
 }
 
 TEST_F(DetectGpuInsideTest, ProxyStepsWithNoSendHeldSuspectAGpu) {
-  const Finding* f = hang_with(true, {});
+  const Finding* f = hang_with(all, all, {});
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->ranks.size(), 4u);
   EXPECT_NE(f->summary.find("no rank's data is held by the network (NCCL's proxy steps): suspect a GPU"),
@@ -391,11 +398,44 @@ TEST_F(DetectGpuInsideTest, ProxyStepsWithNoSendHeldSuspectAGpu) {
       << f->summary;
 }
 
+// Ranks 1 and 3 reach their peers inside their node (NVLink): NCCL's proxy
+// steps were on for them too, but none reports. That is no "proxy steps
+// off", and a link inside a node stays a suspect.
+TEST_F(DetectGpuInsideTest, RanksWhoseDataStaysInTheirNodeAreNotTakenForProxyStepsOff) {
+  const Finding* f = hang_with(all, {0, 2}, {});
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->ranks.size(), 4u);
+  EXPECT_NE(f->summary.find("ranks 1,3 moved theirs inside their node"), std::string::npos) << f->summary;
+  EXPECT_NE(f->summary.find("suspect a GPU, or a link inside a node (NVLink, PCIe)"), std::string::npos)
+      << f->summary;
+  EXPECT_EQ(f->summary.find("were not on"), std::string::npos) << f->summary;
+}
+
+// A send handed to the network after the collective stalled is too recent
+// to call its link stopped; the hang does not say that no data is held.
+TEST_F(DetectGpuInsideTest, ASendHeldOnlyBrieflyIsNotCalledAStoppedLink) {
+  const Finding* f = hang_with(all, all, {{2, {1, options.hang_timeout_ns * 3 / 4}}});
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->ranks.size(), 4u) << f->summary;
+  EXPECT_NE(f->summary.find("the network has held rank 2's data for rank 1 only since"), std::string::npos)
+      << f->summary;
+  EXPECT_EQ(f->summary.find("stopped moving"), std::string::npos) << f->summary;
+  EXPECT_EQ(f->summary.find("no rank's data is held"), std::string::npos) << f->summary;
+}
+
 TEST_F(DetectGpuInsideTest, WithoutProxyStepsNoLinkIsNamed) {
-  const Finding* f = hang_with(false, {});
+  const Finding* f = hang_with({}, {}, {});
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->ranks.size(), 4u);
   EXPECT_NE(f->summary.find("NCCL's proxy steps were not on when it was enqueued, so no link can be named"),
+            std::string::npos)
+      << f->summary;
+}
+
+TEST_F(DetectGpuInsideTest, ProxyStepsOffOnSomeRanksAreNamed) {
+  const Finding* f = hang_with({0, 1}, {0, 1}, {});
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->summary.find("were not on when it was enqueued on ranks 2,3, so no link can be named"),
             std::string::npos)
       << f->summary;
 }

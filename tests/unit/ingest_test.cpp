@@ -15,7 +15,7 @@ namespace {
 using FixedClock = testing::ManualClock;
 
 std::string hello(const std::string& node, uint32_t version = wire::PROTOCOL_VERSION, uint64_t instance = 99,
-                  uint64_t realtime_offset_ns = 5'000'000) {
+                  uint64_t realtime_offset_ns = 5'000'000, bool takes_detail = true) {
   capnp::MallocMessageBuilder message;
   auto h = message.initRoot<wire::AgentMessage>().initHello();
   h.setProtocolVersion(version);
@@ -23,6 +23,7 @@ std::string hello(const std::string& node, uint32_t version = wire::PROTOCOL_VER
   h.setInstanceId(instance);
   h.setMonotonicNs(1'000);
   h.setRealtimeNs(1'000 + realtime_offset_ns);
+  h.setTakesDetail(takes_detail);
   return proto::to_packed(message);
 }
 
@@ -356,6 +357,7 @@ TEST_F(IngestTest, AHeartbeatIsAnsweredWithTheProxyStepsWantedOfItsNode) {
   Outbox out;
   ingest.on_agent_message("conn-1", hello("gpu-1"), out);
   ingest.on_agent_message("conn-2", hello("gpu-2"), out);
+  ingest.on_agent_message("conn-3", hello("gpu-3", wire::PROTOCOL_VERSION, 99, 5'000'000, false), out);
   auto detail_replies = [&](const std::string& conn) {
     Outbox reply;
     ingest.on_agent_message(conn, heartbeat(true), reply);
@@ -376,6 +378,8 @@ TEST_F(IngestTest, AHeartbeatIsAnsweredWithTheProxyStepsWantedOfItsNode) {
   EXPECT_EQ(detail_replies("conn-1"), (std::vector<std::vector<uint64_t>>{{0xc0ffee, 0xbeef}}));
   EXPECT_EQ(detail_replies("conn-1"), (std::vector<std::vector<uint64_t>>{{0xc0ffee, 0xbeef}})) << "renewed";
   EXPECT_TRUE(detail_replies("conn-2").empty());
+  ingest.set_detail_wanted({{"gpu-1", {0xc0ffee}}, {"gpu-3", {0xc0ffee}}});
+  EXPECT_TRUE(detail_replies("conn-3").empty()) << "an agent that does not read DetailRequest is never sent it";
   ingest.set_detail_wanted({});
   EXPECT_EQ(detail_replies("conn-1"), (std::vector<std::vector<uint64_t>>{{}})) << "told once that none is";
   EXPECT_TRUE(detail_replies("conn-1").empty());
@@ -405,6 +409,7 @@ TEST_F(IngestTest, AnOpenGpuCollectivesHeldSendIsOnTheClusterClock) {
     open[i].setEnqueuedNs(3'000);
     open[i].setKernelStartNs(3'500);
     open[i].setProxySteps(true);
+    open[i].setDetail(i == 0);
     open[i].setSendPeer(0);
     open[i].setSendSinceNs(i == 0 ? 3'900 : 0);  // the second: a peer with no time, so none
   }
@@ -412,6 +417,8 @@ TEST_F(IngestTest, AnOpenGpuCollectivesHeldSendIsOnTheClusterClock) {
   const auto& gpu = ingest.node("gpu-1")->health.at(10).gpu_open();
   ASSERT_EQ(gpu.size(), 2u);
   EXPECT_TRUE(gpu[0].proxy_steps);
+  EXPECT_TRUE(gpu[0].detail);
+  EXPECT_FALSE(gpu[1].detail);
   EXPECT_EQ(gpu[0].send_peer, 0);
   EXPECT_EQ(gpu[0].send_since_ns, 3'900u + 5'000'000u);
   EXPECT_EQ(gpu[1].send_peer, -1);

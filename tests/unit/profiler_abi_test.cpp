@@ -214,6 +214,7 @@ TEST_F(ProfilerPlugin, ACollectiveAndItsKernelChannelsReachTheRingWithGpuTimes) 
     EXPECT_GT(r.host_ns, 0u);
   }
   EXPECT_EQ(got[0].bytes, 1024u);
+  EXPECT_EQ(got[0].state, 0) << "scheduled without proxy events";
   EXPECT_EQ(got[1].gpu_ns, 5'000u);
   EXPECT_EQ(got[1].channel, 1);
   EXPECT_EQ(got[1].event, got[0].event) << "the kernel names its collective";
@@ -271,18 +272,22 @@ TEST_F(ProfilerPlugin, WithNoReaderEveryEventIsOnlyCountedAndProxyDetailComesOnD
 }
 
 // NCCL's PXN: a proxy operation this process's proxy runs for another local
-// process names that process (pid) and, as parent, that process's event: an
-// address in its memory. The plugin never reads it (here a pointer that
-// would crash it); the operation is recorded without its collective, and
-// its own steps follow it.
-TEST_F(ProfilerPlugin, AProxyOperationOfAnotherProcessNeverReadsItsParent) {
+// process names that process (pid), and comes with that process's context
+// and parent: addresses in its memory. The plugin reads neither (here
+// pointers that would crash it) and records nothing of it: its collective
+// is not known here. This process's own operations are recorded as ever.
+TEST_F(ProfilerPlugin, AProxyOperationOfAnotherProcessNeverReadsItsContextOrParent) {
   int mask = 0;
   void* context = init_v5(0xfeed, 1, &mask);
   attach();
   ring.header->detail.store(1);
+  EventDescrV5 before = coll(6, "AllReduce", 64);
+  void* before_handle = nullptr;
+  ASSERT_EQ(v5->start_event(context, &before_handle, &before), kSuccess);  // turns proxy events on
+  ASSERT_EQ(v5->stop_event(before_handle), kSuccess);
   EventDescrV5 c = coll(7, "AllReduce", 64);
   void* coll_handle = nullptr;
-  ASSERT_EQ(v5->start_event(context, &coll_handle, &c), kSuccess);  // turns proxy events on
+  ASSERT_EQ(v5->start_event(context, &coll_handle, &c), kSuccess);  // scheduled with them
   EventDescrV5 op{};
   op.type = kProxyOp;
   op.parent = reinterpret_cast<void*>(uintptr_t{0x10});  // another process's event
@@ -292,30 +297,161 @@ TEST_F(ProfilerPlugin, AProxyOperationOfAnotherProcessNeverReadsItsParent) {
   op.proxy_op.n_steps = 2;
   op.proxy_op.chunk_size = 512;
   op.proxy_op.is_send = 1;
-  void* op_handle = nullptr;
+  void* const other_context = reinterpret_cast<void*>(uintptr_t{0x20});  // another process's communicator
+  void* op_handle = reinterpret_cast<void*>(uintptr_t{1});
+  ASSERT_EQ(v5->start_event(other_context, &op_handle, &op), kSuccess);
+  EXPECT_EQ(op_handle, nullptr) << "no handle: NCCL makes no further call for it, nor starts its steps";
+  EventDescrV5 step{};
+  step.type = kProxyStep;  // as NCCL would start one with the operation's (null) handle
+  step.parent = op_handle;
+  void* step_handle = reinterpret_cast<void*>(uintptr_t{1});
+  ASSERT_EQ(v5->start_event(other_context, &step_handle, &step), kSuccess);
+  EXPECT_EQ(step_handle, nullptr);
+
+  // This process's own operation of the same collective is recorded.
+  op.parent = coll_handle;
+  op.proxy_op.pid = getpid();
   ASSERT_EQ(v5->start_event(context, &op_handle, &op), kSuccess);
   ASSERT_NE(op_handle, nullptr);
-  EventDescrV5 step{};
-  step.type = kProxyStep;
   step.parent = op_handle;
-  step.proxy_step.step = 0;
-  void* step_handle = nullptr;
-  ASSERT_EQ(v5->start_event(context, &step_handle, &step), kSuccess);
+  // A proxy step's communicator is its operation's, whatever context comes with it.
+  ASSERT_EQ(v5->start_event(other_context, &step_handle, &step), kSuccess);
+  ASSERT_NE(step_handle, nullptr);
   ASSERT_EQ(v5->stop_event(step_handle), kSuccess);
   ASSERT_EQ(v5->stop_event(op_handle), kSuccess);
+  ASSERT_EQ(v5->stop_event(coll_handle), kSuccess);
   std::deque<Record> got;
   drain(&got);
   size_t proxy = 0;
   for (const Record& r : got) {
     if (r.kind != RecordKind::proxy_op_start && r.kind != RecordKind::proxy_step) continue;
     ++proxy;
-    EXPECT_EQ(r.op, 0) << "its collective is not known here";
-    EXPECT_EQ(r.seq_number, 0u);
+    EXPECT_EQ(r.comm_hash, 0xfeedu);
+    EXPECT_EQ(r.op, RS_OP_ALLREDUCE);
+    EXPECT_EQ(r.seq_number, 7u);
     EXPECT_EQ(r.peer, 3);
   }
-  EXPECT_EQ(proxy, 2u);
+  EXPECT_EQ(proxy, 2u) << "this process's operation and its step, nothing of the other process's";
   ring.header->detail.store(0);
 }
+
+// NCCL fixes, when it schedules a collective, whether its proxy work is
+// reported. So the plugin decides per collective too: the proxy events of
+// one scheduled while the agent asked for detail are all recorded, even
+// after the agent stops asking, and those of one scheduled before it asked
+// are not (NCCL may report them for a chained plugin).
+TEST_F(ProfilerPlugin, ProxyEventsAreRecordedForTheCollectivesScheduledWhileDetailWasAskedFor) {
+  int mask = 0;
+  void* context = init_v5(0xde7a, 0, &mask);
+  attach();
+  auto proxy_records = [&](void* coll_handle) {
+    EventDescrV5 op{};
+    op.type = kProxyOp;
+    op.parent = coll_handle;
+    op.proxy_op.pid = getpid();
+    op.proxy_op.peer = 1;
+    op.proxy_op.is_send = 1;
+    void* op_handle = nullptr;
+    EXPECT_EQ(v5->start_event(context, &op_handle, &op), kSuccess);
+    EventDescrV5 step{};
+    step.type = kProxyStep;
+    step.parent = op_handle;
+    void* step_handle = nullptr;
+    EXPECT_EQ(v5->start_event(context, &step_handle, &step), kSuccess);
+    EXPECT_EQ(v5->stop_event(step_handle), kSuccess);
+    EXPECT_EQ(v5->stop_event(op_handle), kSuccess);
+    size_t n = 0;
+    for (RecordKind k : drain())
+      n += k == RecordKind::proxy_op_start || k == RecordKind::proxy_step || k == RecordKind::proxy_step_stop ||
+           k == RecordKind::proxy_op_stop;
+    return n;
+  };
+  // NCCL reads its mask when the job calls it, before the plugin hears of
+  // the collective: a change the plugin makes at one collective holds
+  // from the next on.
+  auto collective = [&](uint64_t seq) {
+    EventDescrV5 c = coll(seq, "AllReduce", 64);
+    void* h = nullptr;
+    EXPECT_EQ(v5->start_event(context, &h, &c), kSuccess);
+    return h;
+  };
+  ring.header->detail.store(0);
+  ASSERT_EQ(v5->stop_event(collective(0)), kSuccess);  // proxy events off (an earlier test may have left them on)
+  drain();
+  ring.header->detail.store(1);
+  void* asking = collective(1);  // scheduled before the plugin turned them on
+  EXPECT_EQ(mask & static_cast<int>(kProxyOp | kProxyStep), static_cast<int>(kProxyOp | kProxyStep));
+  void* scheduled_with = collective(2);
+  ring.header->detail.store(0);
+  void* last_with = collective(3);  // scheduled with them: turns them off for the next
+  EXPECT_EQ(mask & static_cast<int>(kProxyOp), 0) << "detail is off for what NCCL schedules next";
+  void* scheduled_without = collective(4);
+  std::deque<Record> starts;
+  drain(&starts);
+  ASSERT_EQ(starts.size(), 4u);
+  EXPECT_EQ(starts[0].state, 0);
+  EXPECT_EQ(starts[1].state, kCollDetail) << "its record says NCCL reports its proxy work";
+  EXPECT_EQ(starts[2].state, kCollDetail);
+  EXPECT_EQ(starts[3].state, 0);
+  for (void* h : {asking, last_with}) ASSERT_EQ(v5->stop_event(h), kSuccess);
+  drain();
+  EXPECT_EQ(proxy_records(scheduled_with), 4u) << "its operation and step, started and stopped";
+  EXPECT_EQ(proxy_records(scheduled_without), 0u);
+  ASSERT_EQ(v5->stop_event(scheduled_with), kSuccess);
+  ASSERT_EQ(v5->stop_event(scheduled_without), kSuccess);
+}
+
+// An event NCCL still holds (started, not stopped) keeps its slot however
+// many events come and go meanwhile: its stop is recorded as its own.
+// When NCCL holds every slot a new event is dropped and counted.
+TEST_F(ProfilerPlugin, AnEventNcclStillHoldsKeepsItsSlot) {
+  int mask = 0;
+  void* context = init_v5(0x51075, 0, &mask);
+  attach();
+  EventDescrV5 held = coll(42, "Broadcast", 8);
+  void* held_handle = nullptr;
+  ASSERT_EQ(v5->start_event(context, &held_handle, &held), kSuccess);
+  for (uint64_t seq = 100; seq < 100 + 3 * 8192; ++seq) {
+    EventDescrV5 c = coll(seq, "AllReduce", 8);
+    void* h = nullptr;
+    ASSERT_EQ(v5->start_event(context, &h, &c), kSuccess);
+    ASSERT_NE(h, nullptr);
+    ASSERT_NE(h, held_handle);
+    ASSERT_EQ(v5->stop_event(h), kSuccess);
+    if (seq % 1024 == 0) drain();  // as the agent drains: the ring itself never fills
+  }
+  drain();
+  ASSERT_EQ(v5->stop_event(held_handle), kSuccess);
+  std::deque<Record> got;
+  drain(&got);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].kind, RecordKind::coll_stop);
+  EXPECT_EQ(got[0].seq_number, 42u);
+  EXPECT_EQ(got[0].op, RS_OP_BROADCAST);
+
+  std::vector<void*> all;
+  for (uint64_t seq = 0;; ++seq) {
+    EventDescrV5 c = coll(seq, "AllReduce", 8);
+    void* h = nullptr;
+    ASSERT_EQ(v5->start_event(context, &h, &c), kSuccess);
+    if (!h) break;
+    all.push_back(h);
+    if (seq % 1024 == 0) drain();
+  }
+  EXPECT_EQ(all.size(), 8192u) << "every slot, then none";
+  drain();
+  const uint64_t dropped = ring.header->dropped.load();
+  EventDescrV5 c = coll(1, "AllReduce", 8);
+  void* h = nullptr;
+  ASSERT_EQ(v5->start_event(context, &h, &c), kSuccess);
+  EXPECT_EQ(h, nullptr);
+  EXPECT_EQ(ring.header->dropped.load(), dropped + 1);
+  for (void* each : all) v5->stop_event(each);
+  drain();
+}
+
+// The chained stand-in's counts (tests/support/chained_profiler.cpp).
+enum { inits, finalized, groups, colls, kernels, others, stops, kernel_stops, foreign, proxy_ops, proxy_steps, kCounts };
 
 // NCCL loads one profiler plugin per process; RANKSCOPE_NCCL_PROFILER_CHAIN
 // names another (here a stand-in for NVIDIA's Inspector), which rankscope's
@@ -333,7 +469,6 @@ TEST_F(ProfilerPlugin, AnotherPluginNamedInTheEnvironmentHearsWhatItAskedForThro
   ASSERT_NE(other, nullptr) << "rankscope's plugin did not load the chained one";
   auto counts_of = reinterpret_cast<void (*)(int*)>(dlsym(other, "rankscope_test_chain_counts"));
   ASSERT_NE(counts_of, nullptr);
-  enum { inits, finalized, groups, colls, kernels, others, stops, kernel_stops, foreign, kCounts };
   int c[kCounts];
   counts_of(c);
   EXPECT_EQ(c[inits], 1);
@@ -385,6 +520,72 @@ TEST_F(ProfilerPlugin, AnotherPluginNamedInTheEnvironmentHearsWhatItAskedForThro
   contexts.clear();
   counts_of(c);
   EXPECT_EQ(c[finalized], 1);
+}
+
+// NCCL's mask is one per process: the chained plugin's part of it is the
+// same for every communicator, whichever init it came through, and it may
+// change it later. NCCL starts an event for a plugin that asked only for
+// its children (their parents): a plugin asking for proxy steps alone
+// hears collectives and proxy operations too, each step with its
+// operation as parent, and no kernel channel.
+TEST_F(ProfilerPlugin, TheChainedPluginsMaskIsTheProcesssAndItHearsTheParentsOfWhatItAskedFor) {
+  setenv("RANKSCOPE_NCCL_PROFILER_CHAIN", RANKSCOPE_TEST_CHAINED_PLUGIN, 1);
+  int nccl_mask = 0;  // NCCL passes the same int to every init
+  void* first = init_v5(0xa11, 0, &nccl_mask);
+  void* second = init_v5(0xa12, 0, &nccl_mask);
+  unsetenv("RANKSCOPE_NCCL_PROFILER_CHAIN");
+  void* other = dlopen(RANKSCOPE_TEST_CHAINED_PLUGIN, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(other, nullptr);
+  auto counts_of = reinterpret_cast<void (*)(int*)>(dlsym(other, "rankscope_test_chain_counts"));
+  auto set_mask = reinterpret_cast<void (*)(int)>(dlsym(other, "rankscope_test_chain_set_mask"));
+  ASSERT_NE(counts_of, nullptr);
+  ASSERT_NE(set_mask, nullptr);
+  attach();
+  set_mask(static_cast<int>(kProxyStep));
+  int before[kCounts], after[kCounts];
+  counts_of(before);
+
+  EventDescrV5 c = coll(5, "AllReduce", 64);
+  void* coll_handle = nullptr;
+  ASSERT_EQ(v5->start_event(second, &coll_handle, &c), kSuccess);
+  EXPECT_EQ(nccl_mask, static_cast<int>(kColl | kP2p | kKernelCh | kProxyStep))
+      << "the chained plugin's new mask, read at the next operation of any communicator";
+  EventDescrV5 k{};
+  k.type = kKernelCh;
+  k.parent = coll_handle;
+  void* kernel = nullptr;
+  ASSERT_EQ(v5->start_event(second, &kernel, &k), kSuccess);
+  EventDescrV5 op{};
+  op.type = kProxyOp;
+  op.parent = coll_handle;
+  op.proxy_op.pid = getpid();
+  void* op_handle = nullptr;
+  ASSERT_EQ(v5->start_event(second, &op_handle, &op), kSuccess);
+  ASSERT_NE(op_handle, nullptr) << "a carrier of the chained plugin's operation";
+  EventDescrV5 step{};
+  step.type = kProxyStep;
+  step.parent = op_handle;
+  void* step_handle = nullptr;
+  ASSERT_EQ(v5->start_event(second, &step_handle, &step), kSuccess);
+  ASSERT_NE(step_handle, nullptr);
+  for (void* h : {step_handle, op_handle, coll_handle, kernel}) ASSERT_EQ(v5->stop_event(h), kSuccess);
+  counts_of(after);
+  EXPECT_EQ(after[colls] - before[colls], 1) << "the parent of what it asked for";
+  EXPECT_EQ(after[proxy_ops] - before[proxy_ops], 1);
+  EXPECT_EQ(after[proxy_steps] - before[proxy_steps], 1);
+  EXPECT_EQ(after[kernels] - before[kernels], 0) << "not asked for, and no parent of what was";
+  EXPECT_EQ(after[foreign] - before[foreign], 0) << "each parent its own, of the right type";
+  EXPECT_EQ(drain(), (std::vector<RecordKind>{RecordKind::coll_start, RecordKind::kernel_start,
+                                              RecordKind::coll_stop}))
+      << "rankscope records no proxy event it was not asked for (the kernel's stop is its state)";
+
+  set_mask(static_cast<int>(kGroup | kColl | kKernelCh));
+  EventDescrV5 next = coll(6, "AllReduce", 64);
+  void* h = nullptr;
+  ASSERT_EQ(v5->start_event(first, &h, &next), kSuccess);
+  EXPECT_EQ(nccl_mask, static_cast<int>(kGroup | kColl | kP2p | kKernelCh));
+  ASSERT_EQ(v5->stop_event(h), kSuccess);
+  drain();
 }
 
 TEST(ProfilerRing, AFullRingDropsAndCountsAndKeepsOrder) {

@@ -55,7 +55,8 @@ class FakeRing {
     close(fd);
   }
   // As the plugin writes one record.
-  bool write(RecordKind kind, uint64_t seq, uint64_t host_ns, uint64_t gpu_ns, uint8_t channel = 0) {
+  bool write(RecordKind kind, uint64_t seq, uint64_t host_ns, uint64_t gpu_ns, uint8_t channel = 0,
+             uint8_t state = 0) {
     Record r;
     r.comm_hash = kComm;
     r.seq_number = seq;
@@ -68,10 +69,23 @@ class FakeRing {
     r.kind = kind;
     r.op = RS_OP_ALLREDUCE;
     r.channel = channel;
-    r.state = 0;
+    r.state = state;
     return profiler::ring_write(view, r);
   }
   // As the plugin writes one proxy record of rank 3 (an operation's or a step's).
+  // An enqueue record in communicator `comm`.
+  bool write_in(uint64_t comm, RecordKind kind, uint64_t seq, uint64_t host_ns) {
+    Record r{};
+    r.comm_hash = comm;
+    r.seq_number = seq;
+    r.host_ns = host_ns;
+    r.rank = 3;
+    r.peer = -1;
+    r.kind = kind;
+    r.op = RS_OP_ALLREDUCE;
+    r.channel = 1;
+    return profiler::ring_write(view, r);
+  }
   bool proxy(RecordKind kind, uint64_t seq, uint64_t host_ns, uint32_t event, int32_t peer, uint8_t channel,
              uint8_t state) {
     Record r{};
@@ -348,6 +362,26 @@ TEST(ProfilerRings, ProxyStepsAreAskedOfTheProcessesInTheCommunicatorsNamed) {
   EXPECT_EQ(ring.view.header->detail.load(), 1u) << "the background sample asks every process";
 }
 
+// A process that makes a communicator per step (and destroys it) is still
+// asked for the newest one's proxy steps after thousands: the least
+// recently used communicators are the ones forgotten.
+TEST(ProfilerRings, AProcessThatMakesACommunicatorPerStepIsAskedForItsNewestOne) {
+  testing::TempDir proc;
+  FakeRing ring(proc, kPid, kStart);
+  ProfilerRings rings(proc.path());
+  ASSERT_TRUE(rings.attach(kPid, kStart));
+  constexpr uint64_t kSteps = 3000;
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    ASSERT_TRUE(ring.write_in(kComm + 1 + step, RecordKind::coll_start, 1, 1'000 + step));
+    if (step % 32 == 31) rings.drain([](const GpuCollective&) {});  // the ring holds 64
+  }
+  rings.drain([](const GpuCollective&) {});
+  rings.set_detail(false, {kComm + kSteps});
+  EXPECT_EQ(ring.view.header->detail.load(), 1u) << "its newest communicator is known";
+  rings.set_detail(false, {kComm + 1});
+  EXPECT_EQ(ring.view.header->detail.load(), 0u) << "its first is long forgotten";
+}
+
 // A collective whose kernels never stop (a hang) reports, while it is open,
 // its send step handed to the network longest ago and not done: a link that
 // stopped moving. Steps handed over and done, or not yet handed over, do
@@ -362,7 +396,7 @@ TEST(ProfilerRings, AnOpenCollectiveNamesItsSendStepThatStoppedMoving) {
     ASSERT_TRUE(ring.proxy(kind, seq, host_ns, event, peer, 0, state));
   };
   const uint8_t send = profiler::kProxySend, wait = profiler::abi::kProxyStepSendWait;
-  ASSERT_TRUE(ring.write(RecordKind::coll_start, 7, 1'000, 0, 1));
+  ASSERT_TRUE(ring.write(RecordKind::coll_start, 7, 1'000, 0, 1, profiler::kCollDetail));  // scheduled with detail
   ASSERT_TRUE(ring.write(RecordKind::kernel_start, 7, 2'000, 2'000, 0));
   proxy(RecordKind::proxy_op_start, 7, 2'100, 10, 4, send);
   proxy(RecordKind::proxy_step, 7, 2'200, 100, 4, send);  // to rank 4: handed over, done
@@ -377,6 +411,7 @@ TEST(ProfilerRings, AnOpenCollectiveNamesItsSendStepThatStoppedMoving) {
   auto open = rings.open();
   ASSERT_EQ(open.size(), 1u);
   EXPECT_EQ(open[0].seq_number, 7u);
+  EXPECT_TRUE(open[0].detail);
   EXPECT_TRUE(open[0].proxy_steps);
   EXPECT_EQ(open[0].send_peer, 4);
   EXPECT_EQ(open[0].send_since_ns, 3'100u);
@@ -390,6 +425,7 @@ TEST(ProfilerRings, AnOpenCollectiveNamesItsSendStepThatStoppedMoving) {
   plain.drain([](const GpuCollective&) {});
   open = plain.open();
   ASSERT_EQ(open.size(), 1u);
+  EXPECT_FALSE(open[0].detail);
   EXPECT_FALSE(open[0].proxy_steps);
   EXPECT_EQ(open[0].send_peer, -1);
 }

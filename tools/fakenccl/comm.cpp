@@ -98,8 +98,8 @@ void Communicator::number(CollectiveCall& call) {
       break;
   }
   if (profiler_ && call.kind != OpKind::kCommSplit) {
+    call.profilerMask = profiler_->mask();  // NCCL reads it at the call, before the plugin hears of it
     call.profilerEvent = profiler_->enqueued(call, funcSeq_[call.kind]++);
-    call.profilerMask = profiler_->mask();
   }
 }
 

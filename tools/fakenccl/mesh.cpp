@@ -94,29 +94,46 @@ std::optional<ExchangeOutcome> progressSends(int fd, int peer, PeerProgress& p, 
   return std::nullopt;
 }
 
-// FAKECUDA_LINK_DELAY_US, FAKECUDA_LINK_PEER, FAKECUDA_LINK_DELAY_AFTER,
-// FAKECUDA_LINK_STALL_FILE (Mesh::exchange): how long the link to `peer` holds a segment this exchange.
-std::chrono::microseconds linkDelay(int peer, long long exchange) {
-  static const long long delay = [] {
-    const char* env = std::getenv("FAKECUDA_LINK_DELAY_US");
-    return env ? std::strtoll(env, nullptr, 10) : 0;
-  }();
+long long linkPeer() {
   static const long long only = [] {
     const char* env = std::getenv("FAKECUDA_LINK_PEER");
     return env && *env ? std::strtoll(env, nullptr, 10) : -1;
+  }();
+  return only;
+}
+
+// FAKECUDA_LINK_STALL_FILE exists: the link to FAKECUDA_LINK_PEER (every
+// link without one) is dead.
+bool linkDead() {
+  static const char* stall = std::getenv("FAKECUDA_LINK_STALL_FILE");
+  return stall && *stall && ::access(stall, F_OK) == 0;
+}
+
+// FAKECUDA_LINK_DELAY_US, FAKECUDA_LINK_PEER, FAKECUDA_LINK_DELAY_AFTER,
+// FAKECUDA_LINK_STALL_FILE (Mesh::exchange): how long the link to `peer` holds a segment this exchange.
+std::chrono::microseconds linkDelay(int peer, long long exchange, bool dead) {
+  static const long long delay = [] {
+    const char* env = std::getenv("FAKECUDA_LINK_DELAY_US");
+    return env ? std::strtoll(env, nullptr, 10) : 0;
   }();
   static const long long after = [] {
     const char* env = std::getenv("FAKECUDA_LINK_DELAY_AFTER");
     return env ? std::strtoll(env, nullptr, 10) : 0;
   }();
-  static const char* stall = std::getenv("FAKECUDA_LINK_STALL_FILE");
-  if (only >= 0 && only != peer) return std::chrono::microseconds(0);
+  if (linkPeer() >= 0 && linkPeer() != peer) return std::chrono::microseconds(0);
   // A dead link: once the file exists, what is posted on it is never sent
   // (held a day; an abort still ends the exchange).
-  if (stall && *stall && ::access(stall, F_OK) == 0) return std::chrono::hours(24);
+  if (dead) return std::chrono::hours(24);
   if (delay <= 0 || exchange < after) return std::chrono::microseconds(0);
   return std::chrono::microseconds(delay);
 }
+
+// Whether this rank's data for `peer` waits for data that will never come:
+// in NCCL's rings every rank's result passes through every link, so behind
+// a dead link the sender's other transfers stall too, before the network
+// (waiting for data, not handed over), and no rank finishes the collective.
+// fakenccl's mesh sends each peer its data directly, so it withholds them.
+bool withheldBehindDeadLink(int peer, bool dead) { return dead && linkPeer() >= 0 && linkPeer() != peer; }
 
 // Reads what has arrived, never past the end of the segments expected (the
 // bytes after them belong to a later call). Checks each header as soon as it
@@ -181,14 +198,19 @@ ExchangeOutcome Mesh::exchange(std::span<const SendSegment> sends, std::span<con
     watched.assign(1, pollfd{wake_.get(), POLLIN, 0});
     watchedPeer.assign(1, -1);
     const auto now = std::chrono::steady_clock::now();
+    const bool dead = linkDead();  // once per pass: every peer's segment sees the same
     std::optional<std::chrono::steady_clock::time_point> wakeAt;  // the first held segment's release
     bool busy = false;
     for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
       PeerProgress& p = progress[peer];
       if (p.sending() && !p.posted) {
         p.posted = true;
-        p.heldUntil = now + linkDelay(peer, exchange);
-        if (observer) observer->posted(*p.sends[p.sendIndex]);
+        if (withheldBehindDeadLink(peer, dead)) {
+          p.heldUntil = now + std::chrono::hours(24);  // never handed to the network (an abort still ends it)
+        } else {
+          p.heldUntil = now + linkDelay(peer, exchange, dead);
+          if (observer) observer->posted(*p.sends[p.sendIndex]);
+        }
       }
       const bool held = p.sending() && p.heldUntil > now;
       if (held) wakeAt = std::min(wakeAt.value_or(p.heldUntil), p.heldUntil);

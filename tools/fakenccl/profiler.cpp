@@ -83,6 +83,9 @@ void pluginLog(int level, unsigned long, const char*, int, const char* format, .
   std::fprintf(stderr, "NCCL %s %s\n", level == 2 ? "WARN" : "INFO", text);
 }
 
+// NCCL's activation mask: one per process, given to every init.
+int activationMask = 0;
+
 // Both versions' descriptors from one description.
 struct Event {
   uint64_t type = 0;
@@ -103,9 +106,9 @@ std::unique_ptr<ProfilerComm> ProfilerComm::open(uint64_t commHash, int nranks, 
   std::unique_ptr<ProfilerComm> comm(new ProfilerComm(rank));
   // NCCL enables nothing until the plugin says what it wants.
   const std::string name = "fakenccl";
-  abi::Result result = p.v5 ? p.v5->init(&comm->context_, commHash, &comm->mask_, name.c_str(), 1, nranks, rank,
+  abi::Result result = p.v5 ? p.v5->init(&comm->context_, commHash, &activationMask, name.c_str(), 1, nranks, rank,
                                          pluginLog)
-                            : p.v4->init(&comm->context_, &comm->mask_, name.c_str(), commHash, 1, nranks, rank,
+                            : p.v4->init(&comm->context_, &activationMask, name.c_str(), commHash, 1, nranks, rank,
                                          pluginLog);
   if (result != abi::kSuccess) {
     warn("the profiler plugin's init failed (%d) for rank %d: this communicator runs without it", result, rank);
@@ -163,12 +166,14 @@ void recordState(void* handle, int state, abi::StateArgs* args) {
 }
 }  // namespace
 
+int ProfilerComm::mask() const { return __atomic_load_n(&activationMask, __ATOMIC_RELAXED); }
+
 void* ProfilerComm::enqueued(const CollectiveCall& call, uint64_t seqNumber) {
   Event e;
   e.rank = rank_;
   const bool p2p = call.kind == OpKind::kSend || call.kind == OpKind::kRecv;
   e.type = p2p ? abi::kP2p : abi::kColl;
-  if (!(mask_ & static_cast<int>(e.type))) return nullptr;
+  if (!(static_cast<uint64_t>(call.profilerMask) & abi::started_for(e.type))) return nullptr;
   if (p2p) {
     e.p2p.func = call.kind == OpKind::kSend ? "Send" : "Recv";
     e.p2p.buff = call.recvbuff;
@@ -194,7 +199,7 @@ void* ProfilerComm::enqueued(const CollectiveCall& call, uint64_t seqNumber) {
 }
 
 void* ProfilerComm::kernelStarted(void* call) {
-  if (call == nullptr || !(mask_ & static_cast<int>(abi::kKernelCh))) return nullptr;
+  if (call == nullptr || !(mask() & static_cast<int>(abi::kKernelCh))) return nullptr;
   Event e;
   e.rank = rank_;
   e.type = abi::kKernelCh;
@@ -219,8 +224,8 @@ void ProfilerComm::kernelStopped(void* kernel) {
 void ProfilerComm::posted(const SendSegment& segment) {
   // The mask as it was when the call was enqueued: NCCL decides then
   // whether a call's proxy work reports events.
-  const int mask = segment.ownerMask;
-  if (segment.owner == nullptr || !(mask & static_cast<int>(abi::kProxyOp))) return;
+  const auto mask = static_cast<uint64_t>(segment.ownerMask);
+  if (segment.owner == nullptr || !(mask & abi::started_for(abi::kProxyOp))) return;
   Event op;
   op.rank = rank_;
   op.type = abi::kProxyOp;
@@ -234,7 +239,7 @@ void ProfilerComm::posted(const SendSegment& segment) {
   Proxy proxy;
   proxy.op = startEvent(context_, op);
   if (proxy.op == nullptr) return;
-  if (mask & static_cast<int>(abi::kProxyStep)) {
+  if (mask & abi::started_for(abi::kProxyStep)) {
     Event step;
     step.rank = rank_;
     step.type = abi::kProxyStep;

@@ -31,11 +31,14 @@ class ProfilerComm final : public SendObserver {
   ProfilerComm(const ProfilerComm&) = delete;
   ProfilerComm& operator=(const ProfilerComm&) = delete;
 
-  // `call` enqueued (host thread): its event started and stopped; the
-  // handle its kernel hangs off (null: not recorded).
+  // `call` enqueued (host thread), with the mask as NCCL read it before
+  // (call.profilerMask): its event started and stopped; the handle its
+  // kernel hangs off (null: not recorded).
   void* enqueued(const CollectiveCall& call, uint64_t seqNumber);
-  // The plugin's activation mask now (the call enqueued last keeps it).
-  int mask() const { return mask_; }
+  // NCCL's activation mask now: one per process, which every plugin init
+  // gets (the plugin may change it at any event; a call keeps the mask it
+  // was enqueued with).
+  int mask() const;
   // The call's kernel on its stream: started now; stopped (GPU stop time now).
   void* kernelStarted(void* call);
   void kernelStopped(void* kernel);
@@ -52,7 +55,6 @@ class ProfilerComm final : public SendObserver {
   explicit ProfilerComm(int rank) : rank_(rank) {}
   const int rank_;
   void* context_ = nullptr;
-  int mask_ = 0;  // the plugin's activation mask (it may change it at any event)
   struct Proxy {
     void* op = nullptr;
     void* step = nullptr;
