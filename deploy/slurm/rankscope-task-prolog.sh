@@ -30,7 +30,9 @@ case "${RANKSCOPE_NCCL_PROFILER:-}" in
   *)
     # The site's list of partitions (read, not run: a line of plain words).
     conf=${RANKSCOPE_TASK_PROLOG_CONF:-/etc/rankscope/task-prolog.conf}
-    [ -f "$conf" ] || exit 0
+    # Read only a plain file owned by root and writable by root alone; not
+    # through a symbolic link (the file it names could be anyone's).
+    [ -f "$conf" ] && [ ! -L "$conf" ] || exit 0
     case "$(stat -c '%u %a' "$conf" 2>/dev/null)" in
       0\ [0-7][0145][0145]) ;;
       *) exit 0 ;;

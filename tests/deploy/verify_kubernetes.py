@@ -102,6 +102,8 @@ def check_nccl_profiler(kubectl, deploy, plain):
         fail("a pod must never be refused for want of the plugin (failurePolicy Ignore)")
     if not any("NCCL_PROFILER_PLUGIN" in c["expression"] for c in spec.get("matchConditions", [])):
         fail("the policy does not leave alone a pod that names its own profiler plugin")
+    if not any("envFrom" in c["expression"] for c in spec.get("matchConditions", [])):
+        fail("the policy does not leave alone a pod whose envFrom may name its own profiler plugin")
     expression = spec["mutations"][0]["applyConfiguration"]["expression"]
     env = re.search(r'name: "NCCL_PROFILER_PLUGIN",\s*value: "([^"]+)"', expression)
     host = re.search(r'hostPath\{path: "([^"]+)"', expression)

@@ -72,6 +72,15 @@ TEST_F(TaskPrologTest, AListAnyoneCanWriteOrNoListNamesNothingUnlessTheJobOptsIn
   if (geteuid() != 0) GTEST_SKIP() << "the script reads only a root-owned list: run the suite as root (sudo make test)";
   site_lists("RANKSCOPE_PROFILER_PARTITIONS=\"*\"", 0666);
   EXPECT_EQ(task({{"SLURM_JOB_PARTITION", "a100"}}), "") << "a list others may write is not read";
+  // A symbolic link to a list, even root's own: the file it names may
+  // change under it (its folder may be anyone's).
+  ASSERT_EQ(chmod(conf.c_str(), 0644), 0);
+  std::string link = dir.file("linked.conf");
+  ASSERT_EQ(symlink(conf.c_str(), link.c_str()), 0);
+  std::swap(conf, link);
+  EXPECT_EQ(task({{"SLURM_JOB_PARTITION", "a100"}}), "") << "a list is not read through a symbolic link";
+  std::swap(conf, link);
+  unlink(link.c_str());
   unlink(conf.c_str());
   EXPECT_EQ(task({{"SLURM_JOB_PARTITION", "a100"}}), "") << "no list: opt-in only";
   EXPECT_EQ(task({{"SLURM_JOB_PARTITION", "a100"}, {"RANKSCOPE_NCCL_PROFILER", "1"}}), named);
