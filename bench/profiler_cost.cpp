@@ -87,6 +87,7 @@ void proxy_work(pabi::ProfilerV5* table, void* context, void* coll) {
       pabi::EventDescrV5 op{};
       op.type = pabi::kProxyOp;
       op.parent = coll;
+      op.proxy_op.pid = getpid();  // this process's own (another's, by PXN, is not recorded)
       op.proxy_op.channel_id = static_cast<uint8_t>(ch);
       op.proxy_op.peer = 1;
       op.proxy_op.n_steps = kProxySteps;
@@ -240,13 +241,14 @@ Paced paced(pabi::ProfilerV5* table, void* context, int rate, double seconds, ui
 int main(int argc, char** argv) {
   int collectives = 200'000, rate = 10'000;
   double seconds = 10;
-  std::string plugin;
+  std::string plugin, chain;
   po::options_description desc("rankscope-bench-profiler");
   desc.add_options()("help", "this text")("plugin", po::value(&plugin)->required(),
                                           "path of librankscope-nccl-profiler.so")(
       "collectives", po::value(&collectives)->default_value(collectives), "collectives per run")(
       "rate", po::value(&rate)->default_value(rate), "collectives a second in the agent's run")(
-      "seconds", po::value(&seconds)->default_value(seconds), "length of the agent's run");
+      "seconds", po::value(&seconds)->default_value(seconds), "length of the agent's run")(
+      "chain", po::value(&chain), "a profiler plugin to chain to (RANKSCOPE_NCCL_PROFILER_CHAIN), timed too");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -315,9 +317,25 @@ int main(int argc, char** argv) {
   Figures detailed = run(table, context, collectives / 10, drain_now, /*detail=*/true);
   drain_now();
   ring.header->detail.store(0);
+  const uint64_t drained_detail = drained.load() - drained_plain;
   const uint64_t dropped_detail = ring.header->dropped.load() - dropped_before - dropped_reading;
   ring.header->reader.store(0);
   Figures unread = run(table, context, collectives);
+  // Chained to another plugin: a communicator made with
+  // RANKSCOPE_NCCL_PROFILER_CHAIN set (the plugin loads it then), its
+  // collectives passed on as well as recorded.
+  Figures chained{};
+  void* chained_context = nullptr;
+  if (!chain.empty()) {
+    setenv("RANKSCOPE_NCCL_PROFILER_CHAIN", chain.c_str(), 1);
+    table->init(&chained_context, 0x5678, &mask, "bench", 1, 8, 0, nullptr);
+    unsetenv("RANKSCOPE_NCCL_PROFILER_CHAIN");
+    ring.header->reader.store(static_cast<uint32_t>(getpid()));
+    chained = run(table, chained_context, collectives, drain_now);
+    drain_now();
+    ring.header->reader.store(0);
+    table->finalize(chained_context);
+  }
   Paced agent = paced(table, context, rate, seconds, 3ull * static_cast<uint64_t>(collectives), false);
   Paced agent_detail = paced(table, context, rate / 10, seconds, 4ull * static_cast<uint64_t>(collectives), true);
   stop.store(true);
@@ -333,11 +351,15 @@ int main(int argc, char** argv) {
               unread.median_ns / std::max(1.0, floor.median_ns));
   std::printf("| plugin, ring drained, with NCCL's proxy steps (detail: 88 more calls) | %.0f | %.0f | %.1f |\n",
               detailed.median_ns, detailed.p99_ns, detailed.median_ns / std::max(1.0, floor.median_ns));
+  if (!chain.empty())
+    std::printf("| plugin, ring drained, chaining to %s (RANKSCOPE_NCCL_PROFILER_CHAIN) | %.0f | %.0f | %.1f |\n",
+                chain.substr(chain.rfind('/') + 1).c_str(), chained.median_ns, chained.p99_ns,
+                chained.median_ns / std::max(1.0, floor.median_ns));
   std::printf("\n%d collectives per run (%d with proxy steps); %llu records read, %llu dropped while read (ring of "
               "%u); with proxy steps %llu read, %llu dropped.\n",
               collectives, collectives / 10, static_cast<unsigned long long>(drained_plain),
               static_cast<unsigned long long>(dropped_reading), kRingSlots,
-              static_cast<unsigned long long>(drained.load() - drained_plain),
+              static_cast<unsigned long long>(drained_detail),
               static_cast<unsigned long long>(dropped_detail));
   std::printf("\nThe agent's side at %d collectives a second for %.0f s (its reader drained every 25 ms, a batch "
               "encoded every 100 ms): %.2f%% of a core; %llu collectives, %llu records read, %llu GPU records sent, "

@@ -225,8 +225,11 @@ struct Comm {
     for (uint32_t probe = 0; probe < kProbes; ++probe) {
       const uint32_t id = (turn.fetch_add(1, std::memory_order_relaxed) & ~kStepIdBit) | id_bit;
       Event* e = &pool[id & (size - 1)];
-      bool idle = false;
-      if (!e->live.compare_exchange_strong(idle, true, std::memory_order_acquire)) continue;
+      // The turn counter gives concurrent takers different slots (the same
+      // one only a whole pool apart), so no compare-and-swap is needed:
+      // only a slot NCCL still holds is passed over.
+      if (e->live.load(std::memory_order_acquire)) continue;
+      e->live.store(true, std::memory_order_relaxed);
       e->comm = this;
       e->id = id;
       e->direction = 0;

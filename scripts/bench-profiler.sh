@@ -19,4 +19,14 @@ echo "Per collective, as NCCL calls the plugin: the collective's start, two kern
 echo "collective's stop, each channel's KernelChStop state (with its GPU time) and stop: eight calls, six"
 echo "records. Each collective is timed on its own."
 echo
-"$build/bin/rankscope-bench-profiler" --plugin "$plugin" "$@"
+# Chained to the test suite's stand-in plugin (it counts and hands out
+# handles, nothing else): what chaining itself costs.
+chain="$build/lib/librankscope-test-chained-profiler.so"
+chain_args=()
+if [ -e "$chain" ]; then
+  chain_args=(--chain "$chain")
+  echo "The chained run: \`--chain $chain\`, the test suite's stand-in plugin (it counts calls and hands out"
+  echo "handles, nothing else), so that row is what chaining adds beside the chained plugin's own work."
+  echo
+fi
+"$build/bin/rankscope-bench-profiler" --plugin "$plugin" "${chain_args[@]}" "$@"
