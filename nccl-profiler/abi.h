@@ -53,6 +53,23 @@ constexpr uint64_t started_for(uint64_t type) {
   }
 }
 
+// The types NCCL 2.28 gives an event of `type` as its parent (parentObj);
+// 0: none.
+constexpr uint64_t parent_types(uint64_t type) {
+  switch (type) {
+    case kColl: return kCollApi;
+    case kP2p: return kP2pApi;
+    case kCollApi:
+    case kP2pApi:
+    case kKernelLaunch: return kGroupApi;
+    case kKernelCh:
+    case kProxyOp: return kColl | kP2p;
+    case kProxyStep: return kProxyOp;
+    case kNetPlugin: return kProxyStep;
+    default: return 0;
+  }
+}
+
 // recordEventState's states that rankscope reads (the rest are ignored).
 enum State : int {
   kProxyStepSendGpuWait = 8,

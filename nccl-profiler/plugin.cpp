@@ -176,6 +176,11 @@ struct Comm;
 
 struct Event {
   std::atomic<bool> live{false};  // handed to NCCL and not yet stopped: never taken again meanwhile
+  // Its NCCL type. NCCL may pass a stopped event as a parent (a collective
+  // is stopped when enqueued, before its kernels and proxy work start), and
+  // its slot may hold another event by then: a parent of a type NCCL never
+  // gives that child is taken as none (same type: see docs/gpu-timing.md).
+  std::atomic<uint64_t> type{0};
   Comm* comm = nullptr;
   uint32_t id = 0;
   void* chained = nullptr;  // the chained plugin's handle of the same event
@@ -230,6 +235,7 @@ struct Comm {
       // only a slot NCCL still holds is passed over.
       if (e->live.load(std::memory_order_acquire)) continue;
       e->live.store(true, std::memory_order_relaxed);
+      e->type.store(0, std::memory_order_relaxed);  // its own once started
       e->comm = this;
       e->id = id;
       e->direction = 0;
@@ -255,8 +261,15 @@ void Comm::follow_detail() {
   process.proxied.store(detail, std::memory_order_relaxed);
 }
 
-// The event NCCL handed back as a handle or parent: one of this process's.
+// The event NCCL handed back as a handle: one of this process's.
 Event* event_of(void* handle) { return static_cast<Event*>(handle); }
+
+// The parent NCCL gives an event of `type`, or null when its slot holds
+// an event of a type NCCL never gives as that child's parent.
+Event* parent_of(uint64_t type, void* parent) {
+  Event* p = event_of(parent);
+  return p && (p->type.load(std::memory_order_relaxed) & abi::parent_types(type)) ? p : nullptr;
+}
 
 void fill(Record& r, const Event& e, RecordKind kind) {
   r.comm_hash = e.comm->hash;
@@ -305,7 +318,10 @@ Comm* owner(void* context, const Descr& d) {
   switch (d.type) {
     case abi::kProxyOp: return d.proxy_op->pid == process.pid ? static_cast<Comm*>(context) : nullptr;
     case abi::kProxyStep:
-    case abi::kNetPlugin: return d.parent ? event_of(d.parent)->comm : nullptr;
+    case abi::kNetPlugin: {
+      Event* parent = parent_of(d.type, d.parent);
+      return parent ? parent->comm : nullptr;
+    }
     default: return static_cast<Comm*>(context);
   }
 }
@@ -316,12 +332,15 @@ Comm* owner(void* context, const Descr& d) {
 template <typename Table, typename Descriptor>
 void* chained_start(Comm* comm, const Table* table, const Descriptor& d) {
   if (!comm->chained || !(static_cast<uint64_t>(chained_mask()) & abi::started_for(d.type))) return nullptr;
-  auto theirs = [](void* parent) { return parent ? event_of(parent)->chained : nullptr; };
+  auto theirs = [](uint64_t parent_types, void* parent) {
+    Event* p = event_of(parent);
+    return p && (p->type.load(std::memory_order_relaxed) & parent_types) ? p->chained : nullptr;
+  };
   Descriptor copy = d;
-  copy.parent = theirs(d.parent);
+  copy.parent = theirs(abi::parent_types(d.type), d.parent);
   if constexpr (std::is_same_v<Descriptor, abi::EventDescrV5>) {
-    if (d.type == abi::kColl) copy.coll.parent_group = theirs(d.coll.parent_group);
-    if (d.type == abi::kP2p) copy.p2p.parent_group = theirs(d.p2p.parent_group);
+    if (d.type == abi::kColl) copy.coll.parent_group = theirs(abi::kGroup, d.coll.parent_group);
+    if (d.type == abi::kP2p) copy.p2p.parent_group = theirs(abi::kGroup, d.p2p.parent_group);
   }
   void* out = nullptr;
   if (table->start_event(comm->chained, &out, &copy) != abi::kSuccess) return nullptr;
@@ -344,7 +363,7 @@ Event* take_recorded(Comm* comm, bool step) {
 // its mask at the API call, before this start), and a proxy step when its
 // operation was recorded.
 Event* record_start(Comm* comm, const Descr& d, bool scheduled_with_detail) {
-  Event* parent = event_of(d.parent);
+  Event* parent = parent_of(d.type, d.parent);
   if (parent && !parent->recorded) parent = nullptr;  // it only carries the chained plugin's handle
   Event* e = nullptr;
   Record r;
@@ -391,7 +410,10 @@ Event* record_start(Comm* comm, const Descr& d, bool scheduled_with_detail) {
       break;
     }
     case abi::kProxyOp: {
-      if (!parent || !parent->detail || !(e = take_recorded(comm, false))) return nullptr;
+      // Its collective asked for detail; or, when no chained plugin wants
+      // proxy events, they come for rankscope whatever the label says.
+      const bool ours = !(static_cast<uint64_t>(chained_mask()) & abi::started_for(abi::kProxyOp));
+      if (!parent || !(parent->detail || ours) || !(e = take_recorded(comm, false))) return nullptr;
       e->op = parent->op;
       e->seq_number = parent->seq_number;
       e->peer = d.proxy_op->peer;
@@ -432,12 +454,19 @@ void* start(Comm* comm, const Descr& d, void* chained_handle) {
     if (!e) {  // an event only the chained plugin wants (or no reader): it carries its handle
       const bool under_step = d.type == abi::kProxyStep || d.type == abi::kNetPlugin;
       e = under_step ? comm->take_step() : comm->take();
-      if (!e) return nullptr;  // every slot live: the chained plugin misses it, as when its own pool is full
+      if (!e) {  // every slot live: the chained plugin's event ends here (its children get no parent)
+        if (comm->chained_v5)
+          comm->chained_v5->stop_event(chained_handle);
+        else
+          comm->chained_v4->stop_event(chained_handle);
+        return nullptr;
+      }
       e->recorded = false;
       e->stop_writes = false;
     }
     e->chained = chained_handle;
   }
+  if (e) e->type.store(d.type, std::memory_order_relaxed);
   return e;
 }
 
@@ -547,6 +576,10 @@ abi::Result init_v4(void** context, int* mask, const char* name, uint64_t comm_h
 template <typename Table, typename Descriptor>
 abi::Result start_any(void* context, void** handle, const Table* Comm::*table, const Descriptor& d, const Descr& fields) {
   *handle = nullptr;
+  // The proxy thread's own state: not read, and passed to no chained
+  // plugin (its context is the communicator that made the proxy, which may
+  // be finalized while the proxy runs on for the others sharing it).
+  if (fields.type == abi::kProxyCtrl) return abi::kSuccess;
   Comm* comm = owner(context, fields);
   if (!comm) return abi::kSuccess;
   void* chained = comm->*table ? chained_start(comm, comm->*table, d) : nullptr;

@@ -236,7 +236,8 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     uint64_t enqueued_ns = 0;          // the latest enqueue of the ones not started
     // Ranks whose open collective was enqueued with NCCL's proxy steps off,
     // and, of the others, those whose proxy steps never came (every peer on
-    // their node: their data moves inside it, where no proxy step reports).
+    // their node, where no proxy step reports; or the plugin's label was
+    // wrong: NCCL fixed the mask earlier, e.g. in a CUDA graph).
     std::vector<int32_t> without_detail, without_steps;
     // Of those, the send handed to the network longest ago and not done:
     // its sender, receiver and since when (-1: none).

@@ -174,8 +174,9 @@ std::string Detector::inside_cause(const GpuSplit& gpu, int32_t n) {
                      "collective";
   return started + ", and no rank's data is held by the network (NCCL's proxy steps; rank" +
          (gpu.without_steps.size() > 1 ? "s " : " ") + join(gpu.without_steps) +
-         " moved theirs inside their node, where no proxy step reports): suspect a GPU, or a link inside a node "
-         "(NVLink, PCIe), inside the collective";
+         " reported no network step of it: every peer on their node, where no proxy step reports, or proxy steps "
+         "off when NCCL scheduled it): suspect a GPU, or a link those steps do not show (inside a node: NVLink, "
+         "PCIe), inside the collective";
 }
 
 bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_activity, uint64_t now_ns) {

@@ -399,16 +399,18 @@ TEST_F(DetectGpuInsideTest, ProxyStepsWithNoSendHeldSuspectAGpu) {
 }
 
 // Ranks 1 and 3 reach their peers inside their node (NVLink): NCCL's proxy
-// steps were on for them too, but none reports. That is no "proxy steps
-// off", and a link inside a node stays a suspect.
-TEST_F(DetectGpuInsideTest, RanksWhoseDataStaysInTheirNodeAreNotTakenForProxyStepsOff) {
+// steps were asked for them too, but none reports. The hang names them and
+// keeps a link the steps do not show a suspect.
+TEST_F(DetectGpuInsideTest, RanksThatReportNoNetworkStepAreNamedAndTheirLinksStaySuspects) {
   const Finding* f = hang_with(all, {0, 2}, {});
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->ranks.size(), 4u);
-  EXPECT_NE(f->summary.find("ranks 1,3 moved theirs inside their node"), std::string::npos) << f->summary;
-  EXPECT_NE(f->summary.find("suspect a GPU, or a link inside a node (NVLink, PCIe)"), std::string::npos)
+  EXPECT_NE(f->summary.find("ranks 1,3 reported no network step of it: every peer on their node"),
+            std::string::npos)
       << f->summary;
-  EXPECT_EQ(f->summary.find("were not on"), std::string::npos) << f->summary;
+  EXPECT_NE(f->summary.find("suspect a GPU, or a link those steps do not show (inside a node: NVLink, PCIe)"),
+            std::string::npos)
+      << f->summary;
 }
 
 // A send handed to the network after the collective stalled is too recent

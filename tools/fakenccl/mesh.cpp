@@ -205,12 +205,10 @@ ExchangeOutcome Mesh::exchange(std::span<const SendSegment> sends, std::span<con
       PeerProgress& p = progress[peer];
       if (p.sending() && !p.posted) {
         p.posted = true;
-        if (withheldBehindDeadLink(peer, dead)) {
-          p.heldUntil = now + std::chrono::hours(24);  // never handed to the network (an abort still ends it)
-        } else {
-          p.heldUntil = now + linkDelay(peer, exchange, dead);
-          if (observer) observer->posted(*p.sends[p.sendIndex]);
-        }
+        const bool withheld = withheldBehindDeadLink(peer, dead);
+        // Withheld: never handed to the network (an abort still ends it).
+        p.heldUntil = now + (withheld ? std::chrono::hours(24) : linkDelay(peer, exchange, dead));
+        if (observer) observer->posted(*p.sends[p.sendIndex], !withheld);
       }
       const bool held = p.sending() && p.heldUntil > now;
       if (held) wakeAt = std::min(wakeAt.value_or(p.heldUntil), p.heldUntil);

@@ -50,7 +50,9 @@ struct SendSegment {
 class SendObserver {
  public:
   virtual ~SendObserver() = default;
-  virtual void posted(const SendSegment& segment) = 0;
+  // `handed`: given to the network (false: it waits for data that never
+  // comes, behind a dead link, and is never done).
+  virtual void posted(const SendSegment& segment, bool handed) = 0;
   virtual void done(const SendSegment& segment) = 0;
 };
 

@@ -221,7 +221,7 @@ void ProfilerComm::kernelStopped(void* kernel) {
 // call's event), one step, its data ready on the GPU (SendGPUWait) and at
 // once handed to the network (SendWait, with its size); both stop when the
 // network is done with it.
-void ProfilerComm::posted(const SendSegment& segment) {
+void ProfilerComm::posted(const SendSegment& segment, bool handed) {
   // The mask as it was when the call was enqueued: NCCL decides then
   // whether a call's proxy work reports events.
   const auto mask = static_cast<uint64_t>(segment.ownerMask);
@@ -249,7 +249,7 @@ void ProfilerComm::posted(const SendSegment& segment) {
     abi::StateArgs args{};
     recordState(proxy.step, abi::kProxyStepSendGpuWait, &args);
     args.proxy_step.trans_size = segment.header.bytes;
-    recordState(proxy.step, abi::kProxyStepSendWait, &args);
+    if (handed) recordState(proxy.step, abi::kProxyStepSendWait, &args);
   }
   proxies_[&segment] = proxy;
 }

@@ -45,7 +45,7 @@ class ProfilerComm final : public SendObserver {
   // NCCL's proxy, sending a segment of a call over the network (mesh.h):
   // one proxy operation of one step per segment, when the plugin asks for
   // them. Only the send side is modelled (the side rankscope reads).
-  void posted(const SendSegment& segment) override;
+  void posted(const SendSegment& segment, bool handed) override;
   void done(const SendSegment& segment) override;
   // An exchange ended early (a mismatch, a lost peer, an abort): the sends
   // it posted stop where they are.
