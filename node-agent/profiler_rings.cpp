@@ -142,7 +142,7 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     if (!enqueue) ++counts_.unmatched;
   }
   if (enqueue) {
-    if (note_comm(ring, r.comm_hash, p.order) && !ring.detail && wants_detail(ring, detail_all_, detail_comms_)) {
+    if (note_comm(ring, r.comm_hash) && !ring.detail && wants_detail(ring, detail_all_, detail_comms_)) {
       ring.detail = true;  // a communicator asked for before this process's first collective of it
       ring.view.header->detail.store(1, std::memory_order_relaxed);
     }
@@ -262,7 +262,8 @@ bool ProfilerRings::wants_detail(const Ring& ring, bool all, const std::vector<u
   return false;
 }
 
-bool ProfilerRings::note_comm(Ring& ring, uint64_t comm, uint64_t order) {
+bool ProfilerRings::note_comm(Ring& ring, uint64_t comm) {
+  const uint64_t order = ++ring.comm_notes;
   auto [it, made] = ring.comms.try_emplace(comm, order);
   it->second = order;
   if (made && ring.comms.size() > kCommsPerRing) {

@@ -160,12 +160,13 @@ class ProfilerRings {
     // enqueue of each; kCommsPerRing at most, the least recent going first
     // (a job that makes a communicator per step).
     std::map<uint64_t, uint64_t> comms;
+    uint64_t comm_notes = 0;  // enqueues noted: the order comms holds
     bool detail = false;       // its plugin is asked for proxy events
   };
   static constexpr size_t kCommsPerRing = 1024;
   bool wants_detail(const Ring& ring, bool all, const std::vector<uint64_t>& comms) const;
   // Notes an enqueue of `comm` in the ring's process; whether it is new.
-  static bool note_comm(Ring& ring, uint64_t comm, uint64_t order);
+  static bool note_comm(Ring& ring, uint64_t comm);
   void read(Ring& ring, const std::function<void(const GpuCollective&)>& out);
   void take(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);
   void take_proxy(Ring& ring, const profiler::Record& r, const std::function<void(const GpuCollective&)>& out);

@@ -156,27 +156,30 @@ Detector::GpuSplit Detector::gpu_split(const CommState& comm) const {
 // What NCCL's proxy steps tell of a collective every rank entered and no
 // stopped process holds, when no GPU and no stopped link can be named.
 std::string Detector::inside_cause(const GpuSplit& gpu, int32_t n) {
-  const std::string started = "every rank's kernels started and none finished";
   if (!gpu.all_started(n)) return "suspect the network or a GPU";
-  if (!gpu.without_detail.empty()) {
-    const bool all = gpu.without_detail.size() == static_cast<size_t>(n);
-    return started + ": suspect the network (a link) or a GPU inside the collective; NCCL's proxy steps were not " +
-           "on when it was enqueued" + (all ? "" : " on rank" + std::string(gpu.without_detail.size() > 1 ? "s " : " ") +
-                                                     join(gpu.without_detail)) +
-           ", so no link can be named";
-  }
+  auto ranks = [](const std::vector<int32_t>& rs) { return "rank" + std::string(rs.size() > 1 ? "s " : " ") + join(rs); };
+  const size_t unseen = gpu.without_detail.size() + gpu.without_steps.size();
+  std::string out = "every rank's kernels started and none finished";
   if (gpu.link_from >= 0)  // held, but not long enough to call the link stopped
-    return started + "; the network has held rank " + std::to_string(gpu.link_from) + "'s data for rank " +
-           std::to_string(gpu.link_to) + " only since " + format_time_ns(gpu.link_since_ns) +
-           " (NCCL's proxy steps): suspect the network or a GPU inside the collective";
-  if (gpu.without_steps.empty())
-    return started + ", and no rank's data is held by the network (NCCL's proxy steps): suspect a GPU inside the "
-                     "collective";
-  return started + ", and no rank's data is held by the network (NCCL's proxy steps; rank" +
-         (gpu.without_steps.size() > 1 ? "s " : " ") + join(gpu.without_steps) +
-         " reported no network step of it: every peer on their node, where no proxy step reports, or proxy steps "
-         "off when NCCL scheduled it): suspect a GPU, or a link those steps do not show (inside a node: NVLink, "
-         "PCIe), inside the collective";
+    out += "; the network has held rank " + std::to_string(gpu.link_from) + "'s data for rank " +
+           std::to_string(gpu.link_to) + " only since " + format_time_ns(gpu.link_since_ns) + " (NCCL's proxy steps)";
+  else if (unseen < static_cast<size_t>(n))
+    out += std::string("; NCCL's proxy steps show no data held by the network") + (unseen ? " on the other ranks" : "");
+  if (!gpu.without_detail.empty())
+    out += "; NCCL's proxy steps were not on when it was enqueued" +
+           (gpu.without_detail.size() == static_cast<size_t>(n) ? std::string(", so no link can be named")
+                                                                 : " on " + ranks(gpu.without_detail) +
+                                                                       ", so no link of theirs can be named");
+  if (!gpu.without_steps.empty())
+    out += "; " + ranks(gpu.without_steps) +
+           " reported no network step of it (every peer on their node, where no proxy step reports, or proxy steps "
+           "off when NCCL scheduled it)";
+  if (gpu.link_from >= 0 || !gpu.without_detail.empty())
+    return out + ": suspect the network (a link) or a GPU inside the collective";
+  if (!gpu.without_steps.empty())
+    return out + ": suspect a GPU, or a link those steps do not show (inside a node: NVLink, PCIe), inside the "
+                 "collective";
+  return out + ": suspect a GPU inside the collective";
 }
 
 bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_activity, uint64_t now_ns) {
@@ -589,6 +592,9 @@ void Detector::raise_stall(Stall& stall, uint64_t now_ns) {
     states += std::to_string(r) + ":" + (health ? health->describe() : "?") + ";";
   }
   states += "behind:" + std::to_string(stall.folded.size());
+  // Every rank inside: what the GPUs and NCCL's proxy steps show can change
+  // with the same ranks named (a first look before every node reported).
+  if (!stall.partial) states += "|" + stall.finding.summary;
   const Finding* open = book_.open_finding(f.key());
   if (open && open->ranks == f.ranks && stall.state->told[f.key()] == states) return;
   stall.state->told[f.key()] = states;

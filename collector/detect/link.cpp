@@ -20,9 +20,11 @@ LinkDetector::LinkDetector(const ClusterModel& model, FindingBook& book, LinkOpt
 void LinkDetector::on_gpu_complete(const GpuComplete& done) {
   const int32_t n = done.comm.nranks;
   int32_t top = -1, seen = 0;
-  uint64_t kernel_ns = 0, ended_ns = 0;
+  // Its end: the earliest rank's (a node whose clock runs ahead, or lies,
+  // cannot make the sample look newer than it is).
+  uint64_t kernel_ns = 0, ended_ns = UINT64_MAX;
   for (int32_t r = 0; r < n; ++r) {
-    ended_ns = std::max(ended_ns, done.kernel_end[r]);
+    if (done.kernel_end[r] != 0) ended_ns = std::min(ended_ns, done.kernel_end[r]);
     if (done.kernel_end[r] > done.kernel_start[r])
       kernel_ns = std::max(kernel_ns, bounded(done.kernel_end[r] - done.kernel_start[r]));
     if (done.link_peer[r] < 0) continue;
@@ -37,7 +39,7 @@ void LinkDetector::on_gpu_complete(const GpuComplete& done) {
   Sample s;
   s.others_ns = others[others.size() / 2];
   s.kernel_ns = kernel_ns;
-  s.ended_ns = ended_ns;
+  s.ended_ns = ended_ns == UINT64_MAX ? 0 : ended_ns;
   const uint64_t wait = bounded(done.link_wait[top]);
   if (wait >= s.others_ns + options_.floor_ns &&
       static_cast<double>(wait) >= options_.ratio * static_cast<double>(s.others_ns)) {

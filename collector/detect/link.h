@@ -53,7 +53,7 @@ class LinkDetector final : public GpuListener {
     uint64_t wait_ns = 0;    // its wait
     uint64_t others_ns = 0;  // the median of the other ranks' longest waits
     uint64_t kernel_ns = 0;  // the collective's longest kernel (its GPU time)
-    uint64_t ended_ns = 0;   // its last kernel's end, cluster clock
+    uint64_t ended_ns = 0;   // its earliest rank's kernel end, cluster clock (0: none)
   };
   struct CommLinks {
     std::deque<Sample> window;

@@ -393,7 +393,7 @@ TEST_F(DetectGpuInsideTest, ProxyStepsWithNoSendHeldSuspectAGpu) {
   const Finding* f = hang_with(all, all, {});
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->ranks.size(), 4u);
-  EXPECT_NE(f->summary.find("no rank's data is held by the network (NCCL's proxy steps): suspect a GPU"),
+  EXPECT_NE(f->summary.find("NCCL's proxy steps show no data held by the network: suspect a GPU inside"),
             std::string::npos)
       << f->summary;
 }
@@ -405,7 +405,8 @@ TEST_F(DetectGpuInsideTest, RanksThatReportNoNetworkStepAreNamedAndTheirLinksSta
   const Finding* f = hang_with(all, {0, 2}, {});
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->ranks.size(), 4u);
-  EXPECT_NE(f->summary.find("ranks 1,3 reported no network step of it: every peer on their node"),
+  EXPECT_NE(f->summary.find("show no data held by the network on the other ranks; ranks 1,3 reported no network "
+                            "step of it (every peer on their node"),
             std::string::npos)
       << f->summary;
   EXPECT_NE(f->summary.find("suspect a GPU, or a link those steps do not show (inside a node: NVLink, PCIe)"),
@@ -422,7 +423,8 @@ TEST_F(DetectGpuInsideTest, ASendHeldOnlyBrieflyIsNotCalledAStoppedLink) {
   EXPECT_NE(f->summary.find("the network has held rank 2's data for rank 1 only since"), std::string::npos)
       << f->summary;
   EXPECT_EQ(f->summary.find("stopped moving"), std::string::npos) << f->summary;
-  EXPECT_EQ(f->summary.find("no rank's data is held"), std::string::npos) << f->summary;
+  EXPECT_EQ(f->summary.find("no data held"), std::string::npos) << f->summary;
+  EXPECT_NE(f->summary.find(": suspect the network (a link) or a GPU"), std::string::npos) << f->summary;
 }
 
 TEST_F(DetectGpuInsideTest, WithoutProxyStepsNoLinkIsNamed) {
@@ -437,9 +439,19 @@ TEST_F(DetectGpuInsideTest, WithoutProxyStepsNoLinkIsNamed) {
 TEST_F(DetectGpuInsideTest, ProxyStepsOffOnSomeRanksAreNamed) {
   const Finding* f = hang_with({0, 1}, {0, 1}, {});
   ASSERT_NE(f, nullptr);
-  EXPECT_NE(f->summary.find("were not on when it was enqueued on ranks 2,3, so no link can be named"),
+  EXPECT_NE(f->summary.find("were not on when it was enqueued on ranks 2,3, so no link of theirs can be named"),
             std::string::npos)
       << f->summary;
+  EXPECT_NE(f->summary.find("show no data held by the network on the other ranks"), std::string::npos) << f->summary;
+}
+
+// A send held briefly on one rank is said beside proxy steps off on others.
+TEST_F(DetectGpuInsideTest, ABriefHoldIsSaidBesideRanksWithProxyStepsOff) {
+  const Finding* f = hang_with({0, 1, 2}, {0, 1, 2}, {{2, {1, options.hang_timeout_ns * 3 / 4}}});
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->summary.find("the network has held rank 2's data for rank 1 only since"), std::string::npos)
+      << f->summary;
+  EXPECT_NE(f->summary.find("were not on when it was enqueued on rank 3,"), std::string::npos) << f->summary;
 }
 
 TEST_F(DetectTest, StoppedProcessInsideTheCollectiveIsTheCulprit) {
