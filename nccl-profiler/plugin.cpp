@@ -264,12 +264,14 @@ void Comm::follow_detail() {
 // The event NCCL handed back as a handle: one of this process's.
 Event* event_of(void* handle) { return static_cast<Event*>(handle); }
 
+// `parent`, or null when its slot holds an event of none of `types`.
+Event* parent_with(uint64_t types, void* parent) {
+  Event* p = event_of(parent);
+  return p && (p->type.load(std::memory_order_relaxed) & types) ? p : nullptr;
+}
 // The parent NCCL gives an event of `type`, or null when its slot holds
 // an event of a type NCCL never gives as that child's parent.
-Event* parent_of(uint64_t type, void* parent) {
-  Event* p = event_of(parent);
-  return p && (p->type.load(std::memory_order_relaxed) & abi::parent_types(type)) ? p : nullptr;
-}
+Event* parent_of(uint64_t type, void* parent) { return parent_with(abi::parent_types(type), parent); }
 
 void fill(Record& r, const Event& e, RecordKind kind) {
   r.comm_hash = e.comm->hash;
@@ -333,8 +335,8 @@ template <typename Table, typename Descriptor>
 void* chained_start(Comm* comm, const Table* table, const Descriptor& d) {
   if (!comm->chained || !(static_cast<uint64_t>(chained_mask()) & abi::started_for(d.type))) return nullptr;
   auto theirs = [](uint64_t parent_types, void* parent) {
-    Event* p = event_of(parent);
-    return p && (p->type.load(std::memory_order_relaxed) & parent_types) ? p->chained : nullptr;
+    Event* p = parent_with(parent_types, parent);
+    return p ? p->chained : nullptr;
   };
   Descriptor copy = d;
   copy.parent = theirs(abi::parent_types(d.type), d.parent);
@@ -445,6 +447,14 @@ Event* record_start(Comm* comm, const Descr& d, bool scheduled_with_detail) {
   return e;
 }
 
+// Passes the stop of the chained plugin's event `handle` on to it.
+void stop_chained(const Comm& comm, void* handle) {
+  if (comm.chained_v5)
+    comm.chained_v5->stop_event(handle);
+  else
+    comm.chained_v4->stop_event(handle);
+}
+
 // `chained_handle`: the chained plugin's handle of this event (null: none).
 void* start(Comm* comm, const Descr& d, void* chained_handle) {
   const bool scheduled_with_detail = process.proxied.load(std::memory_order_relaxed);
@@ -455,10 +465,7 @@ void* start(Comm* comm, const Descr& d, void* chained_handle) {
       const bool under_step = d.type == abi::kProxyStep || d.type == abi::kNetPlugin;
       e = under_step ? comm->take_step() : comm->take();
       if (!e) {  // every slot live: the chained plugin's event ends here (its children get no parent)
-        if (comm->chained_v5)
-          comm->chained_v5->stop_event(chained_handle);
-        else
-          comm->chained_v4->stop_event(chained_handle);
+        stop_chained(*comm, chained_handle);
         return nullptr;
       }
       e->recorded = false;
@@ -472,11 +479,7 @@ void* start(Comm* comm, const Descr& d, void* chained_handle) {
 
 // Passes the event's stop on to the chained plugin.
 void chained_stop(const Event& e) {
-  if (!e.chained) return;
-  if (e.comm->chained_v5)
-    e.comm->chained_v5->stop_event(e.chained);
-  else
-    e.comm->chained_v4->stop_event(e.chained);
+  if (e.chained) stop_chained(*e.comm, e.chained);
 }
 
 abi::Result stop(void* handle) {
