@@ -213,6 +213,9 @@ struct Comm {
   const abi::ProfilerV4* chained_v4 = nullptr;
   std::atomic<uint32_t> next{0};
   std::atomic<uint32_t> next_step{0};
+  // Sends and Recvs numbered from 1 (NCCL gives them no seqNumber), so that
+  // the agent tells one's kernels from another's; [0] Sends, [1] Recvs.
+  std::atomic<uint64_t> p2p_seq[2] = {0, 0};
   std::unique_ptr<Event[]> events = std::make_unique<Event[]>(kEventsPerComm);
   std::unique_ptr<Event[]> steps = std::make_unique<Event[]>(kStepsPerComm);
 
@@ -387,7 +390,7 @@ Event* record_start(Comm* comm, const Descr& d, bool scheduled_with_detail) {
     case abi::kP2p: {
       if (!(e = take_recorded(comm, false))) return nullptr;
       e->op = proto::op_from_name(d.p2p->func ? d.p2p->func : "");
-      e->seq_number = 0;
+      e->seq_number = comm->p2p_seq[e->op == RS_OP_SEND ? 0 : 1].fetch_add(1, std::memory_order_relaxed) + 1;
       e->peer = d.p2p->peer;
       e->channel = d.p2p->n_channels;
       e->stop_kind = RecordKind::p2p_stop;

@@ -17,6 +17,7 @@ using profiler::RecordKind;
 bool is_collective(uint8_t op) {
   return op != 0 && op != RS_OP_SEND && op != RS_OP_RECV;
 }
+bool is_p2p(uint8_t op) { return op == RS_OP_SEND || op == RS_OP_RECV; }
 }  // namespace
 
 ProfilerRings::ProfilerRings(std::string proc_root) : proc_root_(std::move(proc_root)) {}
@@ -120,14 +121,20 @@ void ProfilerRings::Pending::add_link_wait(int32_t peer, uint8_t channel, uint64
 }
 
 void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(const GpuCollective&)>& out) {
-  if (!is_collective(r.op)) return;  // point-to-point records: not read yet
+  const bool p2p = is_p2p(r.op);
+  if (!is_collective(r.op) && !p2p) return;
   if (r.kind >= RecordKind::proxy_op_start && r.kind <= RecordKind::proxy_step_stop) {
-    take_proxy(ring, r, out);
+    if (!p2p) take_proxy(ring, r, out);  // a Send's or Recv's proxy work: not read
     return;
   }
-  const bool enqueue = r.kind == RecordKind::coll_start;
+  const bool enqueue = r.kind == (p2p ? RecordKind::p2p_start : RecordKind::coll_start);
   const bool kernel = r.kind == RecordKind::kernel_start || r.kind == RecordKind::kernel_stop;
   if (!enqueue && !kernel) return;
+  // A Send's or Recv's kernels are sent too, for their ends: the collector
+  // judges a kernel from the end of the one ahead of it on its stream, and a
+  // Recv that waited for a slow stage's data holds up what follows it. The
+  // plugin numbers them from 1 per communicator and op (NCCL does not).
+  if (p2p && r.seq_number == 0) return;
   Key key{r.comm_hash, r.op, r.seq_number};
   auto [it, made] = ring.pending.try_emplace(key);
   Pending& p = it->second;
@@ -138,18 +145,19 @@ void ProfilerRings::take(Ring& ring, const Record& r, const std::function<void(c
     p.c.op = r.op;
     p.c.seq_number = r.seq_number;
     p.order = ring.next_order++;
+    p.p2p = p2p;
     ring.by_order.emplace(p.order, key);
     if (!enqueue) ++counts_.unmatched;
   }
   if (enqueue) {
-    if (note_comm(ring, r.comm_hash) && !ring.detail && wants_detail(ring, detail_all_, detail_comms_)) {
+    if (!p2p && note_comm(ring, r.comm_hash) && !ring.detail && wants_detail(ring, detail_all_, detail_comms_)) {
       ring.detail = true;  // a communicator asked for before this process's first collective of it
       ring.view.header->detail.store(1, std::memory_order_relaxed);
     }
     p.c.enqueued_ns = r.host_ns;
     p.c.count = r.bytes;
     p.channels = r.channel;
-    p.detail = (r.state & profiler::kCollDetail) != 0;
+    p.detail = !p2p && (r.state & profiler::kCollDetail) != 0;
   } else if (r.kind == RecordKind::kernel_start) {
     ++p.channels_started;
     p.gpu_start = std::min(p.gpu_start, r.gpu_ns);
@@ -230,6 +238,13 @@ void ProfilerRings::finish_if_done(Ring& ring, std::map<Key, Pending>::iterator 
                                    const std::function<void(const GpuCollective&)>& out) {
   if (it->second.proxy_open > 0) return;  // its data is still moving: its link waits are not all known
   const auto [comm, op, seq] = it->first;
+  if (it->second.p2p) {
+    // Sends and Recvs to different peers finish in any order.
+    ring.by_order.erase(it->second.order);
+    send(ring, it->second, out);
+    ring.pending.erase(it);
+    return;
+  }
   // A stream runs its collectives in order: those of this communicator and
   // op still pending before it are sent if their kernels stopped (their
   // proxy work lost a record), else they lost one (a full ring).
@@ -306,6 +321,7 @@ std::vector<GpuOpenCollective> ProfilerRings::open() const {
     const Key* last = nullptr;
     for (const auto& [key, p] : ring->pending) {
       if (p.c.enqueued_ns == 0 || p.kernels_done()) continue;  // its enqueue was not seen, or only its proxy work goes on
+      if (p.p2p) continue;  // a Send or Recv: the hangs judge collectives
       if (last && std::get<0>(*last) == std::get<0>(key) && std::get<1>(*last) == std::get<1>(key)) continue;
       last = &key;
       GpuOpenCollective o;

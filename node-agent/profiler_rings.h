@@ -75,7 +75,7 @@ struct ProfilerRingCounts {
   uint64_t refused = 0;       // rings found but not taken (another layout, another process)
   uint64_t records = 0;       // records read
   uint64_t plugin_dropped = 0;  // records the plugins could not write (nobody read yet, or a full ring)
-  uint64_t unmatched = 0;     // kernel records whose collective was not seen
+  uint64_t unmatched = 0;     // kernel records whose collective (or Send or Recv) was not seen
 };
 
 class ProfilerRings {
@@ -118,6 +118,7 @@ class ProfilerRings {
     uint32_t proxy_open = 0;  // its proxy operations started and not stopped: it is sent once they are
     bool proxy_seen = false;  // a proxy record of it came
     bool detail = false;      // NCCL reports its proxy work (its enqueue record says)
+    bool p2p = false;         // a Send or Recv (numbered by the plugin: NCCL gives them no seqNumber)
     // This rank's sends, by peer and channel: a channel's steps are posted
     // and done in order, so overlapping ones are merged as they come. A
     // link's wait is its channel that waited longest (channels move their

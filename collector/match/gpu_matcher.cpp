@@ -5,7 +5,8 @@
 namespace rankscope::collector {
 
 void GpuMatcher::on_gpu(const CommState& comm, int32_t rank, uint8_t op, const proto::GpuRecord& record) {
-  if (comm.nranks < 2 || rank < 0 || rank >= comm.nranks) return;
+  // A Send's or Recv's kernel (its end is the detector's) is no instance of every rank.
+  if (comm.nranks < 2 || rank < 0 || rank >= comm.nranks || !proto::op_is_collective(op)) return;
   Instances& open = comms_[comm.hash];
   auto [slot, made] = open.try_emplace(record.seq << 8 | op);
   Open& instance = slot->second;

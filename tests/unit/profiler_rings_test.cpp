@@ -56,7 +56,7 @@ class FakeRing {
   }
   // As the plugin writes one record.
   bool write(RecordKind kind, uint64_t seq, uint64_t host_ns, uint64_t gpu_ns, uint8_t channel = 0,
-             uint8_t state = 0) {
+             uint8_t state = 0, uint8_t op = RS_OP_ALLREDUCE) {
     Record r;
     r.comm_hash = kComm;
     r.seq_number = seq;
@@ -67,7 +67,7 @@ class FakeRing {
     r.peer = -1;
     r.event = 0;
     r.kind = kind;
-    r.op = RS_OP_ALLREDUCE;
+    r.op = op;
     r.channel = channel;
     r.state = state;
     return profiler::ring_write(view, r);
@@ -140,6 +140,42 @@ TEST(ProfilerRings, ACollectiveIsReportedOnceEveryChannelsKernelStoppedOnTheHost
   EXPECT_EQ(rings.counts().records, 6u);
   EXPECT_EQ(rings.counts().plugin_dropped, 0u) << "the drop before attaching was before the agent's time";
   EXPECT_EQ(rings.counts().unmatched, 0u);
+}
+
+// Sends and Recvs (numbered by the plugin per op: NCCL gives them no
+// seqNumber) are reported too, for their kernels' ends, each once its
+// kernels stopped, in whatever order they finish (to different peers they
+// do not finish in order); they are not where a GPU is stuck for the hangs,
+// and one without the plugin's number (an older plugin) is not read.
+TEST(ProfilerRings, SendsAndRecvsAreReportedForTheirKernelsEndsInAnyOrder) {
+  testing::TempDir proc;
+  FakeRing ring(proc, kPid, kStart);
+  ProfilerRings rings(proc.path());
+  ASSERT_TRUE(rings.attach(kPid, kStart));
+  ASSERT_TRUE(ring.write(RecordKind::p2p_start, 1, 1'000, 0, 1, 0, RS_OP_SEND));
+  ASSERT_TRUE(ring.write(RecordKind::p2p_start, 2, 1'100, 0, 1, 0, RS_OP_SEND));
+  ASSERT_TRUE(ring.write(RecordKind::p2p_start, 1, 1'200, 0, 1, 0, RS_OP_RECV));
+  ASSERT_TRUE(ring.write(RecordKind::p2p_start, 0, 1'300, 0, 1, 0, RS_OP_RECV));  // no number: not read
+  for (auto [op, seq] : {std::pair{RS_OP_SEND, 1}, {RS_OP_SEND, 2}, {RS_OP_RECV, 1}})
+    ASSERT_TRUE(ring.write(RecordKind::kernel_start, seq, 5'000, 1'000, 0, 0, op));
+  std::vector<GpuCollective> got;
+  auto keep = [&](const GpuCollective& c) { got.push_back(c); };
+  rings.drain(keep);
+  EXPECT_TRUE(got.empty());
+  EXPECT_TRUE(rings.open().empty()) << "Sends and Recvs are not collectives a GPU is stuck in";
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 2, 6'000, 2'000, 0, 0, RS_OP_SEND));  // #2 before #1
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 1, 9'000, 5'000, 0, 0, RS_OP_RECV));
+  ASSERT_TRUE(ring.write(RecordKind::kernel_stop, 1, 7'000, 3'000, 0, 0, RS_OP_SEND));
+  rings.drain(keep);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].op, RS_OP_SEND);
+  EXPECT_EQ(got[0].seq_number, 2u);
+  EXPECT_EQ(got[0].kernel_end_ns, 6'000u);
+  EXPECT_EQ(got[1].op, RS_OP_RECV);
+  EXPECT_EQ(got[1].kernel_end_ns, 9'000u) << "a Recv that waited for its data ends late";
+  EXPECT_EQ(got[2].op, RS_OP_SEND);
+  EXPECT_EQ(got[2].seq_number, 1u) << "not dropped for finishing after #2";
+  EXPECT_EQ(got[2].enqueued_ns, 1'000u);
 }
 
 TEST(ProfilerRings, ARingOfAnotherProcessOrLayoutIsNotRead) {
