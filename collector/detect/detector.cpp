@@ -81,6 +81,21 @@ void Detector::ProcHistory::add_issue(uint64_t issue) {
     issues.pop_front();
 }
 
+void Detector::ProcHistory::add_gpu_end(uint64_t end) {
+  // Communicators' instances complete out of GPU order: keep time order.
+  auto at = gpu_ends.end();
+  while (at != gpu_ends.begin() && *(at - 1) > end) --at;
+  gpu_ends.insert(at, end);
+  while (gpu_ends.size() > kProcExchanges ||
+         (gpu_ends.front() + kProcHistoryNs < gpu_ends.back() && gpu_ends.size() > 1))
+    gpu_ends.pop_front();
+}
+
+uint64_t Detector::ProcHistory::gpu_end_before(uint64_t start) const {
+  auto after = std::upper_bound(gpu_ends.begin(), gpu_ends.end(), start);
+  return after == gpu_ends.begin() ? 0 : *(after - 1);
+}
+
 std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_before(uint64_t t) const {
   // The latest release over the exchanges before t (the calls of one group,
   // a Send/Recv to each pipeline neighbour, are all waited for). If the
@@ -144,6 +159,15 @@ void Detector::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns,
   if (p != procs_.end() && end_ns >= start_ns) p->second.add_wait(start_ns, end_ns);
 }
 
+void Detector::on_gpu(const CommState& comm, int32_t rank, uint8_t, const proto::GpuRecord& record) {
+  // Each kernel's end as its record comes, of any op (a Recv's kernel that
+  // waited for a slow stage's data holds up the collective behind it as a
+  // collective's does), for the next kernels of its process on this
+  // communicator or another (score_gpu_front).
+  if (record.kernel_end_ns == 0) return;
+  if (ProcHistory* p = proc_of(comm, comms_[comm.hash], rank)) p->add_gpu_end(record.kernel_end_ns);
+}
+
 void Detector::on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {
   CommDetect& state = comms_[comm.hash];
   ProcHistory* p = proc_of(comm, state, rank);
@@ -177,7 +201,7 @@ void Detector::on_complete(const CollectiveComplete& done) {
     lateness_samples_.push_back(static_cast<double>(static_cast<int64_t>(done.issue[last]) - median(others)) / 1e9);
   }
   if (!state.margin) refresh_margins(comm, state);  // its first instance before its first evaluation
-  state.done.push_back(Completed{done.issue, done.issue[last], state.margin, {}, {}});
+  state.done.push_back(Completed{done.issue, done.issue[last], state.margin, {}});
   if (!model_.gaps.empty()) note_gaps(comm, state.done.back());
   // A job completing thousands of collectives a second (FSDP's per-layer
   // calls) fills the settling queue within settle_ns: past its budget the
@@ -198,7 +222,7 @@ void Detector::on_gpu_complete(const GpuComplete& done) {
   if (!state.gpu_waits) state.gpu_waits = std::make_unique<WaitAttribution>(comm.nranks, options_.straggler);
   if (!state.margin) refresh_margins(comm, state);
   const uint64_t last = *std::max_element(done.kernel_start.begin(), done.kernel_start.end());
-  state.gpu_done.push_back(Completed{done.kernel_start, last, state.margin, {}, done.kernel_end});
+  state.gpu_done.push_back(Completed{done.kernel_start, last, state.margin, {}});
   const size_t cap = std::max<size_t>(kMinSettling, kSettlingBytes / (sizeof(Completed) + sizeof(uint64_t) * n));
   while (state.gpu_done.size() > cap) score_gpu_front(state);
 }

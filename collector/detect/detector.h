@@ -64,6 +64,8 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   // for had its data (ProcHistory).
   void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
   void on_gpu_complete(const GpuComplete& done) override;
+  // The GPU side of a member's call, as the ingest applies it: its kernel's end.
+  void on_gpu(const CommState& comm, int32_t rank, uint8_t op, const proto::GpuRecord& record) override;
   // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
   // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
@@ -109,6 +111,14 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     std::deque<std::pair<uint64_t, uint64_t>> waits;
     void add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data);
     void add_issue(uint64_t issue);
+    // The ends of its kernels of every communicator, in time order: a
+    // kernel cannot start before the one queued ahead of it on its stream
+    // ended, whichever communicator that one belongs to (a tensor-parallel
+    // collective held up by a slow partner holds up the data-parallel one
+    // behind it). The latest end at or before `start` (0: none kept).
+    std::deque<uint64_t> gpu_ends;
+    void add_gpu_end(uint64_t end);
+    uint64_t gpu_end_before(uint64_t start) const;
     void add_wait(uint64_t start, uint64_t end);
     // Its latest call of an exchange (by issue time): where it is now, if
     // that exchange has not completed.
@@ -141,7 +151,6 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     // and without them its release is an older one and its own time a step
     // too long. Scored once those batches came, or kBatchGapWaitNs passed.
     std::vector<std::pair<const NodeState*, uint64_t>> gaps;
-    std::vector<uint64_t> end;  // the GPU side: by rank, when its kernels of it ended (empty on the host side)
   };
   struct CommDetect {
     std::deque<Completed> done;              // complete, not yet scored (settling)
@@ -151,13 +160,6 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     // waiting of the ranks' kernels attributed alike; null until GPU times come.
     std::deque<Completed> gpu_done;
     std::unique_ptr<WaitAttribution> gpu_waits;
-    // By rank, the ends of its kernels of the last instances scored (0: none
-    // yet): the latest one before a start is when its GPU was free to go on.
-    // Instances are scored as they complete, not in GPU order (another op's
-    // may complete first): a few are kept.
-    static constexpr size_t kGpuEnds = 8;
-    std::vector<std::array<uint64_t, kGpuEnds>> gpu_ends;
-    size_t gpu_ends_next = 0;
     // By rank: the clocks' uncertainty against the others, as of the last
     // evaluation. Records are put on the cluster clock as they arrive, with
     // the clocks as then known: an instance keeps the margins of when it

@@ -59,24 +59,26 @@ void Detector::note_gaps(const CommState& comm, Completed& c) const {
 
 void Detector::score_gpu_front(CommDetect& state) {
   // Blame on the GPU side is judged, as on the host's, on each rank's own
-  // time: from when its GPU was free to go on (its kernels of the
-  // communicator's previous collective ended) to its kernels' start. A
+  // time: from when its GPU was free to go on to its kernels' start. That
+  // is the end of its process's latest kernel before the start, of any op
+  // and communicator: the kernel queued ahead of it on its stream. A
   // collective's kernels end when their last data came: the rank that
   // receives last (downstream of a slow link, or of a late peer in a ring)
-  // ends last, and its next kernel starts late for that alone; it is not to
-  // blame. Where a rank's previous end is not known (none kept before this
-  // start), plain starts are judged. A kernel waits inside its collective
-  // for the others: its stream, and its next kernel, are held back with it;
-  // no lateness is carried.
+  // ends last, and its next kernels start late for that alone, on this
+  // communicator and on the others its process uses next (a data-parallel
+  // collective behind a tensor-parallel one held up by a slow partner, or
+  // behind a Recv that waited for a slow pipeline stage's data); it is not
+  // to blame. Where a rank's previous end is not known, plain starts are
+  // judged. A kernel waits inside its collective for the others: its
+  // stream, and its next kernel, are held back with it; no lateness is
+  // carried.
   const Completed& c = state.gpu_done.front();
   const size_t n = c.issue.size();
   if (state.gpu_waits && c.margin && state.margin && c.margin->size() == n && state.margin->size() == n) {
     std::vector<int64_t> v(c.issue.begin(), c.issue.end());
-    bool durations = state.gpu_ends.size() == n;
+    bool durations = state.procs.size() == n;
     for (size_t r = 0; r < n && durations; ++r) {
-      uint64_t free = 0;
-      for (uint64_t end : state.gpu_ends[r])
-        if (end <= c.issue[r]) free = std::max(free, end);
+      uint64_t free = state.procs[r] ? state.procs[r]->gpu_end_before(c.issue[r]) : 0;
       if (free == 0) durations = false;
       else v[r] = static_cast<int64_t>(c.issue[r] - free);
     }
@@ -84,11 +86,6 @@ void Detector::score_gpu_front(CommDetect& state) {
     state.scratch.resize(n);
     for (size_t r = 0; r < n; ++r) state.scratch[r] = std::max((*c.margin)[r], (*state.margin)[r]);
     state.gpu_waits->add(v, c.issue, state.scratch, c.last_ns, false);
-  }
-  if (c.end.size() == n) {
-    state.gpu_ends.resize(n, {});
-    for (size_t r = 0; r < n; ++r) state.gpu_ends[r][state.gpu_ends_next] = c.end[r];
-    state.gpu_ends_next = (state.gpu_ends_next + 1) % CommDetect::kGpuEnds;
   }
   state.gpu_done.pop_front();
 }
@@ -204,12 +201,17 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     std::string key = key_probe.key();
     const Finding* open = is_open ? book_.open_finding(key) : nullptr;
     bool refresh = !open || now_ns - open->updated_ns >= kStragglerUpdateNs;
-    bool unexplained = host && open && open->detail.find("\nWhy: ") == std::string::npos;
+    // Late on the GPU side, its host's CPU is told too: NCCL's proxy
+    // thread, which moves the data between nodes, runs there, so a host
+    // starved or throttled (a CPU quota) delays its GPU's collectives
+    // although it issued them on time.
+    const std::string label = host ? "\nWhy: " : "\nOn its host: ";
+    bool unexplained = open && open->detail.find(label) == std::string::npos;
     if (!refresh && !unexplained) continue;
-    std::string context = host ? host_context(comm, r) : "";
+    std::string context = host_context(comm, r);
     if (!refresh && context.empty()) continue;
     Finding f = straggler_finding(comm, state, r, st, host ? nullptr : gpu);
-    if (!context.empty()) f.detail += "\nWhy: " + context + ".";
+    if (!context.empty()) f.detail += label + context + ".";
     book_.raise(std::move(f), now_ns);
     state.waits->set_open(r, true);
     if (state.gpu_waits) state.gpu_waits->set_open(r, true);

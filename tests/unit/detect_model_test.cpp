@@ -58,9 +58,14 @@ class DetectFromMatcherTest : public ::testing::Test {
     for (int32_t r = 0; r < nranks; ++r) last = std::max(last, t + static_cast<uint64_t>(start(r)));
     for (int32_t r = 0; r < nranks; ++r) {
       const uint64_t begin = t + static_cast<uint64_t>(start(r));
-      gpu_matcher.on_gpu(comm, r, RS_OP_ALLREDUCE,
-                         proto::GpuRecord{seq, 1024, t, begin, last + 2 * kMs + static_cast<uint64_t>(end(r))});
+      gpu(comm, r, proto::GpuRecord{seq, 1024, t, begin, last + 2 * kMs + static_cast<uint64_t>(end(r))});
     }
+  }
+
+  // A member's GPU record, to its observers in the ingest's order: the GPU matcher, then the detector.
+  void gpu(const CommState& comm, int32_t rank, const proto::GpuRecord& record) {
+    gpu_matcher.on_gpu(comm, rank, RS_OP_ALLREDUCE, record);
+    detector->on_gpu(comm, rank, RS_OP_ALLREDUCE, record);
   }
 
   void evaluate_at(uint64_t t) {
@@ -189,6 +194,74 @@ TEST_F(DetectFromMatcherTest, ARankWhoseKernelsStartLateOnlyBecauseItsLastOnesEn
   }
   for (int i = 0; i < 3; ++i) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns + i * kMs);
   EXPECT_TRUE(open(FindingKind::straggler).empty()) << open(FindingKind::straggler)[0]->summary;
+}
+
+// Tensor and data parallelism on one stream per process (tp-dp): four
+// processes, two per node; each step a TP collective inside each node, then
+// a DP one across them. Process 3's GPU starts its kernels late. Its TP
+// partner's kernels end late with its own, so that partner's next DP kernel,
+// queued behind them, starts late on another communicator: it is free to go
+// on only then, and is not to blame. Process 3 alone is named.
+TEST_F(DetectFromMatcherTest, AKernelHeldBehindAnotherCommunicatorsLateOneIsNotAStraggler) {
+  start(4);  // the nodes, their clocks and the four processes; the communicators are made here
+  model.comms.clear();
+  // {node, pid} of the four processes; each communicator's rank r is its r-th process.
+  const std::vector<std::pair<std::string, uint32_t>> procs = {{"node-0", 100}, {"node-0", 101}, {"node-1", 102},
+                                                               {"node-1", 103}};
+  const std::vector<std::pair<uint64_t, std::vector<int>>> comms = {
+      {0x7a00, {0, 1}}, {0x7b00, {2, 3}},   // TP, inside each node
+      {0xda00, {0, 2}}, {0xdb00, {1, 3}}};  // DP, across the nodes
+  for (const auto& [hash, members] : comms) {
+    CommState& comm = testing::add_comm(model, hash, 2, "job-1");
+    for (int32_t r = 0; r < 2; ++r) {
+      MemberState& m = comm.members.at(r);
+      std::tie(m.node, m.pid) = procs[members[r]];
+    }
+  }
+  constexpr int kVictim = 3;
+  const uint64_t t0 = clock.now;
+  uint64_t seq = 0;
+  int64_t late = 0;  // how late the victim's GPU starts its TP kernels
+  auto step = [&] {
+    const uint64_t t = t0 + seq * 20 * kMs;
+    auto jitter = [&](int p) { return static_cast<uint64_t>((p * 37 + seq * 11) % 300) * 1000; };
+    std::vector<uint64_t> tp_end(4);
+    for (int phase = 0; phase < 2; ++phase)
+      for (int c = 2 * phase; c < 2 * phase + 2; ++c) {
+        const auto& [hash, members] = comms[c];
+        CommState& comm = model.comms.at(hash);
+        // Issued on time (TP at t, DP 1 ms later); a TP kernel starts 1 ms
+        // after its issue (the victim's later), a DP one 100 us after its
+        // process's TP kernel ended.
+        std::vector<uint64_t> begin(2);
+        for (int32_t r = 0; r < 2; ++r) {
+          const int p = members[r];
+          const uint64_t issue = t + jitter(p) + (phase ? kMs : 0);
+          matcher.on_record(comm, r, 0, testing::allreduce(comm.members.at(r), seq, issue));
+          begin[r] = phase ? tp_end[p] + 100'000 : issue + kMs + (p == kVictim ? static_cast<uint64_t>(late) : 0);
+        }
+        const uint64_t end = std::max(begin[0], begin[1]) + 2 * kMs;
+        for (int32_t r = 0; r < 2; ++r) {
+          if (!phase) tp_end[members[r]] = end;
+          gpu(comm, r, proto::GpuRecord{seq, 1024, t, begin[r], end});
+        }
+      }
+    ++seq;
+  };
+  const uint64_t window_steps = options.straggler.window_ns * 6 / 5 / (20 * kMs);
+  for (uint64_t i = 0; i < window_steps; ++i) step();
+  late = 8 * static_cast<int64_t>(kMs);
+  for (uint64_t i = 0; i < 2 * window_steps; ++i) {
+    step();
+    if (i % 25 == 0) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns);
+  }
+  for (int i = 0; i < 3; ++i) evaluate_at(t0 + seq * 20 * kMs + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_FALSE(stragglers.empty()) << "the victim's late GPU is not found";
+  for (const Finding* f : stragglers) {
+    EXPECT_NE(f->detail.find("(pid 103)"), std::string::npos) << f->summary;
+    EXPECT_NE(f->summary.find("(GPU side)"), std::string::npos) << f->summary;
+  }
 }
 
 TEST_F(DetectFromMatcherTest, ARankThatNeverEntersACollectiveIsNamedInAHangAfterTheTimeout) {
