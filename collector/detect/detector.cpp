@@ -13,6 +13,10 @@ constexpr size_t kMaxLatenessSamples = 65536;
 // Exchanges remembered per process: those of the last few seconds (scoring
 // looks back settle_ns plus one evaluation), at most this many.
 constexpr size_t kProcExchanges = 1024;
+// Kernel ends kept per process: those of the last kProcHistoryNs, as many
+// as a process that runs thousands of kernels a second (FSDP's per-layer
+// calls) ends while its instances settle and wait to be scored.
+constexpr size_t kProcGpuEnds = 16384;
 constexpr uint64_t kProcHistoryNs = kBatchGapWaitNs + 2'000'000'000ull;  // ... or waits for a missing batch
 // A host wait on the GPU that began within this of an exchange's release
 // waited for it (a synchronize right after a Recv, or at a step's end after
@@ -82,16 +86,17 @@ void Detector::ProcHistory::add_issue(uint64_t issue) {
 }
 
 void Detector::ProcHistory::add_gpu_end(uint64_t end) {
-  // Communicators' instances complete out of GPU order: keep time order.
-  auto at = gpu_ends.end();
-  while (at != gpu_ends.begin() && *(at - 1) > end) --at;
-  gpu_ends.insert(at, end);
-  while (gpu_ends.size() > kProcExchanges ||
+  // A batch's blocks (one per communicator and op) each span the batch:
+  // keep time order.
+  if (gpu_ends.size() >= kProcGpuEnds && end < gpu_ends.front()) return;
+  gpu_ends.insert(std::upper_bound(gpu_ends.begin(), gpu_ends.end(), end), end);
+  while (gpu_ends.size() > kProcGpuEnds ||
          (gpu_ends.front() + kProcHistoryNs < gpu_ends.back() && gpu_ends.size() > 1))
     gpu_ends.pop_front();
 }
 
 uint64_t Detector::ProcHistory::gpu_end_before(uint64_t start) const {
+  if (several_gpus) return 0;  // whose stream an end is of is not known: plain starts
   auto after = std::upper_bound(gpu_ends.begin(), gpu_ends.end(), start);
   return after == gpu_ends.begin() ? 0 : *(after - 1);
 }
@@ -124,12 +129,18 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
 }
 
 Detector::ProcHistory* Detector::proc_of(const CommState& comm, CommDetect& state, int32_t rank) {
+  // A split child not yet sized (or given up on) has members and no size.
+  if (comm.nranks <= 0 || rank < 0 || rank >= comm.nranks) return nullptr;
   if (state.procs.size() != static_cast<size_t>(comm.nranks)) state.procs.assign(comm.nranks, nullptr);
   ProcHistory*& p = state.procs[rank];
   if (!p) {
     auto m = comm.members.find(rank);
     if (m == comm.members.end()) return nullptr;
     p = &procs_[{m->second.node, m->second.pid}];
+    // A process that holds two ranks of one communicator drives two GPUs
+    // (ncclCommInitAll): its kernels' ends are of several streams.
+    if (p->first_comm == 0) p->first_comm = comm.hash, p->first_rank = rank;
+    else if (p->first_comm == comm.hash && p->first_rank != rank) p->several_gpus = true;
   }
   return p;
 }
@@ -164,7 +175,7 @@ void Detector::on_gpu(const CommState& comm, int32_t rank, uint8_t, const proto:
   // waited for a slow stage's data holds up the collective behind it as a
   // collective's does), for the next kernels of its process on this
   // communicator or another (score_gpu_front).
-  if (record.kernel_end_ns == 0) return;
+  if (record.kernel_end_ns == 0 || !model_.live(comm.hash)) return;
   if (ProcHistory* p = proc_of(comm, comms_[comm.hash], rank)) p->add_gpu_end(record.kernel_end_ns);
 }
 

@@ -119,6 +119,11 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     std::deque<uint64_t> gpu_ends;
     void add_gpu_end(uint64_t end);
     uint64_t gpu_end_before(uint64_t start) const;
+    // The first communicator and rank it was seen as; a second rank of
+    // that communicator: it drives several GPUs, and its ends are not used.
+    uint64_t first_comm = 0;
+    int32_t first_rank = -1;
+    bool several_gpus = false;
     void add_wait(uint64_t start, uint64_t end);
     // Its latest call of an exchange (by issue time): where it is now, if
     // that exchange has not completed.

@@ -264,6 +264,19 @@ TEST_F(DetectFromMatcherTest, AKernelHeldBehindAnotherCommunicatorsLateOneIsNotA
   }
 }
 
+// A split child waits to be sized (nranks -1) while its members' records
+// come, GPU records included (a sized child's come later): the detector
+// takes nothing of it, and does not fall over.
+TEST_F(DetectFromMatcherTest, AGpuRecordOfASplitChildNotYetSizedIsTakenForNothing) {
+  start(4);
+  CommState& child = testing::add_comm(model, 0xc41d0000c41d0000ull, 2, "job-1");
+  child.nranks = -1;
+  detector->on_gpu(child, 1, RS_OP_ALLREDUCE, proto::GpuRecord{1, 1024, clock.now, clock.now + kMs, clock.now + 2 * kMs});
+  detector->on_gpu(child, 7, RS_OP_ALLREDUCE, proto::GpuRecord{1, 1024, clock.now, clock.now + kMs, clock.now + 2 * kMs});
+  evaluate_at(clock.now + kSecond);
+  EXPECT_TRUE(book.open().empty());
+}
+
 TEST_F(DetectFromMatcherTest, ARankThatNeverEntersACollectiveIsNamedInAHangAfterTheTimeout) {
   start(4);
   const uint64_t t0 = clock.now;
