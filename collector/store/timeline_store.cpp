@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 
 #include "collector/store/bytes.h"
 
@@ -27,7 +28,7 @@ Error storage_error(const char* what, const rocksdb::Status& status) {
   return make_error(Errc::storage, std::string(what) + ": " + status.ToString());
 }
 
-// Drops the records issued before the cut-off as RocksDB compacts
+// Drops the blocks of records issued before the cut-off as RocksDB compacts
 // (rocksdb/compaction_filter.h): retention without a scan of the keys, which
 // are ordered by communicator and sequence, not by time.
 class RetentionFilter final : public rocksdb::CompactionFilter {
@@ -36,8 +37,9 @@ class RetentionFilter final : public rocksdb::CompactionFilter {
   bool Filter(int, const rocksdb::Slice&, const rocksdb::Slice& value, std::string*, bool*) const override {
     uint64_t cutoff = cutoff_->load(std::memory_order_relaxed);
     if (cutoff == 0) return false;
-    auto issue = record_issue_ns(std::string_view(value.data(), value.size()));
-    return issue && *issue < cutoff;
+    // A block goes once all its records are before the cut-off (reads leave out those of a block that stays).
+    auto latest = stored_latest_issue_ns(std::string_view(value.data(), value.size()));
+    return latest && *latest < cutoff;
   }
   const char* Name() const override { return "rankscope.RetentionFilter"; }
 
@@ -146,8 +148,27 @@ Result<void> TimelineStore::commit(WriteSet& writes) {
     failed_ = false;
   }
   rocksdb::WriteBatch batch;
-  std::sort(writes.records_.begin(), writes.records_.end());
-  for (const auto& [key, value] : writes.records_) batch.Put(rocks_->records(), key, value);
+  // Each timeline's records in sequence order (a record put twice: the later
+  // one), cut into blocks, in key order.
+  auto& records = writes.records_;
+  std::stable_sort(records.begin(), records.end(), [](const StoredRecord& a, const StoredRecord& b) {
+    return std::tie(a.key.comm, a.key.lane, a.key.rank, a.key.seq) <
+           std::tie(b.key.comm, b.key.lane, b.key.rank, b.key.seq);
+  });
+  auto same_timeline = [](const RecordKey& a, const RecordKey& b) {
+    return a.comm == b.comm && a.lane == b.lane && a.rank == b.rank;
+  };
+  std::vector<StoredRecord> run;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const bool duplicate = i + 1 < records.size() && same_timeline(records[i].key, records[i + 1].key) &&
+                           records[i].key.seq == records[i + 1].key.seq;
+    if (!duplicate) run.push_back(records[i]);
+    const bool run_ends = i + 1 == records.size() || !same_timeline(records[i].key, records[i + 1].key);
+    if (run.size() == kMaxBlockRecords || (run_ends && !run.empty())) {
+      batch.Put(rocks_->records(), encode_record_key(run.back().key), encode_block(run.data(), run.size()));
+      run.clear();
+    }
+  }
   for (const auto& write : writes.writes_) {
     if (write.erase)
       batch.Delete(rocks_->family(write.family), write.key);
@@ -163,7 +184,6 @@ Result<void> TimelineStore::commit(WriteSet& writes) {
     return storage_error("writing to RocksDB", status);
   }
   writes.records_.clear();
-  writes.records_bytes_ = 0;
   writes.writes_.clear();
   writes.writes_bytes_ = 0;
   if (!writes.times_.empty()) {
@@ -212,9 +232,14 @@ Result<void> TimelineStore::scan_times() {
   std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(read, rocks_->records()));
   TimeHistogram found;
   uint64_t cutoff = cutoff_->load();
+  std::vector<StoredRecord> records;
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    auto issue = record_issue_ns(std::string_view(it->value().data(), it->value().size()));
-    if (issue && *issue >= cutoff) found.add(*issue);
+    auto key = decode_record_key(std::string_view(it->key().data(), it->key().size()));
+    records.clear();
+    if (!key || !decode_stored_records(*key, std::string_view(it->value().data(), it->value().size()), records))
+      continue;  // damaged: a query of its timeline says so
+    for (const auto& r : records)
+      if (r.call.issue_ns >= cutoff) found.add(r.call.issue_ns);
   }
   if (!it->status().ok()) return storage_error("scanning record times", it->status());
   std::lock_guard lock(times_mutex_);
@@ -223,40 +248,65 @@ Result<void> TimelineStore::scan_times() {
   return {};
 }
 
+namespace {
+// Records read from a timeline's blocks, in any order, as a query sees them:
+// in sequence order, each seq once (blocks written by two commits may
+// overlap: a record re-sent), none issued before the retention cut-off.
+void settle(std::vector<StoredRecord>& records, uint64_t cutoff) {
+  auto by_seq = [](const StoredRecord& a, const StoredRecord& b) { return a.key.seq < b.key.seq; };
+  if (!std::is_sorted(records.begin(), records.end(), by_seq)) std::stable_sort(records.begin(), records.end(), by_seq);
+  records.erase(std::unique(records.begin(), records.end(),
+                            [](const StoredRecord& a, const StoredRecord& b) { return a.key.seq == b.key.seq; }),
+                records.end());
+  if (cutoff)
+    records.erase(
+        std::remove_if(records.begin(), records.end(), [&](const StoredRecord& r) { return r.call.issue_ns < cutoff; }),
+        records.end());
+}
+}  // namespace
+
 Result<std::vector<StoredRecord>> TimelineStore::tail(uint64_t comm, uint32_t lane, int32_t rank,
                                                       uint32_t last) const {
   std::string prefix = encode_timeline_prefix(comm, lane, rank);
   std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->records()));
+  const uint64_t cutoff = cutoff_->load();
   std::vector<StoredRecord> out;
   auto take = [&]() -> Result<void> {
     auto key = decode_record_key(std::string_view(it->key().data(), it->key().size()));
     if (!key) return make_error(Errc::storage, "malformed record key in the database");
-    auto record = decode_record_value(*key, std::string_view(it->value().data(), it->value().size()));
-    if (!record) return record.error();
-    out.push_back(std::move(*record));
-    return {};
+    return decode_stored_records(*key, std::string_view(it->value().data(), it->value().size()), out);
   };
   if (last == 0) {
     for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
       if (auto r = take(); !r) return r.error();
+    settle(out, cutoff);
   } else {
+    // Blocks from the newest back. A block's key is its last seq, so once
+    // `last` records are in hand, a block whose key is below the seq of the
+    // `last`-th newest of them has nothing newer to add.
     std::string end = prefix;
     put_be(end, UINT64_MAX, 8);
-    for (it->SeekForPrev(end); it->Valid() && it->key().starts_with(prefix) && out.size() < last; it->Prev())
+    for (it->SeekForPrev(end); it->Valid() && it->key().starts_with(prefix); it->Prev()) {
+      if (out.size() >= last) {
+        settle(out, cutoff);
+        if (out.size() >= last) {
+          auto key = decode_record_key(std::string_view(it->key().data(), it->key().size()));
+          if (key && key->seq < out[out.size() - last].key.seq) break;
+        }
+      }
       if (auto r = take(); !r) return r.error();
-    std::reverse(out.begin(), out.end());
+    }
+    settle(out, cutoff);
+    if (out.size() > last) out.erase(out.begin(), out.end() - last);
   }
   if (!it->status().ok()) return storage_error("reading records", it->status());
   return out;
 }
 
 Result<uint64_t> TimelineStore::count(uint64_t comm, uint32_t lane, int32_t rank) const {
-  std::string prefix = encode_timeline_prefix(comm, lane, rank);
-  std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->records()));
-  uint64_t n = 0;
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) ++n;
-  if (!it->status().ok()) return storage_error("counting records", it->status());
-  return n;
+  auto records = tail(comm, lane, rank, 0);
+  if (!records) return make_error(Errc::storage, "counting records: " + records.error().message);
+  return records->size();
 }
 
 Result<std::vector<std::string>> TimelineStore::all_values(WriteSet::Family family, const char* what) const {

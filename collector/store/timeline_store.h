@@ -1,6 +1,6 @@
 #pragma once
 // The collector's RocksDB: one column family per kind of data.
-//   records: (comm, lane, rank, seq) -> one NCCL call, times on the cluster clock
+//   records: (comm, lane, rank, last seq) -> a block of that rank's NCCL calls, times on the cluster clock
 //   comms:   comm -> StoredComm (job, members, lanes)
 //   progress: (comm, rank) -> StoredProgress (that member's counters)
 //   nodes:   node -> StoredNode
@@ -57,7 +57,8 @@ class TimelineStore final : public UsageRows {
   // and the next call first asks RocksDB to resume from its error.
   Result<void> commit(WriteSet& writes);
 
-  // The last `last` records (0: all) of one (comm, lane, rank), in seq order.
+  // The last `last` records (0: all) of one (comm, lane, rank), in seq order,
+  // each seq once, none issued before the retention cut-off.
   Result<std::vector<StoredRecord>> tail(uint64_t comm, uint32_t lane, int32_t rank, uint32_t last) const;
   // Number of records stored for (comm, lane, rank).
   Result<uint64_t> count(uint64_t comm, uint32_t lane, int32_t rank) const;
@@ -81,8 +82,9 @@ class TimelineStore final : public UsageRows {
   Result<void> scan_usage(const std::string& from, const std::string& to,
                           const std::function<bool(std::string_view key, std::string_view value)>& row) const override;
   // Retention (safe to call from another thread than the one that commits).
-  // Removes every record issued before `cutoff_ns` (cluster clock): a
-  // compaction filter drops them as RocksDB rewrites its files, and a full
+  // Removes every record issued before `cutoff_ns` (cluster clock): reads
+  // leave them out at once; a compaction filter drops each block all of
+  // whose records are before it as RocksDB rewrites its files, and a full
   // compaction of the records is run now so that the space comes back at
   // once. Ingest goes on meanwhile. Cut-offs only move forward.
   Result<void> remove_before(uint64_t cutoff_ns);

@@ -31,12 +31,30 @@ struct StoredRecord {
   uint32_t pid = 0;
 };
 
+// The records are stored in blocks: one value holds consecutive records of
+// one (comm, lane, rank), keyed by the sequence number of its last record
+// (docs/protocol.md, "Storage of the records"). A database written when
+// each record had a key of its own reads the same: such a value is a block
+// of one.
+constexpr uint32_t kMaxBlockRecords = 1024;  // a commit's run of one timeline is cut into blocks of at most this
+
 // The first 16 bytes of every key of one (comm, lane, rank)'s timeline.
 std::string encode_timeline_prefix(uint64_t comm, uint32_t lane, int32_t rank);
+// The key of a block, whose last record is `key.seq`.
 std::string encode_record_key(const RecordKey& key);
 std::optional<RecordKey> decode_record_key(std::string_view bytes);
-std::string encode_record_value(const proto::CallRecord& call, uint32_t pid);
-Result<StoredRecord> decode_record_value(const RecordKey& key, std::string_view bytes);
+// One block of records of one (comm, lane, rank), in sequence order,
+// strictly increasing (1 to kMaxBlockRecords of them).
+std::string encode_block(const StoredRecord* records, size_t n);
+// Appends the records of a stored value (a block, or a single record of the
+// first layout) under `key` (its last record's) to `out`, in sequence order.
+// A value of an unknown layout, or one that does not hold what it says, is
+// an error and appends nothing.
+Result<void> decode_stored_records(const RecordKey& key, std::string_view value, std::vector<StoredRecord>& out);
+// The latest issue time (cluster clock) of the records of a stored value,
+// read without decoding them (retention's filter); nullopt for a value of an
+// unknown layout.
+std::optional<uint64_t> stored_latest_issue_ns(std::string_view value);
 
 // How many records were issued in each time bucket (cluster clock): what
 // retention needs to find the cut-off that frees a given share of the
@@ -75,7 +93,7 @@ class WriteSet {
   size_t records() const { return records_.size(); }
   bool empty() const { return writes_.empty() && records_.empty(); }
   // Bytes the set holds in memory (what a failing disk lets pile up).
-  uint64_t bytes() const { return writes_bytes_ + records_bytes_; }
+  uint64_t bytes() const { return writes_bytes_ + records_.size() * sizeof(StoredRecord); }
 
   // Everything but the records, in the order written (a later write of a
   // key wins): what a store applies, and what a test's store reads.
@@ -92,12 +110,12 @@ class WriteSet {
   void add(Family family, std::string key, std::string value, bool erase = false);
   std::vector<Write> writes_;
   uint64_t writes_bytes_ = 0;
-  // Records go into RocksDB's batch at commit, in key order: its memtable
-  // (a skip list) then inserts each next to the one before, where records
-  // in arrival order (every rank's newest few, all over the key space) cost
-  // a search from the top each. (Encoded key, value.)
-  std::vector<std::pair<std::string, std::string>> records_;
-  uint64_t records_bytes_ = 0;
+  // The records as put, in arrival order: at commit they are sorted by
+  // (comm, lane, rank, seq) and each timeline's run goes into RocksDB as
+  // blocks, in key order (its memtable, a skip list, then inserts each next
+  // to the one before, where keys in arrival order cost a search from the
+  // top each).
+  std::vector<StoredRecord> records_;
   TimeHistogram times_;
   uint64_t last_bucket_ = UINT64_MAX, last_bucket_count_ = 0;  // times_'s newest bucket, not yet added
   void flush_times();
@@ -115,9 +133,5 @@ class UsageRows {
       const std::string& from, const std::string& to,
       const std::function<bool(std::string_view key, std::string_view value)>& row) const = 0;
 };
-
-// A stored record value's issue time (cluster clock), without decoding the
-// rest; nullopt for a value of another layout (retention's filter).
-std::optional<uint64_t> record_issue_ns(std::string_view value);
 
 }  // namespace rankscope::collector
