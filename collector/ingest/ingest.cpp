@@ -52,9 +52,12 @@ void Ingest::charge_nodes(const CommState& comm, bool charge) {
     const bool first = joined.insert(m.node).second;
     if (charge) {
       ++node.memberships;
+      ++node.ranks_in[comm.hash];
       if (first) node.rank_slots += slots_of(comm);
     } else {
       node.memberships -= std::min<uint32_t>(node.memberships, 1);
+      if (auto held = node.ranks_in.find(comm.hash); held != node.ranks_in.end() && --held->second == 0)
+        node.ranks_in.erase(held);
       if (first) node.rank_slots -= std::min(node.rank_slots, slots_of(comm));
     }
   }
@@ -294,8 +297,8 @@ MemberState* Ingest::claim_member(NodeState& node, CommState& comm, int32_t rank
                            ", which has " + std::to_string(comm.nranks) + " ranks");
     return nullptr;
   }
-  size_t on_node = 0;
-  for (const auto& [r, m] : comm.members) on_node += m.node == node.name ? 1 : 0;
+  const auto held = node.ranks_in.find(comm.hash);
+  const size_t on_node = held == node.ranks_in.end() ? 0 : held->second;
   if (on_node >= kMaxMembersPerNode) {
     refuse_claim(node, std::string(what) + ": node already has " + std::to_string(on_node) + " ranks of comm " +
                            hex64(comm.hash) + " (at most " + std::to_string(kMaxMembersPerNode) + " per node)");
@@ -315,6 +318,7 @@ MemberState* Ingest::claim_member(NodeState& node, CommState& comm, int32_t rank
     return nullptr;
   }
   ++node.memberships;
+  ++node.ranks_in[comm.hash];
   if (on_node == 0) node.rank_slots += slots_of(comm);
   MemberState& member = comm.members[rank];
   member.rank = rank;

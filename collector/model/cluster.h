@@ -85,6 +85,7 @@ struct NodeState {
   // communicators it has members in, and those members.
   uint64_t rank_slots = 0;
   uint32_t memberships = 0;
+  std::map<uint64_t, uint32_t> ranks_in;     // live communicator -> how many of its members are this node's
   DropCounts drops;                          // the agent's, the largest seen of each
   std::map<uint64_t, AckWindow> acked;       // by agent instance: batches already stored (the newest few instances)
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats

@@ -629,13 +629,19 @@ void UsageLedger::fold_records() {
       cause.reason = WasteReason::straggler;
       cause.cause_detail = "rank " + std::to_string(last) + " (pid " + std::to_string(late->second.pid) + ")";
     }
+    // One row per victim (node, identity): a node's ranks of one job
+    // share theirs, and a row's key costs two digests.
+    std::map<std::pair<std::string, Identity>, double> victims;
     for (const auto& [r, m] : comm->second.members) {
       if (r == last) continue;
       const ProcessInfo* p = model_.process(m.node, m.pid);
+      victims[{m.node, p ? Identity::of(*p) : Identity{}}] += wait.seconds * gpus_of(p);
+    }
+    for (auto& [victim, gpu_s] : victims) {
       WasteRow row = cause;
-      row.node = m.node;
-      row.identity = p ? Identity::of(*p) : Identity{};
-      row.gpu_s = wait.seconds * gpus_of(p);
+      row.node = victim.first;
+      row.identity = victim.second;
+      row.gpu_s = gpu_s;
       add_waste(wait.first_ns, row);
     }
   }
