@@ -1,6 +1,7 @@
 #include "collector/collector.h"
 
 #include <cerrno>
+#include <iterator>
 #include <zmq.hpp>
 
 #include "collector/auth.h"
@@ -226,11 +227,28 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   BadMessageLog query_throttle_log;
   QueryContext query_context{service.ingest(), **store, service.findings(), clock, options.liveness_ns()};
   uint64_t last_evaluation = 0;
+  // The store's writes run on a thread of their own (Commit, pipelined):
+  // while one round's write is in flight the next round's batches are
+  // taken in, and its acks (`acks_written`) go out once it is durable.
+  // `acks_waiting`: the acks of batches applied since the last write began.
+  Commit& commit = service.commit();
+  commit.start_writer();
+  std::vector<std::pair<std::string, std::string>> acks_waiting, acks_written;
+  auto write_finished = [&] {
+    if (commit.finish())
+      for (const auto& [id, bytes] : acks_written) send_to(sockets->agents, id, bytes, false);
+    // else logged by the commit; these acks are dropped, and the agents' re-sends are acknowledged by the commit that
+    // writes them
+    acks_written.clear();
+  };
   while (!stop.load()) {
     zmq::pollitem_t items[] = {{sockets->agents.handle(), 0, ZMQ_POLLIN, 0},
-                               {sockets->queries.handle(), 0, ZMQ_POLLIN, 0}};
+                               {sockets->queries.handle(), 0, ZMQ_POLLIN, 0},
+                               {nullptr, commit.done_fd(), ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      // Without an eventfd (done_fd() < 0) a finished write is seen at the next wake-up, at most 10 ms on.
+      zmq::poll(items, commit.done_fd() >= 0 ? 3 : 2,
+                std::chrono::milliseconds(commit.writing() && commit.done_fd() < 0 ? 10 : 100));
     } catch (const zmq::error_t& e) {
       // A signal (SIGTERM, SIGINT) interrupts the poll: check `stop` again.
       if (e.num() == EINTR) continue;
@@ -243,9 +261,18 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled);
       last_evaluation = now;
     }
-    if (auto committed = service.commit().run(now); committed) {
-      for (const auto& [id, bytes] : outbox.after_commit) send_to(sockets->agents, id, bytes, false);
-    }  // else logged by the commit; these acks are dropped, and the agents' re-sends are acknowledged by the commit that writes them
+    acks_waiting.insert(acks_waiting.end(), std::make_move_iterator(outbox.after_commit.begin()),
+                        std::make_move_iterator(outbox.after_commit.end()));
+    if (commit.writing() && commit.write_done()) write_finished();
+    if (!commit.writing()) {
+      if (commit.begin(now)) {
+        acks_written = std::move(acks_waiting);
+      } else {
+        // Nothing to write: what these batches needed is durable already.
+        for (const auto& [id, bytes] : acks_waiting) send_to(sockets->agents, id, bytes, false);
+      }
+      acks_waiting.clear();
+    }
     while (auto request = receive(sockets->queries)) {
       if (!query_limit.admit(limit_key(*request), request->payload.size(), clock.monotonic_ns())) {
         ++query_throttled;
@@ -257,6 +284,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
               true);
     }
   }
+  if (commit.writing()) write_finished();
   if (auto committed = service.stop(clock.realtime_ns()); !committed)
     RS_LOG(error, "stopping with %llu bytes not written: %s",
            static_cast<unsigned long long>(service.commit().backlog_bytes()), committed.error().message.c_str());

@@ -7,9 +7,9 @@ namespace rankscope::collector {
 AckBook::Seen AckBook::seen(const NodeState& node, uint64_t instance, uint64_t seq) const {
   auto window = node.acked.find(instance);
   if (window == node.acked.end() || !window->second.contains(seq)) return Seen::new_batch;
-  bool pending = std::any_of(uncommitted_.begin(), uncommitted_.end(), [&](const Uncommitted& u) {
-    return u.seq == seq && u.instance == instance && u.node == node.name;
-  });
+  auto same = [&](const Uncommitted& u) { return u.seq == seq && u.instance == instance && u.node == node.name; };
+  bool pending =
+      std::any_of(uncommitted_.begin(), uncommitted_.end(), same) || std::any_of(staged_.begin(), staged_.end(), same);
   return pending ? Seen::pending : Seen::stored;
 }
 

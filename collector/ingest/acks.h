@@ -8,6 +8,8 @@
 // instances' spooled batches). A batch applied in this commit round is
 // "uncommitted" until the commit that holds it is durable: a re-send of it
 // meanwhile is acknowledged after that commit, not before (collector/commit.h).
+// A batch applied while an earlier commit is being written is not in it:
+// only staging() puts the batches applied so far into the commit staged.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,8 +35,13 @@ class AckBook {
   void restored(AckWindow& window) { window.last_used = ++uses_; }
   // Batch `seq` of `instance` applied: stored once the round's commit is durable.
   void mark_stored(NodeState& node, uint64_t instance, uint64_t seq);
-  // The round's commit is durable.
-  void committed() { uncommitted_.clear(); }
+  // The batches applied so far go into the commit being staged.
+  void staging() {
+    staged_.insert(staged_.end(), uncommitted_.begin(), uncommitted_.end());
+    uncommitted_.clear();
+  }
+  // The commit staged last is durable (batches applied since wait for the next).
+  void committed() { staged_.clear(); }
 
  private:
   // Forgets the least recently used windows past `keep` (never the current instance's).
@@ -44,7 +51,8 @@ class AckBook {
     std::string node;
     uint64_t instance, seq;
   };
-  std::vector<Uncommitted> uncommitted_;  // kept while commits fail
+  std::vector<Uncommitted> uncommitted_;  // applied, not yet staged
+  std::vector<Uncommitted> staged_;       // in a commit not yet durable (kept while commits fail)
   uint64_t uses_ = 0;
 };
 

@@ -229,6 +229,8 @@ void Ingest::persist_node(const NodeState& node) {
 }
 
 Result<void> Ingest::stage(WriteSet&, uint64_t, bool) {
+  // The batches applied so far are in this commit (their records are in the set already).
+  acks_.staging();
   for (uint64_t hash : dirty_comms_) {
     auto it = model_.comms.find(hash);
     if (it != model_.comms.end()) persist_comm(it->second);

@@ -1,6 +1,7 @@
 #include "collector/store/write_set.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "collector/store/bytes.h"
 #include "common/format.h"
@@ -234,6 +235,19 @@ void WriteSet::put_record(const StoredRecord& record) {
     last_bucket_ = bucket;
   }
   ++last_bucket_count_;
+}
+
+void WriteSet::put_under(WriteSet& older) {
+  older.records_.insert(older.records_.end(), records_.begin(), records_.end());
+  records_ = std::move(older.records_);
+  older.writes_.insert(older.writes_.end(), std::make_move_iterator(writes_.begin()),
+                       std::make_move_iterator(writes_.end()));
+  writes_ = std::move(older.writes_);
+  writes_bytes_ += older.writes_bytes_;
+  older.flush_times();
+  flush_times();
+  times_.merge(older.times_);
+  older = WriteSet();
 }
 
 void WriteSet::flush_times() {

@@ -90,6 +90,9 @@ class WriteSet {
   void put_finding(uint64_t id, std::string value);
   void put_usage(const std::string& key, std::string value);
   void delete_usage(const std::string& key);
+  // Puts `older`'s writes under this set's (a later write of a key wins):
+  // a failed commit's set, back under what was put since. Leaves `older` empty.
+  void put_under(WriteSet& older);
   size_t records() const { return records_.size(); }
   bool empty() const { return writes_.empty() && records_.empty(); }
   // Bytes the set holds in memory (what a failing disk lets pile up).

@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "collector/service.h"
@@ -33,14 +35,16 @@ class FullableDisk final : public CommitTarget {
   explicit FullableDisk(TimelineStore& store) : store_(store) {}
   WriteSet writes() const override { return store_.writes(); }
   Result<void> commit(WriteSet& writes) override {
+    std::lock_guard hold(gate);  // a test holds it to keep a pipelined write in flight
     if (full) {
       ++refused;
       return Error{Errc::storage, "writing to RocksDB: IO error: No space left on device (test disk)"};
     }
     return store_.commit(writes);
   }
-  bool full = false;
-  int refused = 0;
+  std::atomic<bool> full = false;
+  std::atomic<int> refused = 0;
+  std::mutex gate;
 
  private:
   TimelineStore& store_;
@@ -246,6 +250,77 @@ TEST_F(CommitTest, AFullBacklogStopsIntakeUntilTheDiskIsBack) {
   ASSERT_TRUE(commit->run(clock.now));
   EXPECT_EQ(*store->count(kComm, 0, 0), 20u);
   EXPECT_EQ(ingest->counters().duplicate_batches, 0u) << "the held batch was never applied";
+}
+
+// The collector's loop writes on a thread of its own (Commit::begin, finish)
+// while it takes in the next batches. A batch applied while a write is in
+// flight is not in that write: its completion acknowledges only what it held.
+TEST_F(CommitTest, APipelinedWriteAcknowledgesOnlyTheBatchesItHeld) {
+  start();
+  join(0);
+  join(1);
+  ASSERT_TRUE(commit->run(clock.now));
+  uint64_t t0 = kDay0 * kS + 120 * kS;
+  Outbox first = calls(0, 2, t0);
+  ASSERT_EQ(first.after_commit.size(), 1u);
+
+  std::unique_lock hold(disk->gate);  // the write stays in flight until released
+  ASSERT_TRUE(commit->begin(clock.now));
+  EXPECT_TRUE(commit->writing());
+  Outbox during = calls(0, 3, t0 + 10 * kS);
+  EXPECT_EQ(during.after_commit.size(), 1u) << "applied, not yet acknowledged";
+  Outbox resent = calls(0, 2, t0);
+  EXPECT_TRUE(resent.now.empty()) << "batch 2 is being written: acknowledged once durable";
+  EXPECT_FALSE(commit->write_done());
+  hold.unlock();
+  ASSERT_TRUE(commit->finish());
+  EXPECT_FALSE(commit->writing());
+  EXPECT_EQ(*store->count(kComm, 0, 0), 10u) << "the write held batch 2 alone";
+
+  // Batch 2 is durable now; batch 3 came during the write and waits for the next.
+  EXPECT_EQ(calls(0, 2, t0).now.size(), 1u) << "batch 2 is acknowledged at once";
+  Outbox batch3 = calls(0, 3, t0 + 10 * kS);
+  EXPECT_TRUE(batch3.now.empty()) << "batch 3 is not durable: its ack waits for the write that holds it";
+  EXPECT_EQ(batch3.after_commit.size(), 1u);
+  ASSERT_TRUE(commit->begin(clock.now));
+  ASSERT_TRUE(commit->finish());
+  EXPECT_EQ(*store->count(kComm, 0, 0), 20u);
+  EXPECT_EQ(calls(0, 3, t0 + 10 * kS).now.size(), 1u);
+  EXPECT_EQ(ingest->counters().records_stored, 20u) << "re-sent batches were not applied again";
+}
+
+// A pipelined write that fails puts its set back under what came since: the
+// next write holds both, and nothing is acknowledged before it.
+TEST_F(CommitTest, AFailedPipelinedWriteIsWrittenByTheNextWithWhatCameSince) {
+  start();
+  join(0);
+  join(1);
+  ASSERT_TRUE(commit->run(clock.now));
+  uint64_t t0 = kDay0 * kS + 120 * kS;
+  disk->full = true;
+  calls(0, 2, t0);
+  calls(1, 2, t0);
+  ASSERT_TRUE(commit->begin(clock.now));
+  calls(0, 3, t0 + 10 * kS);  // taken in while the write runs (and fails)
+  auto failed = commit->finish();
+  ASSERT_FALSE(failed);
+  EXPECT_TRUE(commit->failing());
+  EXPECT_GT(commit->backlog_bytes(), 0u);
+  EXPECT_EQ(*store->count(kComm, 0, 0), 0u);
+  EXPECT_TRUE(calls(0, 2, t0).now.empty()) << "not durable: not acknowledged";
+
+  disk->full = false;
+  calls(1, 3, t0 + 10 * kS);
+  ASSERT_TRUE(commit->begin(clock.now));
+  ASSERT_TRUE(commit->finish());
+  EXPECT_FALSE(commit->failing());
+  EXPECT_EQ(commit->backlog_bytes(), 0u);
+  EXPECT_EQ(*store->count(kComm, 0, 0), 20u);
+  EXPECT_EQ(*store->count(kComm, 0, 1), 20u);
+  for (int rank : {0, 1})
+    for (uint64_t seq : {2, 3}) EXPECT_EQ(calls(rank, seq, t0 + (seq - 2) * 10 * kS).now.size(), 1u) << rank << seq;
+  EXPECT_EQ(ingest->counters().records_stored, 40u);
+  EXPECT_EQ(ingest->comms().at(kComm).members.at(0).records, 20u);
 }
 
 }  // namespace
