@@ -285,9 +285,12 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
   }
   if (commit.writing()) write_finished();
+  // The batches applied since are written by the last commit (service.stop): acknowledged once it is durable.
   if (auto committed = service.stop(clock.realtime_ns()); !committed)
     RS_LOG(error, "stopping with %llu bytes not written: %s",
            static_cast<unsigned long long>(service.commit().backlog_bytes()), committed.error().message.c_str());
+  else
+    for (const auto& [id, bytes] : acks_waiting) send_to(sockets->agents, id, bytes, false);
   RS_LOG(info, "stopped");
   return 0;
 }

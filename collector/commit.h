@@ -92,8 +92,9 @@ class Commit {
 
   // The last write failed.
   bool failing() const { return failing_; }
-  // Commits failed and what waits to be written is over the bound: take no new batches.
-  bool holding() const { return failing_ && backlog_bytes() > max_backlog_bytes_; }
+  // Commits fail, or a write is slow, and what waits to be written is over
+  // the bound: take no new batches.
+  bool holding() const { return (failing_ || writing_) && backlog_bytes() > max_backlog_bytes_; }
   uint64_t failures() const { return failures_; }
   uint64_t backlog_bytes() const { return writes_.bytes() + (writing_ ? in_flight_bytes_ : 0); }
 

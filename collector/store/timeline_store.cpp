@@ -97,7 +97,8 @@ Result<std::unique_ptr<TimelineStore>> TimelineStore::open(const std::string& pa
     options.target_file_size_base = sixteenth_of_cap(cap);
     options.max_bytes_for_level_base = std::clamp<uint64_t>(cap / 4, 1 << 20, 512 << 20);
   }
-  // One writer (the ingest thread): the memtable-insert hints below need it.
+  // One writer at a time (the commit's writer thread, or the loop when it
+  // commits itself): the memtable-insert hints below need it.
   options.allow_concurrent_memtable_write = false;
   rocksdb::ColumnFamilyOptions records_options(options);
   records_options.compaction_filter_factory = nullptr;
@@ -158,6 +159,10 @@ Result<void> TimelineStore::commit(WriteSet& writes) {
   auto same_timeline = [](const RecordKey& a, const RecordKey& b) {
     return a.comm == b.comm && a.lane == b.lane && a.rank == b.rank;
   };
+  // Each block's key ends with an id of this write (RocksDB's sequence
+  // number, never used again): a block never replaces another, however its
+  // records overlap those of blocks written before.
+  const uint64_t write_id = rocks_->db->GetLatestSequenceNumber() + 1;
   std::vector<StoredRecord> run;
   for (size_t i = 0; i < records.size(); ++i) {
     const bool duplicate = i + 1 < records.size() && same_timeline(records[i].key, records[i + 1].key) &&
@@ -165,7 +170,7 @@ Result<void> TimelineStore::commit(WriteSet& writes) {
     if (!duplicate) run.push_back(records[i]);
     const bool run_ends = i + 1 == records.size() || !same_timeline(records[i].key, records[i + 1].key);
     if (run.size() == kMaxBlockRecords || (run_ends && !run.empty())) {
-      batch.Put(rocks_->records(), encode_record_key(run.back().key), encode_block(run.data(), run.size()));
+      batch.Put(rocks_->records(), encode_block_key(run.back().key, write_id), encode_block(run.data(), run.size()));
       run.clear();
     }
   }
@@ -249,19 +254,24 @@ Result<void> TimelineStore::scan_times() {
 }
 
 namespace {
-// Records read from a timeline's blocks, in any order, as a query sees them:
-// in sequence order, each seq once (blocks written by two commits may
-// overlap: a record re-sent), none issued before the retention cut-off.
+// Records read from a timeline's blocks, as a query sees them: in sequence
+// order, each seq once (blocks of two writes may overlap: a batch applied
+// again; the later write's copy wins), none issued before the retention
+// cut-off.
 void settle(std::vector<StoredRecord>& records, uint64_t cutoff) {
-  auto by_seq = [](const StoredRecord& a, const StoredRecord& b) { return a.key.seq < b.key.seq; };
-  if (!std::is_sorted(records.begin(), records.end(), by_seq)) std::stable_sort(records.begin(), records.end(), by_seq);
-  records.erase(std::unique(records.begin(), records.end(),
-                            [](const StoredRecord& a, const StoredRecord& b) { return a.key.seq == b.key.seq; }),
-                records.end());
-  if (cutoff)
-    records.erase(
-        std::remove_if(records.begin(), records.end(), [&](const StoredRecord& r) { return r.call.issue_ns < cutoff; }),
-        records.end());
+  auto order = [](const StoredRecord& a, const StoredRecord& b) {
+    return std::tie(a.key.seq, a.key.write) < std::tie(b.key.seq, b.key.write);
+  };
+  if (!std::is_sorted(records.begin(), records.end(), order)) std::sort(records.begin(), records.end(), order);
+  // Of equal seqs, the last (the latest write's) stays.
+  size_t kept = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (i + 1 < records.size() && records[i + 1].key.seq == records[i].key.seq) continue;
+    if (cutoff && records[i].call.issue_ns < cutoff) continue;
+    if (kept != i) records[kept] = records[i];
+    ++kept;
+  }
+  records.resize(kept);
 }
 }  // namespace
 
@@ -270,36 +280,44 @@ Result<std::vector<StoredRecord>> TimelineStore::tail(uint64_t comm, uint32_t la
   std::string prefix = encode_timeline_prefix(comm, lane, rank);
   std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->records()));
   const uint64_t cutoff = cutoff_->load();
-  std::vector<StoredRecord> out;
-  auto take = [&]() -> Result<void> {
+  auto take = [&](std::vector<StoredRecord>& into) -> Result<void> {
     auto key = decode_record_key(std::string_view(it->key().data(), it->key().size()));
     if (!key) return make_error(Errc::storage, "malformed record key in the database");
-    return decode_stored_records(*key, std::string_view(it->value().data(), it->value().size()), out);
+    return decode_stored_records(*key, std::string_view(it->value().data(), it->value().size()), into);
   };
+  std::vector<StoredRecord> out;
   if (last == 0) {
     for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
-      if (auto r = take(); !r) return r.error();
-    settle(out, cutoff);
+      if (auto r = take(out); !r) return r.error();
   } else {
-    // Blocks from the newest back. A block's key is its last seq, so once
-    // `last` records are in hand, a block whose key is below the seq of the
-    // `last`-th newest of them has nothing newer to add.
-    std::string end = prefix;
-    put_be(end, UINT64_MAX, 8);
+    // Blocks from the newest key back. A block's key begins with its last
+    // seq, so once `last` distinct seqs (not before the cut-off) are in
+    // hand, a block whose key's seq is below the `last`-th newest of them
+    // has nothing newer to add.
+    std::vector<std::vector<StoredRecord>> blocks;  // newest key first
+    size_t held = 0;
+    std::string end = prefix + std::string(16, '\xff');
     for (it->SeekForPrev(end); it->Valid() && it->key().starts_with(prefix); it->Prev()) {
-      if (out.size() >= last) {
-        settle(out, cutoff);
-        if (out.size() >= last) {
-          auto key = decode_record_key(std::string_view(it->key().data(), it->key().size()));
-          if (key && key->seq < out[out.size() - last].key.seq) break;
-        }
+      if (held >= last) {
+        std::vector<uint64_t> seqs;
+        for (const auto& block : blocks)
+          for (const auto& r : block)
+            if (!cutoff || r.call.issue_ns >= cutoff) seqs.push_back(r.key.seq);
+        std::sort(seqs.begin(), seqs.end());
+        seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());
+        auto key = decode_record_key(std::string_view(it->key().data(), it->key().size()));
+        if (seqs.size() >= last && key && key->seq < seqs[seqs.size() - last]) break;
       }
-      if (auto r = take(); !r) return r.error();
+      blocks.emplace_back();
+      if (auto r = take(blocks.back()); !r) return r.error();
+      held += blocks.back().size();
     }
-    settle(out, cutoff);
-    if (out.size() > last) out.erase(out.begin(), out.end() - last);
+    for (auto block = blocks.rbegin(); block != blocks.rend(); ++block)
+      out.insert(out.end(), block->begin(), block->end());
   }
   if (!it->status().ok()) return storage_error("reading records", it->status());
+  settle(out, cutoff);
+  if (last != 0 && out.size() > last) out.erase(out.begin(), out.end() - last);
   return out;
 }
 

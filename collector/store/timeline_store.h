@@ -1,6 +1,6 @@
 #pragma once
 // The collector's RocksDB: one column family per kind of data.
-//   records: (comm, lane, rank, last seq) -> a block of that rank's NCCL calls, times on the cluster clock
+//   records: (comm, lane, rank, last seq, write) -> a block of that rank's NCCL calls, times on the cluster clock
 //   comms:   comm -> StoredComm (job, members, lanes)
 //   progress: (comm, rank) -> StoredProgress (that member's counters)
 //   nodes:   node -> StoredNode
@@ -60,7 +60,7 @@ class TimelineStore final : public UsageRows {
   // The last `last` records (0: all) of one (comm, lane, rank), in seq order,
   // each seq once, none issued before the retention cut-off.
   Result<std::vector<StoredRecord>> tail(uint64_t comm, uint32_t lane, int32_t rank, uint32_t last) const;
-  // Number of records stored for (comm, lane, rank).
+  // Number of records tail(comm, lane, rank, 0) returns (it reads them all).
   Result<uint64_t> count(uint64_t comm, uint32_t lane, int32_t rank) const;
 
   Result<std::vector<std::string>> all_comms() const;  // values

@@ -9,7 +9,8 @@
 namespace rankscope::collector {
 
 namespace {
-constexpr size_t kRecordKeySize = 8 + 4 + 4 + 8;  // (comm, lane, rank, seq of the block's last record)
+constexpr size_t kRecordKeySize = 8 + 4 + 4 + 8;      // (comm, lane, rank, seq): the first layout's
+constexpr size_t kBlockKeySize = kRecordKeySize + 8;  // ... of the block's last record, then the write's id
 
 using bytes::get_be;
 using bytes::get_le;
@@ -36,13 +37,20 @@ std::string encode_record_key(const RecordKey& key) {
   return out;
 }
 
+std::string encode_block_key(const RecordKey& last, uint64_t write_id) {
+  std::string out = encode_record_key(last);
+  put_be(out, write_id, 8);
+  return out;
+}
+
 std::optional<RecordKey> decode_record_key(std::string_view bytes) {
-  if (bytes.size() != kRecordKeySize) return std::nullopt;
+  if (bytes.size() != kRecordKeySize && bytes.size() != kBlockKeySize) return std::nullopt;
   RecordKey key;
   key.comm = get_be(bytes.data(), 8);
   key.lane = static_cast<uint32_t>(get_be(bytes.data() + 8, 4));
   key.rank = rank_of(static_cast<uint32_t>(get_be(bytes.data() + 12, 4)));
   key.seq = get_be(bytes.data() + 16, 8);
+  if (bytes.size() == kBlockKeySize) key.write = get_be(bytes.data() + 24, 8);
   return key;
 }
 
@@ -83,6 +91,7 @@ struct Reader {
     for (int shift = 0; shift < 70; shift += 7) {
       if (p == end) break;
       const auto byte = static_cast<uint8_t>(*p++);
+      if (shift == 63 && byte > 1) break;  // past 64 bits
       v |= static_cast<uint64_t>(byte & 0x7f) << shift;
       if (!(byte & 0x80)) return v;
     }
@@ -191,7 +200,9 @@ Result<void> decode_stored_records(const RecordKey& key, std::string_view bytes,
       r.call.redop = in.byte();
       r.call.result = in.byte();
       r.call.flags = in.byte();
-      r.pid = static_cast<uint32_t>(in.varint());
+      const uint64_t pid = in.varint();
+      if (pid > UINT32_MAX) in.failed = true;
+      r.pid = static_cast<uint32_t>(pid);
     }
     const uint64_t step = in.varint();
     if (i == 0) {
@@ -202,7 +213,9 @@ Result<void> decode_stored_records(const RecordKey& key, std::string_view bytes,
       seq += step;
     }
     r.key.seq = r.call.seq = seq;
-    r.call.peer = static_cast<int32_t>(static_cast<int64_t>(unzigzag(in.varint())));
+    const auto peer = static_cast<int64_t>(unzigzag(in.varint()));
+    if (peer < INT32_MIN || peer > INT32_MAX) in.failed = true;
+    r.call.peer = static_cast<int32_t>(peer);
     r.call.count = in.varint();
     r.call.issue_ns = previous_issue + unzigzag(in.varint());
     r.call.return_ns = r.call.issue_ns + unzigzag(in.varint());

@@ -23,6 +23,7 @@ struct RecordKey {
   uint32_t lane = 0;
   int32_t rank = 0;
   uint64_t seq = 0;
+  uint64_t write = 0;  // read back: the write that stored its block (0: the first layout)
 };
 
 struct StoredRecord {
@@ -33,15 +34,19 @@ struct StoredRecord {
 
 // The records are stored in blocks: one value holds consecutive records of
 // one (comm, lane, rank), keyed by the sequence number of its last record
-// (docs/protocol.md, "Storage of the records"). A database written when
-// each record had a key of its own reads the same: such a value is a block
-// of one.
+// and the write that stored it (docs/protocol.md, "Storage of the
+// records"): a block never replaces another, and where two hold a seq the
+// later write's copy is read. A database written when each record had a
+// key of its own reads the same: such a value is a block of one.
 constexpr uint32_t kMaxBlockRecords = 1024;  // a commit's run of one timeline is cut into blocks of at most this
 
 // The first 16 bytes of every key of one (comm, lane, rank)'s timeline.
 std::string encode_timeline_prefix(uint64_t comm, uint32_t lane, int32_t rank);
-// The key of a block, whose last record is `key.seq`.
+// The key of one record of the first layout: (comm, lane, rank, seq).
 std::string encode_record_key(const RecordKey& key);
+// The key of a block whose last record is `last`, stored by write `write_id`.
+std::string encode_block_key(const RecordKey& last, uint64_t write_id);
+// Either kind of key; `seq` is its (last) record's.
 std::optional<RecordKey> decode_record_key(std::string_view bytes);
 // One block of records of one (comm, lane, rank), in sequence order,
 // strictly increasing (1 to kMaxBlockRecords of them).

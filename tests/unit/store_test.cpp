@@ -145,8 +145,10 @@ TEST(TimelineStore, BlocksGiveBackEveryFieldOfEveryRecord) {
 }
 
 // A batch lost and re-sent after later ones were stored: its records land in
-// a block between (and overlapping) blocks already written. A record put
-// twice is read once.
+// a block between (and overlapping) blocks already written. A batch applied
+// again (its ack window forgotten) writes a block ending where an earlier,
+// longer one ends: neither replaces the other. A record put twice is read
+// once, the later write's copy.
 TEST(TimelineStore, BlocksOfOneTimelineFromSeveralCommitsReadInOrderEachRecordOnce) {
   testing::TempDir dir;
   auto store = TimelineStore::open(dir.file("db"));
@@ -162,7 +164,11 @@ TEST(TimelineStore, BlocksOfOneTimelineFromSeveralCommitsReadInOrderEachRecordOn
   commit({{0, 10}, {20, 30}});   // batches 1 and 3 in one commit: one block 0..29 with a hole
   commit({{40, 50}});            // batch 5
   commit({{10, 20}, {25, 28}});  // batch 2 re-sent late, and three records of batch 3 again
+  commit({{20, 30}});            // batch 3 again: a block 20..29, ending where the first one does
   commit({{30, 40}, {50, 60}});  // batches 4 and 6
+  // Batch 5 again, converted with a newer clock estimate: that copy is read.
+  for (uint64_t seq = 40; seq < 50; ++seq) all[seq].call.issue_ns += 7;
+  commit({{40, 50}});
   auto got = (*store)->tail(0xabc, 0, 1, 0);
   ASSERT_TRUE(got);
   expect_same(*got, all);
@@ -258,6 +264,40 @@ TEST(TimelineStore, ABlockThatDoesNotHoldWhatItSaysIsRefused) {
     else
       EXPECT_EQ(out.size(), records.size()) << at;
   }
+}
+
+// Fields past their type's range are damage, not values cut short.
+TEST(TimelineStore, ABlockWithAFieldPastItsRangeIsRefused) {
+  auto block = [](std::string pid, std::string count) {
+    std::string v(1, '\x02');
+    v += std::string(8, '\0');                    // latest issue: 0
+    v += '\x01';                                  // one record
+    v += '\x01';                                  // its kind follows
+    v += std::string("\x01\x07\x00\x00\x00", 5);  // op, datatype, redop, result, flags
+    v += pid;
+    v += '\0';    // seq: the key's
+    v += '\x01';  // peer -1
+    v += count;
+    v += '\0';  // issue: the header's
+    v += '\0';  // returned when issued
+    return v;
+  };
+  const RecordKey key{0xabc, 0, 0, 9};
+  std::vector<StoredRecord> out;
+  ASSERT_TRUE(decode_stored_records(key, block(std::string("\xff\xff\xff\xff\x0f", 5), "\x05"), out));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].pid, UINT32_MAX);
+  EXPECT_EQ(out[0].call.count, 5u);
+  EXPECT_EQ(out[0].call.peer, -1);
+  out.clear();
+  EXPECT_FALSE(decode_stored_records(key, block(std::string("\xff\xff\xff\xff\x1f", 5), "\x05"), out))
+      << "a pid past 32 bits";
+  std::string max64(9, '\xff');
+  EXPECT_TRUE(decode_stored_records(key, block("\x01", max64 + '\x01'), out)) << "2^64 - 1 is a count";
+  EXPECT_EQ(out.back().call.count, UINT64_MAX);
+  out.clear();
+  EXPECT_FALSE(decode_stored_records(key, block("\x01", max64 + '\x02'), out)) << "a count past 64 bits";
+  EXPECT_TRUE(out.empty());
 }
 
 TEST(TimelineStore, UnopenableDatabaseIsAClearError) {
