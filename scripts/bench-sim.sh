@@ -10,6 +10,9 @@
 #                                             live: backlog, memory, findings (about 3 minutes)
 #   scripts/bench-sim.sh BUILD_DIR --patterns  straggler accuracy per training pattern of the
 #                                             workload zoo (about 5 minutes a pattern)
+#   scripts/bench-sim.sh BUILD_DIR --rate     one healthy job at a real call rate (fsdp: 210
+#                                             collectives per rank and 1 s step), live: what
+#                                             the collector stores and its CPU per million records
 # --patterns: RS_PATTERNS="ddp fsdp ..." picks patterns (default: all seven);
 # RS_PATTERN_JOBS x RS_PATTERN_NODES x 8 ranks per slowdown run (default
 # 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of
@@ -17,6 +20,8 @@
 # RS_HEALTHY_S=0: none). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
 # RS_KEEP_DIR=DIR keeps each run's findings and scores there.
+# RS_RATE_NODES x 8 ranks (default 64 256), RS_RATE_S seconds each (default
+# 40), RS_RATE_PATTERN (default fsdp) for --rate.
 # RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
 # runs that collector binary instead of BUILD_DIR's (a baseline build: the
 # same command then gives the before figures).
@@ -121,6 +126,47 @@ if [ "$mode" = "--live" ]; then
   echo
   [ -s "$work/scores-live.jsonl" ] && "$bin/rankscope-sim" report "$work/scores-live.jsonl"
   stop_collector
+  exit 0
+fi
+
+if [ "$mode" = "--rate" ]; then
+  # A job at a real call rate, live: every rank issues the pattern's
+  # collectives each 1 s step, each node's agent batches them every 100 ms
+  # and re-sends what is not acknowledged in time, as the real agent does.
+  # A collector that keeps up stores every record made, with no re-sends.
+  rate_pattern=${RS_RATE_PATTERN:-fsdp}
+  rate_s=${RS_RATE_S:-40}
+  echo "## A job at a real call rate, live ($(date -u +%F), $(nproc) cores)"
+  echo
+  echo "Command: \`scripts/bench-sim.sh $build --rate\`: one healthy job, pattern $rate_pattern, 1 s steps, ${rate_s} s;"
+  echo "records made: what the simulator's agents sent; CPU: the collector's user + system time over the run."
+  echo
+  echo "| ranks | records made | records/s/rank | stored | re-sent batches ignored | batches unacknowledged at the end | collector CPU (cores) | CPU s per million stored | RSS at the end (MiB) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  ticks=$(getconf CLK_TCK)
+  for nodes in ${RS_RATE_NODES:-64 256}; do
+    start_collector "rate-$nodes"
+    cpu0=$(awk '{print $14 + $15}' "/proc/$collector_pid/stat")
+    rate_start=$(date +%s.%N)
+    "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth-rate.jsonl" --log-level info \
+      --scenario healthy --seed 5 --jobs 1 --nodes-per-job "$nodes" --pp 1 --pattern "$rate_pattern" \
+      --step-ms 1000 --duration-s "$rate_s" --prefix rate 2>"$work/rate-sim.log" || true
+    rate_end=$(date +%s.%N)
+    cpu1=$(awk '{print $14 + $15}' "/proc/$collector_pid/stat")
+    rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$collector_pid/status")
+    made=$(grep -o '[0-9]* records sent' "$work/rate-sim.log" | tail -1 | cut -d' ' -f1 || true)
+    unacked=$(grep -o '[0-9]* batch(es) not acknowledged' "$work/rate-sim.log" | cut -d' ' -f1 || true)
+    status=$("$bin/rankscope" --collector "$query" --insecure status 2>/dev/null | head -1 || true)
+    stored=$(grep -o '[0-9]* records stored' <<<"$status" | cut -d' ' -f1 || true)
+    resent=$(grep -o '([0-9]* re-sent' <<<"$status" | tr -dc 0-9 || true)
+    awk -v r=$((nodes * 8)) -v made="${made:-0}" -v s="$rate_s" -v stored="${stored:-0}" -v resent="${resent:-0}" \
+      -v unacked="${unacked:-0}" -v cpu=$((cpu1 - cpu0)) -v tk="$ticks" -v t0="$rate_start" -v t1="$rate_end" \
+      -v rss="$rss_kb" 'BEGIN {
+        wall = t1 - t0; c = cpu / tk;
+        printf "| %d | %d | %.0f | %d | %d | %d | %.2f | %.2f | %.0f |\n", r, made, made / r / s, stored, resent,
+          unacked, c / wall, (stored > 0 ? c / (stored / 1e6) : 0), rss / 1024 }'
+    stop_collector
+  done
   exit 0
 fi
 
