@@ -46,6 +46,10 @@ Detector::Detector(const ClusterModel& model, CollectiveMatcher& matcher, Findin
   matcher.subscribe(*this);
 }
 
+uint64_t Detector::ProcHistory::free_bound_of(const Exchange& e) {
+  return e.waited ? std::max(e.data->release, e.data->data_ns) : e.data->release;
+}
+
 void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data) {
   Exchange e{arrival, false, data};
   // Its waits that ended before the exchange completed here (the last
@@ -55,6 +59,9 @@ void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<Exchange
       e.waited = true;
       data->data_ns = std::min(data->data_ns, w->second);
     }
+  const Exchange* before = exchanges.empty() ? nullptr : &exchanges.back();
+  e.arrival_bound = std::max(before ? before->arrival_bound : 0, arrival);
+  e.free_bound = std::max(before ? before->free_bound : 0, free_bound_of(e));
   exchanges.push_back(std::move(e));
   while (exchanges.size() > kProcExchanges ||
          (exchanges.front().arrival + kProcHistoryNs < arrival && exchanges.size() > 1))
@@ -68,11 +75,19 @@ void Detector::ProcHistory::add_wait(uint64_t start, uint64_t end) {
   while (waits.size() > kProcExchanges ||
          (waits.front().second + kProcHistoryNs < waits.back().second && waits.size() > 1))
     waits.pop_front();
+  size_t earliest = exchanges.size();
   for (auto e = exchanges.rbegin(); e != exchanges.rend(); ++e) {
     if (e->arrival + kWaitLookbackNs < start) break;
     if (!waited_for(start, end, e->arrival, e->data->release)) continue;
     e->waited = true;
     e->data->data_ns = std::min(e->data->data_ns, end);
+    earliest = static_cast<size_t>(exchanges.rend() - e) - 1;
+  }
+  // An exchange now waited for may be free later than its bound said: raise
+  // the bounds from it on.
+  for (size_t i = earliest; i < exchanges.size(); ++i) {
+    Exchange& e = exchanges[i];
+    e.free_bound = std::max({e.free_bound, free_bound_of(e), i > 0 ? exchanges[i - 1].free_bound : 0});
   }
 }
 
@@ -109,13 +124,24 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   // is carried, not its own to measure afresh. Where its host waited on the
   // GPU for an exchange, it was free once the exchange's data had moved
   // (ExchangeData), not at its release.
+  //
+  // From the latest back, until nothing earlier can change the answer (its
+  // bounds are no later than what is found): a process's history holds up
+  // to kProcExchanges, and a forward pass over all of them for each call
+  // scored was most of the collector's time at FSDP's call rates.
   uint64_t base = 0, latest_arrival = 0, latest_release = 0;
-  for (const Exchange& e : exchanges) {
-    if (e.arrival >= t) continue;
-    const uint64_t release = e.data->release;
-    if (e.arrival >= latest_arrival) latest_arrival = e.arrival, latest_release = release;
+  bool arrival_found = false;
+  for (auto e = exchanges.rbegin(); e != exchanges.rend(); ++e) {
+    if (arrival_found && e->arrival_bound <= latest_arrival && e->free_bound <= base) break;
+    if (e->arrival >= t) continue;
+    const uint64_t release = e->data->release;
+    // Of equal arrivals the latest in the history (met first here).
+    if (!arrival_found || e->arrival > latest_arrival) {
+      latest_arrival = e->arrival, latest_release = release;
+      arrival_found = true;
+    }
     uint64_t free = release;
-    if (e.waited && e.data->data_ns <= t) free = std::max(free, e.data->data_ns);
+    if (e->waited && e->data->data_ns <= t) free = std::max(free, e->data->data_ns);
     if (free <= t) base = std::max(base, free);
   }
   // A call after the latest known exchange: an exchange whose release is not

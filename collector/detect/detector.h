@@ -103,7 +103,14 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
       uint64_t arrival;  // cluster clock
       bool waited = false;
       std::shared_ptr<ExchangeData> data;
+      // Bounds over it and every exchange before it, for base_before to stop
+      // early: the latest arrival, and the latest time it could have been
+      // free (its release, or its data's time where its host waited; the
+      // data's time only ever moves earlier, so a bound once set holds).
+      uint64_t arrival_bound = 0, free_bound = 0;
     };
+    // The latest an exchange can be free, as far as is known now.
+    static uint64_t free_bound_of(const Exchange& e);
     std::deque<Exchange> exchanges;
     std::deque<uint64_t> issues;  // its calls of exchanges, complete or not, in time order
     // Its host's waits on the GPU (start, end), by end: blocked in
