@@ -62,6 +62,9 @@ void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<Exchange
   const Exchange* before = exchanges.empty() ? nullptr : &exchanges.back();
   e.arrival_bound = std::max(before ? before->arrival_bound : 0, arrival);
   e.free_bound = std::max(before ? before->free_bound : 0, free_bound_of(e));
+  e.arrival_after = arrival;
+  for (auto earlier = exchanges.rbegin(); earlier != exchanges.rend() && earlier->arrival_after > arrival; ++earlier)
+    earlier->arrival_after = arrival;
   exchanges.push_back(std::move(e));
   while (exchanges.size() > kProcExchanges ||
          (exchanges.front().arrival + kProcHistoryNs < arrival && exchanges.size() > 1))
@@ -125,13 +128,18 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   // GPU for an exchange, it was free once the exchange's data had moved
   // (ExchangeData), not at its release.
   //
-  // From the latest back, until nothing earlier can change the answer (its
-  // bounds are no later than what is found): a process's history holds up
-  // to kProcExchanges, and a forward pass over all of them for each call
-  // scored was most of the collector's time at FSDP's call rates.
+  // From the latest exchange that arrived before t back, until nothing
+  // earlier can change the answer (its bounds are no later than what is
+  // found): a process's history holds up to kProcExchanges, and a pass over
+  // all of them for each call scored was most of the collector's time at
+  // FSDP's call rates.
   uint64_t base = 0, latest_arrival = 0, latest_release = 0;
   bool arrival_found = false;
-  for (auto e = exchanges.rbegin(); e != exchanges.rend(); ++e) {
+  // Those from the first whose earliest arrival onward is at or after t
+  // all arrived at or after t: none counts.
+  auto from =
+      std::partition_point(exchanges.begin(), exchanges.end(), [&](const Exchange& e) { return e.arrival_after < t; });
+  for (auto e = std::make_reverse_iterator(from); e != exchanges.rend(); ++e) {
     if (arrival_found && e->arrival_bound <= latest_arrival && e->free_bound <= base) break;
     if (e->arrival >= t) continue;
     const uint64_t release = e->data->release;

@@ -108,6 +108,10 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
       // free (its release, or its data's time where its host waited; the
       // data's time only ever moves earlier, so a bound once set holds).
       uint64_t arrival_bound = 0, free_bound = 0;
+      // The earliest arrival from it to the latest: exchanges complete
+      // about in arrival order, so those arrived at or after a time are
+      // found by a binary search, not passed over one by one.
+      uint64_t arrival_after = 0;
     };
     // The latest an exchange can be free, as far as is known now.
     static uint64_t free_bound_of(const Exchange& e);
