@@ -141,12 +141,18 @@ if [ "$mode" = "--rate" ]; then
   echo "Command: \`scripts/bench-sim.sh $build --rate\`: one healthy job, pattern $rate_pattern, 1 s steps, ${rate_s} s;"
   echo "records made: what the simulator's agents sent; CPU: the collector's user + system time over the run."
   echo
-  echo "| ranks | records made | records/s/rank | stored | re-sent batches ignored | batches unacknowledged at the end | collector CPU (cores) | CPU s per million stored | RSS at the end (MiB) |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| ranks | records made | records/s/rank | stored | re-sent batches ignored | batches unacknowledged at the end | collector CPU (cores) | CPU s per million stored | RSS at the end (MiB) | RSS every 30 s (MiB) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   ticks=$(getconf CLK_TCK)
   for nodes in ${RS_RATE_NODES:-64 256}; do
     start_collector "rate-$nodes"
     cpu0=$(awk '{print $14 + $15}' "/proc/$collector_pid/stat")
+    # The collector's memory every 30 s: bounded means it levels off.
+    ( for _ in $(seq $((rate_s / 30))); do
+        sleep 30
+        awk '/^VmRSS/ {printf "%d ", $2 / 1024}' "/proc/$collector_pid/status" 2>/dev/null
+      done >"$work/rate-rss" ) &
+    pids+=($!)
     rate_start=$(date +%s.%N)
     "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth-rate.jsonl" --log-level info \
       --scenario healthy --seed 5 --jobs 1 --nodes-per-job "$nodes" --pp 1 --pattern "$rate_pattern" \
@@ -161,10 +167,10 @@ if [ "$mode" = "--rate" ]; then
     resent=$(grep -o '([0-9]* re-sent' <<<"$status" | tr -dc 0-9 || true)
     awk -v r=$((nodes * 8)) -v made="${made:-0}" -v s="$rate_s" -v stored="${stored:-0}" -v resent="${resent:-0}" \
       -v unacked="${unacked:-0}" -v cpu=$((cpu1 - cpu0)) -v tk="$ticks" -v t0="$rate_start" -v t1="$rate_end" \
-      -v rss="$rss_kb" 'BEGIN {
+      -v rss="$rss_kb" -v samples="$(cat "$work/rate-rss" 2>/dev/null)" 'BEGIN {
         wall = t1 - t0; c = cpu / tk;
-        printf "| %d | %d | %.0f | %d | %d | %d | %.2f | %.2f | %.0f |\n", r, made, made / r / s, stored, resent,
-          unacked, c / wall, (stored > 0 ? c / (stored / 1e6) : 0), rss / 1024 }'
+        printf "| %d | %d | %.0f | %d | %d | %d | %.2f | %.2f | %.0f | %s |\n", r, made, made / r / s, stored, resent,
+          unacked, c / wall, (stored > 0 ? c / (stored / 1e6) : 0), rss / 1024, samples }'
     stop_collector
   done
   exit 0
