@@ -21,7 +21,9 @@
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
 # RS_KEEP_DIR=DIR keeps each run's findings and scores there.
 # RS_RATE_NODES x 8 ranks (default 64 256), RS_RATE_S seconds each (default
-# 40), RS_RATE_PATTERN (default fsdp) for --rate.
+# 40), RS_RATE_PATTERN (default fsdp) for --rate; RS_RATE_CULPRITS=N slows N
+# ranks of the job (1.02x-5x, from 15-25 s on) and scores the findings and
+# the clock against the truth (default 0: a healthy job, not scored).
 # RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
 # runs that collector binary instead of BUILD_DIR's (a baseline build: the
 # same command then gives the before figures).
@@ -138,12 +140,13 @@ if [ "$mode" = "--rate" ]; then
   rate_s=${RS_RATE_S:-40}
   echo "## A job at a real call rate, live ($(date -u +%F), $(nproc) cores)"
   echo
-  echo "Command: \`scripts/bench-sim.sh $build --rate\`: one healthy job, pattern $rate_pattern, 1 s steps, ${rate_s} s;"
+  echo "Command: \`scripts/bench-sim.sh $build --rate\`: one job (${RS_RATE_CULPRITS:-0} ranks slowed), pattern $rate_pattern, 1 s steps, ${rate_s} s;"
   echo "records made: what the simulator's agents sent; CPU: the collector's user + system time over the run."
   echo
   echo "| ranks | records made | records/s/rank | stored | re-sent batches ignored | batches unacknowledged at the end | collector CPU (cores) | CPU s per million stored | RSS at the end (MiB) | RSS every 30 s (MiB) |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   ticks=$(getconf CLK_TCK)
+  scored=()
   for nodes in ${RS_RATE_NODES:-64 256}; do
     start_collector "rate-$nodes"
     cpu0=$(awk '{print $14 + $15}' "/proc/$collector_pid/stat")
@@ -154,8 +157,11 @@ if [ "$mode" = "--rate" ]; then
       done >"$work/rate-rss" ) &
     pids+=($!)
     rate_start=$(date +%s.%N)
+    culprits=${RS_RATE_CULPRITS:-0}
+    scenario=(--scenario healthy)
+    [ "$culprits" -gt 0 ] && scenario=(--scenario slowdown --fault-after-s 15 --fault-window-s 10 --culprits "$culprits")
     "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth-rate.jsonl" --log-level info \
-      --scenario healthy --seed 5 --jobs 1 --nodes-per-job "$nodes" --pp 1 --pattern "$rate_pattern" \
+      "${scenario[@]}" --seed 5 --jobs 1 --nodes-per-job "$nodes" --pp 1 --pattern "$rate_pattern" \
       --step-ms 1000 --duration-s "$rate_s" --prefix rate 2>"$work/rate-sim.log" || true
     rate_end=$(date +%s.%N)
     cpu1=$(awk '{print $14 + $15}' "/proc/$collector_pid/stat")
@@ -171,8 +177,19 @@ if [ "$mode" = "--rate" ]; then
         wall = t1 - t0; c = cpu / tk;
         printf "| %d | %d | %.0f | %d | %d | %d | %.2f | %.2f | %.0f | %s |\n", r, made, made / r / s, stored, resent,
           unacked, c / wall, (stored > 0 ? c / (stored / 1e6) : 0), rss / 1024, samples }'
+    if [ "$culprits" -gt 0 ]; then
+      timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-rate.jsonl" \
+        --out "$work/scores-rate-$nodes.jsonl" >&2 || echo "bench-sim: scoring rate-$nodes failed" >&2
+      scored+=("$work/scores-rate-$nodes.jsonl")
+    fi
     stop_collector
   done
+  if [ "${#scored[@]}" -gt 0 ]; then
+    echo
+    echo "Scored against the truth (${RS_RATE_CULPRITS} ranks slowed 1.02x-5x per job, from 15-25 s on):"
+    echo
+    for f in "${scored[@]}"; do [ -s "$f" ] && "$bin/rankscope-sim" report "$f"; done
+  fi
   exit 0
 fi
 
