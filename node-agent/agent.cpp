@@ -138,7 +138,10 @@ void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transpor
 // collector restarted) sends every process's identity again. SIGTERM and
 // SIGINT interrupt the poll (EINTR, which cppzmq throws): the loop then
 // sees `stop` and shuts down cleanly instead of aborting.
-void take_replies(Transport& transport, Summariser& summariser, uint64_t& welcomes) {
+// Returns whether a welcome came: a new connection's clock is probed at
+// once (until its first probe the collector knows this node's clock only
+// by its wall time, which may be seconds off).
+bool take_replies(Transport& transport, Summariser& summariser, uint64_t& welcomes) {
   zmq::pollitem_t items[] = {{transport.socket().handle(), 0, ZMQ_POLLIN, 0}};
   try {
     zmq::poll(items, 1, std::chrono::milliseconds(kTickMs));
@@ -146,10 +149,10 @@ void take_replies(Transport& transport, Summariser& summariser, uint64_t& welcom
     if (e.num() != EINTR) throw;
   }
   transport.service();
-  if (transport.welcomes() != welcomes) {
-    welcomes = transport.welcomes();
-    if (welcomes > 1) summariser.resend_identities();
-  }
+  if (transport.welcomes() == welcomes) return false;
+  welcomes = transport.welcomes();
+  if (welcomes > 1) summariser.resend_identities();
+  return true;
 }
 
 // Whether NCCL's proxy steps are wanted now: during the first
@@ -237,7 +240,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   // reply; a few heartbeats without one, and they go off.
   const uint64_t detail_lease_ns = std::max<uint64_t>(5ull * options.heartbeat_interval_ms, 5'000) * kMs;
   while (!stop.load()) {
-    take_replies(transport, summariser, welcomes);
+    if (take_replies(transport, summariser, welcomes)) last_probe = 0;
     bpf.consume();
     attach_rings(summariser, rings);
     rings.set_detail(proxy_detail_wanted(options), transport.detail_comms(detail_lease_ns));

@@ -358,6 +358,8 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
         if (message.getHelloReply().getAccepted()) {
           accepted_ = true;
           ack_timer_.reset();
+          // As the agent: a new connection's clock is probed at once.
+          send_probe();
           for (auto& p : queue_) {
             p.last_sent = -1;
             p.resends = 0;
