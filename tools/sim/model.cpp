@@ -175,6 +175,7 @@ void Fleet::wire_comms(int j, JobDef& jd) {
       std::vector<int> members;
       for (int l = 0; l < G; ++l) members.push_back(m * G + l);
       int c = add_comm("tp", "tp" + std::to_string(m), members);
+      jd.has_tp = true;
       for (int l = 0; l < G; ++l) jd.ranks[m * G + l].tp = c, jd.ranks[m * G + l].tp_rank = l;
     }
   if (D > 1)
@@ -357,6 +358,21 @@ Fleet::Arrivals Fleet::arrive(int j, int c, uint8_t op, uint8_t datatype, uint64
   return a;
 }
 
+void Fleet::sample_clocks(const JobDef& job, const CommDef& comm, uint64_t seq, const std::vector<int64_t>& arrival) {
+  // Stored issue times against the true ones, for the clocks' score: a
+  // tensor-parallel group's first rank (one group per node), or where a
+  // job has none (one GPU per node, FSDP's one communicator), each node's
+  // first member, less often.
+  if (comm.kind == "tp" && seq % 8 == 0 && arrival[0] < kNever)
+    clock_samples_.push_back({job.ranks[comm.members[0]].node, comm.hash, 0, seq, arrival[0]});
+  if (comm.kind != "tp" && seq % 64 == 0 && !job.has_tp)
+    for (size_t k = 0; k < comm.members.size(); ++k) {
+      const int node = job.ranks[comm.members[k]].node;
+      if (arrival[k] < kNever && (k == 0 || job.ranks[comm.members[k - 1]].node != node))
+        clock_samples_.push_back({node, comm.hash, static_cast<int>(k), seq, arrival[k]});
+    }
+}
+
 void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t datatype, uint64_t count,
                        bool step_end, bool mismatch_point, std::vector<std::vector<SimEvent>>& out, size_t& made) {
   JobRun& run = runs_[j];
@@ -366,8 +382,7 @@ void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t
     const CommDef& comm = job.comms[c];
     uint64_t seq = run.comm_seq[c];
     auto [arrival, complete, mismatched] = arrive(j, c, op, datatype, count, mismatch_point, out, made);
-    if (comm.kind == "tp" && seq % 8 == 0 && arrival[0] < kNever)
-      clock_samples_.push_back({jobs_[j].ranks[comm.members[0]].node, comm.hash, 0, seq, arrival[0]});
+    sample_clocks(jobs_[j], comm, seq, arrival);
     if (!complete || mismatched) {
       // Whoever arrived waits for ever; the job cannot go past this point.
       for (size_t k = 0; k < comm.members.size(); ++k) {
@@ -421,7 +436,9 @@ void Fleet::queued_collective(int j, int c, uint8_t op, uint8_t datatype, uint64
   JobRun& run = runs_[j];
   const CommDef& comm = jobs_[j].comms[c];
   std::mt19937_64& rng = job_rng_[j];
+  const uint64_t seq = run.comm_seq[c];
   auto [arrival, complete, mismatched] = arrive(j, c, op, datatype, count, mismatch_point, out, made);
+  sample_clocks(jobs_[j], comm, seq, arrival);
   for (size_t k = 0; k < comm.members.size(); ++k)
     if (arrival[k] < kNever) run.t[comm.members[k]] = arrival[k] + 15'000;  // enqueued: the host computes on
   if (!complete || mismatched) {

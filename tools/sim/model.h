@@ -110,6 +110,7 @@ struct JobDef {
   std::vector<RankDef> ranks;    // by global rank
   std::vector<CommDef> comms;
   int world = -1;
+  bool has_tp = false;  // a tensor-parallel communicator per node
 };
 
 struct NodeDef {
@@ -233,6 +234,8 @@ class Fleet {
   // jitter) on the job's world communicator: collectives queued on each
   // rank's stream while its host computes on, host waits at sync points.
   void data_parallel_step(int j, std::vector<std::vector<SimEvent>>& out, size_t& made);
+  // Keeps true issue times of some members, to score the stored ones against.
+  void sample_clocks(const JobDef& job, const CommDef& comm, uint64_t seq, const std::vector<int64_t>& arrival);
   void queued_collective(int j, int c, uint8_t op, uint8_t datatype, uint64_t count, double xfer_ns, bool sync,
                          bool mismatch_point, std::vector<std::vector<SimEvent>>& out, size_t& made);
   // The host of each rank waits for its stream (a wait record each).

@@ -311,7 +311,7 @@ std::vector<double> score_clocks(cli::QueryClient& client, const Truth& truth, c
     auto t = req.initTimeline();
     t.setComm(key.first);
     t.setRank(key.second);
-    t.setLast(400);
+    t.setLast(2048);  // the newest samples kept span up to 1,024 seqs (every 64th of a communicator without tp)
     std::vector<double> errors;
     auto asked = client.ask(request, [&](query::Reply::Reader reply) {
       for (auto r : reply.getTimeline().getRecords()) {
