@@ -22,8 +22,11 @@
 # RS_KEEP_DIR=DIR keeps each run's findings and scores there.
 # RS_RATE_NODES x 8 ranks (default 64 256), RS_RATE_S seconds each (default
 # 40), RS_RATE_PATTERN (default fsdp) for --rate; RS_RATE_CULPRITS=N slows N
-# ranks of the job (1.02x-5x, from 15-25 s on) and scores the findings and
-# the clock against the truth (default 0: a healthy job, not scored).
+# ranks of the job (1.02x-5x, from 15-25 s on; default 0: a healthy job);
+# each run's findings and clocks are scored against the truth;
+# RS_RATE_PROBE_JITTER_MS is the simulated network's mean extra round trip
+# of a clock probe (default 1; 0: what is left is the collector's and the
+# simulator's own delay).
 # RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
 # runs that collector binary instead of BUILD_DIR's (a baseline build: the
 # same command then gives the before figures).
@@ -162,7 +165,8 @@ if [ "$mode" = "--rate" ]; then
     [ "$culprits" -gt 0 ] && scenario=(--scenario slowdown --fault-after-s 15 --fault-window-s 10 --culprits "$culprits")
     "$bin/rankscope-sim" run --collector "$agents" --truth "$work/truth-rate.jsonl" --log-level info \
       "${scenario[@]}" --seed 5 --jobs 1 --nodes-per-job "$nodes" --pp 1 --pattern "$rate_pattern" \
-      --step-ms 1000 --duration-s "$rate_s" --prefix rate 2>"$work/rate-sim.log" || true
+      --step-ms 1000 --duration-s "$rate_s" --probe-jitter-ms "${RS_RATE_PROBE_JITTER_MS:-1}" --prefix rate \
+      2>"$work/rate-sim.log" || true
     rate_end=$(date +%s.%N)
     cpu1=$(awk '{print $14 + $15}' "/proc/$collector_pid/stat")
     rss_kb=$(awk '/^VmRSS/ {print $2}' "/proc/$collector_pid/status")
@@ -177,16 +181,16 @@ if [ "$mode" = "--rate" ]; then
         wall = t1 - t0; c = cpu / tk;
         printf "| %d | %d | %.0f | %d | %d | %d | %.2f | %.2f | %.0f | %s |\n", r, made, made / r / s, stored, resent,
           unacked, c / wall, (stored > 0 ? c / (stored / 1e6) : 0), rss / 1024, samples }'
-    if [ "$culprits" -gt 0 ]; then
-      timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-rate.jsonl" \
-        --out "$work/scores-rate-$nodes.jsonl" >&2 || echo "bench-sim: scoring rate-$nodes failed" >&2
-      scored+=("$work/scores-rate-$nodes.jsonl")
-    fi
+    # Scored against the truth: stragglers (where slowed), false alarms and the clocks.
+    timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-rate.jsonl" \
+      --out "$work/scores-rate-$nodes.jsonl" >&2 || echo "bench-sim: scoring rate-$nodes failed" >&2
+    scored+=("$work/scores-rate-$nodes.jsonl")
+    if [ -n "${RS_KEEP_DIR:-}" ]; then cp "$work/scores-rate-$nodes.jsonl" "$RS_KEEP_DIR/"; fi
     stop_collector
   done
   if [ "${#scored[@]}" -gt 0 ]; then
     echo
-    echo "Scored against the truth (${RS_RATE_CULPRITS} ranks slowed 1.02x-5x per job, from 15-25 s on):"
+    echo "Scored against the truth (${RS_RATE_CULPRITS:-0} ranks slowed 1.02x-5x per job, from 15-25 s on):"
     echo
     for f in "${scored[@]}"; do [ -s "$f" ] && "$bin/rankscope-sim" report "$f"; done
   fi
