@@ -18,6 +18,14 @@ constexpr size_t kProcExchanges = 1024;
 // calls) ends while its instances settle and wait to be scored.
 constexpr size_t kProcGpuEnds = 16384;
 constexpr uint64_t kProcHistoryNs = kBatchGapWaitNs + 2'000'000'000ull;  // ... or waits for a missing batch
+// The most exchanges a search for a process's last release looks at. In
+// time order it stops within a few; where its history is out of order
+// (records put on the cluster clock before their node's clock was known,
+// seconds off, or a node's own timestamps) the search could go through all
+// of it for every call scored, and at FSDP's call rates that held the
+// collector up for seconds. Past this the release is taken as unknown, and
+// the instance is not scored.
+constexpr size_t kReleaseSearch = 64;
 // A host wait on the GPU that began within this of an exchange's release
 // waited for it (a synchronize right after a Recv, or at a step's end after
 // the last bucket). One that began later waited for GPU work of its own.
@@ -139,8 +147,10 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   // all arrived at or after t: none counts.
   auto from =
       std::partition_point(exchanges.begin(), exchanges.end(), [&](const Exchange& e) { return e.arrival_after < t; });
+  size_t looked = 0;
   for (auto e = std::make_reverse_iterator(from); e != exchanges.rend(); ++e) {
     if (arrival_found && e->arrival_bound <= latest_arrival && e->free_bound <= base) break;
+    if (++looked > kReleaseSearch) return {Release::unknown, 0};
     if (e->arrival >= t) continue;
     const uint64_t release = e->data->release;
     // Of equal arrivals the latest in the history (met first here).
