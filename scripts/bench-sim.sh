@@ -185,7 +185,7 @@ if [ "$mode" = "--rate" ]; then
     timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-rate.jsonl" \
       --out "$work/scores-rate-$nodes.jsonl" >&2 || echo "bench-sim: scoring rate-$nodes failed" >&2
     scored+=("$work/scores-rate-$nodes.jsonl")
-    if [ -n "${RS_KEEP_DIR:-}" ]; then cp "$work/scores-rate-$nodes.jsonl" "$RS_KEEP_DIR/"; fi
+    if [ -n "${RS_KEEP_DIR:-}" ]; then cp "$work/scores-rate-$nodes.jsonl" "$RS_KEEP_DIR/" 2>/dev/null || true; fi
     stop_collector
   done
   if [ "${#scored[@]}" -gt 0 ]; then

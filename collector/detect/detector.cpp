@@ -18,13 +18,15 @@ constexpr size_t kProcExchanges = 1024;
 // calls) ends while its instances settle and wait to be scored.
 constexpr size_t kProcGpuEnds = 16384;
 constexpr uint64_t kProcHistoryNs = kBatchGapWaitNs + 2'000'000'000ull;  // ... or waits for a missing batch
-// The most exchanges a search for a process's last release looks at. In
-// time order it stops within a few; where its history is out of order
-// (records put on the cluster clock before their node's clock was known,
-// seconds off, or a node's own timestamps) the search could go through all
-// of it for every call scored, and at FSDP's call rates that held the
-// collector up for seconds. Past this the release is taken as unknown, and
-// the instance is not scored.
+// The most exchanges a search for a process's last release looks at. With
+// its history in time order the search stops once the latest arrival
+// before the call is settled (the first exchange looked at) and the
+// releases before it are found, or the host is seen to have run ahead;
+// where its history is out of order (records put on the cluster clock
+// before their node's clock was known, seconds off; batches re-sent late)
+// it could go through all of it for every call scored, and at FSDP's call
+// rates that held the collector up for seconds. Past this the release is
+// taken as unknown, and the instance is not scored.
 constexpr size_t kReleaseSearch = 64;
 // A host wait on the GPU that began within this of an exchange's release
 // waited for it (a synchronize right after a Recv, or at a step's end after
@@ -147,9 +149,29 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   // all arrived at or after t: none counts.
   auto from =
       std::partition_point(exchanges.begin(), exchanges.end(), [&](const Exchange& e) { return e.arrival_after < t; });
+  // A call after the latest known exchange: an exchange whose release is not
+  // known (a Send whose Recv never arrived). The release before it would
+  // make everything since look like its own time.
+  auto after_unknown = [&] {
+    auto later = std::lower_bound(issues.begin(), issues.end(), t);
+    return later != issues.begin() && *(later - 1) > latest_arrival;
+  };
+  // Some exchange before t released by t: the oldest kept, where the history is in order.
+  auto released_by_t = [&] {
+    const Exchange& oldest = exchanges.front();
+    return oldest.arrival < t && oldest.data->release > 0 && oldest.data->release <= t;
+  };
   size_t looked = 0;
   for (auto e = std::make_reverse_iterator(from); e != exchanges.rend(); ++e) {
-    if (arrival_found && e->arrival_bound <= latest_arrival && e->free_bound <= base) break;
+    if (arrival_found && e->arrival_bound <= latest_arrival) {
+      // The latest arrival before t is settled: nothing earlier arrived later.
+      if (e->free_bound <= base) break;
+      // Released after t: the host ran ahead of it, whatever released
+      // earlier (a host many calls ahead of a slow rank would otherwise be
+      // walked back through all of them).
+      if (latest_release > t && latest_arrival != 0 && released_by_t())
+        return after_unknown() ? std::pair{Release::unknown, uint64_t{0}} : std::pair{Release::ahead, uint64_t{0}};
+    }
     if (++looked > kReleaseSearch) return {Release::unknown, 0};
     if (e->arrival >= t) continue;
     const uint64_t release = e->data->release;
@@ -162,11 +184,7 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
     if (e->waited && e->data->data_ns <= t) free = std::max(free, e->data->data_ns);
     if (free <= t) base = std::max(base, free);
   }
-  // A call after the latest known exchange: an exchange whose release is not
-  // known (a Send whose Recv never arrived). The release before it would
-  // make everything since look like its own time.
-  auto later = std::lower_bound(issues.begin(), issues.end(), t);
-  if (later != issues.begin() && *(later - 1) > latest_arrival) return {Release::unknown, 0};
+  if (after_unknown()) return {Release::unknown, 0};
   if (latest_arrival == 0 || base == 0) return {Release::none, 0};
   if (latest_release > t) return {Release::ahead, 0};
   return {Release::known, base};

@@ -361,8 +361,8 @@ Fleet::Arrivals Fleet::arrive(int j, int c, uint8_t op, uint8_t datatype, uint64
 void Fleet::sample_clocks(const JobDef& job, const CommDef& comm, uint64_t seq, const std::vector<int64_t>& arrival) {
   // Stored issue times against the true ones, for the clocks' score: a
   // tensor-parallel group's first rank (one group per node), or where a
-  // job has none (one GPU per node, FSDP's one communicator), each node's
-  // first member, less often.
+  // job has none (one GPU per node, or FSDP's and DDP's one communicator),
+  // each node's first member, less often.
   if (comm.kind == "tp" && seq % 8 == 0 && arrival[0] < kNever)
     clock_samples_.push_back({job.ranks[comm.members[0]].node, comm.hash, 0, seq, arrival[0]});
   if (comm.kind != "tp" && seq % 64 == 0 && !job.has_tp)
