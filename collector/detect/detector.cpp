@@ -18,16 +18,6 @@ constexpr size_t kProcExchanges = 1024;
 // calls) ends while its instances settle and wait to be scored.
 constexpr size_t kProcGpuEnds = 16384;
 constexpr uint64_t kProcHistoryNs = kBatchGapWaitNs + 2'000'000'000ull;  // ... or waits for a missing batch
-// The most exchanges a search for a process's last release looks at. With
-// its history in time order the search stops once the latest arrival
-// before the call is settled (the first exchange looked at) and the
-// releases before it are found, or the host is seen to have run ahead;
-// where its history is out of order (records put on the cluster clock
-// before their node's clock was known, seconds off; batches re-sent late)
-// it could go through all of it for every call scored, and at FSDP's call
-// rates that held the collector up for seconds. Past this the release is
-// taken as unknown, and the instance is not scored.
-constexpr size_t kReleaseSearch = 64;
 // A host wait on the GPU that began within this of an exchange's release
 // waited for it (a synchronize right after a Recv, or at a step's end after
 // the last bucket). One that began later waited for GPU work of its own.
@@ -161,7 +151,6 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
     const Exchange& oldest = exchanges.front();
     return oldest.arrival < t && oldest.data->release > 0 && oldest.data->release <= t;
   };
-  size_t looked = 0;
   for (auto e = std::make_reverse_iterator(from); e != exchanges.rend(); ++e) {
     if (arrival_found && e->arrival_bound <= latest_arrival) {
       // The latest arrival before t is settled: nothing earlier arrived later.
@@ -172,7 +161,6 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
       if (latest_release > t && latest_arrival != 0 && released_by_t())
         return after_unknown() ? std::pair{Release::unknown, uint64_t{0}} : std::pair{Release::ahead, uint64_t{0}};
     }
-    if (++looked > kReleaseSearch) return {Release::unknown, 0};
     if (e->arrival >= t) continue;
     const uint64_t release = e->data->release;
     // Of equal arrivals the latest in the history (met first here).
