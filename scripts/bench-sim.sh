@@ -77,6 +77,14 @@ stop_collector() {
   rm -rf "$work"/db-*
 }
 
+# score_kept TRUTH SCORES WHAT: scores the running collector against TRUTH
+# into SCORES (kept in RS_KEEP_DIR too); a failure is said, not fatal.
+score_kept() {
+  timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$1" --out "$2" >&2 ||
+    echo "bench-sim: scoring $3 failed" >&2
+  if [ -n "${RS_KEEP_DIR:-}" ]; then cp "$2" "$RS_KEEP_DIR/" 2>/dev/null || true; fi
+}
+
 # accuracy NAME SCORES collector-options -- sim-options: one scored run.
 accuracy() {
   local name=$1 scores=$2
@@ -213,15 +221,11 @@ if [ "$mode" = "--rate" ]; then
         printf "| %d | %d | %.0f | %d | %d | %d | %.2f | %.2f | %.0f | %s |\n", r, made, made / r / s, stored, resent,
           unacked, c / wall, (stored > 0 ? c / (stored / 1e6) : 0), rss / 1024, samples }'
     # Scored against the truth: stragglers (where slowed), false alarms and the clocks.
-    timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-rate.jsonl" \
-      --out "$work/scores-rate-$nodes.jsonl" >&2 || echo "bench-sim: scoring rate-$nodes failed" >&2
+    score_kept "$work/truth-rate.jsonl" "$work/scores-rate-$nodes.jsonl" "rate-$nodes"
     scored+=("$work/scores-rate-$nodes.jsonl")
-    if [ -n "${RS_KEEP_DIR:-}" ]; then cp "$work/scores-rate-$nodes.jsonl" "$RS_KEEP_DIR/" 2>/dev/null || true; fi
     if [ "$witness_pid" -gt 0 ]; then
-      timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$work/truth-witness-$nodes.jsonl" \
-        --out "$work/scores-witness-$nodes.jsonl" >&2 || echo "bench-sim: scoring the witness failed" >&2
+      score_kept "$work/truth-witness-$nodes.jsonl" "$work/scores-witness-$nodes.jsonl" "the witness"
       witnessed+=("$work/scores-witness-$nodes.jsonl")
-      if [ -n "${RS_KEEP_DIR:-}" ]; then cp "$work/scores-witness-$nodes.jsonl" "$RS_KEEP_DIR/" 2>/dev/null || true; fi
     fi
     stop_collector
   done
