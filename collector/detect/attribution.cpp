@@ -30,7 +30,8 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
       options_(options),
       bucket_ns_(std::max<uint64_t>(1, options.window_ns / 5)),
       per_bucket_(std::max<size_t>(1, (options.min_instances + buckets_ - 2) / (buckets_ - 1))),
-      noise_memory_(noise_memory(nranks)) {
+      lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_, false),
+      timed_lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_, true) {
   wall_.assign(buckets_, 0);
   count_.assign(buckets_, 0);
   ranks_.resize(static_cast<size_t>(std::max(0, nranks)));
@@ -38,9 +39,94 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
     r.owed.assign(buckets_, 0);
     r.held.assign(buckets_, 0);
     r.late.assign(buckets_, 0);
-    r.lag.assign(buckets_, 0);
-    r.changes.reserve(noise_memory_);
   }
+}
+
+WaitAttribution::LagSeries::LagSeries(size_t nranks, size_t memory, size_t closed_kept, bool upper_quartile)
+    : upper_quartile_(upper_quartile),
+      sum_(nranks, 0),
+      last_(nranks, 0),
+      changes_(nranks * memory, 0),
+      memory_(memory),
+      closed_counts_(closed_kept, 0) {}
+
+void WaitAttribution::LagSeries::centred(std::vector<double>& out) const {
+  // Each rank's mean lag less the mean of the others': lags are counted
+  // only where a rank is behind, so they are skewed, and the median of the
+  // ranks would sit below their mean: every rank would seem behind it by
+  // chance. The others' mean, not one that includes the rank, behind which
+  // a straggler would hide.
+  const size_t n = sum_.size();
+  out.assign(n, 0);
+  if (count_ == 0 || n < 2) return;
+  double sum = 0;
+  for (size_t r = 0; r < n; ++r) sum += out[r] = sum_[r] / count_;
+  const double others = static_cast<double>(n - 1);
+  for (double& lag : out) lag -= (sum - lag) / others;
+}
+
+void WaitAttribution::LagSeries::close(std::vector<double>& out) {
+  centred(out);
+  const size_t n = sum_.size();
+  if (has_last_) {
+    for (size_t r = 0; r < n; ++r) changes_[r * memory_ + next_] = std::abs(out[r] - last_[r]);
+    next_ = (next_ + 1) % memory_;
+    kept_ = std::min(kept_ + 1, memory_);
+  }
+  last_ = out;
+  has_last_ = n > 0;
+  std::fill(sum_.begin(), sum_.end(), 0.0);
+  closed_counts_[closed_ % closed_counts_.size()] = count_;
+  closed_ += 1;
+  count_ = 0;
+}
+
+double WaitAttribution::LagSeries::noise() const {
+  // Changes of each rank's centred lag from one bucket to the next, the
+  // last `memory_` of each: under no fault, a difference of two values of
+  // the same noise. The centred lag itself, not the rank's raw mean: that
+  // is what is tested, and a rank never behind the median (its raw mean
+  // always 0) would otherwise drag the estimate down. Over many changes: a
+  // quantile of a few is now and then far too small, and every step it
+  // scales is then taken for evidence. Scaled as for normal changes (of
+  // sd sqrt 2 x sigma): their median (1.4826 x it / sqrt 2), or their 75th
+  // percentile (/ 1.1503 sqrt 2) where a bucket may hold one collective:
+  // the median is pulled low by the many changes between two buckets in
+  // which a rank was ahead (lag 0 in both): under normal noise the true
+  // spread is 1.26-1.43 times the median's estimate with one collective a
+  // bucket, 1.04 with 4; 1.05-1.09 and 1.02 times the 75th percentile's
+  // (scripts/bench-chance.py). The CUSUM's buckets (4 collectives at
+  // least) keep the median: in a job whose step times vary by data the
+  // 75th percentile's estimate stands higher, and a rank slowed 1.28x
+  // there, found with the median, was not with it. A rank that slows down
+  // changes once, at its onset, and moves neither.
+  if (kept_ == 0) return 0;
+  scratch_.clear();
+  for (size_t r = 0; r < sum_.size(); ++r)
+    scratch_.insert(scratch_.end(), changes_.begin() + static_cast<std::ptrdiff_t>(r * memory_),
+                    changes_.begin() + static_cast<std::ptrdiff_t>(r * memory_ + kept_));
+  if (scratch_.size() < 3) return 0;
+  double sd = 0;
+  if (upper_quartile_) {
+    auto at = scratch_.begin() + static_cast<std::ptrdiff_t>(3 * (scratch_.size() - 1) / 4);
+    std::nth_element(scratch_.begin(), at, scratch_.end());
+    sd = *at / (1.1503 * std::sqrt(2.0));
+  } else {
+    sd = 1.4826 * median(scratch_) / std::sqrt(2.0);
+  }
+  // Noise of exactly equal values (a replayed or synthetic job): a
+  // microsecond, far under any lateness that counts.
+  return std::max(1000.0, sd);
+}
+
+double WaitAttribution::LagSeries::fill() const {
+  const size_t closed = std::min(closed_, closed_counts_.size());
+  if (closed == 0) return count_ > 0 ? 1.0 : 0.0;
+  const double expected =
+      static_cast<double>(
+          std::accumulate(closed_counts_.begin(), closed_counts_.begin() + static_cast<std::ptrdiff_t>(closed), 0u)) /
+      static_cast<double>(closed);
+  return std::min(1.0, static_cast<double>(count_) / expected);
 }
 
 uint64_t WaitAttribution::window_wall() const { return std::accumulate(wall_.begin(), wall_.end(), uint64_t{0}); }
@@ -68,37 +154,6 @@ double WaitAttribution::typical(const std::vector<double>& shares, const std::ve
   return median_of_sorted(others);
 }
 
-double WaitAttribution::noise() const {
-  // Changes of each rank's centred lag from one bucket to the next, the
-  // last noise_memory_ of each: under no fault, a difference of two values
-  // of the same noise. The centred lag itself, not the rank's raw mean:
-  // that is what is tested, and a rank never behind the median (its raw
-  // mean always 0) would otherwise drag the estimate down. Over many
-  // changes: a median of a few is now and then far too small, and every
-  // step it scales is then taken for evidence.
-  scratch_.clear();
-  for (const Rank& rank : ranks_) scratch_.insert(scratch_.end(), rank.changes.begin(), rank.changes.end());
-  if (scratch_.size() < 3) return 0;
-  // Noise of exactly equal values (a replayed or synthetic job): a
-  // microsecond, far under any lateness that counts.
-  return std::max(1000.0, 1.4826 * median(scratch_) / std::sqrt(2.0));
-}
-
-void WaitAttribution::centred_lags(size_t s, std::vector<double>& centred) const {
-  // Each rank's mean lag less the mean of the others': lags are counted
-  // only where a rank is behind, so they are skewed, and the median of the
-  // ranks would sit below their mean: every rank would seem behind it by
-  // chance. The others' mean, not one that includes the rank, behind which
-  // a straggler would hide.
-  const size_t n = ranks_.size();
-  centred.assign(n, 0);
-  if (count_[s] == 0 || n < 2) return;
-  double sum = 0;
-  for (size_t r = 0; r < n; ++r) sum += centred[r] = ranks_[r].lag[s] / count_[s];
-  const double others = static_cast<double>(n - 1);
-  for (double& lag : centred) lag -= (sum - lag) / others;
-}
-
 double WaitAttribution::lag_step(double centred_lag, double noise) const {
   if (noise <= 0) return 0;
   // One bucket gives at most a quarter of the evidence needed (a Huber
@@ -107,6 +162,16 @@ double WaitAttribution::lag_step(double centred_lag, double noise) const {
   // a quiet job) would otherwise pass it in one step.
   const double clip = options_.lag_evidence_sd / 4;
   return std::clamp(centred_lag / noise, -clip, clip) - options_.lag_reference_sd;
+}
+
+double WaitAttribution::far_step(double run, double centred_lag, double noise) const {
+  // Far behind: the clip reached. Such a lag is rare by chance even in a
+  // bucket of one collective (about 1 in 1,000 under normal noise), and a
+  // run of them long enough to pass is not chance; any other bucket ends
+  // the run.
+  const double clip = options_.lag_evidence_sd / 4;
+  if (noise <= 0 || centred_lag < clip * noise) return 0;
+  return run + clip - options_.lag_reference_sd;
 }
 
 void WaitAttribution::learn(const std::vector<double>& share) {
@@ -121,6 +186,17 @@ void WaitAttribution::learn(const std::vector<double>& share) {
   }
 }
 
+void WaitAttribution::close_timed_bucket() {
+  const double lag_cap = kEvidenceCap * options_.lag_evidence_sd;
+  std::vector<double> centred;
+  timed_lags_.close(centred);
+  const double job_noise = timed_lags_.noise();
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = ranks_[r];
+    if (rank.learnt) rank.far_evidence = std::min(far_step(rank.far_evidence, centred[r], job_noise), lag_cap);
+  }
+}
+
 void WaitAttribution::close_bucket() {
   // The bucket just filled is evidence; the window as it stands teaches
   // each rank's structure.
@@ -130,21 +206,10 @@ void WaitAttribution::close_bucket() {
   std::sort(sorted.begin(), sorted.end());
   const double cap = kEvidenceCap * static_cast<double>(options_.evidence_ns);
   const double lag_cap = kEvidenceCap * options_.lag_evidence_sd;
-  // Each rank's centred lag in this bucket, and its change from the last.
+  // Each rank's centred lag in this bucket (its change from the last kept).
   std::vector<double> centred;
-  centred_lags(s, centred);
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    Rank& rank = ranks_[r];
-    if (rank.has_last) {
-      const double change = std::abs(centred[r] - rank.last_lag);
-      if (rank.changes.size() < noise_memory_) rank.changes.push_back(change);
-      else rank.changes[rank.next_change] = change;
-      rank.next_change = (rank.next_change + 1) % noise_memory_;
-    }
-    rank.last_lag = centred[r];
-    rank.has_last = true;
-  }
-  const double job_noise = noise();
+  lags_.close(centred);
+  const double job_noise = lags_.noise();
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
     if (!rank.learnt) continue;
@@ -191,24 +256,33 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
   if (value.size() != n || arrival.size() != n || margin.size() != n || n < 2) return;
   // A bucket lasts at least bucket_ns and holds at least per_bucket_
   // instances: a job of slow steps (one collective every 10 s) is judged
-  // over as many instances as a fast one, over a longer window.
+  // over as many instances as a fast one, over a longer window. The
+  // far-behind run's buckets close by time alone.
   if (current_ < 0) {
     current_ = 0;
-    bucket_start_ = completion_ns;
-  } else if (completion_ns >= bucket_start_ + bucket_ns_ && count_[slot(current_)] >= per_bucket_) {
-    close_bucket();
-    current_ += 1;
-    const size_t next = slot(current_);
-    wall_[next] = 0;
-    count_[next] = 0;
-    for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0, r.lag[next] = 0;
-    bucket_start_ = completion_ns;
+    bucket_start_ = timed_start_ = completion_ns;
+  } else {
+    if (completion_ns >= timed_start_ + bucket_ns_ && timed_lags_.instances() > 0) {
+      close_timed_bucket();
+      timed_start_ = completion_ns;
+    }
+    if (completion_ns >= bucket_start_ + bucket_ns_ && count_[slot(current_)] >= per_bucket_) {
+      close_bucket();
+      current_ += 1;
+      const size_t next = slot(current_);
+      wall_[next] = 0;
+      count_[next] = 0;
+      for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0;
+      bucket_start_ = completion_ns;
+    }
   }
   const size_t s = slot(current_);
   if (last_completion_ > 0 && completion_ns > last_completion_)
     wall_[s] += std::min(completion_ns - last_completion_, kMaxIntervalNs);
   last_completion_ = std::max(last_completion_, completion_ns);
   count_[s] += 1;
+  lags_.count();
+  timed_lags_.count();
 
   order_.resize(n);
   std::iota(order_.begin(), order_.end(), 0);
@@ -219,7 +293,11 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
   // spent) holds the job up at those; being early elsewhere buys nothing back.
   const double middle = n % 2 ? static_cast<double>(value[order_[n / 2]])
                               : (static_cast<double>(value[order_[n / 2 - 1]]) + static_cast<double>(value[order_[n / 2]])) / 2;
-  for (size_t r = 0; r < n; ++r) ranks_[r].lag[s] += std::max(0.0, static_cast<double>(value[r]) - middle);
+  for (size_t r = 0; r < n; ++r) {
+    const double lag = std::max(0.0, static_cast<double>(value[r]) - middle);
+    lags_.add(r, lag);
+    timed_lags_.add(r, lag);
+  }
   // Between the arrivals at positions j-1 and j, j ranks wait, owed in
   // equal parts to the n - j ranks not there yet (`fair`, per waiting rank:
   // the job's time it cost); each of them kept the waiting ranks there for
@@ -284,23 +362,14 @@ std::vector<Standing> WaitAttribution::standings() const {
   const size_t instances = window_instances();
   const double cap = kEvidenceCap * static_cast<double>(options_.evidence_ns);
   const double lag_cap = kEvidenceCap * options_.lag_evidence_sd;
-  std::vector<double> centred;
-  double job_noise = 0;
-  // The bucket being filled counts in proportion to how full it is: its
-  // first few instances' mean varies more than a whole bucket's, and
-  // counted as one would make a chance peak look like evidence.
-  double fill = 0;
-  if (current_ >= 0) {
-    centred_lags(slot(current_), centred);
-    job_noise = noise();
-    const size_t s = slot(current_);
-    size_t closed = 0, closed_count = 0;
-    for (size_t b = 0; b < buckets_; ++b)
-      if (b != s && count_[b] > 0) closed += 1, closed_count += count_[b];
-    const double expected = closed > 0 ? static_cast<double>(closed_count) / static_cast<double>(closed)
-                                       : static_cast<double>(per_bucket_);
-    fill = std::min(1.0, static_cast<double>(count_[s]) / expected);
-  }
+  // The buckets being filled count in proportion to how full they are:
+  // the mean of a bucket's first few instances varies more than a whole
+  // bucket's, and counted as one would make a chance peak look like evidence.
+  std::vector<double> centred, timed;
+  lags_.centred(centred);
+  timed_lags_.centred(timed);
+  const double job_noise = lags_.noise(), timed_noise = timed_lags_.noise();
+  const double fill = lags_.fill(), timed_fill = timed_lags_.fill();
   std::vector<Standing> out(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     const Rank& rank = ranks_[r];
@@ -328,6 +397,11 @@ std::vector<Standing> WaitAttribution::standings() const {
       double x = static_cast<double>(rank.owed[s]) - st.allowance * static_cast<double>(wall_[s]);
       st.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
       st.lag_evidence = std::clamp(rank.lag_evidence + fill * lag_step(centred[r], job_noise), 0.0, lag_cap);
+      const double far = far_step(rank.far_evidence, timed[r], timed_noise);
+      const double far_evidence =
+          std::min(rank.far_evidence + (far > 0 ? timed_fill * (far - rank.far_evidence) : 0), lag_cap);
+      if (far_evidence > st.lag_evidence)
+        st.lag_evidence = far_evidence, st.noise_ns = timed_noise, st.far_behind = true;
     }
     st.under = st.share <= st.allowance;
     st.over = st.learnt && instances >= options_.min_instances &&

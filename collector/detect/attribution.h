@@ -33,7 +33,21 @@
 //     standardised lag, clipped to a quarter of `lag_evidence_sd` (one
 //     bucket, one pause, is not persistence), less `lag_reference_sd`
 //     must reach `lag_evidence_sd`; the bucket being filled counts in
-//     proportion to how full it is. A structurally late rank (the last pipeline stage) passes
+//     proportion to how full it is. The CUSUM's buckets are the window's,
+//     of 4 instances at least: the mean lag of fewer is skewed, and chance
+//     passes the CUSUM far more often. At a slow step such a bucket spans
+//     two steps, and a rank slowed 5x, far behind at every step, would
+//     need 10 of them. So a rank also passes when it is far behind: at the
+//     clip or beyond in each of its last buckets of a fifth of the window
+//     (closed by time alone, an instance at least; standardised by their
+//     own noise), each adding what a clipped bucket adds to the CUSUM,
+//     until the run reaches `lag_evidence_sd` (5 in a row). Their noise
+//     is the 75th percentile of the changes, scaled as for normal ones:
+//     lags counted only where behind pull the median low where one
+//     collective makes a bucket (a rank ahead of the median in two buckets
+//     in a row changes by almost nothing). Chance puts a rank that far
+//     behind about once in 1,000 such buckets.
+//     A structurally late rank (the last pipeline stage) passes
 //     this test always, and is judged by the rules above.
 // Methods and defaults: docs/detection.md, Straggler.
 #include <cstddef>
@@ -68,7 +82,8 @@ struct Standing {
   double allowance = 0;      // the share it may have before evidence grows
   double evidence_ns = 0;    // CUSUM of owed waiting beyond the allowance
   double noise_ns = 0;       // the job's noise: the standard deviation of a bucket's mean lag
-  double lag_evidence = 0;   // the chance test's CUSUM, in those standard deviations
+  double lag_evidence = 0;   // the chance test's evidence, in those standard deviations
+  bool far_behind = false;   // ... from buckets of a second each far behind (else the CUSUM)
   uint64_t owed_ns = 0;      // owed in the window
   double lateness_ns = 0;    // its lateness: owed per instance it held up, less its structure
   uint32_t held = 0;         // instances in the window at which it held the others up (owed from min_lateness_ns)
@@ -109,20 +124,48 @@ class WaitAttribution {
     std::vector<uint64_t> owed;   // by bucket slot
     std::vector<uint32_t> held;   // by bucket slot
     std::vector<double> late;     // by bucket slot: its lateness at the instances it held up
-    std::vector<double> lag;      // by bucket slot: the sum of its lags behind the median rank (0 where ahead)
     double carry = 0;             // its lateness in arrival (fair share of the stretch) at its last instance
-    std::vector<double> changes;  // its centred lag's changes from one bucket to the next, the last noise_memory_
-    size_t next_change = 0;       // where the next change goes once `changes` is full
-    double last_lag = 0;          // its centred lag in the last closed bucket
-    bool has_last = false;
     double evidence_ns = 0;
-    double lag_evidence = 0;
+    double lag_evidence = 0;   // the chance test's CUSUM (window buckets)
+    double far_evidence = 0;   // ... and its run of far-behind buckets of a second
     double baseline = 0;       // its structural share
     double late_baseline = 0;  // ... and lateness as measured per unit of wall time, learnt alike
     bool learnt = false;
     bool open = false;
     int64_t blamed_until = 0;
     double gpu_ns = 0;
+  };
+  // The chance test's statistic over one series of buckets: each rank's
+  // lags behind the median rank in the bucket being filled, its centred
+  // lag's last changes from one closed bucket to the next, and the job's
+  // noise measured on them.
+  class LagSeries {
+   public:
+    // upper_quartile: the noise from the changes' 75th percentile, not their median (below).
+    LagSeries(size_t nranks, size_t memory, size_t closed_kept, bool upper_quartile);
+    void add(size_t rank, double lag) { sum_[rank] += lag; }
+    void count() { count_ += 1; }
+    uint32_t instances() const { return count_; }
+    // Each rank's mean lag in the bucket being filled less the others' mean.
+    void centred(std::vector<double>& out) const;
+    // Closes the bucket being filled: its centred lags (out), their changes kept.
+    void close(std::vector<double>& out);
+    // The standard deviation of a bucket's centred lag (0: not yet known).
+    double noise() const;
+    // How full the bucket being filled is, against the closed ones.
+    double fill() const;
+
+   private:
+    bool upper_quartile_;
+    std::vector<double> sum_;      // by rank
+    std::vector<double> last_;     // by rank: its centred lag in the last closed bucket
+    std::vector<double> changes_;  // by rank, memory_ each: the last changes (a ring)
+    size_t memory_, next_ = 0, kept_ = 0;
+    bool has_last_ = false;
+    uint32_t count_ = 0;
+    std::vector<uint32_t> closed_counts_;  // the instances of the last closed buckets (a ring)
+    size_t closed_ = 0;
+    mutable std::vector<double> scratch_;
   };
   size_t slot(int64_t bucket) const { return static_cast<size_t>(bucket) % buckets_; }
   // The window's totals (slots of the last `buckets_` buckets) and each rank's share.
@@ -132,19 +175,18 @@ class WaitAttribution {
   // The median share of the ranks other than r (of all ranks past 8).
   static double typical(const std::vector<double>& shares, const std::vector<double>& sorted, int32_t r);
   void close_bucket();
+  void close_timed_bucket();
   // The ranks by arrival (by_arrival_) and each position's lateness in
   // arrival (fair_at_); and the lateness a rank not there by t has at t.
   void rank_arrivals(const std::vector<uint64_t>& arrival);
   double fair_until(const std::vector<uint64_t>& arrival, uint64_t t) const;
-  // The chance test: the job's noise over the last changes of each rank's
-  // centred lag (0: not yet known), and each rank's mean lag in slot s less
-  // the others' mean (`centred`).
+  // The chance test: changes of each rank's centred lag kept for its noise.
   static constexpr size_t kNoiseBuckets = 20;
   static constexpr size_t kNoiseChanges = 400;
   static size_t noise_memory(int32_t nranks);
-  double noise() const;
-  void centred_lags(size_t s, std::vector<double>& centred) const;
   double lag_step(double centred_lag, double noise) const;
+  // A far-behind bucket adds the clip's evidence to the run; any other ends it.
+  double far_step(double run, double centred_lag, double noise) const;
   // Each rank's structural share and lateness from the window as it stands.
   void learn(const std::vector<double>& share);
 
@@ -153,17 +195,18 @@ class WaitAttribution {
   size_t buckets_ = 5;
   uint64_t bucket_ns_;                 // a bucket lasts at least this long ...
   size_t per_bucket_;                  // ... and holds at least this many instances
-  size_t noise_memory_;                // changes kept per rank: kNoiseBuckets, or kNoiseChanges / (n - 1)
   int64_t current_ = -1;               // the bucket being filled (counted from 0)
   uint64_t bucket_start_ = 0;          // the completion that opened it
   std::vector<uint64_t> wall_;         // by slot
   std::vector<uint32_t> count_;        // by slot
+  LagSeries lags_;                     // the window's buckets
+  LagSeries timed_lags_;               // buckets of bucket_ns_ closed by time alone ...
+  uint64_t timed_start_ = 0;           // ... the completion that opened the one being filled
   uint64_t last_completion_ = 0;
   std::vector<Rank> ranks_;
   std::vector<int32_t> order_;         // scratch: ranks by value
   std::vector<int32_t> by_arrival_;    // scratch: ranks by arrival
   std::vector<double> fair_at_;        // scratch: lateness in arrival by position
-  mutable std::vector<double> scratch_;  // noise()
 };
 
 }  // namespace rankscope::collector

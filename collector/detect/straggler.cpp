@@ -259,11 +259,14 @@ Finding Detector::straggler_finding(const CommState& comm, const CommDetect& sta
            format_percent(st.typical).c_str(), format_percent(st.baseline).c_str(),
            format_percent(st.allowance).c_str(), format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
            format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)).c_str());
-  const std::string chance = "; not chance: its lag behind the median rank gathered " +
-                             format_fixed(st.lag_evidence, 1) + " standard deviations of evidence (" +
-                             format_fixed(options_.straggler.lag_evidence_sd, 0) +
-                             " needed), where by chance a rank's lag varies by " +
-                             format_duration_ns(static_cast<int64_t>(st.noise_ns)) + " in this job";
+  const std::string chance =
+      "; not chance: its lag behind the median rank gathered " + format_fixed(st.lag_evidence, 1) +
+      " standard deviations of evidence (" + format_fixed(options_.straggler.lag_evidence_sd, 0) + " needed)" +
+      (st.far_behind ? ", each second of its last ones at least " +
+                           format_fixed(options_.straggler.lag_evidence_sd / 4, 0) + " of them behind"
+                     : "") +
+      ", where by chance a rank's lag varies by " + format_duration_ns(static_cast<int64_t>(st.noise_ns)) +
+      (st.far_behind ? " from one second to the next" : "") + " in this job";
   std::string why;
   if (gpu)
     why = "Waiting owed to its GPU: " + std::string(standing) + chance +

@@ -304,5 +304,70 @@ TEST(WaitAttribution, AJobOfSlowStepsIsJudgedOverAsManyInstancesAsAFastOne) {
   EXPECT_NEAR(st.lateness_ns, 200.0 * kMs, 5.0 * kMs);
 }
 
+TEST(WaitAttribution, AWorseStragglerOfAJobOfFewCollectivesIsNotFoundLater) {
+  // sync-each's shape: two collectives a 1 s step, the second after a host
+  // synchronize (every rank issues it together). A rank slowed f times
+  // makes the step f s long and is late at the first only: the chance test
+  // gets one instance of evidence a step. With buckets of 4 instances it
+  // took 2 steps a bucket, and 5x was found after 48 s where 1.5x took
+  // 16 s; by time, every factor is found in the same few steps.
+  for (double factor : {1.5, 2.0, 3.0, 5.0}) {
+    AttributionOptions options;
+    WaitAttribution waits(8, options);
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int64_t> jitter(0, 2'000'000);
+    uint64_t t = kStart;
+    auto step = [&](int64_t late3) {
+      std::vector<int64_t> late(8);
+      for (auto& l : late) l = jitter(rng);
+      late[3] += late3;
+      instance(waits, t, late);
+      const uint64_t done = t + static_cast<uint64_t>(*std::max_element(late.begin(), late.end()));
+      for (auto& l : late) l = jitter(rng) / 10;
+      instance(waits, done + 5 * kMs, late);
+      t += 1000 * kMs + static_cast<uint64_t>(late3);
+    };
+    for (int i = 0; i < 60; ++i) step(0);  // a minute: learnt, nobody over
+    for (const Standing& s : waits.standings()) ASSERT_FALSE(s.over) << factor << "x";
+    int found_after = -1;
+    for (int i = 0; i < 30 && found_after < 0; ++i) {
+      step(static_cast<int64_t>((factor - 1) * 1000 * kMs));
+      auto st = waits.standings();
+      for (int r = 0; r < 8; ++r) {
+        if (r == 3) continue;
+        EXPECT_FALSE(st[r].over) << factor << "x: rank " << r << " at step " << i;
+      }
+      if (st[3].over) found_after = i;
+    }
+    ASSERT_GE(found_after, 0) << factor << "x never found: chance evidence " << waits.standings()[3].lag_evidence;
+    // The chance test needs at least 4 buckets (one gives at most a quarter
+    // of its evidence): 5 steps here, the slowed step being filled counting
+    // in part.
+    EXPECT_LE(found_after, 5) << factor << "x";
+  }
+}
+
+TEST(WaitAttribution, TheChanceTestOfAJobOfOneCollectiveEveryTwoSecondsHoldsUnderNoFault) {
+  // One collective every 2 s, 8 ranks whose step times vary by data (sd
+  // 5% of a step), 55 hours: nobody passes the test by chance. Each
+  // collective is a bucket of the far-behind run of its own; where the
+  // CUSUM's buckets were closed by time alone like those, the noise
+  // measured as a median of changes, it reached 28.9 here.
+  AttributionOptions options;
+  WaitAttribution waits(8, options);
+  std::mt19937 rng(11);
+  std::normal_distribution<double> compute(100.0 * kMs, 5.0 * kMs);
+  uint64_t t = kStart;
+  double highest = 0;
+  for (int i = 0; i < 100'000; ++i) {
+    std::vector<int64_t> late(8);
+    for (auto& l : late) l = static_cast<int64_t>(compute(rng));
+    instance(waits, t, late);
+    t += 2000 * kMs;
+    for (const Standing& s : waits.standings()) highest = std::max(highest, s.lag_evidence);
+  }
+  EXPECT_LT(highest, options.lag_evidence_sd) << "chance alone passed the chance test";
+}
+
 }  // namespace
 }  // namespace rankscope::collector
