@@ -16,8 +16,8 @@ communicator size it prints:
   - P(z >= 5): how often a bucket is at the clip or beyond (the far-behind
     run needs 5 such buckets in a row).
 
-  scripts/bench-chance.py [RANK_BUCKETS]   (default 800000: about 2 minutes
-                                            a row on this machine)
+  scripts/bench-chance.py [RANK_BUCKETS]   (default 800000: about half a
+                                            minute in all on this machine)
 Figures: docs/detection.md (Straggler), docs/benchmarks.md.
 """
 import math

@@ -30,8 +30,8 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
       options_(options),
       bucket_ns_(std::max<uint64_t>(1, options.window_ns / 5)),
       per_bucket_(std::max<size_t>(1, (options.min_instances + buckets_ - 2) / (buckets_ - 1))),
-      lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_, false),
-      timed_lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_, true) {
+      lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1, false),
+      timed_lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1, true) {
   wall_.assign(buckets_, 0);
   count_.assign(buckets_, 0);
   ranks_.resize(static_cast<size_t>(std::max(0, nranks)));
@@ -97,9 +97,9 @@ double WaitAttribution::LagSeries::noise() const {
   // bucket, 1.04 with 4; 1.05-1.09 and 1.02 times the 75th percentile's
   // (scripts/bench-chance.py). The CUSUM's buckets (4 collectives at
   // least) keep the median: in a job whose step times vary by data the
-  // 75th percentile's estimate stands higher, and a rank slowed 1.28x
-  // there, found with the median, was not with it. A rank that slows down
-  // changes once, at its onset, and moves neither.
+  // 75th percentile's estimate stands higher, and costs recall there
+  // (docs/benchmarks.md). A rank that slows down changes once, at its
+  // onset, and moves neither.
   if (kept_ == 0) return 0;
   scratch_.clear();
   for (size_t r = 0; r < sum_.size(); ++r)
@@ -164,14 +164,16 @@ double WaitAttribution::lag_step(double centred_lag, double noise) const {
   return std::clamp(centred_lag / noise, -clip, clip) - options_.lag_reference_sd;
 }
 
-double WaitAttribution::far_step(double run, double centred_lag, double noise) const {
-  // Far behind: the clip reached. Such a lag is rare by chance even in a
-  // bucket of one collective (about 1 in 1,000 under normal noise), and a
-  // run of them long enough to pass is not chance; any other bucket ends
-  // the run.
-  const double clip = options_.lag_evidence_sd / 4;
-  if (noise <= 0 || centred_lag < clip * noise) return 0;
-  return run + clip - options_.lag_reference_sd;
+bool WaitAttribution::far_behind(double centred_lag, double noise) const {
+  // The clip reached. Under normal noise a bucket of one collective is
+  // that far behind by chance about once in 1,000 (scripts/bench-chance.py).
+  return noise > 0 && centred_lag >= options_.lag_evidence_sd / 4 * noise;
+}
+
+double WaitAttribution::far_evidence(uint32_t run) const {
+  // What as many clipped buckets add to the CUSUM.
+  const double per_bucket = std::max(0.0, options_.lag_evidence_sd / 4 - options_.lag_reference_sd);
+  return std::min(static_cast<double>(run) * per_bucket, kEvidenceCap * options_.lag_evidence_sd);
 }
 
 void WaitAttribution::learn(const std::vector<double>& share) {
@@ -187,13 +189,12 @@ void WaitAttribution::learn(const std::vector<double>& share) {
 }
 
 void WaitAttribution::close_timed_bucket() {
-  const double lag_cap = kEvidenceCap * options_.lag_evidence_sd;
   std::vector<double> centred;
   timed_lags_.close(centred);
   const double job_noise = timed_lags_.noise();
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
-    if (rank.learnt) rank.far_evidence = std::min(far_step(rank.far_evidence, centred[r], job_noise), lag_cap);
+    rank.far_run = rank.learnt && far_behind(centred[r], job_noise) ? rank.far_run + 1 : 0;
   }
 }
 
@@ -262,7 +263,7 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
     current_ = 0;
     bucket_start_ = timed_start_ = completion_ns;
   } else {
-    if (completion_ns >= timed_start_ + bucket_ns_ && timed_lags_.instances() > 0) {
+    if (completion_ns >= timed_start_ + bucket_ns_) {
       close_timed_bucket();
       timed_start_ = completion_ns;
     }
@@ -397,11 +398,16 @@ std::vector<Standing> WaitAttribution::standings() const {
       double x = static_cast<double>(rank.owed[s]) - st.allowance * static_cast<double>(wall_[s]);
       st.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
       st.lag_evidence = std::clamp(rank.lag_evidence + fill * lag_step(centred[r], job_noise), 0.0, lag_cap);
-      const double far = far_step(rank.far_evidence, timed[r], timed_noise);
-      const double far_evidence =
-          std::min(rank.far_evidence + (far > 0 ? timed_fill * (far - rank.far_evidence) : 0), lag_cap);
-      if (far_evidence > st.lag_evidence)
-        st.lag_evidence = far_evidence, st.noise_ns = timed_noise, st.far_behind = true;
+      // The far-behind run, where the CUSUM has not passed: the bucket
+      // being filled adds to it in part when it is far behind so far, and
+      // ends it only once closed.
+      const bool far_now = far_behind(timed[r], timed_noise);
+      const double far = std::min(far_evidence(rank.far_run) + (far_now ? timed_fill * far_evidence(1) : 0), lag_cap);
+      if (st.lag_evidence < options_.lag_evidence_sd && far > st.lag_evidence) {
+        st.lag_evidence = far;
+        st.noise_ns = timed_noise;
+        st.far_buckets = rank.far_run + (far_now ? 1 : 0);
+      }
     }
     st.under = st.share <= st.allowance;
     st.over = st.learnt && instances >= options_.min_instances &&

@@ -41,12 +41,15 @@
 //     clip or beyond in each of its last buckets of a fifth of the window
 //     (closed by time alone, an instance at least; standardised by their
 //     own noise), each adding what a clipped bucket adds to the CUSUM,
-//     until the run reaches `lag_evidence_sd` (5 in a row). Their noise
+//     until the run reaches `lag_evidence_sd` (5 in a row; the bucket
+//     being filled counts in part while it is far behind so far, and ends
+//     the run only once closed). Their noise
 //     is the 75th percentile of the changes, scaled as for normal ones:
 //     lags counted only where behind pull the median low where one
 //     collective makes a bucket (a rank ahead of the median in two buckets
 //     in a row changes by almost nothing). Chance puts a rank that far
-//     behind about once in 1,000 such buckets.
+//     behind about once in 1,000 such buckets of one collective, under
+//     normal noise.
 //     A structurally late rank (the last pipeline stage) passes
 //     this test always, and is judged by the rules above.
 // Methods and defaults: docs/detection.md, Straggler.
@@ -83,7 +86,7 @@ struct Standing {
   double evidence_ns = 0;    // CUSUM of owed waiting beyond the allowance
   double noise_ns = 0;       // the job's noise: the standard deviation of a bucket's mean lag
   double lag_evidence = 0;   // the chance test's evidence, in those standard deviations
-  bool far_behind = false;   // ... from buckets of a second each far behind (else the CUSUM)
+  uint32_t far_buckets = 0;  // ... from this many buckets of 1 s or more, each far behind (0: from the CUSUM)
   uint64_t owed_ns = 0;      // owed in the window
   double lateness_ns = 0;    // its lateness: owed per instance it held up, less its structure
   uint32_t held = 0;         // instances in the window at which it held the others up (owed from min_lateness_ns)
@@ -127,7 +130,7 @@ class WaitAttribution {
     double carry = 0;             // its lateness in arrival (fair share of the stretch) at its last instance
     double evidence_ns = 0;
     double lag_evidence = 0;   // the chance test's CUSUM (window buckets)
-    double far_evidence = 0;   // ... and its run of far-behind buckets of a second
+    uint32_t far_run = 0;      // ... and its run of far-behind buckets of 1 s or more
     double baseline = 0;       // its structural share
     double late_baseline = 0;  // ... and lateness as measured per unit of wall time, learnt alike
     bool learnt = false;
@@ -145,7 +148,6 @@ class WaitAttribution {
     LagSeries(size_t nranks, size_t memory, size_t closed_kept, bool upper_quartile);
     void add(size_t rank, double lag) { sum_[rank] += lag; }
     void count() { count_ += 1; }
-    uint32_t instances() const { return count_; }
     // Each rank's mean lag in the bucket being filled less the others' mean.
     void centred(std::vector<double>& out) const;
     // Closes the bucket being filled: its centred lags (out), their changes kept.
@@ -185,8 +187,10 @@ class WaitAttribution {
   static constexpr size_t kNoiseChanges = 400;
   static size_t noise_memory(int32_t nranks);
   double lag_step(double centred_lag, double noise) const;
-  // A far-behind bucket adds the clip's evidence to the run; any other ends it.
-  double far_step(double run, double centred_lag, double noise) const;
+  // A far-behind bucket (the clip reached) adds to the run what a clipped
+  // bucket adds to the CUSUM; any other ends it.
+  bool far_behind(double centred_lag, double noise) const;
+  double far_evidence(uint32_t run) const;
   // Each rank's structural share and lateness from the window as it stands.
   void learn(const std::vector<double>& share);
 

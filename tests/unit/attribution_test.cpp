@@ -342,14 +342,43 @@ TEST(WaitAttribution, AWorseStragglerOfAJobOfFewCollectivesIsNotFoundLater) {
     ASSERT_GE(found_after, 0) << factor << "x never found: chance evidence " << waits.standings()[3].lag_evidence;
     // The chance test needs at least 4 buckets (one gives at most a quarter
     // of its evidence): 5 steps here, the slowed step being filled counting
-    // in part.
+    // in part; the CUSUM's buckets of 4 instances would take 8.
     EXPECT_LE(found_after, 5) << factor << "x";
+    EXPECT_GE(waits.standings()[3].far_buckets, 4u) << factor << "x: passed by the far-behind run";
   }
 }
 
+TEST(WaitAttribution, OnePauseOfARankInAJobOfSlowStepsIsNotAStraggler) {
+  // The shape above, the rank paused 5 s once (a 5x step): far behind in
+  // one bucket of the run, two at most where the step after shares it, and
+  // no finding, though its owed waiting and share pass for a while.
+  AttributionOptions options;
+  WaitAttribution waits(8, options);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> jitter(0, 2'000'000);
+  uint64_t t = kStart;
+  uint32_t longest = 0;
+  for (int i = 0; i < 120; ++i) {
+    const int64_t late3 = i == 60 ? 4000 * static_cast<int64_t>(kMs) : 0;
+    std::vector<int64_t> late(8);
+    for (auto& l : late) l = jitter(rng);
+    late[3] += late3;
+    instance(waits, t, late);
+    const uint64_t done = t + static_cast<uint64_t>(*std::max_element(late.begin(), late.end()));
+    for (auto& l : late) l = jitter(rng) / 10;
+    instance(waits, done + 5 * kMs, late);
+    t += 1000 * kMs + static_cast<uint64_t>(late3);
+    const Standing st = waits.standings()[3];
+    longest = std::max(longest, st.far_buckets);
+    ASSERT_FALSE(st.over) << "at step " << i << ": share " << st.share << ", far behind in " << st.far_buckets;
+  }
+  EXPECT_GE(longest, 1u) << "the pause was far behind: the test would test nothing";
+  EXPECT_LE(longest, 2u);
+}
+
 TEST(WaitAttribution, TheChanceTestOfAJobOfOneCollectiveEveryTwoSecondsHoldsUnderNoFault) {
-  // One collective every 2 s, 8 ranks whose step times vary by data (sd
-  // 5% of a step), 55 hours: nobody passes the test by chance. Each
+  // One collective every 2 s, 8 ranks whose compute varies by data (sd 5
+  // ms, 5% of it), 55 hours: nobody passes the test by chance. Each
   // collective is a bucket of the far-behind run of its own; where the
   // CUSUM's buckets were closed by time alone like those, the noise
   // measured as a median of changes, it reached 28.9 here.
