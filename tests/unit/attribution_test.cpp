@@ -304,6 +304,26 @@ TEST(WaitAttribution, AJobOfSlowStepsIsJudgedOverAsManyInstancesAsAFastOne) {
   EXPECT_NEAR(st.lateness_ns, 200.0 * kMs, 5.0 * kMs);
 }
 
+// sync-each's shape: 8 ranks, two collectives a 1 s step, the second after
+// a host synchronize (every rank issues it together); rank 3 late by
+// `late3` at the first makes the step that much longer.
+struct SyncEachJob {
+  WaitAttribution waits{8, AttributionOptions{}};
+  std::mt19937 rng{7};
+  std::uniform_int_distribution<int64_t> jitter{0, 2'000'000};
+  uint64_t t = kStart;
+  void step(int64_t late3) {
+    std::vector<int64_t> late(8);
+    for (auto& l : late) l = jitter(rng);
+    late[3] += late3;
+    instance(waits, t, late);
+    const uint64_t done = t + static_cast<uint64_t>(*std::max_element(late.begin(), late.end()));
+    for (auto& l : late) l = jitter(rng) / 10;
+    instance(waits, done + 5 * kMs, late);
+    t += 1000 * kMs + static_cast<uint64_t>(late3);
+  }
+};
+
 TEST(WaitAttribution, AWorseStragglerOfAJobOfFewCollectivesIsNotFoundLater) {
   // sync-each's shape: two collectives a 1 s step, the second after a host
   // synchronize (every rank issues it together). A rank slowed f times
@@ -312,26 +332,13 @@ TEST(WaitAttribution, AWorseStragglerOfAJobOfFewCollectivesIsNotFoundLater) {
   // took 2 steps a bucket, and 5x was found after 48 s where 1.5x took
   // 16 s; by time, every factor is found in the same few steps.
   for (double factor : {1.5, 2.0, 3.0, 5.0}) {
-    AttributionOptions options;
-    WaitAttribution waits(8, options);
-    std::mt19937 rng(7);
-    std::uniform_int_distribution<int64_t> jitter(0, 2'000'000);
-    uint64_t t = kStart;
-    auto step = [&](int64_t late3) {
-      std::vector<int64_t> late(8);
-      for (auto& l : late) l = jitter(rng);
-      late[3] += late3;
-      instance(waits, t, late);
-      const uint64_t done = t + static_cast<uint64_t>(*std::max_element(late.begin(), late.end()));
-      for (auto& l : late) l = jitter(rng) / 10;
-      instance(waits, done + 5 * kMs, late);
-      t += 1000 * kMs + static_cast<uint64_t>(late3);
-    };
-    for (int i = 0; i < 60; ++i) step(0);  // a minute: learnt, nobody over
+    SyncEachJob job;
+    WaitAttribution& waits = job.waits;
+    for (int i = 0; i < 60; ++i) job.step(0);  // a minute: learnt, nobody over
     for (const Standing& s : waits.standings()) ASSERT_FALSE(s.over) << factor << "x";
     int found_after = -1;
     for (int i = 0; i < 30 && found_after < 0; ++i) {
-      step(static_cast<int64_t>((factor - 1) * 1000 * kMs));
+      job.step(static_cast<int64_t>((factor - 1) * 1000 * kMs));
       auto st = waits.standings();
       for (int r = 0; r < 8; ++r) {
         if (r == 3) continue;
@@ -352,23 +359,11 @@ TEST(WaitAttribution, OnePauseOfARankInAJobOfSlowStepsIsNotAStraggler) {
   // The shape above, the rank paused 5 s once (a 5x step): far behind in
   // one bucket of the run, two at most where the step after shares it, and
   // no finding, though its owed waiting and share pass for a while.
-  AttributionOptions options;
-  WaitAttribution waits(8, options);
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int64_t> jitter(0, 2'000'000);
-  uint64_t t = kStart;
+  SyncEachJob job;
   uint32_t longest = 0;
   for (int i = 0; i < 120; ++i) {
-    const int64_t late3 = i == 60 ? 4000 * static_cast<int64_t>(kMs) : 0;
-    std::vector<int64_t> late(8);
-    for (auto& l : late) l = jitter(rng);
-    late[3] += late3;
-    instance(waits, t, late);
-    const uint64_t done = t + static_cast<uint64_t>(*std::max_element(late.begin(), late.end()));
-    for (auto& l : late) l = jitter(rng) / 10;
-    instance(waits, done + 5 * kMs, late);
-    t += 1000 * kMs + static_cast<uint64_t>(late3);
-    const Standing st = waits.standings()[3];
+    job.step(i == 60 ? 4000 * static_cast<int64_t>(kMs) : 0);
+    const Standing st = job.waits.standings()[3];
     longest = std::max(longest, st.far_buckets);
     ASSERT_FALSE(st.over) << "at step " << i << ": share " << st.share << ", far behind in " << st.far_buckets;
   }
