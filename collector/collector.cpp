@@ -1,10 +1,13 @@
 #include "collector/collector.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <iterator>
 #include <zmq.hpp>
 
 #include "collector/auth.h"
+#include "collector/fleet/membership.h"
 #include "collector/ingest/rate_limit.h"
 #include "collector/outputs.h"
 #include "collector/query.h"
@@ -14,6 +17,7 @@
 #include "common/clock.h"
 #include "common/curve.h"
 #include "common/log.h"
+#include "common/version.h"
 
 namespace rankscope::collector {
 
@@ -94,9 +98,11 @@ Result<void> bind(zmq::socket_t& socket, const std::string& endpoint, const char
 struct Sockets {
   zmq::socket_t agents, queries;
   std::unique_ptr<ZapHandler> zap;  // none with --insecure
+  std::string public_key;           // the collector's (Z85; "" with --insecure)
 };
 std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& options) {
-  Sockets out{zmq::socket_t(context, zmq::socket_type::router), zmq::socket_t(context, zmq::socket_type::router), {}};
+  Sockets out{zmq::socket_t(context, zmq::socket_type::router), zmq::socket_t(context, zmq::socket_type::router), {},
+              {}};
   for (auto* socket : {&out.agents, &out.queries}) {
     socket->set(zmq::sockopt::linger, 0);
     socket->set(zmq::sockopt::router_mandatory, 0);
@@ -132,6 +138,7 @@ std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& opti
       return std::nullopt;
     }
     out.zap = std::move(*started);
+    out.public_key = key->public_key;
     curve::apply_server(out.agents, *key, kAgentDomain);
     curve::apply_server(out.queries, *key, kQueryDomain);
     RS_LOG(info, "CurveZMQ on both sockets, collector public key %s; admitting the keys in %s", key->public_key.c_str(),
@@ -146,6 +153,47 @@ std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& opti
   RS_LOG(info, "listening for agents on %s, queries on %s; database %s", options.listen.c_str(),
          options.query.c_str(), options.db.c_str());
   return out;
+}
+
+// How other machines reach what this collector bound to `endpoint`
+// (tcp://HOST:PORT or HOST:PORT): --advertise, else the address it bound,
+// unless that is a wildcard, else this machine's name.
+std::string reachable(const std::string& endpoint, const std::string& advertise) {
+  const bool zmq = endpoint.rfind("tcp://", 0) == 0;
+  std::string authority = zmq ? endpoint.substr(6) : endpoint;
+  size_t colon = authority.rfind(':');
+  std::string host = authority.substr(0, colon), port = colon == std::string::npos ? "" : authority.substr(colon);
+  if (!advertise.empty()) {
+    host = advertise;
+  } else if (host.empty() || host == "*" || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    char name[256] = {};
+    host = gethostname(name, sizeof name - 1) == 0 && name[0] ? name : "localhost";
+  }
+  return (zmq ? "tcp://" : "") + host + port;
+}
+
+// Joins the fleet in etcd (--etcd); null when this collector is alone.
+Result<std::unique_ptr<fleet::Membership>> join_fleet(const Options& options, const std::string& public_key,
+                                                      uint64_t now_ns) {
+  if (options.etcd.empty()) return std::unique_ptr<fleet::Membership>();
+  fleet::FleetOptions fleet;
+  fleet.etcd = options.etcd;
+  fleet.prefix = options.etcd_prefix;
+  fleet.lease_ttl_s = options.lease_ttl_s;
+  fleet.http.ca_file = options.etcd_ca_file;
+  fleet.http.cert_file = options.etcd_cert_file;
+  fleet.http.key_file = options.etcd_key_file;
+  fleet::Member& self = fleet.self;
+  self.agents = reachable(options.listen, options.advertise);
+  self.queries = reachable(options.query, options.advertise);
+  self.metrics = options.metrics.empty() ? "" : reachable(options.metrics, options.advertise);
+  self.id = options.collector_id.empty() ? self.agents.substr(6) : options.collector_id;
+  self.public_key = public_key;
+  self.version = kVersion;
+  self.started_ns = now_ns;
+  RS_LOG(info, "joining the fleet in etcd %s%s as collector %s (agents %s, queries %s)", options.etcd.c_str(),
+         options.etcd_prefix.c_str(), self.id.c_str(), self.agents.c_str(), self.queries.c_str());
+  return fleet::Membership::start(std::move(fleet));
 }
 
 ServiceOptions service_options(const Options& options) {
@@ -220,12 +268,18 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   auto sockets = open_sockets(context, options);
   if (!sockets) return 2;
 
+  auto fleet = join_fleet(options, sockets->public_key, clock.realtime_ns());
+  if (!fleet) {
+    RS_LOG(error, "--etcd: %s", fleet.error().message.c_str());
+    return 2;
+  }
+
   auto retention = Retention::start(**store, clock, options);
   RateLimiter agent_limit(options.max_messages_per_s, options.max_bytes_per_s);
   RateLimiter query_limit(options.max_messages_per_s, options.max_bytes_per_s);
   uint64_t query_throttled = 0;  // query requests dropped over the limit (the metrics count them)
   BadMessageLog query_throttle_log;
-  QueryContext query_context{service.ingest(), **store, service.findings(), clock, options.liveness_ns()};
+  QueryContext query_context{service.ingest(), **store, service.findings(), clock, options.liveness_ns(), fleet->get()};
   uint64_t last_evaluation = 0;
   // The store's writes run on a thread of their own (Commit, pipelined):
   // while one round's write is in flight the next round's batches are
@@ -291,6 +345,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
            static_cast<unsigned long long>(service.commit().backlog_bytes()), committed.error().message.c_str());
   else
     for (const auto& [id, bytes] : acks_waiting) send_to(sockets->agents, id, bytes, false);
+  fleet->reset();  // leaves the fleet: its lease revoked, its jobs move at once
   RS_LOG(info, "stopped");
   return 0;
 }

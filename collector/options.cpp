@@ -56,7 +56,15 @@ po::options_description describe(Options& options) {
     ("retention", po::value(&options.retention), "remove timeline records older than this (e.g. 30d, 12h, 90m); default: keep")
     ("max-disk-bytes", po::value(&options.max_disk_bytes), "keep the database under this size (e.g. 500G, 64M), removing the oldest records first; default: no cap")
     ("db-memory-mb", po::value(&options.db_memory_mb)->default_value(options.db_memory_mb), "memory for the database's write buffers (memtables), all column families together (16 to 65536)")
-    ("retention-check-s", po::value(&options.retention_check_s)->default_value(options.retention_check_s), "how often retention and the disk cap are enforced (1 s to 1 day)");
+    ("retention-check-s", po::value(&options.retention_check_s)->default_value(options.retention_check_s), "how often retention and the disk cap are enforced (1 s to 1 day)")
+    ("etcd", po::value(&options.etcd), "share the fleet with other collectors through this etcd cluster (http[s]://HOST:PORT, comma-separated members); default: this collector is alone")
+    ("etcd-prefix", po::value(&options.etcd_prefix)->default_value(options.etcd_prefix), "the fleet's keys in etcd (fleets sharing one etcd need their own)")
+    ("etcd-ca-file", po::value(&options.etcd_ca_file), "https: the CA certificate(s) that signed etcd's")
+    ("etcd-cert-file", po::value(&options.etcd_cert_file), "https: a client certificate for etcd (mutual TLS), with --etcd-key-file")
+    ("etcd-key-file", po::value(&options.etcd_key_file), "https: the client certificate's key")
+    ("collector-id", po::value(&options.collector_id), "this collector's name in the fleet, unique (default: HOST:PORT it is reached at for agents)")
+    ("advertise", po::value(&options.advertise), "the host name or address other machines reach this collector at (default: --listen's address, else this machine's name)")
+    ("lease-ttl-s", po::value(&options.lease_ttl_s)->default_value(options.lease_ttl_s), "a collector that stops renewing its etcd lease for this long leaves the fleet, and its jobs move (2 to 300)");
   // clang-format on
   return desc;
 }
@@ -207,6 +215,20 @@ Result<void> validate(const Options& o) {
                       "--alertmanager-basic-auth-user and --alertmanager-password-file go together");
   if (!o.alertmanager_bearer_token_file.empty() && !o.alertmanager_basic_auth_user.empty())
     return make_error(Errc::invalid_argument, "give Alertmanager a bearer token or basic auth, not both");
+  const bool etcd_extras = !o.etcd_ca_file.empty() || !o.etcd_cert_file.empty() || !o.etcd_key_file.empty() ||
+                           !o.collector_id.empty() || !o.advertise.empty();
+  if (etcd_extras && o.etcd.empty())
+    return make_error(Errc::invalid_argument, "--etcd-*, --collector-id and --advertise need --etcd (a fleet)");
+  if (o.etcd_cert_file.empty() != o.etcd_key_file.empty())
+    return make_error(Errc::invalid_argument, "--etcd-cert-file and --etcd-key-file go together");
+  if (o.etcd_prefix.empty() || o.etcd_prefix.front() != '/' || o.etcd_prefix.back() != '/')
+    return make_error(Errc::invalid_argument, "--etcd-prefix must start and end with '/' (e.g. /rankscope/)");
+  if (o.collector_id.size() > 128 ||
+      o.collector_id.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-") !=
+          std::string::npos)
+    return make_error(Errc::invalid_argument, "--collector-id takes up to 128 letters, digits and . _ : -");
+  if (o.lease_ttl_s < 2 || o.lease_ttl_s > 300)
+    return make_error(Errc::invalid_argument, "--lease-ttl-s must be between 2 and 300");
   return {};
 }
 

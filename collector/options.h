@@ -44,6 +44,15 @@ struct Options {
   double drain_window_h = 24;
   std::string drain_command = "scontrol";
   bool drain_dry_run = false;
+  // A fleet of collectors sharing the nodes through etcd (collector/fleet/);
+  // empty `etcd`: this collector is alone.
+  std::string etcd;                         // http[s]://HOST:PORT[,...] of etcd's members
+  std::string etcd_prefix = "/rankscope/";  // this fleet's keys
+  std::string etcd_ca_file, etcd_cert_file, etcd_key_file;
+  std::string collector_id;  // unique in the fleet; "": HOST:PORT of --advertise and --listen
+  std::string advertise;     // the host others reach this collector at; "": --listen's, else
+                             // this machine's name
+  uint32_t lease_ttl_s = 5;  // a collector silent this long leaves the fleet
 
   // The timeouts in nanoseconds; valid once validate() accepted the options.
   uint64_t hang_timeout_ns() const { return static_cast<uint64_t>(hang_timeout_s * 1e9); }

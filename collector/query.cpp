@@ -30,6 +30,7 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
   out.setBatchBytes(ingest.counters().batch_bytes);
   out.setThrottledMessages(ingest.counters().throttled_messages);
   out.setRefusedClaims(ingest.counters().refused_claims);
+  if (ctx.fleet) out.setCollectorId(ctx.fleet->view().self);
   auto nodes = out.initNodes(static_cast<unsigned>(ingest.nodes().size()));
   unsigned i = 0;
   for (const auto& [name, node] : ingest.nodes()) {
@@ -56,8 +57,12 @@ void answer_status(const QueryContext& ctx, query::StatusReply::Builder out) {
   }
 }
 
-void fill_comm(const Ingest& ingest, const CommState& comm, query::CommInfo::Builder out) {
+// `members`: the fleet as last read (empty: this collector is alone).
+void fill_comm(const Ingest& ingest, const CommState& comm, const std::vector<fleet::Member>& members,
+               query::CommInfo::Builder out) {
   out.setCommHash(comm.hash);
+  if (const fleet::Member* owner = fleet::owner(fleet::placement_key(comm.job, comm.hash), members))
+    out.setOwner(owner->id);
   out.setNranks(comm.nranks);
   out.setOrigin(to_wire(comm.origin));
   auto ranks = out.initRanks(static_cast<unsigned>(comm.members.size()));
@@ -93,6 +98,7 @@ void answer_jobs(const QueryContext& ctx, query::JobsReply::Builder out) {
   std::map<std::string, std::vector<const CommState*>> jobs;
   for (const auto& [hash, comm] : ctx.ingest.comms()) jobs[comm.job.empty() ? "(unknown)" : comm.job].push_back(&comm);
   auto list = out.initJobs(static_cast<unsigned>(jobs.size()));
+  const std::vector<fleet::Member> members = ctx.fleet ? ctx.fleet->view().members : std::vector<fleet::Member>{};
   unsigned i = 0;
   for (const auto& [name, comms] : jobs) {
     auto job = list[i++];
@@ -102,10 +108,34 @@ void answer_jobs(const QueryContext& ctx, query::JobsReply::Builder out) {
     for (unsigned k = 0; k < comms.size(); ++k) {
       first = std::min(first, comms[k]->first_ns);
       last = std::max(last, comms[k]->last_ns);
-      fill_comm(ctx.ingest, *comms[k], out_comms[k]);
+      fill_comm(ctx.ingest, *comms[k], members, out_comms[k]);
     }
     job.setFirstNs(first == UINT64_MAX ? 0 : first);
     job.setLastNs(last);
+  }
+}
+
+void answer_fleet(const QueryContext& ctx, query::FleetReply::Builder out) {
+  if (!ctx.fleet) return;  // alone
+  fleet::FleetView view = ctx.fleet->view();
+  out.setSelf(view.self);
+  out.setEtcd(ctx.fleet->etcd_endpoints());
+  out.setEtcdOk(view.etcd_ok);
+  out.setEtcdError(view.etcd_error);
+  out.setReadNs(view.read_ns);
+  out.setRegistrations(view.registrations);
+  out.setLeaseTtlS(static_cast<uint32_t>(ctx.fleet->lease_ttl_s()));
+  auto members = out.initMembers(static_cast<unsigned>(view.members.size()));
+  for (unsigned i = 0; i < view.members.size(); ++i) {
+    const fleet::Member& m = view.members[i];
+    auto member = members[i];
+    member.setId(m.id);
+    member.setAgents(m.agents);
+    member.setQueries(m.queries);
+    member.setMetrics(m.metrics);
+    member.setPublicKey(m.public_key);
+    member.setVersion(m.version);
+    member.setStartedNs(m.started_ns);
   }
 }
 
@@ -224,6 +254,9 @@ std::string answer_query(std::string_view request, const QueryContext& ctx, cons
     switch (req.which()) {
       case query::Request::STATUS: answer_status(ctx, reply.initStatus()); break;
       case query::Request::JOBS: answer_jobs(ctx, reply.initJobs()); break;
+      case query::Request::FLEET:
+        answer_fleet(ctx, reply.initFleet());
+        break;
       case query::Request::TIMELINE: {
         // Built aside so that an error leaves no half-filled union member.
         capnp::MallocMessageBuilder scratch;

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "collector/detect/findings.h"
+#include "collector/fleet/membership.h"
 #include "collector/ingest/ingest.h"
 #include "collector/store/timeline_store.h"
 #include "common/clock.h"
@@ -20,6 +21,7 @@ struct QueryContext {
   FindingBook& findings;  // read, and closed by an acknowledgement
   const Clock& clock;
   uint64_t liveness_ns;  // a node heard from within this window is "connected"
+  const fleet::Membership* fleet = nullptr;  // null: this collector is alone (no --etcd)
 };
 
 // Decodes one request and returns the packed reply (an error reply for bad

@@ -18,6 +18,7 @@ struct Request {
     findings @4 :FindingsQuery;
     report @5 :ReportQuery;
     ack @6 :AckRequest;
+    fleet @7 :Void;         # the collectors sharing the fleet (docs/operations.md "A fleet of collectors")
   }
 }
 
@@ -60,7 +61,31 @@ struct Reply {
     findings @4 :FindingsReply;
     report @5 :ReportReply;
     ack @6 :Finding;          # the finding as it now stands
+    fleet @7 :FleetReply;
   }
+}
+
+# The fleet as the asked collector last read it from etcd. A collector run
+# without --etcd answers with an empty `self` and no members: it is alone.
+struct FleetReply {
+  self @0 :Text;            # this collector's id
+  etcd @1 :Text;            # the etcd endpoints it uses
+  etcdOk @2 :Bool;          # its last exchange with etcd succeeded
+  etcdError @3 :Text;       # why not, when not
+  readNs @4 :UInt64;        # unix ns of its last read of the members (0: never)
+  registrations @5 :UInt64; # leases it was granted (more than 1: it lost one and came back)
+  leaseTtlS @6 :UInt32;
+  members @7 :List(FleetMember);  # by id
+}
+
+struct FleetMember {
+  id @0 :Text;
+  agents @1 :Text;          # the endpoint its agents send to
+  queries @2 :Text;         # the endpoint it answers queries on
+  metrics @3 :Text;         # HOST:PORT of its /metrics ("" off)
+  publicKey @4 :Text;       # its CurveZMQ public key (Z85; "" with --insecure)
+  version @5 :Text;
+  startedNs @6 :UInt64;
 }
 
 struct ReportReply {
@@ -138,6 +163,7 @@ struct StatusReply {
   batchBytes @8 :UInt64;    # packed bytes of the batches stored: wire cost = batchBytes / recordsStored
   throttledMessages @9 :UInt64;  # agent messages dropped over the per-key rate limit
   refusedClaims @10 :UInt64;     # claims contradicting a communicator's binding (NodeStatus.refusedClaims)
+  collectorId @11 :Text;    # its id in a fleet of collectors ("" alone)
 }
 
 struct NodeStatus {
@@ -179,6 +205,7 @@ struct CommInfo {
   nranks @1 :Int32;
   origin @2 :Agent.CommOrigin;
   ranks @3 :List(RankInfo);
+  owner @4 :Text;           # the collector placement gives its job to, in a fleet ("" alone)
 }
 
 struct RankInfo {

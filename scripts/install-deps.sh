@@ -18,18 +18,19 @@ build_pkgs=(
   librocksdb-dev
   libboost-program-options-dev
   nlohmann-json3-dev                    # JSON-RPC in `rankscope mcp`
-  libcurl4-openssl-dev                  # HTTP(S) to Alertmanager
+  libcurl4-openssl-dev                  # HTTP(S) to Alertmanager and etcd
   prometheus-cpp-dev
   libgtest-dev libgmock-dev
 )
 # slurm-wlm pulls slurmctld, slurmd and slurm-client (srun, sinfo, squeue); the
 # tests start their own munged/slurmctld/slurmd, never the system services.
 # systemd: systemd-analyze verifies the shipped units (tests/deploy).
+# etcd-server: the fleet tests start their own etcd cluster on loopback (tests/e2e/fleet_test.cpp).
 # python3, python3-yaml: the checks of the Grafana dashboard, the Kubernetes
 # manifests and Perfetto exports; openssl and python3-bcrypt: a certificate
 # and a password hash for an Alertmanager behind TLS and basic auth (kubectl, for `kubectl kustomize`, comes
 # with this machine's image, not from Debian).
-test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager slurm-wlm munge systemd python3
+test_pkgs=(iproute2 stress-ng faketime procps prometheus prometheus-alertmanager slurm-wlm munge systemd etcd-server python3
   python3-yaml openssl python3-bcrypt)
 
 want=("${build_pkgs[@]}")

@@ -66,7 +66,7 @@ std::string describe(CURLcode code, const char* detail, const HttpUrl& url, int 
       return "no complete response from " + where + " within " + std::to_string(timeout_ms) + " ms: " + text;
     case CURLE_PEER_FAILED_VERIFICATION:
       return where + ": the server's certificate cannot be trusted (" + text +
-             "): give the CA that signed it (--alertmanager-ca-file)";
+             "): give the CA that signed it (--alertmanager-ca-file, --etcd-ca-file)";
     case CURLE_SSL_CONNECT_ERROR:
       return where + ": the TLS handshake failed (" + text + ")";
     case CURLE_SSL_CERTPROBLEM:

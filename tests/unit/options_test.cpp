@@ -99,6 +99,24 @@ TEST(Options, AlertmanagerCredentialsComeWholeAndOneKindAtATime) {
   EXPECT_EQ(line->options.alertmanager_basic_auth_user, "am");
 }
 
+TEST(Options, FleetOptionsNeedEtcdAndSaneValues) {
+  for (const char* bad :
+       {"collector-id = c1\n",  // without --etcd
+        "etcd-ca-file = /ca.crt\n", "advertise = 10.0.0.5\n",
+        "etcd = http://e:2379\netcd-cert-file = /c.crt\n",  // without its key
+        "etcd = http://e:2379\netcd-prefix = rankscope\n", "etcd = http://e:2379\ncollector-id = has space\n",
+        "etcd = http://e:2379\nlease-ttl-s = 1\n", "etcd = http://e:2379\nlease-ttl-s = 301\n"}) {
+    auto line = collector_config(bad);
+    EXPECT_FALSE(line) << bad;
+  }
+  auto line = collector_config(
+      "etcd = http://e1:2379,http://e2:2379\ncollector-id = gpu-head-1:7600\n"
+      "advertise = 10.0.0.5\nlease-ttl-s = 10\netcd-prefix = /fleet-a/\n");
+  ASSERT_TRUE(line) << line.error().message;
+  EXPECT_EQ(line->options.collector_id, "gpu-head-1:7600");
+  EXPECT_EQ(line->options.lease_ttl_s, 10u);
+}
+
 TEST(Options, AgentValuesOutOfRangeAreRefused) {
   for (const char* bad : {"batch-interval-ms = 0\n", "ack-timeout-ms = 5\n", "scan-interval-ms = 1\n",
                           "max-unacked-mb = 0\n", "max-unacked-mb = 18446744073709551615\n", "pid = 0\n",

@@ -1,6 +1,7 @@
 // rankscope: the command line for the collector.
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <charconv>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "proto/drops.h"
 #include "proto/records.h"
 #include "tools/cli/client.h"
+#include "tools/cli/fleet.h"
 #include "tools/cli/mcp.h"
 #include "tools/cli/usage_commands.h"
 
@@ -39,7 +41,8 @@ namespace {
 
 const char* kUsage =
     "rankscope: ask the rankscope collector what it knows.\n\n"
-    "Usage: rankscope [--collector ENDPOINT] [--key FILE --collector-key FILE | --insecure] COMMAND [options]\n\n"
+    "Usage: rankscope [--collector ENDPOINT | --etcd URLS] [--key FILE --collector-key FILE | --insecure] COMMAND "
+    "[options]\n\n"
     "Commands:\n"
     "  status                       nodes, agents, last contact, clock offsets, drops\n"
     "  jobs                         jobs, their communicators and ranks\n"
@@ -49,7 +52,9 @@ const char* kUsage =
     "  hangs                        open hangs (findings --open --kind hang)\n"
     "  stragglers                   open stragglers (findings --open --kind straggler)\n"
     "  ack ID                       close finding ID: you have seen it. A mismatch stays open until\n"
-    "                               acknowledged; another finding whose condition persists opens again\n"
+    "                               acknowledged; another finding whose condition persists opens again.\n"
+    "                               In a fleet: ID@COLLECTOR, as `findings` shows it\n"
+    "  fleet                        the collectors sharing the fleet (etcd): answering, reaching etcd\n"
     "  report --by KEY [--since T] [--until T] [--price-per-gpu-hour P] [--csv]\n"
     "                               GPU-hours, CPU, waste and cost per tenant; KEY: account,\n"
     "                               user, job, namespace, pod, cgroup or node\n"
@@ -61,10 +66,12 @@ const char* kUsage =
     "  keygen --role R [--name N] --out PREFIX [--force]\n"
     "                               write a CurveZMQ key pair: PREFIX.key (secret, 0600) and\n"
     "                               PREFIX.pub (public); R is collector, agent (--name: its node) or client\n\n"
-        "Times (T): 2026-11-01, 2026-11-01T12:00:00Z, unix seconds, now, -30d, -2h, -15m.\n"
+    "Times (T): 2026-11-01, 2026-11-01T12:00:00Z, unix seconds, now, -30d, -2h, -15m.\n"
     "The collector speaks CurveZMQ: --key is this client's key pair (default $RANKSCOPE_KEY or\n"
     "~/.config/rankscope/client.key), --collector-key the collector's public key (default\n"
-    "$RANKSCOPE_COLLECTOR_KEY or /etc/rankscope/collector.pub). Every query command takes --json.\n";
+    "$RANKSCOPE_COLLECTOR_KEY or /etc/rankscope/collector.pub). Every query command takes --json.\n"
+    "In a fleet of collectors, status, jobs and findings ask every collector (any one of them as\n"
+    "--collector, or --etcd) and say which did not answer.\n";
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
@@ -109,41 +116,46 @@ std::string age(uint64_t now, uint64_t then) {
   return format_duration_ns(static_cast<int64_t>(now - then)) + " ago";
 }
 
+Json status_json(query::StatusReply::Reader s) {
+  Json out = {{"collector_version", std::string(s.getCollectorVersion())},
+              {"started_ns", s.getStartedNs()},
+              {"now_ns", s.getNowNs()},
+              {"batches_stored", s.getBatchesStored()},
+              {"records_stored", s.getRecordsStored()},
+              {"duplicate_batches", s.getDuplicateBatches()},
+              {"bad_messages", s.getBadMessages()},
+              {"throttled_messages", s.getThrottledMessages()},
+              {"refused_claims", s.getRefusedClaims()},
+              {"batch_bytes", s.getBatchBytes()},
+              {"nodes", Json::array()}};
+  for (auto n : s.getNodes()) {
+    out["nodes"].push_back({{"node", std::string(n.getNode())},
+                            {"connected", n.getConnected()},
+                            {"last_contact_ns", n.getLastContactNs()},
+                            {"agent_version", std::string(n.getAgentVersion())},
+                            {"instance", hex64(n.getInstanceId())},
+                            {"batches", n.getBatches()},
+                            {"records", n.getRecords()},
+                            {"traced_processes", n.getTracedProcesses()},
+                            {"clock_offset_ns", n.getClockOffsetNs()},
+                            {"clock_uncertainty_ns", n.getClockUncertaintyNs()},
+                            {"clock_samples", n.getClockSamples()},
+                            {"wall_clock_skew_ns", n.getWallClockSkewNs()},
+                            {"clock_refinement_ns", n.getClockRefinementNs()},
+                            {"clock_drift_ppb", n.getClockDriftPpb()},
+                            {"clock_violations", n.getClockViolations()},
+                            {"bad_messages", n.getBadMessages()},
+                            {"throttled_messages", n.getThrottledMessages()},
+                            {"refused_claims", n.getRefusedClaims()},
+                            {"drops", drops_json(read_drops(n.getDrops()))}});
+  }
+  if (s.getCollectorId().size() > 0) out["collector"] = std::string(s.getCollectorId());
+  return out;
+}
+
 void print_status(query::StatusReply::Reader s, bool json) {
   if (json) {
-    Json out = {{"collector_version", std::string(s.getCollectorVersion())},
-                {"started_ns", s.getStartedNs()},
-                {"now_ns", s.getNowNs()},
-                {"batches_stored", s.getBatchesStored()},
-                {"records_stored", s.getRecordsStored()},
-                {"duplicate_batches", s.getDuplicateBatches()},
-                {"bad_messages", s.getBadMessages()},
-                {"throttled_messages", s.getThrottledMessages()},
-                {"refused_claims", s.getRefusedClaims()},
-                {"batch_bytes", s.getBatchBytes()},
-                {"nodes", Json::array()}};
-    for (auto n : s.getNodes()) {
-      out["nodes"].push_back({{"node", std::string(n.getNode())},
-                              {"connected", n.getConnected()},
-                              {"last_contact_ns", n.getLastContactNs()},
-                              {"agent_version", std::string(n.getAgentVersion())},
-                              {"instance", hex64(n.getInstanceId())},
-                              {"batches", n.getBatches()},
-                              {"records", n.getRecords()},
-                              {"traced_processes", n.getTracedProcesses()},
-                              {"clock_offset_ns", n.getClockOffsetNs()},
-                              {"clock_uncertainty_ns", n.getClockUncertaintyNs()},
-                              {"clock_samples", n.getClockSamples()},
-                              {"wall_clock_skew_ns", n.getWallClockSkewNs()},
-                              {"clock_refinement_ns", n.getClockRefinementNs()},
-                              {"clock_drift_ppb", n.getClockDriftPpb()},
-                              {"clock_violations", n.getClockViolations()},
-                              {"bad_messages", n.getBadMessages()},
-                              {"throttled_messages", n.getThrottledMessages()},
-                              {"refused_claims", n.getRefusedClaims()},
-                              {"drops", drops_json(read_drops(n.getDrops()))}});
-    }
-    std::printf("%s\n", to_json(out).c_str());
+    std::printf("%s\n", to_json(status_json(s)).c_str());
     return;
   }
   std::printf("collector %s, up %s; %llu batches, %llu records stored", s.getCollectorVersion().cStr(),
@@ -177,42 +189,47 @@ void print_status(query::StatusReply::Reader s, bool json) {
   }
 }
 
+Json jobs_json(query::JobsReply::Reader r) {
+  Json jobs = Json::array();
+  for (auto job : r.getJobs()) {
+    Json comms = Json::array();
+    for (auto c : job.getComms()) {
+      Json ranks = Json::array();
+      for (auto rk : c.getRanks())
+        ranks.push_back({{"rank", rk.getRank()},
+                         {"node", std::string(rk.getNode())},
+                         {"pid", rk.getPid()},
+                         {"records", rk.getRecords()},
+                         {"last_seq", rk.getLastSeq()},
+                         {"last_issue_ns", rk.getLastIssueNs()},
+                         {"gpu", std::string(rk.getGpu())},
+                         {"user", std::string(rk.getUser())},
+                         {"account", std::string(rk.getAccount())},
+                         {"slurm_step", std::string(rk.getSlurmStep())},
+                         {"pod_uid", std::string(rk.getPodUid())},
+                         {"pod_namespace", std::string(rk.getPodNamespace())},
+                         {"pod_name", std::string(rk.getPodName())},
+                         {"container_id", std::string(rk.getContainerId())},
+                         {"launcher_rank", rk.getLauncherRank()},
+                         {"local_rank", rk.getLocalRank()},
+                         {"world_size", rk.getWorldSize()}});
+      comms.push_back({{"comm", hex64(c.getCommHash())},
+                       {"nranks", c.getNranks()},
+                       {"origin", origin_name(c.getOrigin())},
+                       {"ranks", std::move(ranks)}});
+      if (c.getOwner().size() > 0) comms.back()["owner"] = std::string(c.getOwner());
+    }
+    jobs.push_back({{"job", std::string(job.getJob())},
+                    {"first_ns", job.getFirstNs()},
+                    {"last_ns", job.getLastNs()},
+                    {"comms", std::move(comms)}});
+  }
+  return jobs;
+}
+
 void print_jobs(query::JobsReply::Reader r, bool json) {
   if (json) {
-    Json jobs = Json::array();
-    for (auto job : r.getJobs()) {
-      Json comms = Json::array();
-      for (auto c : job.getComms()) {
-        Json ranks = Json::array();
-        for (auto rk : c.getRanks())
-          ranks.push_back({{"rank", rk.getRank()},
-                           {"node", std::string(rk.getNode())},
-                           {"pid", rk.getPid()},
-                           {"records", rk.getRecords()},
-                           {"last_seq", rk.getLastSeq()},
-                           {"last_issue_ns", rk.getLastIssueNs()},
-                           {"gpu", std::string(rk.getGpu())},
-                           {"user", std::string(rk.getUser())},
-                           {"account", std::string(rk.getAccount())},
-                           {"slurm_step", std::string(rk.getSlurmStep())},
-                           {"pod_uid", std::string(rk.getPodUid())},
-                           {"pod_namespace", std::string(rk.getPodNamespace())},
-                           {"pod_name", std::string(rk.getPodName())},
-                           {"container_id", std::string(rk.getContainerId())},
-                           {"launcher_rank", rk.getLauncherRank()},
-                           {"local_rank", rk.getLocalRank()},
-                           {"world_size", rk.getWorldSize()}});
-        comms.push_back({{"comm", hex64(c.getCommHash())},
-                         {"nranks", c.getNranks()},
-                         {"origin", origin_name(c.getOrigin())},
-                         {"ranks", std::move(ranks)}});
-      }
-      jobs.push_back({{"job", std::string(job.getJob())},
-                      {"first_ns", job.getFirstNs()},
-                      {"last_ns", job.getLastNs()},
-                      {"comms", std::move(comms)}});
-    }
-    std::printf("%s\n", to_json(Json{{"jobs", std::move(jobs)}}).c_str());
+    std::printf("%s\n", to_json(Json{{"jobs", jobs_json(r)}}).c_str());
     return;
   }
   if (r.getJobs().size() == 0) std::printf("no jobs seen yet\n");
@@ -220,8 +237,9 @@ void print_jobs(query::JobsReply::Reader r, bool json) {
     std::printf("job %s  (first seen %s, last %s)\n", job.getJob().cStr(), format_time_ns(job.getFirstNs()).c_str(),
                 format_time_ns(job.getLastNs()).c_str());
     for (auto c : job.getComms()) {
-      std::printf("  comm %s  %d ranks, %s\n", hex64(c.getCommHash()).c_str(), c.getNranks(),
-                  origin_name(c.getOrigin()).c_str());
+      std::printf("  comm %s  %d ranks, %s%s\n", hex64(c.getCommHash()).c_str(), c.getNranks(),
+                  origin_name(c.getOrigin()).c_str(),
+                  (c.getOwner().size() == 0) ? "" : (", placed on collector " + std::string(c.getOwner())).c_str());
       std::printf("    %5s  %-16s %8s %9s %9s  %s\n", "RANK", "NODE", "PID", "CALLS", "LAST SEQ", "LAST ISSUE");
       for (auto rk : c.getRanks())
         std::printf("    %5d  %-16s %8u %9llu %9lld  %s\n", rk.getRank(), rk.getNode().cStr(), rk.getPid(),
@@ -295,39 +313,50 @@ std::string upper(std::string text) {
   return text;
 }
 
-std::string finding_json(query::Finding::Reader f) {
+// `collector`: the collector that holds it, in a fleet ("": alone).
+Json finding_object(query::Finding::Reader f, const std::string& collector = "") {
   Json ranks = Json::array(), nodes = Json::array();
   for (auto rank : f.getRanks()) ranks.push_back(rank);
   for (auto node : f.getNodes()) nodes.push_back(std::string(node));
   auto time_or_null = [](uint64_t ns) { return ns == 0 ? Json(nullptr) : Json(format_time_ns(ns)); };
-  return to_json({{"id", f.getId()},
-                  {"kind", std::string(f.getKind())},
-                  {"job", std::string(f.getJob())},
-                  {"comm", f.getComm() == 0 ? Json(nullptr) : Json(hex64(f.getComm()))},
-                  {"seq", f.getSeq() < 0 ? Json(nullptr) : Json(f.getSeq())},
-                  {"ranks", std::move(ranks)},
-                  {"nodes", std::move(nodes)},
-                  {"opened_at", format_time_ns(f.getOpenedNs())},
-                  {"resolved_at", time_or_null(f.getResolvedNs())},
-                  {"opened_ns", f.getOpenedNs()},
-                  {"resolved_ns", f.getResolvedNs()},
-                  {"acknowledged_at", time_or_null(f.getAcknowledgedNs())},
-                  {"acknowledged_by", f.getAcknowledgedNs() == 0 ? Json(nullptr) : Json(std::string(f.getAcknowledgedBy()))},
-                  {"summary", std::string(f.getSummary())},
-                  {"detail", std::string(f.getDetail())},
-                  {"lateness_s", f.getLatenessS()},
-                  {"wait_share", f.getWaitShare()},
-                  {"gpu_hours_lost", f.getGpuHoursLost()}});
+  Json out = {
+      {"id", f.getId()},
+      {"kind", std::string(f.getKind())},
+      {"job", std::string(f.getJob())},
+      {"comm", f.getComm() == 0 ? Json(nullptr) : Json(hex64(f.getComm()))},
+      {"seq", f.getSeq() < 0 ? Json(nullptr) : Json(f.getSeq())},
+      {"ranks", std::move(ranks)},
+      {"nodes", std::move(nodes)},
+      {"opened_at", format_time_ns(f.getOpenedNs())},
+      {"resolved_at", time_or_null(f.getResolvedNs())},
+      {"opened_ns", f.getOpenedNs()},
+      {"resolved_ns", f.getResolvedNs()},
+      {"acknowledged_at", time_or_null(f.getAcknowledgedNs())},
+      {"acknowledged_by", f.getAcknowledgedNs() == 0 ? Json(nullptr) : Json(std::string(f.getAcknowledgedBy()))},
+      {"summary", std::string(f.getSummary())},
+      {"detail", std::string(f.getDetail())},
+      {"lateness_s", f.getLatenessS()},
+      {"wait_share", f.getWaitShare()},
+      {"gpu_hours_lost", f.getGpuHoursLost()}};
+  if (!collector.empty()) out["collector"] = collector;
+  return out;
 }
 
-void print_finding(query::Finding::Reader f, uint64_t now_ns) {
+std::string finding_json(query::Finding::Reader f) {
+  return to_json(finding_object(f));
+}
+
+// `collector`: the collector that holds it, in a fleet ("": alone); its id
+// is then ID@COLLECTOR (ids are per collector).
+void print_finding(query::Finding::Reader f, uint64_t now_ns, const std::string& collector = "") {
   std::string state = f.getResolvedNs() == 0
                           ? "OPEN for " + format_duration_ns(static_cast<int64_t>(now_ns - f.getOpenedNs()))
                           : "resolved at " + format_time_ns(f.getResolvedNs()) + " after " +
                                 format_duration_ns(static_cast<int64_t>(f.getResolvedNs() - f.getOpenedNs()));
   if (f.getAcknowledgedNs() != 0)
     state += ", acknowledged at " + format_time_ns(f.getAcknowledgedNs()) + " by " + std::string(f.getAcknowledgedBy());
-  std::printf("#%llu %s  %s  (opened %s)\n", (unsigned long long)f.getId(), upper(f.getKind()).c_str(), state.c_str(),
+  std::printf("#%llu%s %s  %s  (opened %s)\n", (unsigned long long)f.getId(),
+              collector.empty() ? "" : ("@" + collector).c_str(), upper(f.getKind()).c_str(), state.c_str(),
               format_time_ns(f.getOpenedNs()).c_str());
   std::string detail = f.getDetail();
   size_t start = 0;
@@ -354,6 +383,121 @@ void print_findings(query::FindingsReply::Reader r, bool json) {
   for (auto f : r.getFindings()) print_finding(f, r.getNowNs());
 }
 
+using rankscope::cli::FleetAnswer;
+
+// What every collector of a fleet answered to `command` (status, jobs or
+// findings), merged, and which did not answer. Returns 1 when none did.
+int print_fleet_answers(const std::string& command, const std::vector<FleetAnswer>& answers, bool json) {
+  const auto expected = command == "status" ? query::Reply::STATUS
+                        : command == "jobs" ? query::Reply::JOBS
+                                            : query::Reply::FINDINGS;
+  std::vector<const FleetAnswer*> answered;
+  Json unanswered = Json::array();
+  for (const auto& a : answers) {
+    if (a.reply && a.get().which() == expected)
+      answered.push_back(&a);
+    else
+      unanswered.push_back({{"collector", a.target.id},
+                            {"endpoint", a.target.endpoint},
+                            {"error", a.reply ? "answered with something else" : a.error}});
+  }
+  Json out = Json::object();
+  if (command == "findings") {
+    // One list, newest first; ids are per collector: ID@COLLECTOR.
+    struct Row {
+      query::Finding::Reader finding;
+      const FleetAnswer* from;
+    };
+    std::vector<Row> rows;
+    for (const FleetAnswer* a : answered)
+      for (auto f : a->get().getFindings().getFindings()) rows.push_back({f, a});
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const Row& x, const Row& y) { return x.finding.getOpenedNs() > y.finding.getOpenedNs(); });
+    out["findings"] = Json::array();
+    for (const auto& row : rows) {
+      if (json)
+        out["findings"].push_back(finding_object(row.finding, row.from->target.id));
+      else
+        print_finding(row.finding, row.from->get().getFindings().getNowNs(), row.from->target.id);
+    }
+    if (!json && rows.empty()) std::printf("no findings\n");
+  } else {
+    out["collectors"] = Json::array();
+    for (const FleetAnswer* a : answered) {
+      if (json) {
+        Json one = {{"collector", a->target.id}, {"endpoint", a->target.endpoint}};
+        if (command == "status")
+          one["status"] = status_json(a->get().getStatus());
+        else
+          one["jobs"] = jobs_json(a->get().getJobs());
+        out["collectors"].push_back(std::move(one));
+        continue;
+      }
+      std::printf("== collector %s (%s)\n", a->target.id.c_str(), a->target.endpoint.c_str());
+      if (command == "status")
+        print_status(a->get().getStatus(), false);
+      else
+        print_jobs(a->get().getJobs(), false);
+      std::printf("\n");
+    }
+  }
+  if (json) {
+    out["unanswered"] = unanswered;
+    std::printf("%s\n", to_json(out).c_str());
+  } else {
+    for (const auto& u : unanswered)
+      std::printf("collector %s (%s) did not answer: %s\n", u["collector"].get<std::string>().c_str(),
+                  u["endpoint"].get<std::string>().c_str(), u["error"].get<std::string>().c_str());
+  }
+  return answered.empty() ? 1 : 0;
+}
+
+// `rankscope fleet`: the collectors sharing the fleet, each asked for its
+// own view (is it answering, does it reach etcd, how many members it sees).
+int print_fleet(const std::vector<FleetAnswer>& answers, bool json) {
+  Json out = Json::array();
+  if (!json) std::printf("%-24s %-28s %-28s %-10s %s\n", "COLLECTOR", "QUERIES", "AGENTS", "UP", "STATE");
+  int answering = 0;
+  for (const auto& a : answers) {
+    Json row = {{"collector", a.target.id}, {"queries", a.target.endpoint}, {"answering", a.reply != nullptr}};
+    std::string agents = "-", up = "-", state;
+    if (!a.reply || a.get().which() != query::Reply::FLEET) {
+      state = "not answering: " + (a.reply ? std::string("answered with something else") : a.error);
+    } else {
+      ++answering;
+      auto f = a.get().getFleet();
+      if (f.getSelf().size() == 0) {
+        state = "alone (run without --etcd)";
+      } else {
+        state = f.getEtcdOk() ? "etcd ok" : "etcd unreachable: " + std::string(f.getEtcdError());
+        state += ", sees " + std::to_string(f.getMembers().size()) + " collector(s)";
+      }
+      for (auto m : f.getMembers()) {
+        if (m.getId() != f.getSelf()) continue;
+        agents = std::string(m.getAgents());
+        uint64_t now = static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count());
+        up = format_duration_ns(static_cast<int64_t>(now - m.getStartedNs()));
+        row["agents"] = agents;
+        row["version"] = std::string(m.getVersion());
+        row["started_ns"] = m.getStartedNs();
+      }
+      row["etcd"] = std::string(f.getEtcd());
+      row["etcd_ok"] = f.getEtcdOk();
+      row["etcd_error"] = std::string(f.getEtcdError());
+      row["members_seen"] = f.getMembers().size();
+      row["registrations"] = f.getRegistrations();
+    }
+    if (!json)
+      std::printf("%-24s %-28s %-28s %-10s %s\n", a.target.id.empty() ? "(alone)" : a.target.id.c_str(),
+                  a.target.endpoint.c_str(), agents.c_str(), up.c_str(), state.c_str());
+    out.push_back(std::move(row));
+  }
+  if (json) std::printf("%s\n", to_json(Json{{"collectors", std::move(out)}}).c_str());
+  return answering == 0 ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -366,6 +510,8 @@ int main(int argc, char** argv) {
   std::string kind;
   std::string since, until, output;
   std::string ack_id;
+  std::string etcd, etcd_prefix = "/rankscope/";
+  std::string ack_collector;  // ack ID@COLLECTOR
   rankscope::cli::ReportArgs report;
   rankscope::cli::ExportArgs export_args;
   std::string home = env_or("HOME", "");
@@ -377,7 +523,9 @@ int main(int argc, char** argv) {
   // clang-format off
   desc.add_options()
     ("help,h", "show this help")
-    ("collector", po::value(&endpoint)->default_value(endpoint), "the collector's query endpoint")
+    ("collector", po::value(&endpoint)->default_value(endpoint), "the collector's query endpoint (in a fleet: any of them)")
+    ("etcd", po::value(&etcd), "status, jobs, findings, ack, fleet: ask every collector of the fleet registered in this etcd (http[s]://HOST:PORT,...) instead of --collector")
+    ("etcd-prefix", po::value(&etcd_prefix)->default_value(etcd_prefix), "the fleet's keys in etcd (the collectors' --etcd-prefix)")
     ("timeout-ms", po::value(&timeout_ms)->default_value(timeout_ms), "how long to wait for the collector")
     ("json", po::bool_switch(&json), "print JSON instead of a table")
     ("comm", po::value(&comm), "timeline: communicator hash (hex, a unique prefix is enough)")
@@ -422,6 +570,16 @@ int main(int argc, char** argv) {
   // saying why they could not be read.
   auto client_keys = [&]() -> std::optional<rankscope::curve::ClientKeys> {
     if (insecure) return rankscope::curve::ClientKeys{};
+    if (!etcd.empty()) {
+      // Each collector's public key comes from its record in etcd.
+      auto own = rankscope::curve::read(key_file);
+      if (!own || own->secret_key.empty()) {
+        std::cerr << "rankscope " << command
+                  << ": --key: " << (own ? key_file + " holds no secret-key" : own.error().message) << "\n";
+        return std::nullopt;
+      }
+      return rankscope::curve::ClientKeys{own->public_key, own->secret_key, ""};
+    }
     auto loaded = rankscope::curve::load_client_keys(key_file, collector_key);
     if (!loaded) {
       std::cerr << "rankscope " << command << ": " << loaded.error().message
@@ -504,7 +662,14 @@ int main(int argc, char** argv) {
     auto f = req.initFindings();
     f.setOpenOnly(open_only || command != "findings");
     f.setKind(command == "hangs" ? "hang" : command == "stragglers" ? "straggler" : kind);
+  } else if (command == "fleet") {
+    req.setFleet();
   } else if (command == "ack") {
+    // ID, or in a fleet ID@COLLECTOR (ids are per collector).
+    if (size_t at = ack_id.find('@'); at != std::string::npos) {
+      ack_collector = ack_id.substr(at + 1);
+      ack_id.resize(at);
+    }
     uint64_t id = 0;
     auto [end, ec] = std::from_chars(ack_id.data(), ack_id.data() + ack_id.size(), id);
     if (ack_id.empty() || ec != std::errc() || end != ack_id.data() + ack_id.size() || id == 0) {
@@ -522,6 +687,33 @@ int main(int argc, char** argv) {
 
   auto keys = client_keys();
   if (!keys) return 2;
+  // In a fleet, these ask every collector (or, ack, the one that holds the finding).
+  if (command != "timeline") {
+    auto targets = rankscope::cli::fleet_targets(endpoint, *keys, etcd, etcd_prefix, timeout_ms);
+    if (!targets) {
+      std::cerr << "rankscope " << command << ": " << targets.error().message << "\n";
+      return 1;
+    }
+    if (command == "fleet") return print_fleet(rankscope::cli::ask_all(*targets, request, timeout_ms), json);
+    if (command == "ack" && (targets->size() > 1 || !ack_collector.empty())) {
+      auto holder = std::find_if(targets->begin(), targets->end(),
+                                 [&](const rankscope::cli::FleetTarget& t) { return t.id == ack_collector; });
+      if (holder == targets->end()) {
+        std::cerr << "rankscope ack: in a fleet, finding ids are per collector: give ID@COLLECTOR as `rankscope "
+                     "findings` shows it"
+                  << (ack_collector.empty() ? "" : " (no collector '" + ack_collector + "' in the fleet)") << "\n";
+        return 2;
+      }
+      targets = std::vector<rankscope::cli::FleetTarget>{*holder};
+    }
+    if (targets->size() > 1)
+      return print_fleet_answers(command == "status" || command == "jobs" ? command : "findings",
+                                 rankscope::cli::ask_all(*targets, request, timeout_ms), json);
+    if (!etcd.empty() || !ack_collector.empty()) {  // else the collector asked, as asked
+      endpoint = targets->front().endpoint;
+      keys = targets->front().keys;
+    }
+  }
   rankscope::cli::QueryClient client(endpoint, timeout_ms, *keys);
   auto result = client.ask(request, [&](query::Reply::Reader reply) {
     switch (reply.which()) {

@@ -1,0 +1,315 @@
+// Several collectors sharing a fleet through a real etcd cluster (Debian's
+// etcd-server, started here on loopback): they register under leases and
+// see each other; the CLI asked of any one of them answers for all and
+// says which did not answer; a collector killed with SIGKILL leaves the
+// fleet when its lease expires and placement gives its jobs to the
+// survivors; a collector stopped cleanly leaves at once; etcd going away
+// stops nothing, and its return is noticed. The agents are raw ZeroMQ
+// DEALER sockets speaking the real protocol.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "collector/fleet/placement.h"
+#include "common/format.h"
+#include "proto/codec.h"
+#include "tests/support/etcd.h"
+#include "tests/support/harness.h"
+#include "tests/support/hello.h"
+#include "tests/support/keys.h"
+#include "tests/support/wire.h"
+
+namespace rankscope::testing {
+namespace {
+
+using nlohmann::json;
+
+std::string endpoint(int port) {
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
+
+// One collector of the fleet, on fresh ports, with a key pair of its own.
+struct FleetCollector {
+  FleetCollector(const TempDir& dir, TestKeys& keys, const std::string& id, const std::string& etcd, int ttl_s,
+                 std::vector<std::string> extra = {})
+      : id(id), agent_port(free_port()), query_port(free_port()) {
+    key = keys.make(id, "collector", false);
+    pub = key.substr(0, key.size() - 4) + ".pub";
+    SpawnOptions spawn;
+    spawn.argv = {bin_path("rankscope-collector"),
+                  "--listen",
+                  endpoint(agent_port),
+                  "--query",
+                  endpoint(query_port),
+                  "--db",
+                  dir.file("db-" + id),
+                  "--key",
+                  key,
+                  "--allow",
+                  keys.allow_dir()};
+    if (!etcd.empty())
+      spawn.argv.insert(spawn.argv.end(), {"--etcd", etcd, "--collector-id", id, "--advertise", "127.0.0.1",
+                                           "--lease-ttl-s", std::to_string(ttl_s)});
+    spawn.argv.insert(spawn.argv.end(), extra.begin(), extra.end());
+    log = dir.file("collector-" + id + ".log");
+    spawn.stdout_path = log;
+    process = std::make_unique<Process>(spawn);
+  }
+  std::string id;
+  int agent_port, query_port;
+  std::string key, pub, log;
+  std::unique_ptr<Process> process;
+};
+
+// Standard output of the rankscope CLI asked of `asked` (as the admitted client), parsed; null if not JSON.
+json cli(TestKeys& keys, const FleetCollector& asked, const std::string& command) {
+  std::string line = bin_path("rankscope") + " --collector " + endpoint(asked.query_port) + " --key " +
+                     keys.cli_args()[1] + " --collector-key " + asked.pub + " --timeout-ms 1500 " + command +
+                     " --json 2>/dev/null";
+  FILE* pipe = popen(line.c_str(), "r");
+  if (!pipe) return nullptr;
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
+  pclose(pipe);
+  auto parsed = json::parse(text, nullptr, false);
+  return parsed.is_discarded() ? json(nullptr) : parsed;
+}
+
+// What `rankscope fleet` says of collector `id`: its row, or null.
+json fleet_row(const json& fleet, const std::string& id) {
+  if (!fleet.is_object() || !fleet.contains("collectors")) return nullptr;
+  for (const auto& row : fleet["collectors"])
+    if (row.value("collector", "") == id) return row;
+  return nullptr;
+}
+
+// Every listed collector answers and sees exactly `members` collectors.
+bool settled(const json& fleet, size_t members) {
+  if (!fleet.is_object() || !fleet.contains("collectors") || fleet["collectors"].size() != members) return false;
+  for (const auto& row : fleet["collectors"])
+    if (!row.value("answering", false) || !row.value("etcd_ok", false) || row.value("members_seen", 0u) != members)
+      return false;
+  return true;
+}
+
+// A node's agent as raw ZeroMQ: says hello, announces rank 0 of a
+// communicator of 2 in `job`, then falls silent (a lost node, once
+// --node-lost-timeout-s passes).
+class SilentNode {
+ public:
+  SilentNode(TestKeys& keys, const std::string& node, const FleetCollector& to, const std::string& job, uint64_t comm)
+      : socket_(context_, zmq::socket_type::dealer) {
+    auto agent_key = keys.agent_args(node, true)[1];
+    auto loaded = curve::load_client_keys(agent_key, to.pub);
+    EXPECT_TRUE(loaded);
+    socket_.set(zmq::sockopt::linger, 0);
+    if (loaded) curve::apply(socket_, *loaded);
+    socket_.connect(endpoint(to.agent_port));
+    socket_.send(zmq::buffer(hello_message(node, 7)), zmq::send_flags::dontwait);
+    AgentBatch batch;
+    batch.instance = 7;
+    batch.processes = {process(100, job)};
+    batch.comms = {member(100, comm, 0, 2)};
+    batch.clock_samples = {tight_clock_sample()};
+    std::string bytes = batch.bytes();
+    socket_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+  }
+
+ private:
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+};
+
+// The collector placement gives `job` (communicator `comm`) among `ids`.
+std::string owner_among(const std::string& job, uint64_t comm, const std::vector<std::string>& ids) {
+  std::vector<fleet::Member> members;
+  for (const auto& id : ids) members.push_back({id, "", "q", "", "", "", 0});
+  return fleet::owner(fleet::placement_key(job, comm), members)->id;
+}
+
+// A job name whose communicator placement gives to `wanted` among `ids`.
+std::string job_owned_by(const std::string& wanted, uint64_t comm, const std::vector<std::string>& ids) {
+  for (int i = 0;; ++i) {
+    std::string job = "train-" + std::to_string(i);
+    if (owner_among(job, comm, ids) == wanted) return job;
+  }
+}
+
+// The owner `rankscope jobs` gives communicator `comm` on collector `on`, or "".
+std::string listed_owner(const json& jobs, const std::string& on, uint64_t comm) {
+  if (!jobs.is_object() || !jobs.contains("collectors")) return "";
+  for (const auto& c : jobs["collectors"]) {
+    if (c.value("collector", "") != on) continue;
+    for (const auto& job : c["jobs"])
+      for (const auto& entry : job["comms"])
+        if (entry.value("comm", "") == hex64(comm)) return entry.value("owner", "");
+  }
+  return "";
+}
+
+// One etcd member and two collectors, c1 and c2, with leases of `ttl_s`;
+// `up` once c1 says both answer and see each other.
+struct PairFleet {
+  explicit PairFleet(int ttl_s) : keys(dir), etcd(1) {
+    if (!etcd.ready()) return;
+    c1 = std::make_unique<FleetCollector>(dir, keys, "c1", etcd.endpoints(), ttl_s);
+    c2 = std::make_unique<FleetCollector>(dir, keys, "c2", etcd.endpoints(), ttl_s);
+    up = wait_for([&] { return settled(fleet = cli(keys, *c1, "fleet"), 2); }, std::chrono::seconds(30));
+  }
+  auto parts() { return std::tie(keys, etcd, *c1, *c2, fleet); }
+  TempDir dir;
+  TestKeys keys;
+  RealEtcd etcd;
+  std::unique_ptr<FleetCollector> c1, c2;
+  json fleet;
+  bool up = false;
+};
+
+TEST(FleetE2E, ThreeCollectorsAnswerAsOneAndAKilledOneLosesItsJobsToTheSurvivors) {
+  TempDir dir;
+  TestKeys keys(dir);
+  // The agents' keys are in the allow-list before the collectors start.
+  for (const char* node : {"node-a", "node-b"}) keys.agent_args(node, true);
+  RealEtcd etcd(3);
+  ASSERT_TRUE(etcd.ready()) << etcd.log(0);
+  constexpr int kTtlS = 3;
+  const std::vector<std::string> ids = {"c1", "c2", "c3"};
+  std::vector<std::unique_ptr<FleetCollector>> collectors;
+  for (const auto& id : ids)
+    collectors.push_back(std::make_unique<FleetCollector>(dir, keys, id, etcd.endpoints(), kTtlS,
+                                                          std::vector<std::string>{"--node-lost-timeout-s", "3"}));
+  FleetCollector& c1 = *collectors[0];
+  FleetCollector& c2 = *collectors[1];
+  FleetCollector& c3 = *collectors[2];
+  json fleet;
+  ASSERT_TRUE(wait_for([&] { return settled(fleet = cli(keys, c1, "fleet"), 3); }, std::chrono::seconds(30)))
+      << fleet.dump() << "\n"
+      << slurp(c1.log);
+
+  // Two jobs on two collectors: a lost node in each. Asked of the third,
+  // `findings` lists both, each with the collector that holds it.
+  const uint64_t comm_a = 0xa11ce, comm_b = 0xb0b;
+  const std::string job_a = job_owned_by("c2", comm_a, ids), job_b = "train-b";
+  SilentNode node_a(keys, "node-a", c1, job_a, comm_a);
+  SilentNode node_b(keys, "node-b", c3, job_b, comm_b);
+  json findings;
+  auto lost_on = [&](const std::string& id) {
+    if (!findings.is_object()) return false;
+    for (const auto& f : findings.value("findings", json::array()))
+      if (f.value("kind", "") == "node_lost" && f.value("collector", "") == id) return true;
+    return false;
+  };
+  ASSERT_TRUE(wait_for([&] { return (findings = cli(keys, c2, "findings")), lost_on("c1") && lost_on("c3"); },
+                       std::chrono::seconds(30)))
+      << findings.dump() << "\n"
+      << cli(keys, c1, "jobs").dump() << "\n"
+      << slurp(c1.log);
+  EXPECT_TRUE(findings["unanswered"].empty()) << findings.dump();
+
+  // An acknowledgement goes to the collector that holds the finding.
+  uint64_t id_on_c3 = 0;
+  for (const auto& f : findings["findings"])
+    if (f.value("collector", "") == "c3") id_on_c3 = f.value("id", uint64_t{0});
+  json acked = cli(keys, c1, "ack " + std::to_string(id_on_c3) + "@c3");
+  EXPECT_TRUE(acked.is_object() && acked["acknowledged_by"].is_string()) << acked.dump();
+
+  // `jobs` asked of any collector: every collector's jobs, each
+  // communicator with the collector placement gives it to.
+  json jobs;
+  ASSERT_TRUE(wait_for([&] { return listed_owner(jobs = cli(keys, c2, "jobs"), "c1", comm_a) == "c2"; },
+                       std::chrono::seconds(10)))
+      << jobs.dump();
+  EXPECT_EQ(listed_owner(jobs, "c3", comm_b), owner_among(job_b, comm_b, ids)) << jobs.dump();
+
+  // SIGKILL: c2 renews nothing; when its lease expires it leaves the fleet
+  // and job A, which placement gave it, goes to the survivor that scores
+  // next, within the lease's time and 5 s (the bound).
+  auto killed_at = std::chrono::steady_clock::now();
+  c2.process->signal(SIGKILL);
+  const std::string survivor = owner_among(job_a, comm_a, {"c1", "c3"});
+  ASSERT_TRUE(wait_for([&] { return listed_owner(jobs = cli(keys, c1, "jobs"), "c1", comm_a) == survivor; },
+                       std::chrono::seconds(30)))
+      << jobs.dump() << "\n"
+      << slurp(c1.log);
+  auto moved_after =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - killed_at);
+  std::printf("job %s moved from c2 to %s %lld ms after c2 was killed (lease %d s)\n", job_a.c_str(), survivor.c_str(),
+              static_cast<long long>(moved_after.count()), kTtlS);
+  EXPECT_LE(moved_after, std::chrono::seconds(kTtlS + 5));
+  // The survivors see each other and no c2.
+  ASSERT_TRUE(wait_for(
+      [&] {
+        fleet = cli(keys, c3, "fleet");
+        auto row = fleet_row(fleet, "c3");
+        return row.is_object() && row.value("members_seen", 0u) == 2 && fleet_row(fleet, "c2").is_null();
+      },
+      std::chrono::seconds(10)))
+      << fleet.dump();
+
+  // A collector registered but not answering is named, and the others answer.
+  fleet::Member ghost{"ghost", "", endpoint(free_port()), "", "", "", 0};
+  ASSERT_TRUE(etcd.put("/rankscope/collectors/ghost", fleet::member_json(ghost), 60));
+  json status;
+  ASSERT_TRUE(
+      wait_for([&] { return (status = cli(keys, c1, "status"))["unanswered"].size() == 1; }, std::chrono::seconds(10)))
+      << status.dump();
+  EXPECT_EQ(status["unanswered"][0].value("collector", ""), "ghost");
+  EXPECT_EQ(status["collectors"].size(), 2u) << status.dump();
+}
+
+TEST(FleetE2E, CollectorsGoOnWhileEtcdIsAwayAndRegisterAgainWhenItReturns) {
+  PairFleet pair(2);
+  ASSERT_TRUE(pair.up) << pair.fleet.dump() << pair.etcd.log(0);
+  auto [keys, etcd, c1, c2, fleet] = pair.parts();
+
+  etcd.kill(0);
+  // Each says etcd is out of reach, keeps the fleet it last read, and answers.
+  ASSERT_TRUE(wait_for(
+      [&] {
+        fleet = cli(keys, c1, "fleet");
+        auto one = fleet_row(fleet, "c1"), two = fleet_row(fleet, "c2");
+        return one.is_object() && two.is_object() && !one.value("etcd_ok", true) && !two.value("etcd_ok", true);
+      },
+      std::chrono::seconds(20)))
+      << fleet.dump();
+  EXPECT_EQ(fleet_row(fleet, "c1").value("members_seen", 0u), 2u) << fleet.dump();
+  EXPECT_NE(fleet_row(fleet, "c1").value("etcd_error", "").find("no etcd endpoint answered"), std::string::npos)
+      << fleet.dump();
+  json status = cli(keys, c2, "status");
+  EXPECT_EQ(status["collectors"].size(), 2u) << status.dump();
+
+  // Back, on the same data: both are members again (their leases may have
+  // expired meanwhile: then they registered again).
+  etcd.start(0);
+  ASSERT_TRUE(wait_for([&] { return settled(fleet = cli(keys, c2, "fleet"), 2); }, std::chrono::seconds(30)))
+      << fleet.dump() << "\n"
+      << slurp(c1.log);
+}
+
+TEST(FleetE2E, ACollectorStoppedCleanlyLeavesAtOnceAndOneWithoutEtcdIsAlone) {
+  // A lease of a minute: only its revocation makes c2 leave sooner.
+  PairFleet pair(60);
+  ASSERT_TRUE(pair.up) << pair.fleet.dump() << pair.etcd.log(0);
+  auto [keys, etcd, c1, c2, fleet] = pair.parts();
+  c2.process->signal(SIGTERM);
+  EXPECT_EQ(c2.process->wait(std::chrono::seconds(20)), 0) << slurp(c2.log);
+  EXPECT_NE(slurp(c2.log).find("lease revoked"), std::string::npos) << slurp(c2.log);
+  EXPECT_TRUE(wait_for([&] { return settled(fleet = cli(keys, c1, "fleet"), 1); }, std::chrono::seconds(20)))
+      << fleet.dump();
+
+  FleetCollector alone(pair.dir, keys, "alone", "", 0);
+  ASSERT_TRUE(
+      wait_for([&] { return fleet_row(fleet = cli(keys, alone, "fleet"), "").is_object(); }, std::chrono::seconds(20)))
+      << fleet.dump() << slurp(alone.log);
+  EXPECT_TRUE(fleet_row(fleet, "")["answering"].get<bool>());
+  EXPECT_EQ(fleet_row(fleet, "").value("members_seen", 99u), 0u) << fleet.dump();
+  json status = cli(keys, alone, "status");
+  EXPECT_TRUE(status.contains("nodes")) << status.dump();  // alone: the plain reply, as before fleets
+}
+
+}  // namespace
+}  // namespace rankscope::testing
