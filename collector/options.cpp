@@ -229,6 +229,31 @@ Result<void> validate(const Options& o) {
     return make_error(Errc::invalid_argument, "--collector-id takes up to 128 letters, digits and . _ : -");
   if (o.lease_ttl_s < 2 || o.lease_ttl_s > 300)
     return make_error(Errc::invalid_argument, "--lease-ttl-s must be between 2 and 300");
+  if (o.advertise.size() > 253 ||
+      o.advertise.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-:[]") !=
+          std::string::npos ||
+      (o.advertise.find(':') != std::string::npos && o.advertise.front() != '['))
+    return make_error(Errc::invalid_argument,
+                      "--advertise takes a host name or an address (an IPv6 address in brackets: [fd00::5])");
+  if (!o.etcd.empty()) {
+    // Other collectors and clients reach this one by the address its
+    // record gives; one bound to loopback only by a loopback address (a
+    // fleet on one machine).
+    auto loopback = [](const std::string& host) {
+      return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
+    };
+    for (const auto& [name, endpoint] : {std::pair{"--listen", &o.listen}, {"--query", &o.query}}) {
+      if (endpoint->rfind("tcp://", 0) != 0)
+        return make_error(Errc::invalid_argument, std::string("--etcd needs ") + name + " on tcp://HOST:PORT");
+      const std::string host = endpoint->substr(6, endpoint->rfind(':') - 6);
+      if (loopback(host) && !loopback(o.advertise))
+        return make_error(
+            Errc::invalid_argument,
+            std::string(name) + " " + *endpoint +
+                " listens on loopback, which no other machine reaches: with --etcd listen on an "
+                "address they can (e.g. tcp://0.0.0.0:7601); only a fleet on one machine (--advertise 127.0.0.1) may");
+    }
+  }
   return {};
 }
 

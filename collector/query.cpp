@@ -290,6 +290,13 @@ std::string answer_query(std::string_view request, const QueryContext& ctx, cons
       }
       case query::Request::ACK: {
         auto ack = req.getAck();
+        const std::string self = ctx.fleet ? ctx.fleet->view().self : "";
+        if (ack.getCollector().size() > 0 && ack.getCollector() != self) {
+          reply.setError("finding ids are per collector: this is " +
+                         (self.empty() ? std::string("a collector alone") : "collector " + self) + ", not " +
+                         std::string(ack.getCollector()) + "; nothing acknowledged");
+          break;
+        }
         std::string by = valid_utf8(std::string(ack.getBy()).substr(0, 256));
         if (by.empty()) by = "unnamed";
         by += client.empty() ? " (no key: --insecure)" : " (key " + client + ")";

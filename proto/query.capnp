@@ -29,6 +29,8 @@ struct Request {
 struct AckRequest {
   id @0 :UInt64;
   by @1 :Text;              # who says so, as the client tells it (the collector adds the client's key)
+  collector @2 :Text;       # in a fleet, the collector that holds the finding (ids are per collector):
+                            # another one refuses; "": whichever is asked
 }
 
 # Usage and cost per tenant over a time range, from the usage ledger

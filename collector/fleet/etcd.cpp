@@ -86,19 +86,28 @@ Result<nlohmann::json> EtcdClient::call(const std::string& path, const nlohmann:
       continue;
     }
     auto reply = nlohmann::json::parse(response->body, nullptr, false);
-    if (reply.is_discarded() || !reply.is_object())
-      return make_error(Errc::protocol, "etcd at " + endpoint + " answered " + path + " with HTTP " +
-                                            std::to_string(response->status) +
-                                            " and no JSON object (is it etcd's "
-                                            "client port, v3.4 or later?)");
-    if (response->status != 200 || reply.contains("error")) {
+    std::string failure;
+    if (reply.is_discarded() || !reply.is_object()) {
+      failure = "answered " + path + " with HTTP " + std::to_string(response->status) +
+                " and no JSON object (is it etcd's client port, v3.4 or later?)";
+    } else if (response->status != 200 || reply.contains("error")) {
       std::string message = "no message";
       for (const char* name : {"error", "message"})
         if (auto it = reply.find(name); it != reply.end() && it->is_string()) message = it->get<std::string>();
-      return make_error(Errc::refused, "etcd at " + endpoint + " refused " + path + " (HTTP " +
-                                           std::to_string(response->status) + "): " + message);
+      failure = "refused " + path + " (HTTP " + std::to_string(response->status) + "): " + message;
+      // What etcd itself refuses (a lease it does not have) fails alike on
+      // every member; what this member cannot serve now (no leader, cut
+      // off from the others: 5xx, gRPC Unavailable or DeadlineExceeded)
+      // may succeed on the next.
+      auto code = reply.find("code");
+      const int grpc = code != reply.end() && code->is_number_integer() ? code->get<int>() : 0;
+      if (response->status < 500 && grpc != 14 && grpc != 4)
+        return make_error(Errc::refused, "etcd at " + endpoint + " " + failure);
+    } else {
+      return reply;
     }
-    return reply;
+    failures += (failures.empty() ? "" : "; ") + endpoint + ": " + failure;
+    current_ = (current_ + 1) % endpoints_.size();
   }
   return make_error(Errc::io, "no etcd endpoint answered (" + failures + ")");
 }
@@ -121,6 +130,7 @@ Result<int64_t> EtcdClient::keep_alive(int64_t lease) {
 }
 
 Result<void> EtcdClient::revoke(int64_t lease) {
+  // The gateway of etcd 3.4 serves revocation here, not at /v3/lease/revoke.
   auto reply = call("/v3/kv/lease/revoke", {{"ID", std::to_string(lease)}});
   if (!reply) return reply.error();
   return {};

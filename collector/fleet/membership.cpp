@@ -3,26 +3,37 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace rankscope::fleet {
 
-namespace {
-
-uint64_t unix_ns() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
+Result<std::vector<MemberRecord>> read_members(EtcdClient& etcd, const std::string& prefix) {
+  auto records = etcd.range_prefix(Membership::members_prefix(prefix));
+  if (!records) return records.error();
+  std::vector<MemberRecord> out;
+  for (const auto& record : *records) {
+    auto member = parse_member(record.value);
+    if (!member) {
+      RS_LOG(debug, "etcd: %s is not a collector's record (%s): ignored", record.key.c_str(),
+             member.error().message.c_str());
+      continue;
+    }
+    if (record.lease != 0) out.push_back({std::move(*member), record.lease});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const MemberRecord& a, const MemberRecord& b) { return a.member.id < b.member.id; });
+  return out;
 }
-
-}  // namespace
 
 Result<std::unique_ptr<Membership>> Membership::start(FleetOptions options) {
   if (options.self.id.empty()) return make_error(Errc::invalid_argument, "a fleet member needs an id");
   if (options.lease_ttl_s < 2) return make_error(Errc::invalid_argument, "the lease must live 2 s or more");
   // A renewal that waits past a third of the lease's life would let it
   // expire while etcd is merely slow: each request is bounded below that.
-  options.http.timeout_ms = std::min<int>(options.http.timeout_ms, static_cast<int>(options.lease_ttl_s * 1000 / 3));
+  // Also at most 2 s, so that a stop waits little on an etcd out of reach.
+  options.http.timeout_ms =
+      std::min<int>({options.http.timeout_ms, static_cast<int>(options.lease_ttl_s * 1000 / 3), 2000});
   auto etcd = EtcdClient::make(options.etcd, options.http);
   if (!etcd) return etcd.error();
   std::unique_ptr<Membership> membership(new Membership(std::move(options), std::move(*etcd)));
@@ -59,13 +70,6 @@ FleetView Membership::view() const {
   return view_;
 }
 
-std::optional<Member> Membership::owner_of(std::string_view key) const {
-  std::lock_guard lock(mutex_);
-  const Member* found = owner(key, view_.members);
-  if (!found) return std::nullopt;
-  return *found;
-}
-
 void Membership::set_error(const std::string& error) {
   std::lock_guard lock(mutex_);
   if (view_.etcd_ok || view_.etcd_error.empty())
@@ -75,46 +79,54 @@ void Membership::set_error(const std::string& error) {
   view_.etcd_error = error;
 }
 
+Result<void> Membership::register_self() {
+  auto lease = etcd_.grant_lease(options_.lease_ttl_s);
+  if (!lease) return lease.error();
+  // Under the lease: gone when this collector stops renewing it.
+  if (auto put = etcd_.put(members_prefix(options_.prefix) + options_.self.id, member_json(options_.self), *lease);
+      !put) {
+    (void)etcd_.revoke(*lease);
+    return put.error();
+  }
+  lease_ = *lease;
+  std::lock_guard lock(mutex_);
+  ++view_.registrations;
+  RS_LOG(info, "etcd: registered as collector %s under lease %llx (%lld s)", options_.self.id.c_str(),
+         static_cast<unsigned long long>(lease_), static_cast<long long>(options_.lease_ttl_s));
+  return {};
+}
+
 Result<void> Membership::round() {
   if (lease_ != 0) {
     auto left = etcd_.keep_alive(lease_);
     if (!left) return left.error();
     if (*left == 0) {
       RS_LOG(warn,
-             "etcd: this collector's lease expired (etcd was out of reach for longer than %lld s): its jobs may "
-             "have moved; registering again",
+             "etcd: this collector's lease expired (etcd was out of reach for longer than %lld s, or the lease "
+             "was revoked): its jobs may have moved; registering again",
              static_cast<long long>(options_.lease_ttl_s));
       lease_ = 0;
     }
   }
-  if (lease_ == 0) {
-    auto lease = etcd_.grant_lease(options_.lease_ttl_s);
-    if (!lease) return lease.error();
-    // Under the lease: gone when this collector stops renewing it.
-    if (auto put = etcd_.put(members_prefix(options_.prefix) + options_.self.id, member_json(options_.self), *lease);
-        !put) {
-      (void)etcd_.revoke(*lease);
-      return put.error();
-    }
-    lease_ = *lease;
-    std::lock_guard lock(mutex_);
-    ++view_.registrations;
-    RS_LOG(info, "etcd: registered as collector %s under lease %llx (%lld s)", options_.self.id.c_str(),
-           static_cast<unsigned long long>(lease_), static_cast<long long>(options_.lease_ttl_s));
-  }
-  auto records = etcd_.range_prefix(members_prefix(options_.prefix));
+  if (lease_ == 0)
+    if (auto registered = register_self(); !registered) return registered.error();
+  auto records = read_members(etcd_, options_.prefix);
   if (!records) return records.error();
-  std::vector<Member> members;
-  for (const auto& record : *records) {
-    auto member = parse_member(record.value);
-    if (!member) {
-      RS_LOG(debug, "etcd: %s is not a collector's record (%s): ignored", record.key.c_str(),
-             member.error().message.c_str());
-      continue;
-    }
-    if (record.lease == 0) continue;  // not under a lease: nothing would ever remove it
-    members.push_back(std::move(*member));
+  auto self = std::find_if(records->begin(), records->end(),
+                           [&](const MemberRecord& r) { return r.member.id == options_.self.id; });
+  if (self == records->end()) {
+    // The record went (deleted by hand, a restore) while the lease lives on.
+    RS_LOG(warn, "etcd: this collector's record is gone; writing it again");
+    if (auto put = etcd_.put(members_prefix(options_.prefix) + options_.self.id, member_json(options_.self), lease_);
+        !put)
+      return put.error();
+  } else if (self->lease != lease_) {
+    return make_error(Errc::refused, "another collector registered with the id " + options_.self.id +
+                                         " (every --collector-id must be unique in the fleet)");
   }
+  std::vector<Member> members;
+  for (auto& record : *records) members.push_back(std::move(record.member));
+  if (self == records->end()) members.push_back(options_.self);
   std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) { return a.id < b.id; });
   std::lock_guard lock(mutex_);
   if (!view_.etcd_ok && !view_.etcd_error.empty()) RS_LOG(info, "etcd: reachable again");
@@ -129,7 +141,7 @@ Result<void> Membership::round() {
   view_.members = std::move(members);
   view_.etcd_ok = true;
   view_.etcd_error.clear();
-  view_.read_ns = unix_ns();
+  view_.read_ns = SystemClock::read(CLOCK_REALTIME);
   return {};
 }
 
@@ -139,7 +151,11 @@ void Membership::loop() {
   std::unique_lock lock(mutex_);
   while (!stop_) {
     lock.unlock();
-    if (auto done = round(); !done) set_error(done.error().message);
+    try {
+      if (auto done = round(); !done) set_error(done.error().message);
+    } catch (const std::exception& e) {  // never: what etcd sends is checked, not trusted
+      set_error(std::string("unexpected: ") + e.what());
+    }
     lock.lock();
     wake_.wait_for(lock, interval, [&] { return stop_; });
   }

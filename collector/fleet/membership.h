@@ -28,6 +28,16 @@ struct FleetOptions {
   Member self;
 };
 
+// A member's record as read from etcd, with the lease that holds it.
+struct MemberRecord {
+  Member member;
+  int64_t lease = 0;
+};
+// The members recorded under PREFIX/collectors/, by id. Records that are
+// not a member's (etcd is shared), or not held by a lease (nothing would
+// ever remove them), are left out.
+Result<std::vector<MemberRecord>> read_members(EtcdClient& etcd, const std::string& prefix);
+
 // The fleet as this collector last read it.
 struct FleetView {
   std::string self;             // this collector's id
@@ -46,8 +56,6 @@ class Membership {
   ~Membership();  // stops the thread and revokes the lease
 
   FleetView view() const;
-  // The member that owns `key` in the last view; nullopt when none is known.
-  std::optional<Member> owner_of(std::string_view key) const;
   const std::string& prefix() const { return options_.prefix; }
   std::string etcd_endpoints() const;  // as given, normalised: "http://HOST:PORT,..."
   int64_t lease_ttl_s() const { return options_.lease_ttl_s; }
@@ -61,6 +69,7 @@ class Membership {
   // One round: keep the lease (or get one), then read the members.
   Result<void> round();
   void set_error(const std::string& error);
+  Result<void> register_self();
 
   const FleetOptions options_;
   EtcdClient etcd_;  // used by the thread only

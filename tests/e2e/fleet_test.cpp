@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "collector/fleet/membership.h"
 #include "collector/fleet/placement.h"
 #include "common/format.h"
 #include "proto/codec.h"
@@ -64,11 +65,12 @@ struct FleetCollector {
   std::unique_ptr<Process> process;
 };
 
-// Standard output of the rankscope CLI asked of `asked` (as the admitted client), parsed; null if not JSON.
-json cli(TestKeys& keys, const FleetCollector& asked, const std::string& command) {
+// Standard output of the rankscope CLI asked of `asked` (as the admitted
+// client, waiting `timeout_ms` for each collector), parsed; null if not JSON.
+json cli(TestKeys& keys, const FleetCollector& asked, const std::string& command, int timeout_ms = 1500) {
   std::string line = bin_path("rankscope") + " --collector " + endpoint(asked.query_port) + " --key " +
-                     keys.cli_args()[1] + " --collector-key " + asked.pub + " --timeout-ms 1500 " + command +
-                     " --json 2>/dev/null";
+                     keys.cli_args()[1] + " --collector-key " + asked.pub + " --timeout-ms " +
+                     std::to_string(timeout_ms) + " " + command + " --json 2>/dev/null";
   FILE* pipe = popen(line.c_str(), "r");
   if (!pipe) return nullptr;
   std::string text;
@@ -216,6 +218,9 @@ TEST(FleetE2E, ThreeCollectorsAnswerAsOneAndAKilledOneLosesItsJobsToTheSurvivors
     if (f.value("collector", "") == "c3") id_on_c3 = f.value("id", uint64_t{0});
   json acked = cli(keys, c1, "ack " + std::to_string(id_on_c3) + "@c3");
   EXPECT_TRUE(acked.is_object() && acked["acknowledged_by"].is_string()) << acked.dump();
+  findings = cli(keys, c1, "findings");
+  for (const auto& f : findings.value("findings", json::array()))
+    EXPECT_EQ(f["acknowledged_by"].is_string(), f.value("collector", "") == "c3") << f.dump();
 
   // `jobs` asked of any collector: every collector's jobs, each
   // communicator with the collector placement gives it to.
@@ -231,7 +236,7 @@ TEST(FleetE2E, ThreeCollectorsAnswerAsOneAndAKilledOneLosesItsJobsToTheSurvivors
   auto killed_at = std::chrono::steady_clock::now();
   c2.process->signal(SIGKILL);
   const std::string survivor = owner_among(job_a, comm_a, {"c1", "c3"});
-  ASSERT_TRUE(wait_for([&] { return listed_owner(jobs = cli(keys, c1, "jobs"), "c1", comm_a) == survivor; },
+  ASSERT_TRUE(wait_for([&] { return listed_owner(jobs = cli(keys, c1, "jobs", 300), "c1", comm_a) == survivor; },
                        std::chrono::seconds(30)))
       << jobs.dump() << "\n"
       << slurp(c1.log);
@@ -286,6 +291,21 @@ TEST(FleetE2E, CollectorsGoOnWhileEtcdIsAwayAndRegisterAgainWhenItReturns) {
   // expired meanwhile: then they registered again).
   etcd.start(0);
   ASSERT_TRUE(wait_for([&] { return settled(fleet = cli(keys, c2, "fleet"), 2); }, std::chrono::seconds(30)))
+      << fleet.dump() << "\n"
+      << slurp(c1.log);
+
+  // c1's lease revoked from outside (as if it had expired): c1 registers again.
+  auto admin = fleet::EtcdClient::make(etcd.endpoints());
+  ASSERT_TRUE(admin);
+  auto members = fleet::read_members(*admin, "/rankscope/");
+  ASSERT_TRUE(members && members->size() == 2);
+  ASSERT_TRUE(admin->revoke(members->front().lease));  // c1's: by id
+  ASSERT_TRUE(wait_for(
+      [&] {
+        fleet = cli(keys, c1, "fleet");
+        return settled(fleet, 2) && fleet_row(fleet, "c1").value("registrations", 0u) == 2;
+      },
+      std::chrono::seconds(20)))
       << fleet.dump() << "\n"
       << slurp(c1.log);
 }

@@ -105,16 +105,23 @@ TEST(Options, FleetOptionsNeedEtcdAndSaneValues) {
         "etcd-ca-file = /ca.crt\n", "advertise = 10.0.0.5\n",
         "etcd = http://e:2379\netcd-cert-file = /c.crt\n",  // without its key
         "etcd = http://e:2379\netcd-prefix = rankscope\n", "etcd = http://e:2379\ncollector-id = has space\n",
-        "etcd = http://e:2379\nlease-ttl-s = 1\n", "etcd = http://e:2379\nlease-ttl-s = 301\n"}) {
+        "etcd = http://e:2379\nlease-ttl-s = 1\n", "etcd = http://e:2379\nlease-ttl-s = 301\n",
+        // the default --query is loopback: no other machine would reach it
+        "etcd = http://e:2379\nlisten = tcp://0.0.0.0:7600\n",
+        "etcd = http://e:2379\nlisten = ipc:///tmp/a\nquery = tcp://0.0.0.0:7601\n",
+        "etcd = http://e:2379\nadvertise = fd00::5\n"}) {
     auto line = collector_config(bad);
     EXPECT_FALSE(line) << bad;
   }
   auto line = collector_config(
       "etcd = http://e1:2379,http://e2:2379\ncollector-id = gpu-head-1:7600\n"
-      "advertise = 10.0.0.5\nlease-ttl-s = 10\netcd-prefix = /fleet-a/\n");
+      "advertise = 10.0.0.5\nlease-ttl-s = 10\netcd-prefix = /fleet-a/\nquery = tcp://10.0.0.5:7601\n");
   ASSERT_TRUE(line) << line.error().message;
   EXPECT_EQ(line->options.collector_id, "gpu-head-1:7600");
   EXPECT_EQ(line->options.lease_ttl_s, 10u);
+  // Both sockets on every address: the id and the address come from the machine's name.
+  line = collector_config("etcd = http://e:2379\nquery = tcp://0.0.0.0:7601\n");
+  ASSERT_TRUE(line) << line.error().message;
 }
 
 TEST(Options, AgentValuesOutOfRangeAreRefused) {

@@ -29,11 +29,10 @@ Result<std::vector<FleetTarget>> fleet_targets(const std::string& endpoint, cons
     http.timeout_ms = timeout_ms;
     auto client = fleet::EtcdClient::make(etcd, http);
     if (!client) return client.error();
-    auto records = client->range_prefix(fleet::Membership::members_prefix(prefix));
+    auto records = fleet::read_members(*client, prefix);
     if (!records) return records.error();
-    for (const auto& record : *records)
-      if (auto member = fleet::parse_member(record.value); member && record.lease != 0)
-        out.push_back(target_of(member->id, member->queries, member->public_key, keys));
+    for (const auto& [member, lease] : *records)
+      out.push_back(target_of(member.id, member.queries, member.public_key, keys));
     if (out.empty())
       return make_error(Errc::not_found, "no collector is registered in etcd under " + prefix +
                                              " (is --etcd-prefix the collectors' own?)");
@@ -51,7 +50,7 @@ Result<std::vector<FleetTarget>> fleet_targets(const std::string& endpoint, cons
   });
   if (!asked) {
     // A collector older than fleets does not know the request: it is alone.
-    if (asked.error().code != Errc::refused) return asked.error();
+    if (asked.error().message.find("does not know that request") == std::string::npos) return asked.error();
     out.clear();
   }
   if (out.empty()) out.push_back({"", endpoint, keys});

@@ -385,12 +385,9 @@ void print_findings(query::FindingsReply::Reader r, bool json) {
 
 using rankscope::cli::FleetAnswer;
 
-// What every collector of a fleet answered to `command` (status, jobs or
-// findings), merged, and which did not answer. Returns 1 when none did.
-int print_fleet_answers(const std::string& command, const std::vector<FleetAnswer>& answers, bool json) {
-  const auto expected = command == "status" ? query::Reply::STATUS
-                        : command == "jobs" ? query::Reply::JOBS
-                                            : query::Reply::FINDINGS;
+// What every collector of a fleet answered (`expected`: a status, jobs or
+// findings reply), merged, and which did not answer. Returns 1 when none did.
+int print_fleet_answers(query::Reply::Which expected, const std::vector<FleetAnswer>& answers, bool json) {
   std::vector<const FleetAnswer*> answered;
   Json unanswered = Json::array();
   for (const auto& a : answers) {
@@ -402,7 +399,7 @@ int print_fleet_answers(const std::string& command, const std::vector<FleetAnswe
                             {"error", a.reply ? "answered with something else" : a.error}});
   }
   Json out = Json::object();
-  if (command == "findings") {
+  if (expected == query::Reply::FINDINGS) {
     // One list, newest first; ids are per collector: ID@COLLECTOR.
     struct Row {
       query::Finding::Reader finding;
@@ -426,7 +423,7 @@ int print_fleet_answers(const std::string& command, const std::vector<FleetAnswe
     for (const FleetAnswer* a : answered) {
       if (json) {
         Json one = {{"collector", a->target.id}, {"endpoint", a->target.endpoint}};
-        if (command == "status")
+        if (expected == query::Reply::STATUS)
           one["status"] = status_json(a->get().getStatus());
         else
           one["jobs"] = jobs_json(a->get().getJobs());
@@ -434,7 +431,7 @@ int print_fleet_answers(const std::string& command, const std::vector<FleetAnswe
         continue;
       }
       std::printf("== collector %s (%s)\n", a->target.id.c_str(), a->target.endpoint.c_str());
-      if (command == "status")
+      if (expected == query::Reply::STATUS)
         print_status(a->get().getStatus(), false);
       else
         print_jobs(a->get().getJobs(), false);
@@ -589,6 +586,11 @@ int main(int argc, char** argv) {
     return *loaded;
   };
 
+  if (!etcd.empty() && (command == "report" || command == "export" || command == "mcp" || command == "timeline")) {
+    std::cerr << "rankscope " << command << ": --etcd is for status, jobs, findings, ack and fleet; " << command
+              << " asks one collector: give it with --collector\n";
+    return 2;
+  }
   if (command == "report" || command == "export") {
     uint64_t now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                              std::chrono::system_clock::now().time_since_epoch())
@@ -680,6 +682,7 @@ int main(int argc, char** argv) {
     a.setId(id);
     const char* user = std::getenv("USER");
     a.setBy(user && *user ? user : ("uid " + std::to_string(getuid())).c_str());
+    a.setCollector(ack_collector);
   } else {
     std::cerr << "rankscope: unknown command '" << command << "'\n\n" << kUsage;
     return 2;
@@ -707,7 +710,9 @@ int main(int argc, char** argv) {
       targets = std::vector<rankscope::cli::FleetTarget>{*holder};
     }
     if (targets->size() > 1)
-      return print_fleet_answers(command == "status" || command == "jobs" ? command : "findings",
+      return print_fleet_answers(command == "status" ? query::Reply::STATUS
+                                 : command == "jobs" ? query::Reply::JOBS
+                                                     : query::Reply::FINDINGS,
                                  rankscope::cli::ask_all(*targets, request, timeout_ms), json);
     if (!etcd.empty() || !ack_collector.empty()) {  // else the collector asked, as asked
       endpoint = targets->front().endpoint;
