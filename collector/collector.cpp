@@ -208,7 +208,7 @@ ServiceOptions service_options(const Options& options) {
 // Every kEvaluationIntervalNs: retire, refine the clocks, judge, bill, and
 // tell the outputs.
 void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64_t now, uint64_t liveness_ns,
-              uint64_t query_throttled) {
+              uint64_t query_throttled, const fleet::Membership* fleet) {
   service.evaluate(now);
   Evaluated evaluated{now,
                       liveness_ns,
@@ -220,7 +220,12 @@ void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64
                       service.detail(),
                       sockets.zap ? sockets.zap->admitted() : 0,
                       sockets.zap ? sockets.zap->refused() : 0,
-                      query_throttled};
+                      query_throttled,
+                      std::nullopt};
+  if (fleet) {
+    fleet::FleetView view = fleet->view();
+    evaluated.fleet = Evaluated::Fleet{view.members.size(), view.etcd_ok, view.registrations};
+  }
   for (auto& output : outputs) output->publish(evaluated);
 }
 
@@ -312,7 +317,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     take_agent_messages(*sockets, service.ingest(), agent_limit, options, clock, outbox);
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
-      evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled);
+      evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled, fleet->get());
       last_evaluation = now;
     }
     acks_waiting.insert(acks_waiting.end(), std::make_move_iterator(outbox.after_commit.begin()),

@@ -51,6 +51,9 @@ enum class MetricId {
   ingest_gpu_records,
   detail_comms,
   detail_requests,
+  fleet_members,
+  fleet_etcd_up,
+  fleet_registrations,
   alertmanager_posts,
   handshakes,
   throttled_messages,
@@ -113,11 +116,7 @@ const MetricInfo kCatalogue[] = {
      "seconds",
      {"node"},
      "The node's own wall clock minus the cluster clock (what its NTP gets wrong; rankscope does not rely on it)."},
-    {"rankscope_agent_drops_total",
-     Type::counter,
-     "",
-     {"node", "reason"},
-     kDropsHelp.c_str()},
+    {"rankscope_agent_drops_total", Type::counter, "", {"node", "reason"}, kDropsHelp.c_str()},
     {"rankscope_node_bad_messages_total",
      Type::counter,
      "",
@@ -162,37 +161,61 @@ const MetricInfo kCatalogue[] = {
      Type::counter,
      "",
      {},
-     "Batches not taken (nor acknowledged; agents re-send them) while the database could not be written and the unwritten backlog was full."},
+     "Batches not taken (nor acknowledged; agents re-send them) while the database could not be written and the "
+     "unwritten backlog was full."},
     {"rankscope_commit_failures_total",
      Type::counter,
      "",
      {},
-     "Commits to the database that failed; what they held is written by the next commit, and nothing of it was acknowledged."},
+     "Commits to the database that failed; what they held is written by the next commit, and nothing of it was "
+     "acknowledged."},
     {"rankscope_split_children_total",
      Type::counter,
      "",
      {"result"},
-     "Children of ncclCommSplit whose size and ranks the collector derived (sized), or could not (abandoned: kept, never matched, so no finding on them)."},
+     "Children of ncclCommSplit whose size and ranks the collector derived (sized), or could not (abandoned: kept, "
+     "never matched, so no finding on them)."},
     {"rankscope_ingest_split_waits_total",
      Type::counter,
      "",
      {},
-     "Batches not acknowledged (agents re-send them) because they hold records of a split child not sized yet, or follow one that does."},
+     "Batches not acknowledged (agents re-send them) because they hold records of a split child not sized yet, or "
+     "follow one that does."},
     {"rankscope_ingest_gpu_records_total",
      Type::counter,
      "",
      {"result"},
-     "GPU-side records of collectives from NCCL's profiler plugin, by result (taken; unmatched: their communicator or member was not known, or another process holds that member)."},
+     "GPU-side records of collectives from NCCL's profiler plugin, by result (taken; unmatched: their communicator or "
+     "member was not known, or another process holds that member)."},
     {"rankscope_detail_comms",
      Type::gauge,
      "",
      {},
-     "Communicators whose NCCL proxy steps the collector asks their agents for now (a straggler, slow link or hang suspected or found there)."},
+     "Communicators whose NCCL proxy steps the collector asks their agents for now (a straggler, slow link or hang "
+     "suspected or found there)."},
     {"rankscope_detail_requests_total",
      Type::counter,
      "",
      {"reason"},
-     "Times a communicator's NCCL proxy steps were asked for, by reason (finding: one of its findings is open; link: a link beyond the others in sampled collectives; rise: its collectives' shortest kernel grew)."},
+     "Times a communicator's NCCL proxy steps were asked for, by reason (finding: one of its findings is open; link: a "
+     "link beyond the others in sampled collectives; rise: its collectives' shortest kernel grew)."},
+    {"rankscope_fleet_members",
+     Type::gauge,
+     "",
+     {},
+     "Collectors in the fleet as this collector last read them from etcd (--etcd; no series for a collector alone)."},
+    {"rankscope_fleet_etcd_up",
+     Type::gauge,
+     "",
+     {},
+     "1 when this collector's last exchange with etcd succeeded, 0 when etcd was out of reach (it goes on with the "
+     "members it last read; no series for a collector alone)."},
+    {"rankscope_fleet_registrations_total",
+     Type::counter,
+     "",
+     {},
+     "Leases this collector was granted in etcd: past 1, it lost its lease (etcd out of reach longer than "
+     "--lease-ttl-s, or revoked) and registered again."},
     {"rankscope_alertmanager_posts_total",
      Type::counter,
      "",
@@ -385,6 +408,9 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   gpu_taken_.counter = &gpu.Add({{"result", "taken"}});
   gpu_unmatched_.counter = &gpu.Add({{"result", "unmatched"}});
   detail_comms_ = &gauges(r, MetricId::detail_comms).Add({});
+  fleet_members_family_ = &gauges(r, MetricId::fleet_members);
+  fleet_etcd_up_family_ = &gauges(r, MetricId::fleet_etcd_up);
+  fleet_registrations_family_ = &counters(r, MetricId::fleet_registrations);
   auto& detail = counters(r, MetricId::detail_requests);
   detail_finding_.counter = &detail.Add({{"reason", "finding"}});
   detail_link_.counter = &detail.Add({{"reason", "link"}});
@@ -600,6 +626,17 @@ void Metrics::set_split_totals(uint64_t sized, uint64_t abandoned, uint64_t wait
 void Metrics::set_gpu_totals(uint64_t taken, uint64_t unmatched) {
   advance(gpu_taken_, taken);
   advance(gpu_unmatched_, unmatched);
+}
+
+void Metrics::set_fleet(size_t members, bool etcd_ok, uint64_t registrations) {
+  if (!fleet_members_) {  // the first time: a collector alone has no such series
+    fleet_members_ = &fleet_members_family_->Add({});
+    fleet_etcd_up_ = &fleet_etcd_up_family_->Add({});
+    fleet_registrations_.counter = &fleet_registrations_family_->Add({});
+  }
+  fleet_members_->Set(static_cast<double>(members));
+  fleet_etcd_up_->Set(etcd_ok ? 1 : 0);
+  advance(fleet_registrations_, registrations);
 }
 
 void Metrics::set_detail(size_t comms, uint64_t for_finding, uint64_t for_link, uint64_t for_rise) {

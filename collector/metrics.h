@@ -111,6 +111,10 @@ class Metrics {
   // NCCL's proxy steps asked for (collector/detect/detail.h): communicators
   // now, and the times one became wanted, by reason.
   void set_detail(size_t comms, uint64_t for_finding, uint64_t for_link, uint64_t for_rise);
+  // A collector in a fleet (collector/fleet/membership.h): the members it
+  // last read, whether its last exchange with etcd succeeded, the leases it
+  // was granted. Never called for a collector alone, which has no such series.
+  void set_fleet(size_t members, bool etcd_ok, uint64_t registrations);
   void set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled, uint64_t query_throttled);
 
   // Running totals of one Slurm account since the collector started (the
@@ -192,6 +196,10 @@ class Metrics {
   CounterTotal splits_sized_, splits_abandoned_, split_waits_;
   CounterTotal gpu_taken_, gpu_unmatched_;
   prometheus::Gauge* detail_comms_;
+  prometheus::Family<prometheus::Gauge>*fleet_members_family_ = nullptr, *fleet_etcd_up_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* fleet_registrations_family_ = nullptr;
+  prometheus::Gauge *fleet_members_ = nullptr, *fleet_etcd_up_ = nullptr;
+  CounterTotal fleet_registrations_;
   CounterTotal detail_finding_, detail_link_, detail_rise_;
   CounterTotal alert_posts_ok_, alert_posts_failed_;
   CounterTotal handshakes_admitted_, handshakes_refused_, throttled_agent_, throttled_query_;

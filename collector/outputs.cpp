@@ -43,6 +43,7 @@ class MetricsOutput final : public Output {
     metrics_.set_gpu_totals(counters.gpu_records, counters.gpu_unmatched);
     const DetailPolicy::Counts& detail = e.detail.counts();
     metrics_.set_detail(e.detail.wanted_comms(), detail.finding, detail.link, detail.rise);
+    if (e.fleet) metrics_.set_fleet(e.fleet->members, e.fleet->etcd_ok, e.fleet->registrations);
   }
 
  private:

@@ -32,6 +32,14 @@ struct Evaluated {
   const DetailPolicy& detail;  // NCCL's proxy steps asked for (collector/detect/detail.h)
   uint64_t keys_admitted = 0, keys_refused = 0;  // CurveZMQ keys (the ZAP handler)
   uint64_t queries_throttled = 0;
+  // In a fleet (--etcd): the members last read, whether the last exchange
+  // with etcd succeeded, the leases granted. Absent for a collector alone.
+  struct Fleet {
+    size_t members = 0;
+    bool etcd_ok = false;
+    uint64_t registrations = 0;
+  };
+  std::optional<Fleet> fleet;
 };
 
 class Output {

@@ -79,6 +79,7 @@ void set_every_metric(Metrics& metrics) {
   metrics.set_alert_posts(5, 1);
   metrics.set_split_totals(4, 1, 3);
   metrics.set_detail(2, 1, 0, 3);
+  metrics.set_fleet(3, false, 2);
   metrics.set_tenant_usage("physics", 7200, 360, 0);
   metrics.set_tenant_usage("(unknown)", 60, 0, 12.5);
   metrics.set_node_unacked_batches("gpu-0", 42);
@@ -117,6 +118,9 @@ TEST(Metrics, ExpositionPassesPromtoolAndHasEveryCatalogueMetric) {
   EXPECT_EQ(sample(exposition, "rankscope_node_unacked_batches{node=\"gpu-0\"}"), 42);
   EXPECT_EQ(sample(exposition, "rankscope_detail_comms"), 2);
   EXPECT_EQ(sample(exposition, "rankscope_detail_requests_total{reason=\"rise\"}"), 3);
+  EXPECT_EQ(sample(exposition, "rankscope_fleet_members"), 3);
+  EXPECT_EQ(sample(exposition, "rankscope_fleet_etcd_up"), 0);
+  EXPECT_EQ(sample(exposition, "rankscope_fleet_registrations_total"), 2);
   EXPECT_EQ(sample(exposition, "rankscope_findings_waste_gpu_seconds{job_name=\"slurm-4242\",kind=\"straggler\"}"), 2700);
 }
 

@@ -12,12 +12,11 @@
 
 #include <filesystem>
 #include <optional>
-#include <sstream>
 #include <zmq.hpp>
 
-#include "collector/alert/http.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
+#include "tests/support/cluster.h"
 #include "tests/support/harness.h"
 #include "tests/support/hello.h"
 #include "tests/support/keys.h"
@@ -121,17 +120,6 @@ curve::ClientKeys agent_keys(TestKeys& keys, const std::string& node, bool admit
 
 constexpr auto kRefusedWindow = std::chrono::seconds(3);
 
-// The value of one series (`name{labels}`) in the collector's /metrics, or -1.
-double scraped(int metrics_port, const std::string& series) {
-  auto response = collector::http_request("GET", "http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics");
-  if (!response) return -1;
-  std::istringstream lines(response->body);
-  std::string line;
-  while (std::getline(lines, line))
-    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
-  return -1;
-}
-
 TEST(Auth, AdmittedAgentIsAcceptedUnderItsOwnName) {
   TempDir dir;
   TestKeys keys(dir);
@@ -160,10 +148,11 @@ TEST(Auth, AgentWithUnknownKeyIsRefused) {
                        std::chrono::seconds(5)))
       << slurp(collector.log);
   // Counted for the operator: the refusal, and the admitted query client.
-  EXPECT_TRUE(wait_for([&] { return scraped(metrics_port, "rankscope_handshakes_total{result=\"refused\"}") >= 1; },
-                       std::chrono::seconds(10)))
+  EXPECT_TRUE(
+      wait_for([&] { return collector_metric(metrics_port, "rankscope_handshakes_total{result=\"refused\"}") >= 1; },
+               std::chrono::seconds(10)))
       << slurp(collector.log);
-  EXPECT_GE(scraped(metrics_port, "rankscope_handshakes_total{result=\"admitted\"}"), 1);
+  EXPECT_GE(collector_metric(metrics_port, "rankscope_handshakes_total{result=\"admitted\"}"), 1);
 }
 
 TEST(Auth, AgentSpeakingForAnotherNodeIsRefused) {
@@ -379,12 +368,12 @@ TEST(RateLimit, FloodingPeerIsThrottledAndTheOtherIsServed) {
   EXPECT_TRUE(wait_for(
       [&] {
         status = Collector::status(client);
-        return status && scraped(metrics_port, "rankscope_throttled_messages_total{socket=\"agent\"}") ==
+        return status && collector_metric(metrics_port, "rankscope_throttled_messages_total{socket=\"agent\"}") ==
                              static_cast<double>(status->throttled);
       },
       std::chrono::seconds(10)))
-      << scraped(metrics_port, "rankscope_throttled_messages_total{socket=\"agent\"}");
-  EXPECT_EQ(scraped(metrics_port, "rankscope_throttled_messages_total{socket=\"query\"}"), 0);
+      << collector_metric(metrics_port, "rankscope_throttled_messages_total{socket=\"agent\"}");
+  EXPECT_EQ(collector_metric(metrics_port, "rankscope_throttled_messages_total{socket=\"query\"}"), 0);
 }
 
 // A peer with no key at all, speaking ZMTP 3.0 over plain TCP: its greeting

@@ -66,15 +66,6 @@ std::vector<SeenFinding> of_kind(const std::vector<SeenFinding>& all, const std:
   return out;
 }
 
-// One series of the collector's /metrics (its full name and labels, as
-// exposed); -1 when absent or unreachable.
-double metric(int port, const std::string& series) {
-  auto response = collector::http_request("GET", "http://127.0.0.1:" + std::to_string(port) + "/metrics");
-  const std::string line = series + " ";
-  size_t at = response ? response->body.find("\n" + line) : std::string::npos;
-  return at == std::string::npos ? -1 : std::stod(response->body.substr(at + 1 + line.size()));
-}
-
 class DetectE2E : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -102,7 +93,7 @@ class DetectE2E : public ::testing::Test {
     job.rank_env[rank] = std::move(env);
     fault_job = launch_job(dir, cluster, job);
     const std::string taken = "rankscope_ingest_gpu_records_total{result=\"taken\"}";
-    if (!wait_for([&] { return metric(metrics_port, taken) >= 4 * 100; }, std::chrono::seconds(60))) {
+    if (!wait_for([&] { return collector_metric(metrics_port, taken) >= 4 * 100; }, std::chrono::seconds(60))) {
       ADD_FAILURE() << "no GPU records taken: " << dump(*deployment, dir);
       return {};
     }
@@ -396,8 +387,9 @@ TEST_F(DetectE2E, ASlowLinkIsNamedFromNcclsProxyStepsAskedForOnDemand) {
   ASSERT_TRUE(found) << dump(*deployment, dir);
   // Asked for because the collectives' shortest kernel grew (nothing else
   // had proxy steps to go on), and still asked for while the finding is open.
-  EXPECT_GE(metric(metrics_port, "rankscope_detail_requests_total{reason=\"rise\"}"), 1) << dump(*deployment, dir);
-  EXPECT_GE(metric(metrics_port, "rankscope_detail_comms"), 1) << dump(*deployment, dir);
+  EXPECT_GE(collector_metric(metrics_port, "rankscope_detail_requests_total{reason=\"rise\"}"), 1)
+      << dump(*deployment, dir);
+  EXPECT_GE(collector_metric(metrics_port, "rankscope_detail_comms"), 1) << dump(*deployment, dir);
   observe_for(std::chrono::seconds(3));  // the other links' chance to be (wrongly) named
   links = of_kind(deployment->findings(false), "slow_link");
   ASSERT_EQ(links.size(), 1u) << dump(*deployment, dir);

@@ -17,6 +17,7 @@
 #include "collector/fleet/placement.h"
 #include "common/format.h"
 #include "proto/codec.h"
+#include "tests/support/cluster.h"
 #include "tests/support/etcd.h"
 #include "tests/support/harness.h"
 #include "tests/support/hello.h"
@@ -153,12 +154,12 @@ std::string listed_owner(const json& jobs, const std::string& on, uint64_t comm)
   return "";
 }
 
-// One etcd member and two collectors, c1 and c2, with leases of `ttl_s`;
-// `up` once c1 says both answer and see each other.
+// One etcd member and two collectors, c1 (with `c1_extra`) and c2, with
+// leases of `ttl_s`; `up` once c1 says both answer and see each other.
 struct PairFleet {
-  explicit PairFleet(int ttl_s) : keys(dir), etcd(1) {
+  explicit PairFleet(int ttl_s, std::vector<std::string> c1_extra = {}) : keys(dir), etcd(1) {
     if (!etcd.ready()) return;
-    c1 = std::make_unique<FleetCollector>(dir, keys, "c1", etcd.endpoints(), ttl_s);
+    c1 = std::make_unique<FleetCollector>(dir, keys, "c1", etcd.endpoints(), ttl_s, c1_extra);
     c2 = std::make_unique<FleetCollector>(dir, keys, "c2", etcd.endpoints(), ttl_s);
     up = wait_for([&] { return settled(fleet = cli(keys, *c1, "fleet"), 2); }, std::chrono::seconds(30));
   }
@@ -267,7 +268,8 @@ TEST(FleetE2E, ThreeCollectorsAnswerAsOneAndAKilledOneLosesItsJobsToTheSurvivors
 }
 
 TEST(FleetE2E, CollectorsGoOnWhileEtcdIsAwayAndRegisterAgainWhenItReturns) {
-  PairFleet pair(2);
+  const int metrics_port = free_port();
+  PairFleet pair(2, {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
   ASSERT_TRUE(pair.up) << pair.fleet.dump() << pair.etcd.log(0);
   auto [keys, etcd, c1, c2, fleet] = pair.parts();
 
@@ -282,6 +284,9 @@ TEST(FleetE2E, CollectorsGoOnWhileEtcdIsAwayAndRegisterAgainWhenItReturns) {
       std::chrono::seconds(20)))
       << fleet.dump();
   EXPECT_EQ(fleet_row(fleet, "c1").value("members_seen", 0u), 2u) << fleet.dump();
+  EXPECT_TRUE(wait_for([&] { return collector_metric(metrics_port, "rankscope_fleet_etcd_up") == 0; },
+                       std::chrono::seconds(5)));
+  EXPECT_EQ(collector_metric(metrics_port, "rankscope_fleet_members"), 2);
   EXPECT_NE(fleet_row(fleet, "c1").value("etcd_error", "").find("no etcd endpoint answered"), std::string::npos)
       << fleet.dump();
   json status = cli(keys, c2, "status");
@@ -308,6 +313,9 @@ TEST(FleetE2E, CollectorsGoOnWhileEtcdIsAwayAndRegisterAgainWhenItReturns) {
       std::chrono::seconds(20)))
       << fleet.dump() << "\n"
       << slurp(c1.log);
+  EXPECT_TRUE(wait_for([&] { return collector_metric(metrics_port, "rankscope_fleet_registrations_total") == 2; },
+                       std::chrono::seconds(5)));
+  EXPECT_EQ(collector_metric(metrics_port, "rankscope_fleet_etcd_up"), 1);
 }
 
 TEST(FleetE2E, ACollectorStoppedCleanlyLeavesAtOnceAndOneWithoutEtcdIsAlone) {

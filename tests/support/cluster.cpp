@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "collector/alert/http.h"
+
 namespace rankscope::testing {
 
 TestDeployment::TestDeployment(const TempDir& dir, const NetnsCluster& cluster, int nodes,
@@ -197,6 +199,13 @@ std::vector<Process> launch_train_job(const TempDir& dir, const NetnsCluster& cl
     out.emplace_back(spawn);
   }
   return out;
+}
+
+double collector_metric(int port, const std::string& series) {
+  auto response = collector::http_request("GET", "http://127.0.0.1:" + std::to_string(port) + "/metrics");
+  const std::string line = series + " ";
+  size_t at = response ? response->body.find("\n" + line) : std::string::npos;
+  return at == std::string::npos ? -1 : std::stod(response->body.substr(at + 1 + line.size()));
 }
 
 }  // namespace rankscope::testing

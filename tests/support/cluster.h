@@ -101,4 +101,8 @@ class TestDeployment {
 std::vector<Process> launch_train_job(const TempDir& dir, const NetnsCluster& cluster, int ranks,
                                       const std::string& job, const std::vector<std::string>& args);
 
+// One series of a collector's /metrics on 127.0.0.1:`port` (its full name
+// and labels, as exposed); -1 when absent or unreachable.
+double collector_metric(int port, const std::string& series);
+
 }  // namespace rankscope::testing
