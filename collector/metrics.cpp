@@ -208,8 +208,8 @@ const MetricInfo kCatalogue[] = {
      Type::gauge,
      "",
      {},
-     "1 when this collector's last exchange with etcd succeeded, 0 when etcd was out of reach (it goes on with the "
-     "members it last read; no series for a collector alone)."},
+     "1 when this collector's last exchange with etcd succeeded, 0 when etcd was out of reach or would not register it "
+     "(its --collector-id taken); it goes on with the members it last read. No series for a collector alone."},
     {"rankscope_fleet_registrations_total",
      Type::counter,
      "",

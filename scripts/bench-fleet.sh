@@ -5,8 +5,9 @@
 #      per collector, all at once, each its own job of RS_FLEET_RANKS (512)
 #      ranks and RS_FLEET_STEPS (150) steps, RocksDB and every detector on.
 #      Each flood sends straight to its collector, as agents following
-#      placement would. Aggregate = all records / the longest flood's
-#      sending time. Collectors and floods share this machine's cores.
+#      placement would. Aggregate = all records / (the last flood's end of
+#      sending - the first one's start), on the wall clock. Collectors and
+#      floods share this machine's cores.
 #   2. How long a job takes to move when its collector is SIGKILLed: from
 #      the kill to the moment both survivors log the new membership (a
 #      job's owner is a function of the membership, so the dead member's
@@ -22,13 +23,20 @@ steps=${RS_FLEET_STEPS:-150}
 kills=${RS_FLEET_KILLS:-5}
 ttl=5
 work=$(mktemp -d /tmp/rankscope-bench-fleet-XXXXXX)
-pids=()
+pids=()  # running: etcd, the collectors, the floods
 cleanup() {
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+# forget PID: it was waited for (its number may be reused).
+forget() {
+  local kept=() pid
+  for pid in "${pids[@]}"; do [ "$pid" = "$1" ] || kept+=("$pid"); done
+  pids=("${kept[@]}")
+}
 # shellcheck source=scripts/lib-loopback.sh
 . "$(dirname "$0")/lib-loopback.sh"
 port=$(rs_loopback_port)
@@ -40,8 +48,7 @@ etcd --name bench --data-dir "$work/etcd" --listen-client-urls "$etcd_url" --adv
   --initial-cluster "bench=http://127.0.0.1:$((port + 1))" >"$work/etcd.log" 2>&1 &
 pids+=($!)
 deadline=$((SECONDS + 30))
-until "$bin/rankscope" --etcd "$etcd_url" --insecure --timeout-ms 500 fleet >/dev/null 2>&1 ||
-  grep -q "ready to serve client requests" "$work/etcd.log"; do
+until grep -q "ready to serve client requests" "$work/etcd.log"; do
   [ "$SECONDS" -lt "$deadline" ] || { echo "bench-fleet: etcd did not start; its log:" >&2; cat "$work/etcd.log" >&2; exit 1; }
   sleep 0.2
 done
@@ -62,6 +69,7 @@ start_member() {
 stop_member() {
   kill "${member_pid[$1]}" 2>/dev/null || true
   wait "${member_pid[$1]}" 2>/dev/null || true
+  forget "${member_pid[$1]}"
 }
 # wait_fleet N: until N collectors answer and each sees N.
 wait_fleet() {
@@ -80,34 +88,35 @@ echo "## A fleet of collectors ($(date -u +%F), $(nproc) cores, $(uname -r))"
 echo
 echo "Command: \`scripts/bench-fleet.sh $build\`. One etcd member on loopback."
 echo
-echo "| collectors | floods at once | records | longest flood (s) | aggregate records/s | vs 1 collector | collectors' CPU (s) |"
+echo "| collectors | floods at once | records | first start to last end (s) | aggregate records/s | vs 1 collector | collectors' CPU (s) |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 base=0
 for n in 1 2 3; do
   ids=()
   for i in $(seq 1 "$n"); do ids+=("f$n-$i"); start_member "f$n-$i"; done
   wait_fleet "$n"
+  floods=()
   for id in "${ids[@]}"; do
     "$bin/rankscope-sim" flood --collector "${agents[$id]}" --query "${queries[$id]}" --ranks "$ranks" --steps "$steps" \
       --history-steps 60 --seed "$RANDOM" --collector-pid "${member_pid[$id]}" --log-level warn >"$work/flood-$id.json" &
+    floods+=($!)
+    pids+=($!)
   done
-  wait_floods=()
-  for job in $(jobs -p); do
-    case " ${pids[*]} " in *" $job "*) ;; *) wait_floods+=("$job") ;; esac
-  done
-  for job in "${wait_floods[@]}"; do wait "$job"; done
+  for pid in "${floods[@]}"; do wait "$pid"; forget "$pid"; done
   cpu=0
   for id in "${ids[@]}"; do
     ticks=$(awk '{print $14 + $15}' "/proc/${member_pid[$id]}/stat")
     cpu=$(awk -v c="$cpu" -v t="$ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN { print c + t / hz }')
   done
-  records=0; longest=0
+  records=0; first=0; last=0
   for id in "${ids[@]}"; do
-    r=$(grep -o '"records":[0-9]*' "$work/flood-$id.json" | cut -d: -f2)
-    s=$(grep -o '"seconds":[0-9.e+-]*' "$work/flood-$id.json" | cut -d: -f2)
-    records=$((records + r))
-    longest=$(awk -v a="$longest" -v b="$s" 'BEGIN { print (b > a ? b : a) }')
+    num() { grep -o "\"$1\":[0-9]*" "$work/flood-$id.json" | cut -d: -f2; }
+    records=$((records + $(num records)))
+    start=$(num start_unix_ns) end=$(num end_unix_ns)
+    if [ "$first" -eq 0 ] || [ "$start" -lt "$first" ]; then first=$start; fi
+    if [ "$end" -gt "$last" ]; then last=$end; fi
   done
+  longest=$(awk -v a="$first" -v b="$last" 'BEGIN { print (b - a) / 1e9 }')
   rate=$(awk -v r="$records" -v s="$longest" 'BEGIN { printf "%.0f", r / s }')
   [ "$n" -eq 1 ] && base=$rate
   awk -v n="$n" -v r="$records" -v s="$longest" -v rate="$rate" -v base="$base" -v cpu="$cpu" 'BEGIN {
@@ -126,6 +135,7 @@ for k in $(seq 1 "$kills"); do
   killed_ms=$(date +%s%3N)
   kill -9 "${member_pid[$victim]}"
   wait "${member_pid[$victim]}" 2>/dev/null || true
+  forget "${member_pid[$victim]}"
   worst=0
   for id in m1 m2 m3; do
     [ "$id" = "$victim" ] && continue

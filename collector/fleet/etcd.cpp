@@ -144,6 +144,17 @@ Result<void> EtcdClient::put(const std::string& key, const std::string& value, i
   return {};
 }
 
+Result<bool> EtcdClient::create(const std::string& key, const std::string& value, int64_t lease) {
+  nlohmann::json put = {{"key", base64(key)}, {"value", base64(value)}, {"lease", std::to_string(lease)}};
+  auto reply =
+      call("/v3/kv/txn",
+           {{"compare", {{{"key", base64(key)}, {"result", "EQUAL"}, {"target", "CREATE"}, {"create_revision", "0"}}}},
+            {"success", {{{"request_put", put}}}}});
+  if (!reply) return reply.error();
+  auto succeeded = reply->find("succeeded");  // left out when false
+  return succeeded != reply->end() && succeeded->is_boolean() && succeeded->get<bool>();
+}
+
 Result<std::vector<EtcdKeyValue>> EtcdClient::range_prefix(const std::string& prefix) {
   auto reply = call("/v3/kv/range", {{"key", base64(prefix)}, {"range_end", base64(prefix_end(prefix))}});
   if (!reply) return reply.error();

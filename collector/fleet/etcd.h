@@ -32,6 +32,8 @@ class EtcdClient {
   Result<int64_t> keep_alive(int64_t lease);
   Result<void> revoke(int64_t lease);
   Result<void> put(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Puts only where `key` does not exist (one transaction); false when it does.
+  Result<bool> create(const std::string& key, const std::string& value, int64_t lease);
   // Every key that starts with `prefix`, in key order.
   Result<std::vector<EtcdKeyValue>> range_prefix(const std::string& prefix);
 

@@ -82,11 +82,16 @@ void Membership::set_error(const std::string& error) {
 Result<void> Membership::register_self() {
   auto lease = etcd_.grant_lease(options_.lease_ttl_s);
   if (!lease) return lease.error();
-  // Under the lease: gone when this collector stops renewing it.
-  if (auto put = etcd_.put(members_prefix(options_.prefix) + options_.self.id, member_json(options_.self), *lease);
-      !put) {
+  // Under the lease: gone when this collector stops renewing it. Only
+  // where no record of this id exists: another collector may hold it (or
+  // this one's last run, until its lease expires).
+  auto created = etcd_.create(members_prefix(options_.prefix) + options_.self.id, member_json(options_.self), *lease);
+  if (!created || !*created) {
     (void)etcd_.revoke(*lease);
-    return put.error();
+    if (!created) return created.error();
+    return make_error(Errc::refused, "a collector with the id " + options_.self.id +
+                                         " is registered already (another one, or this one's last run until its "
+                                         "lease expires): every --collector-id must be unique; trying again");
   }
   lease_ = *lease;
   std::lock_guard lock(mutex_);
@@ -120,9 +125,9 @@ Result<void> Membership::round() {
     if (auto put = etcd_.put(members_prefix(options_.prefix) + options_.self.id, member_json(options_.self), lease_);
         !put)
       return put.error();
-  } else if (self->lease != lease_) {
-    return make_error(Errc::refused, "another collector registered with the id " + options_.self.id +
-                                         " (every --collector-id must be unique in the fleet)");
+  } else if (self->lease != lease_) {  // never, with create(): a record written by hand
+    return make_error(Errc::refused, "the record of " + options_.self.id +
+                                         " is held by another lease: every --collector-id must be unique");
   }
   std::vector<Member> members;
   for (auto& record : *records) members.push_back(std::move(record.member));

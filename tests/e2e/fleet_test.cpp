@@ -329,6 +329,16 @@ TEST(FleetE2E, ACollectorStoppedCleanlyLeavesAtOnceAndOneWithoutEtcdIsAlone) {
   EXPECT_TRUE(wait_for([&] { return settled(fleet = cli(keys, c1, "fleet"), 1); }, std::chrono::seconds(20)))
       << fleet.dump();
 
+  // A second collector with c1's id is refused, and c1 keeps its place.
+  FleetCollector twin(pair.dir, keys, "twin", "", 0,
+                      {"--etcd", etcd.endpoints(), "--collector-id", "c1", "--advertise", "127.0.0.1"});
+  EXPECT_TRUE(wait_for([&] { return slurp(twin.log).find("is registered already") != std::string::npos; },
+                       std::chrono::seconds(20)))
+      << slurp(twin.log);
+  fleet = cli(keys, c1, "fleet");
+  EXPECT_TRUE(settled(fleet, 1)) << fleet.dump();
+  EXPECT_EQ(fleet_row(fleet, "c1").value("queries", ""), endpoint(c1.query_port)) << fleet.dump();
+
   FleetCollector alone(pair.dir, keys, "alone", "", 0);
   ASSERT_TRUE(
       wait_for([&] { return fleet_row(fleet = cli(keys, alone, "fleet"), "").is_object(); }, std::chrono::seconds(20)))

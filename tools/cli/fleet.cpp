@@ -21,13 +21,17 @@ FleetTarget target_of(const std::string& id, const std::string& endpoint, const 
 
 }  // namespace
 
+bool unknown_request(const std::string& error) {
+  return error.find("does not know that request") != std::string::npos;
+}
+
 Result<std::vector<FleetTarget>> fleet_targets(const std::string& endpoint, const curve::ClientKeys& keys,
-                                               const std::string& etcd, const std::string& prefix, int timeout_ms) {
+                                               const std::string& etcd, collector::HttpClientOptions etcd_tls,
+                                               const std::string& prefix, int timeout_ms) {
   std::vector<FleetTarget> out;
   if (!etcd.empty()) {
-    collector::HttpClientOptions http;
-    http.timeout_ms = timeout_ms;
-    auto client = fleet::EtcdClient::make(etcd, http);
+    etcd_tls.timeout_ms = timeout_ms;
+    auto client = fleet::EtcdClient::make(etcd, etcd_tls);
     if (!client) return client.error();
     auto records = fleet::read_members(*client, prefix);
     if (!records) return records.error();
@@ -50,7 +54,7 @@ Result<std::vector<FleetTarget>> fleet_targets(const std::string& endpoint, cons
   });
   if (!asked) {
     // A collector older than fleets does not know the request: it is alone.
-    if (asked.error().message.find("does not know that request") == std::string::npos) return asked.error();
+    if (!unknown_request(asked.error().message)) return asked.error();
     out.clear();
   }
   if (out.empty()) out.push_back({"", endpoint, keys});

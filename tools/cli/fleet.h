@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "collector/alert/http.h"
 #include "common/curve.h"
 #include "common/result.h"
 #include "proto/query.capnp.h"
@@ -20,13 +21,17 @@ struct FleetTarget {
   curve::ClientKeys keys;
 };
 
-// Who to ask. With `etcd` (endpoints): every collector registered under
-// `prefix`, read from etcd. Else the collector at `endpoint`, asked for its
-// fleet: every member it knows, or itself alone. Each member is asked with
-// this client's key pair and the member's own public key, as its record
-// gives it (the first collector, or etcd, vouches for it).
+// Who to ask. With `etcd` (endpoints; `etcd_tls`: its CA and a client
+// certificate): every collector registered under `prefix`, read from etcd. Else the collector at `endpoint`, asked for
+// its fleet: every member it knows, or itself alone. Each member is asked with this client's key pair and the member's
+// own public key, as its record gives it (the first collector, or etcd, vouches for it).
 Result<std::vector<FleetTarget>> fleet_targets(const std::string& endpoint, const curve::ClientKeys& keys,
-                                               const std::string& etcd, const std::string& prefix, int timeout_ms);
+                                               const std::string& etcd, collector::HttpClientOptions etcd_tls,
+                                               const std::string& prefix, int timeout_ms);
+
+// An older collector's answer to a request it does not know (a fleet
+// request): it is alone.
+bool unknown_request(const std::string& error);
 
 struct FleetAnswer {
   FleetTarget target;

@@ -458,7 +458,11 @@ int print_fleet(const std::vector<FleetAnswer>& answers, bool json) {
   for (const auto& a : answers) {
     Json row = {{"collector", a.target.id}, {"queries", a.target.endpoint}, {"answering", a.reply != nullptr}};
     std::string agents = "-", up = "-", state;
-    if (!a.reply || a.get().which() != query::Reply::FLEET) {
+    if (!a.reply && rankscope::cli::unknown_request(a.error)) {
+      ++answering;  // an older collector, alone
+      row["answering"] = true;
+      state = "alone (a collector older than fleets)";
+    } else if (!a.reply || a.get().which() != query::Reply::FLEET) {
       state = "not answering: " + (a.reply ? std::string("answered with something else") : a.error);
     } else {
       ++answering;
@@ -508,6 +512,7 @@ int main(int argc, char** argv) {
   std::string since, until, output;
   std::string ack_id;
   std::string etcd, etcd_prefix = "/rankscope/";
+  rankscope::collector::HttpClientOptions etcd_tls;
   std::string ack_collector;  // ack ID@COLLECTOR
   rankscope::cli::ReportArgs report;
   rankscope::cli::ExportArgs export_args;
@@ -523,6 +528,9 @@ int main(int argc, char** argv) {
     ("collector", po::value(&endpoint)->default_value(endpoint), "the collector's query endpoint (in a fleet: any of them)")
     ("etcd", po::value(&etcd), "status, jobs, findings, ack, fleet: ask every collector of the fleet registered in this etcd (http[s]://HOST:PORT,...) instead of --collector")
     ("etcd-prefix", po::value(&etcd_prefix)->default_value(etcd_prefix), "the fleet's keys in etcd (the collectors' --etcd-prefix)")
+    ("etcd-ca-file", po::value(&etcd_tls.ca_file), "https etcd: the CA certificate(s) that signed its")
+    ("etcd-cert-file", po::value(&etcd_tls.cert_file), "https etcd: a client certificate (mutual TLS), with --etcd-key-file")
+    ("etcd-key-file", po::value(&etcd_tls.key_file), "https etcd: the client certificate's key")
     ("timeout-ms", po::value(&timeout_ms)->default_value(timeout_ms), "how long to wait for the collector")
     ("json", po::bool_switch(&json), "print JSON instead of a table")
     ("comm", po::value(&comm), "timeline: communicator hash (hex, a unique prefix is enough)")
@@ -692,7 +700,7 @@ int main(int argc, char** argv) {
   if (!keys) return 2;
   // In a fleet, these ask every collector (or, ack, the one that holds the finding).
   if (command != "timeline") {
-    auto targets = rankscope::cli::fleet_targets(endpoint, *keys, etcd, etcd_prefix, timeout_ms);
+    auto targets = rankscope::cli::fleet_targets(endpoint, *keys, etcd, etcd_tls, etcd_prefix, timeout_ms);
     if (!targets) {
       std::cerr << "rankscope " << command << ": " << targets.error().message << "\n";
       return 1;

@@ -35,6 +35,7 @@ uint64_t proc_kb(int pid, const char* field) {
 struct Sent {
   uint64_t records = 0, bytes = 0, batches = 0;
   double seconds = 0;
+  uint64_t start_unix_ns = 0, end_unix_ns = 0;  // the sending, on the wall clock (floods run side by side)
 };
 
 // Sends every prebuilt batch of `agents` in time order, each node keeping at
@@ -47,6 +48,7 @@ Sent pump(std::vector<std::unique_ptr<SimAgent>>& agents,
   std::vector<zmq::pollitem_t> items;
   for (auto& a : agents) items.push_back({a->socket().handle(), 0, ZMQ_POLLIN, 0});
   auto start = std::chrono::steady_clock::now();
+  sent.start_unix_ns = SystemClock::read(CLOCK_REALTIME);
   for (;;) {
     bool pending = false;
     int64_t now = rel_now();
@@ -67,6 +69,7 @@ Sent pump(std::vector<std::unique_ptr<SimAgent>>& agents,
       if (items[n].revents & ZMQ_POLLIN) agents[n]->service(now);
   }
   sent.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  sent.end_unix_ns = SystemClock::read(CLOCK_REALTIME);
   return sent;
 }
 
@@ -215,6 +218,8 @@ int run_flood(const FloodOptions& options) {
                           .add("records", s.records)
                           .add("batches", s.batches)
                           .add("seconds", s.seconds)
+                          .add("start_unix_ns", s.start_unix_ns)
+                          .add("end_unix_ns", s.end_unix_ns)
                           .add("records_per_s", s.seconds > 0 ? static_cast<double>(s.records) / s.seconds : 0.0)
                           .add("wire_bytes_per_record", s.records ? static_cast<double>(s.bytes) / s.records : 0.0)
                           .add("build_s", build_s)
