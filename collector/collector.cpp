@@ -157,15 +157,17 @@ std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& opti
 
 // How other machines reach what this collector bound to `endpoint`
 // (tcp://HOST:PORT or HOST:PORT): --advertise, else the address it bound,
-// unless that is a wildcard, else this machine's name.
-std::string reachable(const std::string& endpoint, const std::string& advertise) {
+// unless that is a wildcard, else this machine's name. `bound_wins`: an
+// address bound (not a wildcard) is kept even with --advertise.
+std::string reachable(const std::string& endpoint, const std::string& advertise, bool bound_wins = false) {
   const bool zmq = endpoint.rfind("tcp://", 0) == 0;
   std::string authority = zmq ? endpoint.substr(6) : endpoint;
   size_t colon = authority.rfind(':');
   std::string host = authority.substr(0, colon), port = colon == std::string::npos ? "" : authority.substr(colon);
-  if (!advertise.empty()) {
+  const bool wildcard = host.empty() || host == "*" || host == "0.0.0.0" || host == "[::]" || host == "::";
+  if (!advertise.empty() && (wildcard || !bound_wins)) {
     host = advertise;
-  } else if (host.empty() || host == "*" || host == "0.0.0.0" || host == "[::]" || host == "::") {
+  } else if (wildcard) {
     char name[256] = {};
     host = gethostname(name, sizeof name - 1) == 0 && name[0] ? name : "localhost";
   }
@@ -186,7 +188,8 @@ Result<std::unique_ptr<fleet::Membership>> join_fleet(const Options& options, co
   fleet::Member& self = fleet.self;
   self.agents = reachable(options.listen, options.advertise);
   self.queries = reachable(options.query, options.advertise);
-  self.metrics = options.metrics.empty() ? "" : reachable(options.metrics, options.advertise);
+  // /metrics may be bound apart from the sockets (e.g. to a monitoring network): as bound.
+  self.metrics = options.metrics.empty() ? "" : reachable(options.metrics, options.advertise, true);
   self.id = options.collector_id.empty() ? self.agents.substr(6) : options.collector_id;
   self.public_key = public_key;
   self.version = kVersion;

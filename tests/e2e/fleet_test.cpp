@@ -284,6 +284,7 @@ TEST(FleetE2E, CollectorsGoOnWhileEtcdIsAwayAndRegisterAgainWhenItReturns) {
       std::chrono::seconds(20)))
       << fleet.dump();
   EXPECT_EQ(fleet_row(fleet, "c1").value("members_seen", 0u), 2u) << fleet.dump();
+  EXPECT_EQ(fleet_row(fleet, "c1").value("metrics", ""), "127.0.0.1:" + std::to_string(metrics_port)) << fleet.dump();
   EXPECT_TRUE(wait_for([&] { return collector_metric(metrics_port, "rankscope_fleet_etcd_up") == 0; },
                        std::chrono::seconds(5)));
   EXPECT_EQ(collector_metric(metrics_port, "rankscope_fleet_members"), 2);

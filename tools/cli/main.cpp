@@ -479,8 +479,10 @@ int print_fleet(const std::vector<FleetAnswer>& answers, bool json) {
         uint64_t now = static_cast<uint64_t>(
             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
                 .count());
-        up = format_duration_ns(static_cast<int64_t>(now - m.getStartedNs()));
+        // Its start is on its own clock: one ahead of this machine's shows no time up, not less.
+        up = format_duration_ns(now > m.getStartedNs() ? static_cast<int64_t>(now - m.getStartedNs()) : 0);
         row["agents"] = agents;
+        row["metrics"] = std::string(m.getMetrics());
         row["version"] = std::string(m.getVersion());
         row["started_ns"] = m.getStartedNs();
       }
