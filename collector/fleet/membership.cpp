@@ -85,7 +85,7 @@ Result<void> Membership::register_self() {
   // Under the lease: gone when this collector stops renewing it. Only
   // where no record of this id exists: another collector may hold it (or
   // this one's last run, until its lease expires).
-  auto created = etcd_.create(members_prefix(options_.prefix) + options_.self.id, member_json(options_.self), *lease);
+  auto created = etcd_.create(self_key(), member_json(options_.self), *lease);
   if (!created || !*created) {
     (void)etcd_.revoke(*lease);
     if (!created) return created.error();
@@ -122,9 +122,7 @@ Result<void> Membership::round() {
   if (self == records->end()) {
     // The record went (deleted by hand, a restore) while the lease lives on.
     RS_LOG(warn, "etcd: this collector's record is gone; writing it again");
-    if (auto put = etcd_.put(members_prefix(options_.prefix) + options_.self.id, member_json(options_.self), lease_);
-        !put)
-      return put.error();
+    if (auto put = etcd_.put(self_key(), member_json(options_.self), lease_); !put) return put.error();
   } else if (self->lease != lease_) {  // never, with create(): a record written by hand
     return make_error(Errc::refused, "the record of " + options_.self.id +
                                          " is held by another lease: every --collector-id must be unique");

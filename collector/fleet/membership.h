@@ -70,6 +70,7 @@ class Membership {
   Result<void> round();
   void set_error(const std::string& error);
   Result<void> register_self();
+  std::string self_key() const { return members_prefix(options_.prefix) + options_.self.id; }
 
   const FleetOptions options_;
   EtcdClient etcd_;  // used by the thread only

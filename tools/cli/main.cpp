@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/curve.h"
 #include "common/format.h"
 #include "common/json.h"
@@ -476,9 +477,7 @@ int print_fleet(const std::vector<FleetAnswer>& answers, bool json) {
       for (auto m : f.getMembers()) {
         if (m.getId() != f.getSelf()) continue;
         agents = std::string(m.getAgents());
-        uint64_t now = static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count());
+        const uint64_t now = rankscope::SystemClock::read(CLOCK_REALTIME);
         // Its start is on its own clock: one ahead of this machine's shows no time up, not less.
         up = format_duration_ns(now > m.getStartedNs() ? static_cast<int64_t>(now - m.getStartedNs()) : 0);
         row["agents"] = agents;
