@@ -174,6 +174,13 @@ std::string reachable(const std::string& endpoint, const std::string& advertise,
   return (zmq ? "tcp://" : "") + host + port;
 }
 
+// This collector's id in the fleet: --collector-id, else the HOST:PORT agents
+// reach it at; "" without --etcd (alone).
+std::string fleet_id(const Options& options) {
+  if (options.etcd.empty()) return "";
+  return options.collector_id.empty() ? reachable(options.listen, options.advertise).substr(6) : options.collector_id;
+}
+
 // Joins the fleet in etcd (--etcd); null when this collector is alone.
 Result<std::unique_ptr<fleet::Membership>> join_fleet(const Options& options, const std::string& public_key,
                                                       uint64_t now_ns) {
@@ -190,7 +197,7 @@ Result<std::unique_ptr<fleet::Membership>> join_fleet(const Options& options, co
   self.queries = reachable(options.query, options.advertise);
   // /metrics may be bound apart from the sockets (e.g. to a monitoring network): as bound.
   self.metrics = options.metrics.empty() ? "" : reachable(options.metrics, options.advertise, true);
-  self.id = options.collector_id.empty() ? self.agents.substr(6) : options.collector_id;
+  self.id = fleet_id(options);
   self.public_key = public_key;
   self.version = kVersion;
   self.started_ns = now_ns;
@@ -256,6 +263,17 @@ void take_agent_messages(Sockets& sockets, Ingest& ingest, RateLimiter& limit, c
   }
 }
 
+// The members as last read from etcd, to the agents that follow the fleet
+// (in their HelloReply, and a FleetMap to each when they changed).
+void tell_agents_the_fleet(const fleet::Membership& fleet, Ingest& ingest, Sockets& sockets) {
+  const fleet::FleetView view = fleet.view();
+  std::vector<FleetEntry> members;
+  for (const auto& m : view.members) members.push_back(FleetEntry{m.id, m.agents, m.public_key});
+  Outbox outbox;
+  ingest.set_fleet(view.self, members, outbox);
+  for (const auto& [id, bytes] : outbox.now) send_to(sockets.agents, id, bytes, false);
+}
+
 }  // namespace
 
 int run(const Options& options, const std::atomic<bool>& stop) {
@@ -270,7 +288,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     RS_LOG(error, "%s", started.error().message.c_str());
     return 2;
   }
-  auto outputs = start_outputs(options);
+  auto outputs = start_outputs(options, fleet_id(options));
   if (!outputs) return 2;
   zmq::context_t context(1);
   auto sockets = open_sockets(context, options);
@@ -281,6 +299,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     RS_LOG(error, "--etcd: %s", fleet.error().message.c_str());
     return 2;
   }
+  if (*fleet) tell_agents_the_fleet(**fleet, service.ingest(), *sockets);
 
   auto retention = Retention::start(**store, clock, options);
   RateLimiter agent_limit(options.max_messages_per_s, options.max_bytes_per_s);
@@ -321,6 +340,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
       evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled, fleet->get());
+      if (*fleet) tell_agents_the_fleet(**fleet, service.ingest(), *sockets);
       last_evaluation = now;
     }
     acks_waiting.insert(acks_waiting.end(), std::make_move_iterator(outbox.after_commit.begin()),

@@ -171,7 +171,7 @@ Result<HttpClientOptions> alertmanager_http(const Options& options) {
 
 }  // namespace
 
-std::optional<Outputs> start_outputs(const Options& options) {
+std::optional<Outputs> start_outputs(const Options& options, const std::string& fleet_id) {
   Outputs out;
   // Bound first: a port in use is the likeliest failure, said before anything else starts.
   std::unique_ptr<Metrics> metrics;
@@ -193,6 +193,7 @@ std::optional<Outputs> start_outputs(const Options& options) {
     }
     AlertmanagerOptions alert_options;
     alert_options.http = std::move(*http);
+    alert_options.collector_id = fleet_id;
     auto created = AlertmanagerClient::create(options.alertmanager, alert_options);
     if (!created) {
       RS_LOG(error, "--alertmanager %s: %s", options.alertmanager.c_str(), created.error().message.c_str());

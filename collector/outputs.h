@@ -51,6 +51,7 @@ class Output {
 using Outputs = std::vector<std::unique_ptr<Output>>;
 
 // The outputs the options ask for; nullopt after logging why one cannot start.
-std::optional<Outputs> start_outputs(const Options& options);
+// `fleet_id`: this collector's id in a fleet of collectors ("": alone).
+std::optional<Outputs> start_outputs(const Options& options, const std::string& fleet_id = "");
 
 }  // namespace rankscope::collector

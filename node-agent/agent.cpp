@@ -7,7 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <random>
+#include <set>
 #include <zmq.hpp>
 
 #include "common/clock.h"
@@ -35,12 +35,6 @@ constexpr uint64_t kMs = 1'000'000ull;
 // docs/benchmarks.md). Records wait at most this long, well within a batch
 // interval.
 constexpr int kTickMs = 25;
-
-uint64_t random_instance_id() {
-  std::random_device device;
-  uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
-  return id == 0 ? 1 : id;
-}
 
 void attach_library(NcclProbes& probes, Discovery& discovery, const LibraryFile& library, const Options& options) {
   discovery.remember(library);
@@ -108,13 +102,50 @@ DropCounts drop_counts(const NcclProbes& bpf, const Summariser& summariser, cons
   return drops;
 }
 
-// One batch of what the summariser holds, with the drop counters, handed to
-// the transport.
+// One batch of what the summariser holds for `key` ("": everything, without
+// a fleet), with the drop counters and the clock samples taken against the
+// collector it goes to, handed to the transport. `announce`: only the key's
+// processes and communicators, again, ahead of its batches not yet
+// acknowledged (its new owner knows neither).
 void send_batch(NcclProbes& bpf, Summariser& summariser, Transport& transport, const ProfilerRings& rings,
-                uint64_t instance, uint64_t seq, uint64_t now) {
+                const std::string& key, uint64_t now, bool announce = false) {
   DropCounts drops = drop_counts(bpf, summariser, transport, rings);
-  transport.submit(
-      seq, proto::encode_batch(instance, seq, now, [&](wire::Batch::Builder batch) { summariser.fill(batch, drops); }));
+  const std::pair<uint64_t, uint64_t> id = transport.batch_id(key);
+  const uint64_t instance = id.first, seq = id.second;
+  const std::string clock_of = transport.route(key);
+  auto fill = [&](wire::Batch::Builder batch) {
+    if (announce) {
+      summariser.announce(batch, drops, key);
+    } else {
+      summariser.fill(batch, drops, key, clock_of);
+      batch.setClockOf(clock_of);
+    }
+    batch.setPlacementKey(key);
+  };
+  transport.submit(instance, seq, proto::encode_batch(instance, seq, now, fill), key, announce);
+}
+
+// Every key with something to send (the one key "" without a fleet), a
+// batch each; false when none had anything.
+bool send_batches(NcclProbes& bpf, Summariser& summariser, Transport& transport, const ProfilerRings& rings,
+                  uint64_t now) {
+  summariser.set_keyed(transport.in_fleet());
+  if (!transport.in_fleet()) {
+    if (summariser.empty()) return false;
+    send_batch(bpf, summariser, transport, rings, "", now);
+    return true;
+  }
+  bool sent = false;
+  const std::set<std::string> keys = summariser.keys();
+  // A key placed elsewhere than where its processes were told of: told again first.
+  for (const std::string& key : keys) transport.track(key);
+  for (const std::string& key : transport.take_moved()) send_batch(bpf, summariser, transport, rings, key, now, true);
+  for (const std::string& key : keys) {
+    if (!summariser.pending(key, transport.route(key))) continue;
+    send_batch(bpf, summariser, transport, rings, key, now);
+    sent = true;
+  }
+  return sent;
 }
 
 // The heartbeat: traced processes, drops, each process's health and host
@@ -142,9 +173,9 @@ void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transpor
 // once (until its first probe the collector knows this node's clock only
 // by its wall time, which may be seconds off).
 bool take_replies(Transport& transport, Summariser& summariser, uint64_t& welcomes) {
-  zmq::pollitem_t items[] = {{transport.socket().handle(), 0, ZMQ_POLLIN, 0}};
+  std::vector<zmq::pollitem_t> items = transport.poll_items();
   try {
-    zmq::poll(items, 1, std::chrono::milliseconds(kTickMs));
+    zmq::poll(items, std::chrono::milliseconds(kTickMs));
   } catch (const zmq::error_t& e) {
     if (e.num() != EINTR) throw;
   }
@@ -221,9 +252,12 @@ int run(const Options& options, const std::atomic<bool>& stop) {
 
   zmq::context_t context(1);
   uint64_t instance = random_instance_id();
-  Transport transport(context, options, clock, instance, [&](uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
-    summariser.add_clock_sample(t1, t2, t3, t4);
-  }, std::move(*spool));
+  Transport transport(
+      context, options, clock, instance,
+      [&](uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4, const std::string& collector) {
+        summariser.add_clock_sample(t1, t2, t3, t4, collector);
+      },
+      std::move(*spool));
   RS_LOG(info, "node %s: tracing %s, sending to %s", options.node.c_str(), scope->describe().c_str(),
          options.collector.c_str());
 
@@ -232,8 +266,6 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   // traced processes that loaded rankscope's NCCL profiler plugin.
   ProfilerRings rings(options.proc_root);
   auto gpu = [&](const GpuCollective& c) { summariser.on_gpu(c); };
-  uint64_t batch_seq = 0;
-  auto flush = [&] { send_batch(bpf, summariser, transport, rings, instance, ++batch_seq, now()); };
   uint64_t last_scan = 0, last_flush = now(), last_heartbeat = 0, last_probe = 0;
   uint64_t welcomes = 0;
   // The collector renews its request for proxy steps with each heartbeat's
@@ -241,6 +273,11 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   const uint64_t detail_lease_ns = std::max<uint64_t>(5ull * options.heartbeat_interval_ms, 5'000) * kMs;
   while (!stop.load()) {
     if (take_replies(transport, summariser, welcomes)) last_probe = 0;
+    // A job whose collector changed: its processes and communicators are
+    // announced to the new one before its batches not yet acknowledged.
+    summariser.set_keyed(transport.in_fleet());
+    for (const std::string& key : transport.take_moved())
+      send_batch(bpf, summariser, transport, rings, key, now(), true);
     bpf.consume();
     attach_rings(summariser, rings);
     rings.set_detail(proxy_detail_wanted(options), transport.detail_comms(detail_lease_ns));
@@ -257,7 +294,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       last_probe = t;
     }
     if (t - last_flush >= options.batch_interval_ms * kMs && !summariser.empty()) {
-      flush();
+      send_batches(bpf, summariser, transport, rings, t);
       last_flush = t;
     } else if (summariser.empty()) {
       last_flush = t;  // the age of a batch counts from its first record
@@ -271,7 +308,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   // Last records out, several batches if one cannot carry it all.
   bpf.poll(0);
   rings.drain(gpu);
-  while (!summariser.empty()) flush();
+  for (int round = 0; round < 64 && send_batches(bpf, summariser, transport, rings, now()); ++round) {
+  }
   await_last_acks(transport, options, clock);
   RS_LOG(info, "stopped");
   return 0;

@@ -6,6 +6,7 @@
 
 #include "common/format.h"
 #include "common/log.h"
+#include "common/placement.h"
 #include "proto/limits.h"
 
 namespace rankscope::agent {
@@ -127,11 +128,13 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
   } else {
     comm.hash = proto::comm_hash_of_unique_id(e.unique_id, sizeof(e.unique_id));
   }
+  comm.joined = proto::CommJoined{e.hdr.pid,  comm.hash,   e.comm,   parent_hash, shift(e.entry_ns), shift(e.hdr.ts_ns),
+                                  comm.rank,  comm.nranks, e.result, comm.origin, e.color,           e.key,
+                                  split_index};
+  comm.order = ++comm_order_;
   comms_[{e.hdr.pid, e.comm}] = comm;
   if (proc.identity.job.empty()) proc.identity.job = "nccl-" + hex64(comm.hash).substr(0, 12);
-  new_comms_.push_back(proto::CommJoined{e.hdr.pid, comm.hash, e.comm, parent_hash, shift(e.entry_ns),
-                                         shift(e.hdr.ts_ns), comm.rank, comm.nranks, e.result, comm.origin, e.color,
-                                         e.key, split_index});
+  new_comms_.push_back(comm.joined);
   RS_LOG(debug, "process %u: communicator %s rank %d/%d", e.hdr.pid, hex64(comm.hash).c_str(), comm.rank,
          comm.nranks);
 }
@@ -147,9 +150,11 @@ void Summariser::on_call(const rs_call_event& e) {
     comm.hash = mix_hash({0x756e6b6e6f776eull, e.hdr.pid, proc.identity.start_time, e.comm});
     comm.rank = proc.identity.rank;
     comm.nranks = proc.identity.world_size;
+    comm.joined = proto::CommJoined{
+        e.hdr.pid, comm.hash, e.comm, 0, 0, 0, comm.rank, comm.nranks, 0, wire::CommOrigin::UNKNOWN, 0, 0};
+    comm.order = ++comm_order_;
     it = comms_.emplace(CommKey{e.hdr.pid, e.comm}, comm).first;
-    new_comms_.push_back(proto::CommJoined{e.hdr.pid, comm.hash, e.comm, 0, 0, 0, comm.rank, comm.nranks, 0,
-                                           wire::CommOrigin::UNKNOWN, 0, 0});
+    new_comms_.push_back(comm.joined);
     if (proc.identity.job.empty()) proc.identity.job = "nccl-unknown";
   }
   if (e.flags & RS_CALL_UNKNOWN_COMM) ++unknown_comm_;
@@ -267,8 +272,49 @@ void Summariser::on_async_error(const rs_async_error_event& e) {
   async_errors_.push_back(PendingAsyncError{e.hdr.pid, hash, shift(e.hdr.ts_ns), e.result, e.async_error});
 }
 
-void Summariser::add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4) {
-  clock_samples_.push_back({t1, t2, t3, t4});
+void Summariser::add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4, const std::string& collector) {
+  auto& samples = clock_samples_[collector];
+  samples.push_back({t1, t2, t3, t4});
+  if (samples.size() > proto::kMaxClockSamples) samples.pop_front();
+}
+
+std::string Summariser::key_of(uint32_t pid) const {
+  if (!keyed_) return {};
+  auto it = processes_.find(pid);
+  if (it == processes_.end() || it->second.identity.job.empty()) return "nojob";
+  return fleet::placement_key(it->second.identity.job, 0);
+}
+
+std::set<std::string> Summariser::keys() const {
+  std::set<std::string> keys;
+  for (const auto& [pid, entry] : processes_) keys.insert(key_of(pid));
+  // What a process forgotten already left behind ("nojob").
+  for (const auto& [k, block] : blocks_) keys.insert(key_of(block.pid));
+  for (const auto& [k, block] : gpu_blocks_) keys.insert(key_of(block.pid));
+  for (const auto& w : waits_) keys.insert(key_of(w.hdr.pid));
+  return keys;
+}
+
+bool Summariser::pending(const std::string& key, const std::string& clock_of) const {
+  if (!keyed_) return !empty();
+  if (auto samples = clock_samples_.find(clock_of); samples != clock_samples_.end() && !samples->second.empty())
+    return true;
+  auto mine = [&](uint32_t pid) { return key_of(pid) == key; };
+  for (const auto& [pid, entry] : processes_)
+    if (mine(pid) && unsent(entry, key)) return true;
+  for (const auto& [k, block] : blocks_)
+    if (mine(block.pid)) return true;
+  for (const auto& [k, block] : gpu_blocks_)
+    if (mine(block.pid)) return true;
+  for (const auto& c : new_comms_)
+    if (mine(c.pid)) return true;
+  for (const auto& c : ended_comms_)
+    if (mine(c.pid)) return true;
+  for (const auto& w : waits_)
+    if (mine(w.hdr.pid)) return true;
+  for (const auto& a : async_errors_)
+    if (mine(a.pid)) return true;
+  return false;
 }
 
 void Summariser::resend_identities() {
@@ -276,57 +322,94 @@ void Summariser::resend_identities() {
 }
 
 bool Summariser::empty() const {
-  if (!blocks_.empty() || !gpu_blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !clock_samples_.empty() || !waits_.empty() ||
+  if (!blocks_.empty() || !gpu_blocks_.empty() || !new_comms_.empty() || !ended_comms_.empty() || !waits_.empty() ||
       !async_errors_.empty())
     return false;
+  for (const auto& [collector, samples] : clock_samples_)
+    if (!samples.empty()) return false;
   for (const auto& [pid, entry] : processes_)
     if (!entry.sent) return false;
   return true;
 }
 
-void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops) {
+void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops, const std::string& key,
+                      const std::string& clock_of) {
   // A batch carries at most what the collector accepts (proto/limits.h):
   // one process opening 100,000 communicators must not make every batch of
   // its node unacceptable. What does not fit stays for the next batch, in
   // order: a communicator's records and end go with or after it.
-  fill_processes(batch);
-  fill_comms(batch);
+  std::set<uint32_t> pids;  // keyed: the processes of `key`
+  if (keyed_)
+    for (const auto& [pid, entry] : processes_)
+      if (key_of(pid) == key) pids.insert(pid);
+  Mine mine = [&](uint32_t pid) { return !keyed_ || pids.count(pid) > 0; };
+  fill_processes(batch, key, mine);
+  fill_comms(batch, mine);
   // Communicators announced in a later batch: their records and ends wait for it.
   std::set<std::pair<uint32_t, uint64_t>> held;
   for (const auto& c : new_comms_) held.emplace(c.pid, c.hash);
-  fill_ends(batch, held);
-  uint64_t records = fill_collectives(batch, held);
-  fill_clock_samples(batch);
-  fill_waits(batch, records);
-  fill_async_errors(batch);
+  fill_ends(batch, held, mine);
+  uint64_t records = fill_collectives(batch, held, mine);
+  fill_clock_samples(batch, clock_of);
+  fill_waits(batch, records, mine);
+  fill_async_errors(batch, mine);
   proto::write_drops(drops, batch.initDrops());
 }
 
-void Summariser::fill_processes(wire::Batch::Builder batch) {
-  unsigned unsent = 0;
-  for (const auto& [pid, entry] : processes_) unsent += entry.sent ? 0 : 1;
+void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, const std::string& key) {
+  std::vector<const ProcessIdentity*> identities;
+  std::vector<const CommEntry*> comms;
+  for (auto& [pid, entry] : processes_) {
+    if (key_of(pid) != key || identities.size() == proto::kMaxListEntries) continue;
+    entry.identity.pid = pid;
+    identities.push_back(&entry.identity);
+  }
+  for (const auto& [k, comm] : comms_)
+    if (comm.joined.hash != 0 && key_of(k.first) == key && comms.size() < proto::kMaxListEntries)
+      comms.push_back(&comm);
+  // In the order they were made: a split's parent before its children.
+  std::sort(comms.begin(), comms.end(), [](const CommEntry* a, const CommEntry* b) { return a->order < b->order; });
+  std::vector<proto::CommJoined> joined;
+  for (const CommEntry* comm : comms) joined.push_back(comm->joined);
+  proto::write_processes(identities, batch);
+  proto::write_comms(joined, batch);
+  proto::write_drops(drops, batch.initDrops());
+}
+
+void Summariser::fill_processes(wire::Batch::Builder batch, const std::string& key, const Mine& mine) {
+  unsigned waiting = 0;
+  for (const auto& [pid, entry] : processes_) waiting += unsent(entry, key) && mine(pid) ? 1 : 0;
   std::vector<const ProcessIdentity*> sent;
   for (auto& [pid, entry] : processes_) {
-    if (entry.sent) continue;
-    if (sent.size() == std::min(unsent, proto::kMaxListEntries)) break;
+    if (!unsent(entry, key) || !mine(pid)) continue;
+    if (sent.size() == std::min(waiting, proto::kMaxListEntries)) break;
     entry.identity.pid = pid;
     sent.push_back(&entry.identity);
     entry.sent = true;
+    entry.sent_key = key;
   }
   proto::write_processes(sent, batch);
 }
 
-void Summariser::fill_comms(wire::Batch::Builder batch) {
-  auto end =
-      new_comms_.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(new_comms_.size(), proto::kMaxListEntries));
-  proto::write_comms(std::vector<proto::CommJoined>(new_comms_.begin(), end), batch);
-  new_comms_.erase(new_comms_.begin(), end);
+void Summariser::fill_comms(wire::Batch::Builder batch, const Mine& mine) {
+  std::vector<proto::CommJoined> now;
+  for (auto it = new_comms_.begin(); it != new_comms_.end() && now.size() < proto::kMaxListEntries;) {
+    if (!mine(it->pid)) {
+      ++it;
+      continue;
+    }
+    now.push_back(*it);
+    it = new_comms_.erase(it);
+  }
+  proto::write_comms(now, batch);
 }
 
-void Summariser::fill_ends(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held) {
+void Summariser::fill_ends(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held,
+                           const Mine& mine) {
   std::vector<PendingEnd> ends_now, ends_later;
   for (auto& c : ended_comms_)
-    (held.count({c.pid, c.hash}) || ends_now.size() == proto::kMaxListEntries ? ends_later : ends_now).push_back(c);
+    (!mine(c.pid) || held.count({c.pid, c.hash}) || ends_now.size() == proto::kMaxListEntries ? ends_later : ends_now)
+        .push_back(c);
   ended_comms_ = std::move(ends_later);
   auto ends = batch.initCommEnds(static_cast<unsigned>(ends_now.size()));
   for (unsigned k = 0; k < ends_now.size(); ++k) {
@@ -339,7 +422,8 @@ void Summariser::fill_ends(wire::Batch::Builder batch, const std::set<std::pair<
   }
 }
 
-uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held) {
+uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held,
+                                      const Mine& mine) {
   // Blocks in key order until the batch is full; a block larger than what
   // is left is split (its first records now, the rest next time). The GPU
   // blocks share the budget, after the host's.
@@ -347,7 +431,7 @@ uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set
   auto take = [&](auto& from, auto& parts) {
     for (auto it = from.begin(); it != from.end();) {
       auto& block = it->second;
-      if (held.count({block.pid, block.comm_hash})) {
+      if (held.count({block.pid, block.comm_hash}) || !mine(block.pid)) {
         ++it;
         continue;
       }
@@ -397,19 +481,25 @@ void Summariser::on_gpu(const GpuCollective& c) {
   ++pending_records_;
 }
 
-void Summariser::fill_clock_samples(wire::Batch::Builder batch) {
-  auto end = clock_samples_.begin() +
-             static_cast<std::ptrdiff_t>(std::min<size_t>(clock_samples_.size(), proto::kMaxClockSamples));
-  proto::write_clock_samples(std::vector<std::array<uint64_t, 4>>(clock_samples_.begin(), end), batch);
-  clock_samples_.erase(clock_samples_.begin(), end);
+void Summariser::fill_clock_samples(wire::Batch::Builder batch, const std::string& clock_of) {
+  auto found = clock_samples_.find(clock_of);
+  if (found == clock_samples_.end()) return;
+  auto& samples = found->second;  // at most kMaxClockSamples (add_clock_sample)
+  proto::write_clock_samples(std::vector<std::array<uint64_t, 4>>(samples.begin(), samples.end()), batch);
+  clock_samples_.erase(found);
 }
 
-void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records) {
-  // Waits share the record budget with the collectives.
+void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records, const Mine& mine) {
+  // Waits share the record budget with the collectives. Another key's stay, in order.
   std::map<std::pair<uint32_t, uint32_t>, proto::WaitBlock> wait_blocks;
+  std::vector<rs_wait_event> others;
   size_t taken = 0;
   for (; taken < waits_.size() && records < proto::kMaxRecordsPerBatch; ++taken) {
     const rs_wait_event& w = waits_[taken];
+    if (!mine(w.hdr.pid)) {
+      others.push_back(w);
+      continue;
+    }
     auto key = std::make_pair(w.hdr.pid, w.hdr.tid);
     if (!wait_blocks.count(key) && wait_blocks.size() == proto::kMaxListEntries) break;
     auto& block = wait_blocks[key];
@@ -420,22 +510,25 @@ void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records) {
     ++records;
   }
   waits_.erase(waits_.begin(), waits_.begin() + static_cast<std::ptrdiff_t>(taken));
+  waits_.insert(waits_.begin(), others.begin(), others.end());
   std::vector<proto::WaitBlock> wait_list;
   for (auto& [key, block] : wait_blocks) wait_list.push_back(std::move(block));
   proto::encode_waits(wait_list, batch);
 }
 
-void Summariser::fill_async_errors(wire::Batch::Builder batch) {
-  auto errors = batch.initAsyncErrors(static_cast<unsigned>(async_errors_.size()));
-  for (unsigned k = 0; k < async_errors_.size(); ++k) {
-    const auto& a = async_errors_[k];
+void Summariser::fill_async_errors(wire::Batch::Builder batch, const Mine& mine) {
+  std::vector<PendingAsyncError> now, later;
+  for (const auto& a : async_errors_) (mine(a.pid) ? now : later).push_back(a);
+  async_errors_ = std::move(later);
+  auto errors = batch.initAsyncErrors(static_cast<unsigned>(now.size()));
+  for (unsigned k = 0; k < now.size(); ++k) {
+    const auto& a = now[k];
     errors[k].setPid(a.pid);
     errors[k].setCommHash(a.hash);
     errors[k].setNs(a.ns);
     errors[k].setResult(a.result);
     errors[k].setAsyncError(a.async_error);
   }
-  async_errors_.clear();
 }
 
 std::vector<uint32_t> Summariser::forget_exited() {

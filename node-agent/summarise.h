@@ -31,6 +31,8 @@ struct CommEntry {
   int32_t nranks = -1;
   wire::CommOrigin origin = wire::CommOrigin::UNKNOWN;
   uint32_t splits = 0;  // children split off so far: the same count on every member
+  proto::CommJoined joined;  // as announced (announced again to a job's new collector)
+  uint64_t order = 0;        // of creation (a parent is announced before its children)
 };
 
 class Summariser {
@@ -47,13 +49,32 @@ class Summariser {
   // The GPU side of a collective, from the profiler plugin's ring (times on
   // the node's monotonic clock, like the BPF events').
   void on_gpu(const GpuCollective& collective);
-  void add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4);
+  // A clock probe's four times, against the clock of `collector` (its id in
+  // a fleet; "" alone). The newest kMaxClockSamples of each are kept.
+  void add_clock_sample(uint64_t t1, uint64_t t2, uint64_t t3, uint64_t t4, const std::string& collector = "");
 
+  // In a fleet of collectors every process is placed by its job
+  // (key_of): each key's records travel in batches of their own, to the
+  // key's owner. Alone, every key is "".
+  void set_keyed(bool keyed) { keyed_ = keyed; }
+  // "job:ID" (common/placement.h), "nojob" before a process has a job; "" when not keyed.
+  std::string key_of(uint32_t pid) const;
+  // The keys of the traced processes.
+  std::set<std::string> keys() const;
   bool empty() const;
+  // Whether a batch of `key` has something to carry: its processes' records,
+  // identities, communicators... or clock samples against `clock_of`.
+  bool pending(const std::string& key, const std::string& clock_of) const;
   size_t pending_records() const { return pending_records_; }
   // Moves what is pending into `batch`, up to what one batch may carry
   // (proto/limits.h); the rest stays for the next (empty() says whether any).
-  void fill(wire::Batch::Builder batch, const DropCounts& drops);
+  // Keyed: only what belongs to `key`, with the clock samples taken against
+  // `clock_of` (the collector the batch goes to).
+  void fill(wire::Batch::Builder batch, const DropCounts& drops, const std::string& key = "",
+            const std::string& clock_of = "");
+  // The identities and communicators of `key`'s processes, announced again
+  // (a job's new collector knows neither); nothing else is taken.
+  void announce(wire::Batch::Builder batch, const DropCounts& drops, const std::string& key);
   // Frees entries of processes that exited (pid gone or reused); each is
   // reported once more by health() as not alive, with how it ended. One
   // seen gone before its exit event was read (the event may still be in
@@ -86,6 +107,7 @@ class Summariser {
   struct ProcessEntry {
     ProcessIdentity identity;
     bool sent = false;
+    std::string sent_key;     // the key it was sent under (a new key: sent again)
     bool ring_wanted = true;  // look for its profiler ring (take_ring_candidates)
     bool seen_gone = false;   // found gone at the last forget_exited()
   };
@@ -108,13 +130,17 @@ class Summariser {
   // fill()'s parts, in its order. `held`: the (pid, communicator) pairs
   // announced in a later batch, whose records and ends wait for it;
   // `records`: the record budget already used by the collectives.
-  void fill_processes(wire::Batch::Builder batch);
-  void fill_comms(wire::Batch::Builder batch);
-  void fill_ends(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held);
-  uint64_t fill_collectives(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held);
-  void fill_clock_samples(wire::Batch::Builder batch);
-  void fill_waits(wire::Batch::Builder batch, uint64_t records);
-  void fill_async_errors(wire::Batch::Builder batch);
+  // `mine`: whether a pid's items go in this batch (its key's).
+  using Mine = std::function<bool(uint32_t pid)>;
+  void fill_processes(wire::Batch::Builder batch, const std::string& key, const Mine& mine);
+  void fill_comms(wire::Batch::Builder batch, const Mine& mine);
+  void fill_ends(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held, const Mine& mine);
+  uint64_t fill_collectives(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held,
+                            const Mine& mine);
+  void fill_clock_samples(wire::Batch::Builder batch, const std::string& clock_of);
+  void fill_waits(wire::Batch::Builder batch, uint64_t records, const Mine& mine);
+  void fill_async_errors(wire::Batch::Builder batch, const Mine& mine);
+  bool unsent(const ProcessEntry& entry, const std::string& key) const { return !entry.sent || entry.sent_key != key; }
   uint64_t shift(uint64_t ns) const { return clock_.shift(ns); }
 
   std::string proc_root_;
@@ -157,7 +183,9 @@ class Summariser {
   };
   std::vector<proto::CommJoined> new_comms_;
   std::vector<PendingEnd> ended_comms_;
-  std::vector<std::array<uint64_t, 4>> clock_samples_;
+  std::map<std::string, std::deque<std::array<uint64_t, 4>>> clock_samples_;  // by collector
+  bool keyed_ = false;
+  uint64_t comm_order_ = 0;
   std::vector<rs_wait_event> waits_;
   size_t pending_records_ = 0;
   uint64_t unknown_comm_ = 0;

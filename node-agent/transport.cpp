@@ -3,6 +3,9 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <random>
+#include <set>
+#include <utility>
 
 #include "common/log.h"
 #include "common/version.h"
@@ -24,6 +27,12 @@ constexpr uint64_t kNoReplyNs = 10'000'000'000ull;
 constexpr uint64_t kNoReplyLogIntervalNs = 60'000'000'000ull;
 constexpr const char* kAgentVersion = kVersion;
 }  // namespace
+
+uint64_t random_instance_id() {
+  std::random_device device;
+  uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return id == 0 ? 1 : id;
+}
 
 std::string boot_id() {
   auto id = read_file("/proc/sys/kernel/random/boot_id");
@@ -60,48 +69,60 @@ std::optional<std::string> strip_detail(const std::string& batch_bytes, uint64_t
   return proto::to_packed(message);
 }
 
+Transport::Link::Link(zmq::context_t& context, std::string endpoint, curve::ClientKeys keys, uint64_t ack_min_ns,
+                      uint64_t ack_max_ns)
+    : endpoint(std::move(endpoint)),
+      keys(std::move(keys)),
+      socket(std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer)),
+      ack_timer(ack_min_ns, ack_max_ns) {
+  socket->set(zmq::sockopt::linger, 0);
+  // Queue only on a live connection: while the collector is away, batches
+  // wait in our own bounded queue, not in ZeroMQ's.
+  socket->set(zmq::sockopt::immediate, 1);
+  socket->set(zmq::sockopt::sndhwm, static_cast<int>(kMaxInFlight));
+  socket->set(zmq::sockopt::reconnect_ivl, 100);
+  socket->set(zmq::sockopt::reconnect_ivl_max, 2000);
+  curve::apply(*socket, this->keys);
+  socket->connect(this->endpoint);
+}
+
 Transport::Transport(zmq::context_t& context, const Options& options, const Clock& clock, uint64_t instance_id,
                      ClockSampleSink on_clock_sample, std::unique_ptr<Spool> spool)
-    : options_(options),
+    : context_(context),
+      options_(options),
       clock_(clock),
       instance_id_(instance_id),
       on_clock_sample_(std::move(on_clock_sample)),
-      socket_(context, zmq::socket_type::dealer),
-      spool_(std::move(spool)),
-      ack_timer_(static_cast<uint64_t>(options.ack_timeout_ms) * 1'000'000ull, kMaxAckWaitNs) {
+      spool_(std::move(spool)) {
   // What an earlier run left unacknowledged goes first, as it was (its own
   // instance id and seq: the collector recognises what it already stored).
   if (spool_) {
-    // Their bytes stay on disk until each is sent.
-    for (auto& recovered : spool_->take_recovered())
-      queue_.push_back(Pending{recovered.instance, recovered.seq, std::string(), recovered.ref});
+    // Their bytes stay on disk until each is sent; their key is read then.
+    for (auto& recovered : spool_->take_recovered()) {
+      Pending pending{recovered.instance, recovered.seq, std::string(), recovered.ref};
+      pending.key_known = false;
+      queue_.push_back(std::move(pending));
+    }
     enforce_bounds();
   }
-  socket_.set(zmq::sockopt::linger, 0);
-  // Queue only on a live connection: while the collector is away, batches
-  // wait in our own bounded queue, not in ZeroMQ's.
-  socket_.set(zmq::sockopt::immediate, 1);
-  socket_.set(zmq::sockopt::sndhwm, static_cast<int>(kMaxInFlight));
-  socket_.set(zmq::sockopt::reconnect_ivl, 100);
-  socket_.set(zmq::sockopt::reconnect_ivl_max, 2000);
-  curve::apply(socket_, options_.keys);
-  socket_.connect(options_.collector);
-  waiting_since_ns_ = now();
-  send_hello();
+  links_.push_back(std::make_unique<Link>(context_, options_.collector, options_.keys,
+                                          static_cast<uint64_t>(options.ack_timeout_ms) * 1'000'000ull, kMaxAckWaitNs));
+  links_.front()->waiting_since_ns = now();
+  send_hello(*links_.front());
 }
 
-bool Transport::send_bytes(const std::string& bytes) {
+bool Transport::send_bytes(Link& link, const std::string& bytes) {
   try {
-    auto sent = socket_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+    auto sent = link.socket->send(zmq::buffer(bytes), zmq::send_flags::dontwait);
     if (sent) ++messages_sent_;
     return sent.has_value();
   } catch (const zmq::error_t& e) {
-    RS_LOG(warn, "send to %s failed: %s", options_.collector.c_str(), e.what());
+    RS_LOG(warn, "send to %s failed: %s", link.endpoint.c_str(), e.what());
     return false;
   }
 }
 
-void Transport::send_hello() {
+void Transport::send_hello(Link& link) {
   proto::Hello hello;
   hello.node = options_.node;
   hello.instance_id = instance_id_;
@@ -111,14 +132,68 @@ void Transport::send_hello() {
   if (uname(&uts) == 0) hello.kernel_release = uts.release;
   hello.monotonic_ns = now();
   hello.realtime_ns = clock_.realtime_ns();
+  hello.follows_fleet = true;
   // Not sent (no connection yet): try again on the next service() call.
-  last_hello_ns_ = send_bytes(proto::encode_hello(hello)) ? now() : 0;
+  link.last_hello_ns = send_bytes(link, proto::encode_hello(hello)) ? now() : 0;
 }
 
-void Transport::submit(uint64_t seq, std::string bytes) {
+void Transport::track(const std::string& key) {
+  if (key.empty()) return;
+  Stream& stream = streams_[key];
+  if (stream.instance != 0) return;
+  stream.instance = random_instance_id();
+  // Until now everything went to the configured collector (there was no fleet, or no such key).
+  stream.owner = links_.front()->id;
+  refresh_owners();
+}
+
+std::pair<uint64_t, uint64_t> Transport::batch_id(const std::string& key) {
+  if (key.empty()) return {instance_id_, ++seq_};
+  track(key);
+  Stream& stream = streams_[key];
+  return {stream.instance, ++stream.seq};
+}
+
+void Transport::refresh_owners() {
+  for (auto& [key, stream] : streams_) {
+    std::string owner = route(key);
+    if (owner == stream.owner) continue;
+    RS_LOG(info, "%s goes to collector %s now (was %s)", key.c_str(), owner.c_str(),
+           stream.owner.empty() ? "the configured one" : stream.owner.c_str());
+    stream.owner = owner;
+    stream.held = true;
+    if (std::find(moved_.begin(), moved_.end(), key) == moved_.end()) moved_.push_back(key);
+  }
+}
+
+std::string Transport::route(const std::string& key) const {
+  if (key.empty() || members_.empty()) return links_.front()->id;
+  const fleet::Member* owner = fleet::owner(key, members_);
+  return owner ? owner->id : links_.front()->id;
+}
+
+std::vector<std::string> Transport::take_moved() {
+  refresh_owners();
+  return std::exchange(moved_, {});
+}
+
+Transport::Link* Transport::link_for(const std::string& key) {
+  const std::string id = route(key);
+  for (auto& link : links_)
+    if (link->id == id) return link.get();
+  return nullptr;  // a member whose connection could not be made (no public key)
+}
+
+std::vector<zmq::pollitem_t> Transport::poll_items() const {
+  std::vector<zmq::pollitem_t> items;
+  for (const auto& link : links_) items.push_back({link->socket->handle(), 0, ZMQ_POLLIN, 0});
+  return items;
+}
+
+void Transport::submit(uint64_t instance, uint64_t seq, std::string bytes, const std::string& key, bool first) {
   SpoolRef ref;
   if (spool_) {
-    auto written = spool_->append(instance_id_, seq, bytes);
+    auto written = spool_->append(instance, seq, bytes);
     if (written) {
       ref = *written;
     } else if (now() - last_spool_error_log_ns_ > 30'000'000'000ull || last_spool_error_log_ns_ == 0) {
@@ -130,10 +205,17 @@ void Transport::submit(uint64_t seq, std::string bytes) {
     spool_->maybe_sync(now());
   }
   queued_bytes_ += bytes.size();
-  queue_.push_back(Pending{instance_id_, seq, std::move(bytes), ref});
+  Pending pending{instance, seq, std::move(bytes), ref};
+  pending.key = key;
+  auto at = queue_.end();
+  if (first) {
+    at = std::find_if(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.key_known && p.key == key; });
+    if (auto stream = streams_.find(key); stream != streams_.end()) stream->second.held = false;
+  }
+  queue_.insert(at, std::move(pending));
   enforce_bounds();
-  // Sent now only if every older batch went before it (order is kept).
-  if (accepted_ && (queue_.size() == 1 || queue_[queue_.size() - 2].last_sent_ns != 0)) send_pending(queue_.back());
+  // Sent now if its link is up and every older batch of the link went before it (order is kept).
+  resend_due();
 }
 
 void Transport::drop_detail(Pending& pending) {
@@ -182,7 +264,17 @@ void Transport::enforce_bounds() {
   }
 }
 
-bool Transport::send_pending(Pending& pending) {
+void Transport::read_key(Pending& pending) {
+  pending.key_known = true;
+  auto bytes = pending.bytes.empty() && spool_ ? spool_->read(pending.ref) : Result<std::string>(pending.bytes);
+  if (!bytes) return;  // unreadable: send_pending says so and forgets it
+  auto read = proto::read_packed<wire::AgentMessage>(*bytes, proto::ReadLimits{}, [&](auto in) {
+    if (in.which() == wire::AgentMessage::BATCH) pending.key = in.getBatch().getPlacementKey();
+  });
+  (void)read;  // not a batch: sent as it is, to the configured collector, which says what is wrong
+}
+
+bool Transport::send_pending(Link& link, Pending& pending) {
   if (pending.bytes.empty()) {
     if (pending.ref.segment == 0 || !spool_) return true;  // nothing left to send; resend_due forgets it
     auto bytes = spool_->read(pending.ref);
@@ -192,12 +284,13 @@ bool Transport::send_pending(Pending& pending) {
       ++discarded_;
       return true;
     }
-    if (!send_bytes(*bytes)) return false;
-  } else if (!send_bytes(pending.bytes)) {
+    if (!send_bytes(link, *bytes)) return false;
+  } else if (!send_bytes(link, pending.bytes)) {
     return false;
   }
   if (pending.last_sent_ns != 0) ++pending.resends;
   pending.last_sent_ns = now();
+  pending.to = &link;
   return true;
 }
 
@@ -206,98 +299,192 @@ uint64_t Transport::ack_wait_ns(const Pending& pending) const {
   // again every ack timeout on top of its backlog: the wait follows the acks'
   // round trip, and doubles with each re-send (2, 4, 8 ... s by default), up
   // to a minute.
-  return ack_timer_.wait_ns(pending.resends);
+  const Link* link = pending.to ? pending.to : links_.front().get();
+  return link->ack_timer.wait_ns(pending.resends);
+}
+
+uint64_t Transport::ack_timeout_ns() const {
+  return links_.front()->ack_timer.timeout_ns();
 }
 
 void Transport::send_clock_probe() {
-  if (!accepted_) return;
-  send_bytes(proto::encode_clock_probe(now()));
+  for (auto& link : links_)
+    if (link->accepted) send_bytes(*link, proto::encode_clock_probe(now()));
 }
 
 void Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill) {
-  if (!accepted_) return;
-  proto::HeartbeatHeader header{instance_id_, now(), static_cast<uint32_t>(queue_.size())};
-  send_bytes(proto::encode_heartbeat(header, [&](wire::Heartbeat::Builder hb) {
-    fill(hb);
-    auto drops = hb.getDrops();
-    drops.setSendQueueFull(discarded_);
-    drops.setLostRecords(lost_records_);
-    drops.setSpoolDamaged(spool_damaged());
-  }));
+  std::string bytes;
+  for (auto& link : links_) {
+    if (!link->accepted) continue;
+    if (bytes.empty()) {
+      proto::HeartbeatHeader header{instance_id_, now(), static_cast<uint32_t>(queue_.size())};
+      bytes = proto::encode_heartbeat(header, [&](wire::Heartbeat::Builder hb) {
+        fill(hb);
+        auto drops = hb.getDrops();
+        drops.setSendQueueFull(discarded_);
+        drops.setLostRecords(lost_records_);
+        drops.setSpoolDamaged(spool_damaged());
+      });
+    }
+    send_bytes(*link, bytes);
+  }
 }
 
 void Transport::service() {
-  for (;;) {
-    zmq::message_t reply;
-    zmq::recv_result_t got;
-    try {
-      got = socket_.recv(reply, zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      RS_LOG(warn, "receive from %s failed: %s", options_.collector.c_str(), e.what());
-      break;
+  for (size_t i = 0; i < links_.size(); ++i) {
+    Link& link = *links_[i];
+    for (;;) {
+      zmq::message_t reply;
+      zmq::recv_result_t got;
+      try {
+        got = link.socket->recv(reply, zmq::recv_flags::dontwait);
+      } catch (const zmq::error_t& e) {
+        RS_LOG(warn, "receive from %s failed: %s", link.endpoint.c_str(), e.what());
+        break;
+      }
+      if (!got) break;
+      ++messages_received_;
+      link.waiting_since_ns = 0;
+      handle(link, std::string(static_cast<const char*>(reply.data()), reply.size()));
+      if (i >= links_.size() || links_[i].get() != &link) break;  // a FleetMap closed this link
     }
-    if (!got) break;
-    ++messages_received_;
-    waiting_since_ns_ = 0;
-    handle(std::string(static_cast<const char*>(reply.data()), reply.size()));
   }
-  warn_if_unanswered();
-  if (!accepted_ && (last_hello_ns_ == 0 || now() - last_hello_ns_ > kHelloRetryNs)) send_hello();
-  if (accepted_) resend_due();
+  for (auto& link : links_) {
+    warn_if_unanswered(*link);
+    if (!link->accepted && (link->last_hello_ns == 0 || now() - link->last_hello_ns > kHelloRetryNs)) send_hello(*link);
+  }
+  resend_due();
 }
 
-void Transport::warn_if_unanswered() {
+void Transport::warn_if_unanswered(Link& link) {
   // A CurveZMQ handshake the collector refuses (unknown key, wrong collector
   // key, plaintext against CurveZMQ) gives this side no error: only silence.
-  if (waiting_since_ns_ == 0 || now() - waiting_since_ns_ < kNoReplyNs) return;
+  if (link.waiting_since_ns == 0 || now() - link.waiting_since_ns < kNoReplyNs) return;
   // libzmq gives up on a connection whose handshake was refused (a key not
   // yet in the allow-list): connect anew now and then, so that a key added
   // later is taken without restarting the agent.
-  if (now() - last_reconnect_ns_ >= kNoReplyNs) {
-    last_reconnect_ns_ = now();
+  if (now() - link.last_reconnect_ns >= kNoReplyNs) {
+    link.last_reconnect_ns = now();
     try {
-      socket_.disconnect(options_.collector);
+      link.socket->disconnect(link.endpoint);
     } catch (const zmq::error_t&) {
       // Already gone: libzmq dropped it after the refusal.
     }
-    socket_.connect(options_.collector);
+    link.socket->connect(link.endpoint);
   }
-  if (last_silence_log_ns_ != 0 && now() - last_silence_log_ns_ < kNoReplyLogIntervalNs) return;
-  last_silence_log_ns_ = now();
-  if (options_.keys.enabled())
-    RS_LOG(error, "no reply from collector %s in %llu s: is it running, with CurveZMQ, is --collector-key its public "
-                  "key, and is this node's public key %s in its allow-list (bound to node %s)?",
-           options_.collector.c_str(), static_cast<unsigned long long>((now() - waiting_since_ns_) / 1'000'000'000ull),
-           options_.keys.public_key.c_str(), options_.node.c_str());
+  if (link.last_silence_log_ns != 0 && now() - link.last_silence_log_ns < kNoReplyLogIntervalNs) return;
+  link.last_silence_log_ns = now();
+  const auto silent_s = static_cast<unsigned long long>((now() - link.waiting_since_ns) / 1'000'000'000ull);
+  if (!link.id.empty())
+    RS_LOG(error,
+           "no reply from collector %s (%s) of the fleet in %llu s: is it running, and is this node's public key "
+           "%s in its allow-list too?",
+           link.id.c_str(), link.endpoint.c_str(), silent_s, options_.keys.public_key.c_str());
+  else if (options_.keys.enabled())
+    RS_LOG(error,
+           "no reply from collector %s in %llu s: is it running, with CurveZMQ, is --collector-key its public "
+           "key, and is this node's public key %s in its allow-list (bound to node %s)?",
+           link.endpoint.c_str(), silent_s, options_.keys.public_key.c_str(), options_.node.c_str());
   else
-    RS_LOG(error, "no reply from collector %s in %llu s: is it running, and with --insecure? (a collector with "
-                  "CurveZMQ never answers a plaintext agent)",
-           options_.collector.c_str(), static_cast<unsigned long long>((now() - waiting_since_ns_) / 1'000'000'000ull));
+    RS_LOG(error,
+           "no reply from collector %s in %llu s: is it running, and with --insecure? (a collector with "
+           "CurveZMQ never answers a plaintext agent)",
+           link.endpoint.c_str(), silent_s);
 }
 
-void Transport::handle(const std::string& bytes) {
+void Transport::take_fleet(Link& from, wire::FleetMap::Reader map) {
+  std::vector<fleet::Member> members;
+  for (auto m : map.getMembers()) {
+    if (members.size() == kMaxMembers) break;
+    fleet::Member member;
+    member.id = m.getId();
+    member.agents = m.getAgents();
+    member.public_key = m.getPublicKey();
+    if (member.id.empty() || member.agents.empty()) continue;
+    members.push_back(std::move(member));
+  }
+  std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  auto same = [](const fleet::Member& a, const fleet::Member& b) {
+    return a.id == b.id && a.agents == b.agents && a.public_key == b.public_key;
+  };
+  if (members.empty() ||
+      (members.size() == members_.size() && std::equal(members.begin(), members.end(), members_.begin(), same)))
+    return;
+  RS_LOG(info, "the fleet has %zu collector(s) now (told by %s)", members.size(),
+         from.id.empty() ? from.endpoint.c_str() : from.id.c_str());
+  members_ = std::move(members);
+  refresh_owners();
+  // A connection to every member: the configured collector's is one of them.
+  Link* home = links_.front().get();
+  std::vector<std::unique_ptr<Link>> links;
+  links.push_back(std::move(links_.front()));
+  for (const auto& member : members_) {
+    if (member.id == home->id) continue;
+    auto kept = std::find_if(links_.begin() + 1, links_.end(), [&](const auto& l) {
+      return l && l->id == member.id && l->endpoint == member.agents && l->keys.server_key == member.public_key;
+    });
+    if (kept != links_.end()) {
+      links.push_back(std::move(*kept));
+      continue;
+    }
+    if (options_.keys.enabled() && member.public_key.size() != curve::kZ85KeySize) {
+      RS_LOG(error, "collector %s of the fleet has no CurveZMQ public key: its jobs' batches wait for it",
+             member.id.c_str());
+      continue;
+    }
+    curve::ClientKeys keys = options_.keys;
+    if (keys.enabled()) keys.server_key = member.public_key;
+    try {
+      auto link = std::make_unique<Link>(context_, member.agents, keys,
+                                         static_cast<uint64_t>(options_.ack_timeout_ms) * 1'000'000ull, kMaxAckWaitNs);
+      link->id = member.id;
+      link->waiting_since_ns = now();
+      send_hello(*link);
+      RS_LOG(info, "connecting to collector %s of the fleet at %s", member.id.c_str(), member.agents.c_str());
+      links.push_back(std::move(link));
+    } catch (const zmq::error_t& e) {
+      RS_LOG(error, "collector %s of the fleet: cannot connect to %s: %s", member.id.c_str(), member.agents.c_str(),
+             e.what());
+    }
+  }
+  // Links no longer in the fleet close; what was sent on them goes to the new owners.
+  for (auto& old : links_)
+    if (old)
+      for (auto& pending : queue_)
+        if (pending.to == old.get()) {
+          pending.to = nullptr;
+          pending.last_sent_ns = 0;  // its key's new owner gets it at once
+          pending.resends = 0;
+        }
+  links_ = std::move(links);
+}
+
+void Transport::handle(Link& link, const std::string& bytes) {
   auto result = proto::read_packed<wire::CollectorMessage>(bytes, proto::ReadLimits{}, [&](auto message) {
     switch (message.which()) {
       case wire::CollectorMessage::HELLO_REPLY: {
         auto reply = message.getHelloReply();
         if (reply.getAccepted()) {
-          if (!accepted_)
-            RS_LOG(info, "collector %s accepted node %s (%zu batch(es) to send)", options_.collector.c_str(),
+          if (!link.accepted) {
+            RS_LOG(info, "collector %s accepted node %s (%zu batch(es) to send)", link.endpoint.c_str(),
                    options_.node.c_str(), queue_.size());
-          if (!accepted_) {
             ++welcomes_;
-            ack_timer_.reset();  // a new connection: what was learnt of the old one no longer holds
+            link.ack_timer.reset();  // a new connection: what was learnt of the old one no longer holds
           }
-          accepted_ = true;
-          for (auto& pending : queue_) {  // send all again, in order (a new connection: no backing off)
-            pending.last_sent_ns = 0;
-            pending.resends = 0;
-          }
+          link.accepted = true;
+          // The configured collector says who it is in the fleet (its id names its jobs' owner).
+          if (&link == links_.front().get() && reply.getCollectorId().size() > 0) link.id = reply.getCollectorId();
+          for (auto& pending : queue_)  // send all again, in order (a new connection: no backing off)
+            if (pending.to == &link || pending.to == nullptr) {
+              pending.last_sent_ns = 0;
+              pending.resends = 0;
+            }
+          if (reply.hasFleet()) take_fleet(link, reply.getFleet());
           resend_due();
-        } else if (now() - last_refusal_log_ns_ > 30'000'000'000ull || last_refusal_log_ns_ == 0) {
-          RS_LOG(error, "collector %s refused node %s: %s", options_.collector.c_str(), options_.node.c_str(),
+        } else if (now() - link.last_refusal_log_ns > 30'000'000'000ull || link.last_refusal_log_ns == 0) {
+          RS_LOG(error, "collector %s refused node %s: %s", link.endpoint.c_str(), options_.node.c_str(),
                  reply.getReason().cStr());
-          last_refusal_log_ns_ = now();
+          link.last_refusal_log_ns = now();
         }
         break;
       }
@@ -308,7 +495,8 @@ void Transport::handle(const std::string& bytes) {
           return p.seq == ack.getSeq() && p.instance == ack.getInstanceId();
         });
         if (it != queue_.end()) {
-          if (it->resends == 0 && it->last_sent_ns != 0) ack_timer_.sample(now() - it->last_sent_ns);
+          if (it->resends == 0 && it->last_sent_ns != 0 && it->to == &link)
+            link.ack_timer.sample(now() - it->last_sent_ns);
           queued_bytes_ -= it->bytes.size();
           if (spool_) spool_->acked(it->instance, it->seq, it->ref);
           queue_.erase(it);
@@ -317,7 +505,7 @@ void Transport::handle(const std::string& bytes) {
       }
       case wire::CollectorMessage::CLOCK_REPLY: {
         auto reply = message.getClockReply();
-        on_clock_sample_(reply.getT1(), reply.getT2(), reply.getT3(), now());
+        on_clock_sample_(reply.getT1(), reply.getT2(), reply.getT3(), now(), link.id);
         break;
       }
       case wire::CollectorMessage::ERROR: {
@@ -326,29 +514,32 @@ void Transport::handle(const std::string& bytes) {
           // The collector restarted and forgot this connection. Every
           // message in flight gets this answer: one Hello for all of them
           // (service() sends it again if it goes unanswered).
-          if (accepted_) {
-            RS_LOG(info, "collector %s asks for a new hello", options_.collector.c_str());
-            accepted_ = false;
-            send_hello();
+          if (link.accepted) {
+            RS_LOG(info, "collector %s asks for a new hello", link.endpoint.c_str());
+            link.accepted = false;
+            send_hello(link);
           }
         } else {
-          RS_LOG(warn, "collector %s: %s", options_.collector.c_str(), error.getMessage().cStr());
+          RS_LOG(warn, "collector %s: %s", link.endpoint.c_str(), error.getMessage().cStr());
         }
         break;
       }
       case wire::CollectorMessage::DETAIL: {
         auto comms = message.getDetail().getComms();
-        if (comms.size() > 0 && detail_comms_.empty())
-          RS_LOG(info, "collector %s asks for NCCL's proxy steps of %u communicator(s)", options_.collector.c_str(),
+        if (comms.size() > 0 && link.detail_comms.empty())
+          RS_LOG(info, "collector %s asks for NCCL's proxy steps of %u communicator(s)", link.endpoint.c_str(),
                  comms.size());
-        detail_comms_.clear();
+        link.detail_comms.clear();
         for (uint64_t comm : comms) {
-          if (detail_comms_.size() >= kMaxDetailComms) break;
-          detail_comms_.push_back(comm);
+          if (link.detail_comms.size() >= kMaxDetailComms) break;
+          link.detail_comms.push_back(comm);
         }
-        detail_at_ns_ = now();
+        link.detail_at_ns = now();
         break;
       }
+      case wire::CollectorMessage::FLEET:
+        if (link.accepted) take_fleet(link, message.getFleet());
+        break;
       default:
         // A newer collector's (it may send one with every reply): said once.
         if (!warned_unknown_message_) RS_LOG(warn, "collector sent a message this agent does not know; ignored");
@@ -356,32 +547,61 @@ void Transport::handle(const std::string& bytes) {
         break;
     }
   });
-  if (!result) RS_LOG(warn, "from collector %s: %s", options_.collector.c_str(), result.error().message.c_str());
+  if (!result) RS_LOG(warn, "from collector %s: %s", link.endpoint.c_str(), result.error().message.c_str());
 }
 
 std::vector<uint64_t> Transport::detail_comms(uint64_t lease_ns) const {
-  if (detail_comms_.empty() || now() - detail_at_ns_ > lease_ns) return {};
-  return detail_comms_;
+  std::vector<uint64_t> comms;
+  for (const auto& link : links_) {
+    if (link->detail_comms.empty() || now() - link->detail_at_ns > lease_ns) continue;
+    for (uint64_t comm : link->detail_comms)
+      if (comms.size() < kMaxDetailComms) comms.push_back(comm);
+  }
+  std::sort(comms.begin(), comms.end());
+  comms.erase(std::unique(comms.begin(), comms.end()), comms.end());
+  return comms;
 }
 
 void Transport::resend_due() {
   uint64_t t = now();
-  // Never more than the socket's high-water mark in flight at once: the rest
-  // wait here (or on disk), not in ZeroMQ's memory.
-  size_t in_flight = 0;
+  // Never more than the socket's high-water mark in flight at once on a
+  // link: the rest wait here (or on disk), not in ZeroMQ's memory. A link
+  // that cannot send now (down, or not accepted) holds its batches back, in
+  // order; the others go on.
+  std::map<const Link*, size_t> in_flight;
+  std::set<const Link*> blocked;
   for (auto it = queue_.begin(); it != queue_.end();) {
     if (it->bytes.empty() && it->ref.segment == 0) {  // nothing left of it (unreadable, or lost)
       it = queue_.erase(it);
       continue;
     }
-    if (it->last_sent_ns != 0 && t - it->last_sent_ns < ack_wait_ns(*it)) {
-      ++in_flight;
+    if (!it->key_known) read_key(*it);
+    if (auto stream = streams_.find(it->key); stream != streams_.end() && stream->second.held) {
+      ++it;  // its new owner is told of its processes first
+      continue;
+    }
+    Link* link = link_for(it->key);
+    if (link && it->to != nullptr && it->to != link) {
+      // Its key moved: the new owner gets it now (what the old one did not acknowledge).
+      it->last_sent_ns = 0;
+      it->resends = 0;
+      it->to = nullptr;
+    }
+    if (!link || !link->accepted || blocked.count(link)) {
       ++it;
       continue;
     }
-    if (in_flight >= kMaxInFlight) break;
-    if (!send_pending(*it)) break;  // no connection now; keep order, try later
-    ++in_flight;
+    if (it->last_sent_ns != 0 && t - it->last_sent_ns < ack_wait_ns(*it)) {
+      ++in_flight[link];
+      ++it;
+      continue;
+    }
+    if (in_flight[link] >= kMaxInFlight || !send_pending(*link, *it)) {
+      blocked.insert(link);  // no room or no connection now; keep order, try later
+      ++it;
+      continue;
+    }
+    ++in_flight[link];
     ++it;
   }
   if (spool_) spool_->maybe_sync(t);

@@ -31,6 +31,7 @@ struct Hello {
   monotonicNs @6 :UInt64;   # the clock every event is stamped with (CLOCK_MONOTONIC)
   realtimeNs @7 :UInt64;    # the node's wall clock at the same instant (a first, rough offset)
   takesDetail @8 :Bool;     # the agent reads DetailRequest (an older one is never sent it)
+  followsFleet @9 :Bool;    # the agent reads FleetMap and sends each job's batches to the collector that owns it
 }
 
 struct Batch {
@@ -48,6 +49,15 @@ struct Batch {
   waits @11 :List(WaitColumns);  # host waits on the GPU that ended in this interval, per thread
   asyncErrors @12 :List(AsyncError);  # communicators found broken (ncclCommGetAsyncError)
   gpuCollectives @13 :List(GpuColumns);  # the GPU side of collectives, from NCCL's profiler plugin
+  # In a fleet of collectors (docs/operations.md, "A fleet of collectors"):
+  # the placement key of every process in the batch ("job:ID", or "nojob"),
+  # whose owner it was sent to. Each key's batches are a stream of their own,
+  # numbered by an instance id of their own (a job that moves is re-sent to
+  # its new owner from that stream). "": a node's only stream (no fleet).
+  placementKey @14 :Text;
+  # The collector whose clock the clockSamples were taken against (its
+  # --collector-id); another collector ignores them. "": the one it is sent to.
+  clockOf @15 :Text;
 }
 
 # The GPU side of the collectives of one (process, communicator, operation),
@@ -333,6 +343,7 @@ struct CollectorMessage {
     clockReply @2 :ClockReply;
     error @3 :ErrorReply;
     detail @4 :DetailRequest;
+    fleet @5 :FleetMap;
   }
 }
 
@@ -351,6 +362,23 @@ struct HelloReply {
   reason @1 :Text;
   protocolVersion @2 :UInt32;
   collectorVersion @3 :Text;
+  collectorId @4 :Text;     # in a fleet: this collector's id ("" alone)
+  fleet @5 :FleetMap;       # in a fleet, to an agent that follows it: the members now
+}
+
+# The collectors of a fleet, as the one sending it last read them from etcd:
+# sent in the HelloReply and again whenever the members change, to every
+# agent that follows the fleet. The agent connects to each member and sends
+# each job's batches to the member that rendezvous hashing names its owner
+# (common/placement.h).
+struct FleetMap {
+  members @0 :List(FleetMember);
+}
+
+struct FleetMember {
+  id @0 :Text;
+  agents @1 :Text;          # the endpoint agents connect to
+  publicKey @2 :Text;       # its CurveZMQ public key (Z85; "" without CurveZMQ)
 }
 
 # Sent only after the batch is written to RocksDB (write-ahead log synced).

@@ -18,6 +18,7 @@ std::string encode_hello(const Hello& h) {
   hello.setMonotonicNs(h.monotonic_ns);
   hello.setRealtimeNs(h.realtime_ns);
   hello.setTakesDetail(true);  // this build's agent reads DetailRequest
+  hello.setFollowsFleet(h.follows_fleet);
   return to_packed(message);
 }
 

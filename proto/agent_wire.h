@@ -19,6 +19,7 @@ struct Hello {
   std::string boot_id, agent_version, kernel_release;
   uint64_t monotonic_ns = 0;  // the node's clock
   uint64_t realtime_ns = 0;   // its wall clock (the collector compares it with its own)
+  bool follows_fleet = false;  // it reads FleetMap (a node agent; not the simulator's)
 };
 // Packed bytes of an AgentMessage holding `hello` at this build's protocol version.
 std::string encode_hello(const Hello& hello);

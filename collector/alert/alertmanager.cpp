@@ -71,7 +71,8 @@ Json json_object(const std::vector<std::pair<const char*, std::string>>& fields)
   return out;
 }
 
-Json labels_json(const Finding& finding) {
+// `collector`: the collector's id in a fleet ("": alone).
+Json labels_json(const Finding& finding, const std::string& collector) {
   return json_object({
       {"alertname", alert_name(finding.kind)},
       {"severity", severity(finding.kind)},
@@ -79,12 +80,15 @@ Json labels_json(const Finding& finding) {
       {"comm", finding.comm != 0 ? hex64(finding.comm) : ""},
       {"ranks", join_list(finding.ranks)},
       {"nodes", join_list(finding.nodes)},
-      {"finding_id", std::to_string(finding.id)},
+      {"finding_id", collector.empty() ? std::to_string(finding.id) : ""},
   });
 }
 
-Json annotations_json(const Finding& finding) {
-  return json_object({{"summary", finding.summary}, {"description", finding.detail}});
+Json annotations_json(const Finding& finding, const std::string& collector) {
+  return json_object({{"summary", finding.summary},
+                      {"description", finding.detail},
+                      {"finding_id", collector.empty() ? "" : std::to_string(finding.id) + "@" + collector},
+                      {"collector", collector}});
 }
 
 // RFC 3339 in UTC with milliseconds, as Alertmanager writes times itself.
@@ -147,8 +151,8 @@ void AlertmanagerClient::sync(const std::vector<Finding>& findings, uint64_t now
 
 // Returns whether Alertmanager must hear about this finding now.
 bool AlertmanagerClient::track(const Finding& finding, uint64_t now_ns) {
-  Json labels = labels_json(finding);
-  Json annotations = annotations_json(finding);
+  Json labels = labels_json(finding, options_.collector_id);
+  Json annotations = annotations_json(finding, options_.collector_id);
   auto [it, inserted] = by_finding_.try_emplace(finding.id);
   Alert& alert = it->second;
   alert.seen_in_sync = sync_count_;

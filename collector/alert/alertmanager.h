@@ -37,6 +37,12 @@ namespace rankscope::collector {
 struct AlertmanagerOptions {
   uint32_t resend_interval_ms = 30000;  // open alerts are posted again this often
   HttpClientOptions http;               // one post's timeout, TLS and credentials
+  // In a fleet of collectors: this collector's id. The finding's id (and
+  // the collector) are then annotations, not labels: a job that moves to
+  // another collector is judged again there, and its finding, raised again
+  // under another id, must be the same alert (Alertmanager de-duplicates
+  // by labels). "": alone, the finding's id is a label.
+  std::string collector_id;
 };
 
 class AlertmanagerClient {

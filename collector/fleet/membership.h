@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "collector/fleet/etcd.h"
-#include "collector/fleet/placement.h"
+#include "common/placement.h"
 
 namespace rankscope::fleet {
 

@@ -20,7 +20,10 @@ namespace rankscope::collector {
 
 class AckBook {
  public:
-  static constexpr size_t kInstances = 4;  // agent instances per node whose stored batches are remembered
+  // Agent instances per node whose stored batches are remembered: a node's
+  // agent runs, and in a fleet its streams (one per job on the node, each
+  // numbered by an instance id of its own: node-agent/transport.h).
+  static constexpr size_t kInstances = 32;
 
   enum class Seen {
     new_batch,  // not stored: apply it

@@ -209,6 +209,29 @@ void Ingest::on_throttled(const std::string& routing_id, const std::string& key_
   throttle_log_.report(peer, "over the rate limit, dropped: " + why, clock_.realtime_ns());
 }
 
+namespace {
+void write_fleet(const std::vector<FleetEntry>& members, wire::FleetMap::Builder map) {
+  auto list = map.initMembers(static_cast<unsigned>(members.size()));
+  for (unsigned i = 0; i < members.size(); ++i) {
+    list[i].setId(members[i].id);
+    list[i].setAgents(members[i].agents);
+    list[i].setPublicKey(members[i].public_key);
+  }
+}
+}  // namespace
+
+void Ingest::set_fleet(const std::string& self, const std::vector<FleetEntry>& members, Outbox& out) {
+  if (self == fleet_self_ && members == fleet_) return;
+  fleet_self_ = self;
+  fleet_ = members;
+  if (members.empty()) return;  // etcd never read yet: agents keep what they knew
+  capnp::MallocMessageBuilder builder;
+  write_fleet(members, builder.initRoot<wire::CollectorMessage>().initFleet());
+  const std::string bytes = proto::to_packed(builder);
+  for (const auto& [routing_id, name] : node_of_connection_)
+    if (const NodeState* node = this->node(name); node && node->follows_fleet) out.now.emplace_back(routing_id, bytes);
+}
+
 void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out,
                       const std::string& key_node) {
   capnp::MallocMessageBuilder builder;
@@ -241,6 +264,9 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
     node.name = name;
     node.agent_version = hello.getAgentVersion();
     node.takes_detail = hello.getTakesDetail();
+    node.follows_fleet = hello.getFollowsFleet();
+    if (!fleet_self_.empty()) reply.setCollectorId(fleet_self_);
+    if (node.follows_fleet && !fleet_.empty()) write_fleet(fleet_, reply.initFleet());
     node.boot_id = hello.getBootId();
     node.last_contact_ns = clock_.realtime_ns();
     if (new_instance) {
@@ -248,6 +274,8 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
       acks_.new_instance(node);
       close_gap(node);  // a new instance numbers its batches afresh
       node.top_seq = 0;
+      for (auto it = held_batches_.lower_bound({name, 0}); it != held_batches_.end() && it->first.first == name;)
+        it = held_batches_.erase(it);
     }
     node.clock.seed(hello.getMonotonicNs(), hello.getRealtimeNs());
     node.wall_offset_ns = static_cast<int64_t>(hello.getRealtimeNs() - hello.getMonotonicNs());
@@ -337,8 +365,12 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
   std::string ack_bytes = proto::to_packed(ack_builder);
   if (!admit_batch(node, routing_id, batch, wire_bytes, ack_bytes, out)) return;
 
-  // Clock first, so that this batch's records use the newest estimate.
-  for (auto s : batch.getClockSamples()) node.clock.add({s.getT1(), s.getT2(), s.getT3(), s.getT4()});
+  // Clock first, so that this batch's records use the newest estimate. In a
+  // fleet, samples taken against another collector's clock (a batch re-sent
+  // here after a job moved) say nothing of this one's.
+  const bool my_clock = batch.getClockOf().size() == 0 || std::string(batch.getClockOf().cStr()) == fleet_self_;
+  if (my_clock)
+    for (auto s : batch.getClockSamples()) node.clock.add({s.getT1(), s.getT2(), s.getT3(), s.getT4()});
   // Cumulative counters of the agent; batches can arrive out of order (a
   // re-send after a later heartbeat): keep the larger.
   keep_larger(node.drops, proto::read_drops(batch.getDrops()));

@@ -65,6 +65,12 @@ struct IngestCounters {
 constexpr uint64_t kSplitSizingGraceNs = 20'000'000'000ull;
 
 // Replies to send: some at once, acks only once their batch is durable.
+// A member of the fleet as agents are told of it (wire FleetMember).
+struct FleetEntry {
+  std::string id, agents, public_key;
+  bool operator==(const FleetEntry& o) const { return id == o.id && agents == o.agents && public_key == o.public_key; }
+};
+
 struct Outbox {
   std::vector<std::pair<std::string, std::string>> now;  // (routing id, bytes)
   std::vector<std::pair<std::string, std::string>> after_commit;
@@ -129,6 +135,12 @@ class Ingest final : public CommitParticipant {
   // for (collector/detect/detail.h), in the reply to each of its
   // heartbeats; a node asked before and no longer is told once.
   void set_detail_wanted(const std::map<std::string, std::vector<uint64_t>>& by_node) { detail_wanted_ = by_node; }
+  // In a fleet of collectors: this collector's id and the members as last
+  // read from etcd. Agents that follow the fleet get them in their
+  // HelloReply, and, when they changed, in a FleetMap (into `out.now`, to
+  // every connection of such an agent). Its clock samples taken against
+  // another collector are ignored (Batch.clockOf).
+  void set_fleet(const std::string& self, const std::vector<FleetEntry>& members, Outbox& out);
 
  private:
   void on_hello(const std::string& routing_id, wire::Hello::Reader hello, Outbox& out, const std::string& key_node);
@@ -211,9 +223,14 @@ class Ingest final : public CommitParticipant {
   std::set<uint64_t> dirty_comms_;                        // members, lanes or size changed since the last stage
   std::set<std::pair<uint64_t, int32_t>> dirty_members_;  // (comm, rank) whose progress moved since
   std::set<std::string> dirty_nodes_;
-  // By node: the first batch (agent instance, seq) sent back to wait for a
-  // split's sizing; the agent's later batches wait behind it.
-  std::map<std::string, std::pair<uint64_t, uint64_t>> held_batches_;
+  // By node and agent instance (a stream, in a fleet): the first batch (its
+  // seq) sent back to wait for a split's sizing; the later batches of the
+  // same stream wait behind it. A node's entries go with a new agent instance.
+  std::map<std::pair<std::string, uint64_t>, uint64_t> held_batches_;
+  // In a fleet: this collector's id and the members to tell agents that
+  // follow it (set_fleet).
+  std::string fleet_self_;
+  std::vector<FleetEntry> fleet_;
   IngestCounters counters_;
   BadMessageLog bad_log_;
   BadMessageLog throttle_log_;

@@ -209,16 +209,17 @@ bool Ingest::held_for_split(NodeState& node, wire::Batch::Reader batch, std::set
   }
   // A later batch of the same agent waits too: each rank's records are
   // applied in the order it made them.
-  auto held = held_batches_.find(node.name);
-  const bool same_agent = held != held_batches_.end() && held->second.first == batch.getInstanceId();
-  if (!wait && same_agent && batch.getSeq() > held->second.second) wait = true;
+  // (An agent in a fleet sends each job's batches as a stream of their own,
+  // numbered by an instance id of their own: streams do not wait for each other.)
+  const std::pair<std::string, uint64_t> stream{node.name, batch.getInstanceId()};
+  auto held = held_batches_.find(stream);
+  const bool same_agent = held != held_batches_.end();
+  if (!wait && same_agent && batch.getSeq() > held->second) wait = true;
   if (!wait) {
-    if (held != held_batches_.end() && (!same_agent || batch.getSeq() == held->second.second))
-      held_batches_.erase(held);
+    if (same_agent && batch.getSeq() == held->second) held_batches_.erase(held);
     return false;
   }
-  if (!same_agent || batch.getSeq() < held->second.second)
-    held_batches_[node.name] = {batch.getInstanceId(), batch.getSeq()};
+  if (!same_agent || batch.getSeq() < held->second) held_batches_[stream] = batch.getSeq();
   ++counters_.split_waits;
   return true;
 }

@@ -103,6 +103,7 @@ struct NodeState {
   // (collector/detect/detail.h); empty: none.
   std::vector<uint64_t> detail_asked;
   bool takes_detail = false;  // its agent said in its hello that it reads DetailRequest
+  bool follows_fleet = false;  // ... that it reads FleetMap (sends each job's batches to its owner)
 };
 
 // How long a missing batch is waited for: an agent re-sends a batch not

@@ -176,6 +176,37 @@ TEST_F(AlertmanagerTest, NewRanksResolveTheOldLabelSet) {
       << "alerts for finding 45: " << ::testing::PrintToString(listed);
 }
 
+// In a fleet of collectors a job that moves is judged again by its new
+// collector, which raises the same finding under an id of its own: one
+// alert, whichever collector tells it (the finding's id and the collector
+// are annotations there).
+TEST_F(AlertmanagerTest, InAFleetTheSameFindingFromTwoCollectorsIsOneAlert) {
+  AlertmanagerOptions first = kSlowResend, second = kSlowResend;
+  first.collector_id = "c2";
+  second.collector_id = "c3";
+  ASSERT_NO_FATAL_FAILURE(start_client(first));
+  auto old_owner = std::move(client_);
+  ASSERT_NO_FATAL_FAILURE(start_client(second));
+  auto stragglers = [&] {
+    std::vector<std::string> listed;
+    for (const std::string& alert : alertmanager_->alerts())
+      if (has_field(alert, "alertname", "RankscopeStraggler")) listed.push_back(alert);
+    return listed;
+  };
+  std::vector<std::string> listed;
+  old_owner->sync({straggler(12)}, now_ns());
+  ASSERT_TRUE(wait_for([&] { return (listed = stragglers()).size() == 1; }, 15s)) << alertmanager_->log();
+  EXPECT_TRUE(has_field(listed[0], "finding_id", "12@c2")) << listed[0];
+  EXPECT_TRUE(has_field(listed[0], "collector", "c2")) << listed[0];
+  EXPECT_EQ(listed[0].find("\"finding_id\":\"12\""), std::string::npos) << "no id of one collector's in the labels";
+  ASSERT_TRUE(sync_until({straggler(3)}, [&] {
+    listed = stragglers();
+    return listed.size() == 1 && has_field(listed[0], "collector", "c3");
+  })) << ::testing::PrintToString(listed);
+  EXPECT_TRUE(has_field(listed[0], "finding_id", "3@c3")) << listed[0];
+  EXPECT_TRUE(is_active(listed[0]));
+}
+
 TEST_F(AlertmanagerTest, ResolutionIsPostedTwiceThenNothingMore) {
   ASSERT_NO_FATAL_FAILURE(start_client(kFastResend));
   Finding hung = hang(47, {2});

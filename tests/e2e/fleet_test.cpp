@@ -7,21 +7,27 @@
 // stops nothing, and its return is noticed. The agents are raw ZeroMQ
 // DEALER sockets speaking the real protocol.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
 #include "collector/fleet/membership.h"
-#include "collector/fleet/placement.h"
 #include "common/format.h"
+#include "common/placement.h"
 #include "proto/codec.h"
+#include "tests/support/alertmanager.h"
 #include "tests/support/cluster.h"
 #include "tests/support/etcd.h"
 #include "tests/support/harness.h"
 #include "tests/support/hello.h"
 #include "tests/support/keys.h"
+#include "tests/support/made_calls.h"
 #include "tests/support/wire.h"
 
 namespace rankscope::testing {
@@ -348,6 +354,302 @@ TEST(FleetE2E, ACollectorStoppedCleanlyLeavesAtOnceAndOneWithoutEtcdIsAlone) {
   EXPECT_EQ(fleet_row(fleet, "").value("members_seen", 99u), 0u) << fleet.dump();
   json status = cli(keys, alone, "status");
   EXPECT_TRUE(status.contains("nodes")) << status.dump();  // alone: the plain reply, as before fleets
+}
+
+// A real agent (eBPF) for node `node` of `cluster`, sent to `home` only:
+// the fleet's other members it learns from home's welcome.
+Process fleet_agent(const TempDir& dir, TestKeys& keys, const NetnsCluster& cluster, int node,
+                    const FleetCollector& home) {
+  const std::string name = "node-" + std::to_string(node);
+  SpawnOptions spawn;
+  spawn.argv = {bin_path("rankscope-agent"),
+                "--collector",
+                endpoint(home.agent_port),
+                "--node",
+                name,
+                "--netns",
+                cluster.path(node),
+                "--spool-dir",
+                dir.file("spool"),
+                "--nccl-lib",
+                std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2"};
+  auto key_args = keys.agent_args(name, true);
+  key_args.back() = home.pub;  // --collector-key: home's own
+  spawn.argv.insert(spawn.argv.end(), key_args.begin(), key_args.end());
+  spawn.stdout_path = dir.file("agent-" + std::to_string(node) + ".log");
+  return Process(spawn);
+}
+
+// A 4-rank fakenccl-train job `job`, two ranks to a node from `first_node`;
+// each rank records the calls it made in DIR/JOB-rankR.calls.
+std::vector<Process> fleet_job(const TempDir& dir, const NetnsCluster& cluster, const std::string& job,
+                               int first_node) {
+  std::vector<Process> ranks;
+  for (int rank = 0; rank < 4; ++rank) {
+    SpawnOptions spawn;
+    spawn.argv = {bin_path("fakenccl-train"),
+                  "--id-file",
+                  dir.file(job + ".id"),
+                  "--quiet",
+                  "--steps",
+                  "1000000",
+                  "--compute-iters",
+                  "2000000",
+                  "--bucket-elems",
+                  "1024",
+                  "--record",
+                  dir.file(job + "-rank" + std::to_string(rank) + ".calls")};
+    spawn.env = {{"RANK", std::to_string(rank)},
+                 {"WORLD_SIZE", "4"},
+                 {"LOCAL_RANK", std::to_string(rank % 2)},
+                 {"RANKSCOPE_JOB_ID", job}};
+    spawn.netns = cluster.name(first_node + rank / 2);
+    spawn.stdout_path = dir.file(job + "-rank" + std::to_string(rank) + ".log");
+    ranks.emplace_back(spawn);
+  }
+  return ranks;
+}
+
+// `job`'s communicator as collector `on` lists it in `jobs` (asked of any
+// member), or null.
+json comm_on(const json& jobs, const std::string& on, const std::string& job) {
+  if (!jobs.is_object() || !jobs.contains("collectors")) return nullptr;
+  for (const auto& c : jobs["collectors"]) {
+    if (c.value("collector", "") != on) continue;
+    for (const auto& j : c["jobs"])
+      if (j.value("job", "") == job && !j["comms"].empty()) return j["comms"][0];
+  }
+  return nullptr;
+}
+
+// A text field of a JSON object ("" for anything else).
+std::string field(const json& object, const char* name) {
+  return object.is_object() ? object.value(name, "") : "";
+}
+
+// The lowest last sequence number over a listed communicator's ranks (-1: none or not all 4 yet).
+int64_t min_seq(const json& comm) {
+  if (!comm.is_object() || comm["ranks"].size() != 4) return -1;
+  int64_t lowest = INT64_MAX;
+  for (const auto& r : comm["ranks"]) lowest = std::min<int64_t>(lowest, r.value("last_seq", int64_t{-1}));
+  return lowest;
+}
+
+// The open findings of `kind` in `job`, asked of `asked` (the whole fleet).
+std::vector<json> open_findings(TestKeys& keys, const FleetCollector& asked, const std::string& kind,
+                                const std::string& job) {
+  std::vector<json> out;
+  json findings = cli(keys, asked, "findings");
+  if (!findings.is_object()) return out;
+  for (const auto& f : findings.value("findings", json::array()))
+    if (f.value("kind", "") == kind && f.value("job", "") == job && f.value("resolved_ns", uint64_t{1}) == 0)
+      out.push_back(f);
+  return out;
+}
+
+// Real agents on three network-namespace nodes follow the placement: each
+// of two jobs goes to the collector that owns it (not to the agents'
+// configured collectors), stragglers in both are found, and when the owner
+// of one is SIGKILLed, its job moves to a survivor with every call its
+// ranks made after the move stored there exactly once, and a hang there is
+// found.
+TEST(FleetE2E, AgentsSendEachJobToItsOwnerAndFollowItWhenItsCollectorIsKilled) {
+  if (geteuid() != 0) GTEST_SKIP() << "eBPF and network namespaces need root: run the suite as root (sudo make test)";
+  TempDir dir;
+  TestKeys keys(dir);
+  for (const char* node : {"node-0", "node-1", "node-2"}) keys.agent_args(node, true);
+  NetnsCluster cluster(3);
+  ASSERT_TRUE(cluster.ok()) << "could not create network namespaces";
+  RealEtcd etcd(3);
+  ASSERT_TRUE(etcd.ready()) << etcd.log(0);
+  RealAlertmanager alertmanager;
+  ASSERT_TRUE(alertmanager.ready()) << alertmanager.log();
+  constexpr int kTtlS = 3;
+  const std::vector<std::string> ids = {"c1", "c2", "c3"};
+  std::vector<std::unique_ptr<FleetCollector>> collectors;
+  for (const auto& id : ids)
+    collectors.push_back(std::make_unique<FleetCollector>(
+        dir, keys, id, etcd.endpoints(), kTtlS,
+        std::vector<std::string>{"--hang-timeout-s", "5", "--alertmanager", alertmanager.url()}));
+  FleetCollector& c1 = *collectors[0];
+  FleetCollector& c2 = *collectors[1];
+  FleetCollector& c3 = *collectors[2];
+  json fleet;
+  ASSERT_TRUE(wait_for([&] { return settled(fleet = cli(keys, c1, "fleet"), 3); }, std::chrono::seconds(30)))
+      << fleet.dump();
+  // Each node's agent is given a different collector; each is told of the others.
+  std::vector<Process> agents;
+  for (int node = 0; node < 3; ++node) agents.push_back(fleet_agent(dir, keys, cluster, node, *collectors[node]));
+  auto logs = [&] {
+    std::string text;
+    for (const auto& c : collectors) text += "--- collector " + c->id + "\n" + slurp(c->log);
+    for (int node = 0; node < 3; ++node)
+      text += "--- agent " + std::to_string(node) + "\n" + slurp(dir.file("agent-" + std::to_string(node) + ".log"));
+    return text;
+  };
+  ASSERT_TRUE(wait_for(
+      [&] {
+        for (const auto& c : collectors) {
+          json status = cli(keys, *c, "status");
+          size_t connected = 0;
+          for (const auto& col : status.value("collectors", json::array()))
+            if (col.value("collector", "") == c->id)
+              for (const auto& n : col["status"].value("nodes", json::array()))
+                connected += n.value("connected", false);
+          if (connected != 3) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(30)))
+      << cli(keys, c1, "status").dump() << logs();
+
+  // Job A on nodes 0-1, placed on c2; job B on nodes 1-2, placed on c3.
+  const std::string job_a = job_owned_by("c2", 0, ids), job_b = job_owned_by("c3", 0, ids);
+  auto ranks_a = fleet_job(dir, cluster, job_a, 0);
+  auto ranks_b = fleet_job(dir, cluster, job_b, 1);
+  json jobs;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        jobs = cli(keys, c1, "jobs");
+        return min_seq(comm_on(jobs, "c2", job_a)) >= 40 && min_seq(comm_on(jobs, "c3", job_b)) >= 40;
+      },
+      std::chrono::seconds(60)))
+      << jobs.dump() << logs();
+  // Each job on its owner alone: no collector but the owner heard of it.
+  EXPECT_TRUE(comm_on(jobs, "c1", job_a).is_null() && comm_on(jobs, "c3", job_a).is_null()) << jobs.dump();
+  EXPECT_TRUE(comm_on(jobs, "c1", job_b).is_null() && comm_on(jobs, "c2", job_b).is_null()) << jobs.dump();
+  EXPECT_EQ(field(comm_on(jobs, "c2", job_a), "owner"), "c2");
+
+  // A straggler in each job: one rank of each held to 15% of a core by its cgroup's quota.
+  auto controller = cpu_controller();
+  ASSERT_TRUE(controller) << "no cpu controller in cgroup v1 or v2 on this machine";
+  CgroupTree tree(controller->root);
+  const int victim_a = 1, victim_b = 2;
+  for (auto [ranks, victim] : {std::pair{&ranks_a, victim_a}, std::pair{&ranks_b, victim_b}}) {
+    std::string group = tree.make(unique_name("rankscope-fleet-slowed"));
+    set_cpu_quota(*controller, group, 0.15);
+    std::ofstream(group + "/cgroup.procs") << (*ranks)[victim].pid();
+  }
+  std::vector<json> straggler_a, straggler_b;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        straggler_a = open_findings(keys, c1, "straggler", job_a);
+        straggler_b = open_findings(keys, c1, "straggler", job_b);
+        return !straggler_a.empty() && !straggler_b.empty();
+      },
+      std::chrono::seconds(60)))
+      << cli(keys, c1, "findings").dump() << logs();
+  EXPECT_EQ(straggler_a[0].value("collector", ""), "c2");
+  EXPECT_EQ(straggler_a[0]["ranks"], json::array({victim_a})) << straggler_a[0].dump();
+  EXPECT_EQ(straggler_b[0].value("collector", ""), "c3");
+  EXPECT_EQ(straggler_b[0]["ranks"], json::array({victim_b})) << straggler_b[0].dump();
+  // Its alert, from c2: the finding's id an annotation, not a label (in a fleet).
+  auto straggler_alerts = [&] {
+    std::vector<json> out;
+    for (const auto& text : alertmanager.alerts()) {
+      json alert = json::parse(text, nullptr, false);
+      if (alert.is_object() && alert["labels"].value("alertname", "") == "RankscopeStraggler" &&
+          alert["labels"].value("job", "") == job_a)
+        out.push_back(alert);
+    }
+    return out;
+  };
+  std::vector<json> alerts;
+  ASSERT_TRUE(wait_for([&] { return (alerts = straggler_alerts()).size() == 1; }, std::chrono::seconds(15)))
+      << alertmanager.log();
+  EXPECT_EQ(alerts[0]["annotations"].value("collector", ""), "c2") << alerts[0].dump();
+  EXPECT_FALSE(alerts[0]["labels"].contains("finding_id")) << alerts[0].dump();
+
+  // c2 is SIGKILLed while job A runs: within the lease and 5 s job A is the
+  // survivor's, and its calls reach the survivor.
+  std::vector<size_t> made_at_kill(4);
+  for (int rank = 0; rank < 4; ++rank)
+    made_at_kill[rank] = read_made_calls(dir.file(job_a + "-rank" + std::to_string(rank) + ".calls")).size();
+  auto killed_at = std::chrono::steady_clock::now();
+  c2.process->signal(SIGKILL);
+  const std::string survivor = owner_among(job_a, 0, {"c1", "c3"});
+  const FleetCollector& heir = survivor == "c1" ? c1 : c3;
+  ASSERT_TRUE(wait_for(
+      [&] { return field(comm_on(jobs = cli(keys, heir, "jobs", 300), survivor, job_a), "owner") == survivor; },
+      std::chrono::seconds(30)))
+      << jobs.dump() << logs();
+  auto moved_after =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - killed_at);
+  std::printf("job %s moved from c2 to %s %lld ms after c2 was killed (lease %d s)\n", job_a.c_str(), survivor.c_str(),
+              static_cast<long long>(moved_after.count()), kTtlS);
+  EXPECT_LE(moved_after, std::chrono::seconds(kTtlS + 5));
+  const int64_t past_kill = static_cast<int64_t>(*std::max_element(made_at_kill.begin(), made_at_kill.end())) + 30;
+  ASSERT_TRUE(wait_for([&] { return min_seq(comm_on(jobs = cli(keys, heir, "jobs"), survivor, job_a)) >= past_kill; },
+                       std::chrono::seconds(60)))
+      << jobs.dump() << logs();
+
+  // The survivor judges job A's straggler again: the same alert, now told by it.
+  ASSERT_TRUE(wait_for(
+      [&] {
+        for (const auto& f : open_findings(keys, heir, "straggler", job_a))
+          if (f.value("collector", "") == survivor) return true;
+        return false;
+      },
+      std::chrono::seconds(60)))
+      << cli(keys, heir, "findings").dump() << logs();
+  EXPECT_TRUE(wait_for(
+      [&] {
+        alerts = straggler_alerts();
+        return alerts.size() == 1 && alerts[0]["annotations"].value("collector", "") == survivor;
+      },
+      std::chrono::seconds(15)))
+      << "one alert for the straggler, whichever collector judges it\n"
+      << json(alerts).dump();
+
+  // A hang after the move: a rank of job A stopped. The survivor finds it.
+  const int stopped = 3;
+  ranks_a[stopped].signal(SIGSTOP);
+  std::vector<json> hangs;
+  ASSERT_TRUE(
+      wait_for([&] { return !(hangs = open_findings(keys, c3, "hang", job_a)).empty(); }, std::chrono::seconds(30)))
+      << cli(keys, c3, "findings").dump() << logs();
+  EXPECT_EQ(hangs[0].value("collector", ""), survivor);
+  EXPECT_EQ(hangs[0]["ranks"], json::array({stopped})) << hangs[0].dump();
+
+  // Exactly once: job A stands still now (a rank stopped, the others wait
+  // for it). On the survivor every rank's calls run without a gap or a
+  // repeat from where it began (at the latest the first call made after the
+  // kill) to the last call the rank made.
+  const std::string comm = field(comm_on(jobs, survivor, job_a), "comm");
+  std::vector<std::vector<MadeCall>> made(4);
+  std::map<int, std::vector<int64_t>> stored;
+  bool complete = wait_for(
+      [&] {
+        stored.clear();
+        json timeline = cli(keys, heir, "timeline --comm " + comm + " --last 0");
+        if (!timeline.is_object()) return false;
+        for (const auto& r : timeline["records"])
+          if (r.value("lane", 1) == 0) stored[r.value("rank", -1)].push_back(r.value("seq", int64_t{-1}));
+        for (int rank = 0; rank < 4; ++rank) {
+          made[rank] = read_made_calls(dir.file(job_a + "-rank" + std::to_string(rank) + ".calls"));
+          if (stored[rank].empty() || stored[rank].back() + 1 != static_cast<int64_t>(made[rank].size())) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(30));
+  ASSERT_TRUE(complete) << logs();
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto& seqs = stored[rank];
+    std::printf("job %s rank %d: calls %lld-%lld stored on %s, %zu made at the kill, %zu in all\n", job_a.c_str(), rank,
+                static_cast<long long>(seqs.front()), static_cast<long long>(seqs.back()), survivor.c_str(),
+                made_at_kill[rank], made[rank].size());
+    EXPECT_LE(seqs.front(), static_cast<int64_t>(made_at_kill[rank])) << "calls made after the kill are missing";
+    for (size_t i = 1; i < seqs.size(); ++i)
+      ASSERT_EQ(seqs[i], seqs[i - 1] + 1) << "a call stored twice, or one missing, after " << seqs[i - 1];
+  }
+  json status = cli(keys, heir, "status");
+  for (const auto& col : status.value("collectors", json::array()))
+    for (const auto& n : col["status"].value("nodes", json::array())) {
+      EXPECT_EQ(n["drops"].value("lost_records", 1u), 0u) << n.dump();
+      EXPECT_EQ(n["drops"].value("send_queue_full", 1u), 0u) << n.dump();
+    }
+  ranks_a[stopped].signal(SIGCONT);
 }
 
 }  // namespace

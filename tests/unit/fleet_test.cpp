@@ -6,7 +6,7 @@
 #include <map>
 
 #include "collector/fleet/etcd.h"
-#include "collector/fleet/placement.h"
+#include "common/placement.h"
 
 namespace rankscope::fleet {
 namespace {

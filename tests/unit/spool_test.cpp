@@ -14,6 +14,7 @@
 #include <zmq.hpp>
 
 #include "common/clock.h"
+#include "common/placement.h"
 #include "node-agent/transport.h"
 #include "proto/codec.h"
 #include "tests/support/harness.h"
@@ -292,11 +293,17 @@ class FakeCollector {
       bool answer = false;
       EXPECT_TRUE(proto::read_packed<wire::AgentMessage>(bytes, proto::ReadLimits{}, [&](auto m) {
         if (m.which() == wire::AgentMessage::HELLO) {
-          reply.initRoot<wire::CollectorMessage>().initHelloReply().setAccepted(true);
+          auto hello = reply.initRoot<wire::CollectorMessage>().initHelloReply();
+          hello.setAccepted(true);
+          hello.setCollectorId(id_in_fleet);
+          if (!fleet.empty() && m.getHello().getFollowsFleet()) write_fleet(hello.initFleet());
+          agent = std::string(static_cast<const char*>(id.data()), id.size());
           answer = true;
         } else if (m.which() == wire::AgentMessage::BATCH) {
           auto b = m.getBatch();
           received.emplace_back(b.getInstanceId(), b.getSeq());
+          keys.push_back(b.getPlacementKey());
+          announcements.push_back(b.getCollectives().size() == 0 && b.getProcesses().size() > 0);
           if (clock) times.push_back(clock->monotonic_ns());
           if (ask_hello) {
             auto error = reply.initRoot<wire::CollectorMessage>().initError();
@@ -318,6 +325,20 @@ class FakeCollector {
       ++replies_out;
     }
   }
+  // A FleetMap to the agent that said hello last.
+  void send_fleet() {
+    capnp::MallocMessageBuilder message;
+    write_fleet(message.initRoot<wire::CollectorMessage>().initFleet());
+    socket_.send(zmq::buffer(agent), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(proto::to_packed(message)), zmq::send_flags::none);
+  }
+  void write_fleet(wire::FleetMap::Builder map) {
+    auto members = map.initMembers(static_cast<unsigned>(fleet.size()));
+    for (unsigned i = 0; i < fleet.size(); ++i) {
+      members[i].setId(fleet[i].first);
+      members[i].setAgents(fleet[i].second);
+    }
+  }
   // Waits up to `ms` for a message, then serves what came; whether any did.
   bool serve_within(int ms) {
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
@@ -326,6 +347,11 @@ class FakeCollector {
   }
   std::vector<std::pair<uint64_t, uint64_t>> received;
   std::vector<uint64_t> times;  // of each batch received, on `clock`
+  std::vector<std::string> keys;                           // each batch's placement key
+  std::vector<bool> announcements;                         // each batch: processes and no records (an announcement)
+  std::string id_in_fleet;                                 // said in the HelloReply
+  std::vector<std::pair<std::string, std::string>> fleet;  // (id, endpoint) told to agents that follow a fleet
+  std::string agent;                                       // the routing id of the last hello's connection
   const Clock* clock = nullptr;
   bool ack = true, ask_hello = false;
   uint64_t messages_in = 0, replies_out = 0;
@@ -339,7 +365,7 @@ TEST_F(SpoolTest, ARestartedAgentReplaysTheEarlierInstancesBatchesFirstUnderThei
   Options options;
   options.collector = "ipc://" + tmp.file("collector.sock");
   SystemClock clock;
-  auto no_samples = [](uint64_t, uint64_t, uint64_t, uint64_t) {};
+  auto no_samples = [](uint64_t, uint64_t, uint64_t, uint64_t, const std::string&) {};
   {
     // No collector: everything stays unacked, on disk.
     Transport first(context, options, clock, 111, no_samples, open());
@@ -366,6 +392,99 @@ TEST_F(SpoolTest, ARestartedAgentReplaysTheEarlierInstancesBatchesFirstUnderThei
   EXPECT_EQ(std::vector(collector.received.begin(), collector.received.begin() + 7), expected)
       << "in order: the earlier instance first, each batch with its own instance id and seq";
   EXPECT_EQ(second.discarded_batches(), 0u);
+}
+
+// A batch of `key`'s stream: records, or (announcement) only a process.
+std::string keyed_batch(uint64_t instance, uint64_t seq, const std::string& key, bool announcement = false) {
+  if (!announcement) {
+    std::string bytes = batch(instance, seq);
+    capnp::MallocMessageBuilder message;
+    EXPECT_TRUE(
+        proto::read_packed<wire::AgentMessage>(bytes, proto::ReadLimits{}, [&](auto m) { message.setRoot(m); }));
+    message.getRoot<wire::AgentMessage>().getBatch().setPlacementKey(key);
+    return proto::to_packed(message);
+  }
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  b.setInstanceId(instance);
+  b.setSeq(seq);
+  b.initProcesses(1)[0].setPid(10);
+  b.setPlacementKey(key);
+  return proto::to_packed(message);
+}
+
+// In a fleet: the configured collector (a) names the members; each key's
+// batches go to its owner, after an announcement when its owner is not the
+// configured collector; when the owner of a key leaves the fleet, what it
+// did not acknowledge goes to the new owner after a new announcement, each
+// batch under its own instance id and seq, and nothing of another key moves.
+TEST_F(SpoolTest, InAFleetEachKeyGoesToItsOwnerAndFollowsItWhenItMoves) {
+  zmq::context_t context(1);
+  Options options;
+  options.collector = "ipc://" + tmp.file("a.sock");
+  const std::string b_endpoint = "ipc://" + tmp.file("b.sock");
+  SystemClock clock;
+  FakeCollector a(context, options.collector), b(context, b_endpoint);
+  a.id_in_fleet = "a";
+  b.id_in_fleet = "b";
+  a.fleet = b.fleet = {{"a", options.collector}, {"b", b_endpoint}};
+  std::vector<fleet::Member> both = {{"a", options.collector, "", "", "", "", 0}, {"b", b_endpoint, "", "", "", "", 0}};
+  std::string on_a, on_b;  // a key placed on each
+  for (int i = 0; on_a.empty() || on_b.empty(); ++i) {
+    std::string key = fleet::placement_key("job-" + std::to_string(i), 0);
+    (fleet::owner(key, both)->id == "a" ? on_a : on_b) = key;
+  }
+  Transport transport(
+      context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t, const std::string&) {}, open());
+  auto turn = [&] {
+    a.serve_within(2);
+    b.serve();
+    transport.service();
+  };
+  ASSERT_TRUE(testing::wait_for([&] { return turn(), transport.in_fleet(); }, std::chrono::seconds(10)));
+  EXPECT_EQ(transport.route(on_a), "a");
+  EXPECT_EQ(transport.route(on_b), "b");
+  // As the agent does: each key's stream is tracked, a key placed elsewhere announced first.
+  auto send = [&](const std::string& key) {
+    transport.track(key);
+    for (const auto& moved : transport.take_moved()) {
+      auto [instance, seq] = transport.batch_id(moved);
+      transport.submit(instance, seq, keyed_batch(instance, seq, moved, true), moved, true);
+    }
+    auto [instance, seq] = transport.batch_id(key);
+    transport.submit(instance, seq, keyed_batch(instance, seq, key), key);
+  };
+  b.ack = false;  // b stores nothing: it will be lost with its unacknowledged batches
+  for (int i = 0; i < 3; ++i) {
+    send(on_a);
+    send(on_b);
+  }
+  ASSERT_TRUE(testing::wait_for([&] { return turn(), a.received.size() >= 3 && b.received.size() >= 4; },
+                                std::chrono::seconds(10)));
+  EXPECT_EQ(a.keys, std::vector<std::string>(3, on_a));
+  EXPECT_EQ(b.keys, std::vector<std::string>(4, on_b));
+  EXPECT_EQ(b.announcements, (std::vector<bool>{true, false, false, false})) << "b is told of the processes first";
+  const std::vector<std::pair<uint64_t, uint64_t>> sent_to_b(b.received.begin(), b.received.begin() + 4);
+  EXPECT_EQ(transport.unacked(), 4u);
+
+  // b leaves the fleet: its key is a's now.
+  a.fleet = {{"a", options.collector}};
+  a.send_fleet();
+  ASSERT_TRUE(testing::wait_for([&] { return turn(), transport.route(on_b) == "a"; }, std::chrono::seconds(10)));
+  const size_t before = a.received.size();
+  send(on_b);
+  ASSERT_TRUE(testing::wait_for([&] { return turn(), transport.unacked() == 0; }, std::chrono::seconds(10)))
+      << transport.unacked() << " unacknowledged";
+  std::vector<std::pair<uint64_t, uint64_t>> moved(a.received.begin() + static_cast<std::ptrdiff_t>(before),
+                                                   a.received.end());
+  std::vector<bool> announced(a.announcements.begin() + static_cast<std::ptrdiff_t>(before), a.announcements.end());
+  ASSERT_EQ(moved.size(), 6u);
+  EXPECT_TRUE(announced[0]) << "a is told of the moved key's processes before its records";
+  EXPECT_EQ(std::vector(moved.begin() + 1, moved.begin() + 5), sent_to_b)
+      << "b's unacknowledged batches, in order, under their own ids";
+  EXPECT_EQ(moved[5].first, sent_to_b[0].first) << "the key's stream goes on";
+  EXPECT_EQ(moved[5].second, 6u);
+  for (size_t i = before; i < a.keys.size(); ++i) EXPECT_EQ(a.keys[i], on_b);
 }
 
 // A clock the test moves.
@@ -413,7 +532,8 @@ TEST_F(SpoolTest, TheWaitForAnAckDoublesWithEachReSendAndANewConnectionStartsAfr
   FakeCollector collector(context, options.collector);
   collector.clock = &clock;
   collector.ack = false;
-  Transport transport(context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t) {}, open());
+  Transport transport(
+      context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t, const std::string&) {}, open());
   accept(collector, transport);
   uint64_t t0 = clock.now;
   transport.submit(1, batch(7, 1));
@@ -446,7 +566,8 @@ TEST_F(SpoolTest, ACollectorThatAcknowledgesLateIsGivenTimeBeforeAnythingIsSentA
   StepClock clock{1'000'000'000ull};
   FakeCollector collector(context, options.collector);
   collector.clock = &clock;
-  Transport transport(context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t) {}, open());
+  Transport transport(
+      context, options, clock, 7, [](uint64_t, uint64_t, uint64_t, uint64_t, const std::string&) {}, open());
   accept(collector, transport);
   EXPECT_EQ(transport.ack_timeout_ns(), 2'000'000'000ull) << "nothing learnt yet: the configured timeout";
   // A collector working through a backlog: each batch is acknowledged 5 s
@@ -497,7 +618,8 @@ TEST_F(SpoolTest, AFullSpoolKeepsSummariesAndCountsTheLostRecords) {
   SystemClock clock;
   limits.segment_bytes = 2 * (batch(1, 1).size() + 32);
   limits.max_bytes = 4 * limits.segment_bytes;
-  Transport transport(context, options, clock, 1, [](uint64_t, uint64_t, uint64_t, uint64_t) {}, open());
+  Transport transport(
+      context, options, clock, 1, [](uint64_t, uint64_t, uint64_t, uint64_t, const std::string&) {}, open());
   for (uint64_t seq = 1; seq <= 50; ++seq) transport.submit(seq, batch(1, seq, 4));
   ASSERT_GT(transport.discarded_batches(), 0u);
   EXPECT_EQ(transport.lost_records(), transport.discarded_batches() * 4) << "every dropped batch had 4 records";
@@ -511,7 +633,7 @@ TEST_F(SpoolTest, WithoutASpoolMemoryStaysBounded) {
   options.collector = "ipc://" + tmp.file("nobody.sock");
   options.max_unacked_bytes = 20 * batch(1, 1).size();
   SystemClock clock;
-  Transport transport(context, options, clock, 1, [](uint64_t, uint64_t, uint64_t, uint64_t) {});
+  Transport transport(context, options, clock, 1, [](uint64_t, uint64_t, uint64_t, uint64_t, const std::string&) {});
   for (uint64_t seq = 1; seq <= 500; ++seq) transport.submit(seq, batch(1, seq, 4));
   EXPECT_LE(transport.memory_bytes(), options.max_unacked_bytes);
   EXPECT_GT(transport.discarded_batches(), 0u);

@@ -1,4 +1,4 @@
-#include "collector/fleet/placement.h"
+#include "common/placement.h"
 
 #include <sodium.h>
 
