@@ -643,6 +643,15 @@ TEST(FleetE2E, AgentsSendEachJobToItsOwnerAndFollowItWhenItsCollectorIsKilled) {
     for (size_t i = 1; i < seqs.size(); ++i)
       ASSERT_EQ(seqs[i], seqs[i - 1] + 1) << "a call stored twice, or one missing, after " << seqs[i - 1];
   }
+  // The bill, asked of any collector: the survivors' parts, summed (c2,
+  // gone from the fleet, is not asked: its part returns with it).
+  json report = cli(keys, c1, "report --by job");
+  ASSERT_TRUE(report.is_object()) << report.dump();
+  std::map<std::string, double> billed;
+  for (const auto& row : report["rows"]) billed[row.value("tenant", "")] = row.value("gpu_hours", 0.0);
+  EXPECT_GT(billed[job_a], 0.0) << report.dump();  // by the survivor, since the move
+  EXPECT_GT(billed[job_b], 0.0) << report.dump();  // by c3
+  EXPECT_TRUE(report["unanswered"].empty()) << report.dump();
   json status = cli(keys, heir, "status");
   for (const auto& col : status.value("collectors", json::array()))
     for (const auto& n : col["status"].value("nodes", json::array())) {

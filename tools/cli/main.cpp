@@ -595,8 +595,8 @@ int main(int argc, char** argv) {
     return *loaded;
   };
 
-  if (!etcd.empty() && (command == "report" || command == "export" || command == "mcp" || command == "timeline")) {
-    std::cerr << "rankscope " << command << ": --etcd is for status, jobs, findings, ack and fleet; " << command
+  if (!etcd.empty() && (command == "export" || command == "mcp" || command == "timeline")) {
+    std::cerr << "rankscope " << command << ": --etcd is for status, jobs, findings, report, ack and fleet; " << command
               << " asks one collector: give it with --collector\n";
     return 2;
   }
@@ -627,7 +627,13 @@ int main(int argc, char** argv) {
         std::cerr << "rankscope report: --price-per-gpu-hour must be a price, 0 or more\n";
         return 2;
       }
-      return rankscope::cli::run_report(client, report);
+      // In a fleet, every collector's part of the bill.
+      auto targets = rankscope::cli::fleet_targets(endpoint, *keys, etcd, etcd_tls, etcd_prefix, timeout_ms);
+      if (!targets) {
+        std::cerr << "rankscope report: " << targets.error().message << "\n";
+        return 1;
+      }
+      return rankscope::cli::run_report(*targets, timeout_ms, report);
     }
     if (report.job.empty() || output.empty()) {
       std::cerr << "rankscope export: --job and -o FILE are required (jobs are listed by `rankscope jobs`)\n";

@@ -71,7 +71,8 @@ Columns columns(query::ReportRow::Reader row, double total_gpu_h, double price) 
 // A count the ledger keeps as a double, written as the whole number it is.
 Json whole(double value) { return value >= 0 && value < 1.8e19 ? Json(static_cast<uint64_t>(std::llround(value))) : Json(value); }
 
-void print_json(query::ReportReply::Reader r, const ReportArgs& args) {
+// `unanswered`: in a fleet, the collectors that did not answer (null: alone).
+void print_json(query::ReportReply::Reader r, const ReportArgs& args, const Json* unanswered = nullptr) {
   double total = r.getTotal().getGpuHours();
   auto row_json = [&](query::ReportRow::Reader row) {
     Columns c = columns(row, total, args.price_per_gpu_hour);
@@ -117,6 +118,7 @@ void print_json(query::ReportReply::Reader r, const ReportArgs& args) {
                                {"summary", std::string(f.getSummary())},
                                {"gpu_hours_lost", f.getGpuHoursLost()}});
   out["ledger_rows_read"] = r.getEntries();
+  if (unanswered) out["unanswered"] = *unanswered;
   std::printf("%s\n", to_json(out).c_str());
 }
 
@@ -196,6 +198,108 @@ void print_table(query::ReportReply::Reader r, const ReportArgs& args) {
     }
   }
 }
+void print_report(query::ReportReply::Reader r, const ReportArgs& args, const Json* unanswered = nullptr) {
+  if (args.json)
+    print_json(r, args, unanswered);
+  else if (args.csv)
+    print_csv(r, args);
+  else
+    print_table(r, args);
+}
+
+// The reports of a fleet's collectors as one. Each collector bills the jobs
+// it held while it held them (a job that moved is billed in part by each),
+// so the rows of a tenant add up; its NODES are the most any one collector
+// saw (a node seen by two collectors is one node); its top cause is the
+// cause owed the most GPU-hours over all collectors' answers.
+void merge_reports(const std::vector<query::ReportReply::Reader>& parts, query::ReportReply::Builder out) {
+  struct Sum {
+    double gpu = 0, cpu = 0, off = 0, collective = 0, wait = 0, bytes = 0, collectives = 0, waste = 0, caused = 0;
+    uint32_t nodes = 0;
+    std::map<std::string, double> top;  // by top cause: its GPU-hours
+    void add(query::ReportRow::Reader r) {
+      gpu += r.getGpuHours();
+      cpu += r.getCpuSeconds();
+      off += r.getOffCpuSeconds();
+      collective += r.getCollectiveSeconds();
+      wait += r.getWaitSeconds();
+      bytes += r.getBytes();
+      collectives += r.getCollectives();
+      waste += r.getWasteGpuHours();
+      caused += r.getCausedGpuHours();
+      nodes = std::max(nodes, r.getNodes());
+      if (r.getTopCause().size() > 0) top[r.getTopCause()] += r.getTopCauseGpuHours();
+    }
+    void write(const std::string& tenant, query::ReportRow::Builder r) const {
+      r.setTenant(tenant);
+      r.setGpuHours(gpu);
+      r.setCpuSeconds(cpu);
+      r.setOffCpuSeconds(off);
+      r.setCollectiveSeconds(collective);
+      r.setWaitSeconds(wait);
+      r.setBytes(bytes);
+      r.setCollectives(collectives);
+      r.setWasteGpuHours(waste);
+      r.setCausedGpuHours(caused);
+      r.setNodes(nodes);
+      auto most =
+          std::max_element(top.begin(), top.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+      if (most != top.end()) {
+        r.setTopCause(most->first);
+        r.setTopCauseGpuHours(most->second);
+      }
+    }
+  };
+  std::map<std::string, Sum> rows;
+  Sum total;
+  using CauseKey = std::tuple<std::string, std::string, std::string, std::string, std::string, std::string>;
+  std::map<CauseKey, double> causes;  // (victim, cause, reason, node, detail, job): GPU-hours
+  uint64_t since = UINT64_MAX, until = 0, entries = 0;
+  size_t findings = 0;
+  for (const auto& part : parts) {
+    since = std::min(since, part.getSinceNs());
+    until = std::max(until, part.getUntilNs());
+    entries += part.getEntries();
+    for (auto row : part.getRows()) rows[row.getTenant()].add(row);
+    total.add(part.getTotal());
+    for (auto c : part.getCauses())
+      causes[{c.getVictim(), c.getCause(), c.getReason(), c.getCauseNode(), c.getCauseDetail(), c.getCauseJob()}] +=
+          c.getGpuHours();
+    findings += part.getFindings().size();
+  }
+  out.setSinceNs(parts.empty() ? 0 : since);
+  out.setUntilNs(until);
+  if (!parts.empty()) {
+    out.setBy(parts[0].getBy());
+    out.setJob(parts[0].getJob());
+  }
+  out.setEntries(entries);
+  std::vector<std::pair<std::string, const Sum*>> ordered;
+  for (const auto& [tenant, sum] : rows) ordered.emplace_back(tenant, &sum);
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const auto& a, const auto& b) { return a.second->gpu > b.second->gpu; });
+  auto out_rows = out.initRows(static_cast<unsigned>(ordered.size()));
+  for (unsigned i = 0; i < ordered.size(); ++i) ordered[i].second->write(ordered[i].first, out_rows[i]);
+  total.write("TOTAL", out.initTotal());
+  std::vector<std::pair<CauseKey, double>> by_hours(causes.begin(), causes.end());
+  std::stable_sort(by_hours.begin(), by_hours.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  auto out_causes = out.initCauses(static_cast<unsigned>(by_hours.size()));
+  for (unsigned i = 0; i < by_hours.size(); ++i) {
+    const auto& [victim, cause, reason, node, detail, job] = by_hours[i].first;
+    out_causes[i].setVictim(victim);
+    out_causes[i].setCause(cause);
+    out_causes[i].setReason(reason);
+    out_causes[i].setCauseNode(node);
+    out_causes[i].setCauseDetail(detail);
+    out_causes[i].setCauseJob(job);
+    out_causes[i].setGpuHours(by_hours[i].second);
+  }
+  auto out_findings = out.initFindings(static_cast<unsigned>(findings));
+  unsigned k = 0;
+  for (const auto& part : parts)
+    for (auto f : part.getFindings()) out_findings.setWithCaveats(k++, f);
+}
+
 }  // namespace
 
 Json drops_json(const DropCounts& drops) {
@@ -253,8 +357,8 @@ std::optional<uint64_t> parse_time_ns(const std::string& text, uint64_t now_ns) 
   return std::nullopt;
 }
 
-int run_report(QueryClient& client, const ReportArgs& args) {
-  capnp::MallocMessageBuilder request;
+namespace {
+void report_request(const ReportArgs& args, capnp::MallocMessageBuilder& request) {
   auto req = request.initRoot<query::Request>();
   req.setProtocolVersion(query::QUERY_PROTOCOL_VERSION);
   auto q = req.initReport();
@@ -262,22 +366,51 @@ int run_report(QueryClient& client, const ReportArgs& args) {
   q.setUntilNs(args.until_ns);
   q.setBy(args.by);
   q.setJob(args.job);
+}
+}  // namespace
+
+int run_report(QueryClient& client, const ReportArgs& args) {
+  capnp::MallocMessageBuilder request;
+  report_request(args, request);
   auto result = client.ask(request, [&](query::Reply::Reader reply) {
     if (reply.which() != query::Reply::REPORT) {
       std::cerr << "rankscope report: the collector answered with something else (is it older than this CLI?)\n";
       return;
     }
-    if (args.json)
-      print_json(reply.getReport(), args);
-    else if (args.csv)
-      print_csv(reply.getReport(), args);
-    else
-      print_table(reply.getReport(), args);
+    print_report(reply.getReport(), args);
   });
   if (!result) {
     std::cerr << "rankscope report: " << result.error().message << "\n";
     return 1;
   }
+  return 0;
+}
+
+int run_report(const std::vector<FleetTarget>& targets, int timeout_ms, const ReportArgs& args) {
+  if (targets.size() == 1) {
+    QueryClient client(targets[0].endpoint, timeout_ms, targets[0].keys);
+    return run_report(client, args);
+  }
+  capnp::MallocMessageBuilder request;
+  report_request(args, request);
+  std::vector<FleetAnswer> answers = ask_all(targets, request, timeout_ms);
+  std::vector<query::ReportReply::Reader> parts;
+  Json unanswered = Json::array();
+  for (const auto& a : answers) {
+    if (a.reply && a.get().which() == query::Reply::REPORT) {
+      parts.push_back(a.get().getReport());
+      continue;
+    }
+    const std::string why = a.reply ? "answered with something else" : a.error;
+    unanswered.push_back({{"collector", a.target.id}, {"endpoint", a.target.endpoint}, {"error", why}});
+    if (!args.json)
+      std::cerr << "rankscope report: collector " << a.target.id << " (" << a.target.endpoint
+                << ") did not answer: " << why << "; what it billed is missing below\n";
+  }
+  if (parts.empty()) return 1;
+  capnp::MallocMessageBuilder merged;
+  merge_reports(parts, merged.initRoot<query::ReportReply>());
+  print_report(merged.getRoot<query::ReportReply>().asReader(), args, &unanswered);
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include "common/drops.h"
 #include "common/json.h"
 #include "tools/cli/client.h"
+#include "tools/cli/fleet.h"
 
 namespace rankscope::cli {
 
@@ -31,6 +32,10 @@ struct ReportArgs {
   bool csv = false, json = false;
 };
 int run_report(QueryClient& client, const ReportArgs& args);
+// In a fleet: every collector asked at once, their reports summed
+// (docs/operations.md, "A fleet of collectors"), and those that did not
+// answer named. One target: as above.
+int run_report(const std::vector<FleetTarget>& targets, int timeout_ms, const ReportArgs& args);
 
 struct ExportArgs {
   std::string format = "perfetto";
