@@ -139,6 +139,7 @@ bool send_batches(NcclProbes& bpf, Summariser& summariser, Transport& transport,
   const std::set<std::string> keys = summariser.keys();
   // A key placed elsewhere than where its processes were told of: told again first.
   for (const std::string& key : keys) transport.track(key);
+  transport.forget_streams(keys);
   for (const std::string& key : transport.take_moved()) send_batch(bpf, summariser, transport, rings, key, now, true);
   for (const std::string& key : keys) {
     if (!summariser.pending(key, transport.route(key))) continue;
@@ -308,7 +309,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   // Last records out, several batches if one cannot carry it all.
   bpf.poll(0);
   rings.drain(gpu);
-  for (int round = 0; round < 64 && send_batches(bpf, summariser, transport, rings, now()); ++round) {
+  // (Each round takes what one batch per key can carry: the bound is only a guard.)
+  for (int round = 0; round < 100'000 && send_batches(bpf, summariser, transport, rings, now()); ++round) {
   }
   await_last_acks(transport, options, clock);
   RS_LOG(info, "stopped");

@@ -285,6 +285,31 @@ std::string Summariser::key_of(uint32_t pid) const {
   return fleet::placement_key(it->second.identity.job, 0);
 }
 
+Summariser::Mine Summariser::mine_for(const std::string& key, std::map<uint32_t, bool>& of_key) const {
+  if (!keyed_) return [](uint32_t) { return true; };
+  for (const auto& [pid, entry] : processes_) of_key[pid] = key_of(pid) == key;  // key_of once per process
+  return [this, key, &of_key](uint32_t pid) {
+    auto found = of_key.find(pid);
+    return found != of_key.end() ? found->second : key == key_of(pid);  // a pid not traced (now): "nojob"
+  };
+}
+
+bool Summariser::has_items(uint32_t pid) const {
+  for (const auto& [k, block] : blocks_)
+    if (block.pid == pid) return true;
+  for (const auto& [k, block] : gpu_blocks_)
+    if (block.pid == pid) return true;
+  for (const auto& c : new_comms_)
+    if (c.pid == pid) return true;
+  for (const auto& c : ended_comms_)
+    if (c.pid == pid) return true;
+  for (const auto& w : waits_)
+    if (w.hdr.pid == pid) return true;
+  for (const auto& a : async_errors_)
+    if (a.pid == pid) return true;
+  return false;
+}
+
 std::set<std::string> Summariser::keys() const {
   std::set<std::string> keys;
   for (const auto& [pid, entry] : processes_) keys.insert(key_of(pid));
@@ -299,7 +324,8 @@ bool Summariser::pending(const std::string& key, const std::string& clock_of) co
   if (!keyed_) return !empty();
   if (auto samples = clock_samples_.find(clock_of); samples != clock_samples_.end() && !samples->second.empty())
     return true;
-  auto mine = [&](uint32_t pid) { return key_of(pid) == key; };
+  std::map<uint32_t, bool> of_key;
+  const Mine mine = mine_for(key, of_key);
   for (const auto& [pid, entry] : processes_)
     if (mine(pid) && unsent(entry, key)) return true;
   for (const auto& [k, block] : blocks_)
@@ -338,11 +364,8 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops, const
   // one process opening 100,000 communicators must not make every batch of
   // its node unacceptable. What does not fit stays for the next batch, in
   // order: a communicator's records and end go with or after it.
-  std::set<uint32_t> pids;  // keyed: the processes of `key`
-  if (keyed_)
-    for (const auto& [pid, entry] : processes_)
-      if (key_of(pid) == key) pids.insert(pid);
-  Mine mine = [&](uint32_t pid) { return !keyed_ || pids.count(pid) > 0; };
+  std::map<uint32_t, bool> of_key;
+  const Mine mine = mine_for(key, of_key);
   fill_processes(batch, key, mine);
   fill_comms(batch, mine);
   // Communicators announced in a later batch: their records and ends wait for it.
@@ -547,7 +570,9 @@ std::vector<uint32_t> Summariser::forget_exited() {
     // call until its exit event (how it ended: a signal, a status) is read.
     const bool await_exit = gone && !reused && !exit_codes_.count(it->first) && !it->second.seen_gone;
     it->second.seen_gone = gone;
-    if (gone && it->second.sent && await_exit) {
+    // In a fleet its last records go by its key, which is forgotten with it.
+    const bool unsent_items = keyed_ && has_items(it->first);
+    if (gone && it->second.sent && (await_exit || unsent_items)) {
       ++it;
     } else if (gone && it->second.sent) {
       uint32_t pid = it->first;

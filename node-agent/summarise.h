@@ -141,6 +141,10 @@ class Summariser {
   void fill_waits(wire::Batch::Builder batch, uint64_t records, const Mine& mine);
   void fill_async_errors(wire::Batch::Builder batch, const Mine& mine);
   bool unsent(const ProcessEntry& entry, const std::string& key) const { return !entry.sent || entry.sent_key != key; }
+  // Whether a pid's items are `key`'s; `of_key` caches each traced process's answer (it must outlive the result).
+  Mine mine_for(const std::string& key, std::map<uint32_t, bool>& of_key) const;
+  // Whether anything of process `pid` waits to be sent.
+  bool has_items(uint32_t pid) const;
   uint64_t shift(uint64_t ns) const { return clock_.shift(ns); }
 
   std::string proc_root_;

@@ -173,8 +173,18 @@ std::string Transport::route(const std::string& key) const {
 }
 
 std::vector<std::string> Transport::take_moved() {
-  refresh_owners();
   return std::exchange(moved_, {});
+}
+
+void Transport::forget_streams(const std::set<std::string>& live) {
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    const std::string& key = it->first;
+    const bool queued = std::any_of(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.key == key; });
+    if (live.count(key) || queued || it->second.held)
+      ++it;
+    else
+      it = streams_.erase(it);  // a job over on this node: a later move has nothing of it to announce
+  }
 }
 
 Transport::Link* Transport::link_for(const std::string& key) {
@@ -393,6 +403,7 @@ void Transport::warn_if_unanswered(Link& link) {
 }
 
 void Transport::take_fleet(Link& from, wire::FleetMap::Reader map) {
+  // Bounded, and only what can be a member: an id (once), a ZeroMQ endpoint.
   std::vector<fleet::Member> members;
   for (auto m : map.getMembers()) {
     if (members.size() == kMaxMembers) break;
@@ -400,7 +411,9 @@ void Transport::take_fleet(Link& from, wire::FleetMap::Reader map) {
     member.id = m.getId();
     member.agents = m.getAgents();
     member.public_key = m.getPublicKey();
-    if (member.id.empty() || member.agents.empty()) continue;
+    const bool endpoint = member.agents.rfind("tcp://", 0) == 0 || member.agents.rfind("ipc://", 0) == 0;
+    const bool seen = std::any_of(members.begin(), members.end(), [&](const auto& o) { return o.id == member.id; });
+    if (member.id.empty() || !endpoint || seen) continue;
     members.push_back(std::move(member));
   }
   std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
@@ -563,31 +576,44 @@ std::vector<uint64_t> Transport::detail_comms(uint64_t lease_ns) const {
 }
 
 void Transport::resend_due() {
+  if (std::none_of(links_.begin(), links_.end(), [](const auto& l) { return l->accepted; })) return;
   uint64_t t = now();
   // Never more than the socket's high-water mark in flight at once on a
   // link: the rest wait here (or on disk), not in ZeroMQ's memory. A link
   // that cannot send now (down, or not accepted) holds its batches back, in
-  // order; the others go on.
+  // order; the others go on. Once every link is held back, the scan stops.
   std::map<const Link*, size_t> in_flight;
   std::set<const Link*> blocked;
-  for (auto it = queue_.begin(); it != queue_.end();) {
+  auto block = [&](const Link* link) {
+    if (link) blocked.insert(link);
+  };
+  std::map<std::string, Link*> links_of;  // by key, this call (placement hashes each member)
+  for (auto it = queue_.begin(); it != queue_.end() && blocked.size() < links_.size();) {
     if (it->bytes.empty() && it->ref.segment == 0) {  // nothing left of it (unreadable, or lost)
       it = queue_.erase(it);
       continue;
     }
-    if (!it->key_known) read_key(*it);
-    if (auto stream = streams_.find(it->key); stream != streams_.end() && stream->second.held) {
+    // Alone, every batch goes to the one collector: an earlier run's need not be read to say where.
+    if (!it->key_known && in_fleet()) {
+      read_key(*it);
+      track(it->key);  // announced first where its processes were not told of
+    }
+    const std::string& key = it->key_known ? it->key : std::string();
+    if (auto stream = streams_.find(key); stream != streams_.end() && stream->second.held) {
       ++it;  // its new owner is told of its processes first
       continue;
     }
-    Link* link = link_for(it->key);
-    if (link && it->to != nullptr && it->to != link) {
-      // Its key moved: the new owner gets it now (what the old one did not acknowledge).
+    auto cached = links_of.find(key);
+    Link* link = cached != links_of.end() ? cached->second : (links_of[key] = link_for(key));
+    if (link && it->to != nullptr && it->to != link && !it->to->accepted) {
+      // Its key moved from a collector that is gone: the new owner gets it now. (One still
+      // there may yet acknowledge it: it goes to the new owner only when its ack is late.)
       it->last_sent_ns = 0;
       it->resends = 0;
       it->to = nullptr;
     }
     if (!link || !link->accepted || blocked.count(link)) {
+      block(link);  // (null: a member this agent cannot reach)
       ++it;
       continue;
     }
@@ -597,7 +623,7 @@ void Transport::resend_due() {
       continue;
     }
     if (in_flight[link] >= kMaxInFlight || !send_pending(*link, *it)) {
-      blocked.insert(link);  // no room or no connection now; keep order, try later
+      block(link);  // no room or no connection now; keep order, try later
       ++it;
       continue;
     }

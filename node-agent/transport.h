@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <zmq.hpp>
 
@@ -90,6 +91,9 @@ class Transport {
   // submitted (submit's `first`): its new owner must know its processes and
   // communicators before its records.
   std::vector<std::string> take_moved();
+  // Forgets the streams of keys neither live (`live`: the keys of traced
+  // processes) nor queued: a later change of owner has nothing of them to announce.
+  void forget_streams(const std::set<std::string>& live);
   // Every socket to poll for replies.
   std::vector<zmq::pollitem_t> poll_items() const;
   size_t unacked() const { return queue_.size(); }
@@ -192,7 +196,7 @@ class Transport {
   std::vector<std::string> moved_;
   // Streams whose owner changed: held, and said by take_moved().
   void refresh_owners();
-  static constexpr size_t kMaxMembers = 1024;  // more in a FleetMap are not taken
+  static constexpr size_t kMaxMembers = 256;  // more in a FleetMap are not taken (a connection each)
 };
 
 // A batch without its collective records and waits (same instance id and

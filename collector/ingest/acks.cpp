@@ -22,17 +22,20 @@ void AckBook::new_instance(NodeState& node) {
 void AckBook::mark_stored(NodeState& node, uint64_t instance, uint64_t seq) {
   AckWindow& window = node.acked[instance];
   window.insert(seq);
-  if (window.last_used == 0) window.last_used = ++uses_;  // an earlier instance, replayed
+  window.last_used = ++uses_;  // an earlier instance replayed, or a stream of a fleet's agent
   uncommitted_.push_back(Uncommitted{node.name, instance, seq});
   evict(node, kInstances + 1);
 }
 
 void AckBook::evict(NodeState& node, size_t keep) {
   while (node.acked.size() > keep) {
-    auto oldest = std::min_element(node.acked.begin(), node.acked.end(), [](const auto& a, const auto& b) {
-      return a.second.last_used < b.second.last_used;
-    });
-    if (oldest->first == node.instance) break;
+    // The least recently used, never the current instance's (which, in a
+    // fleet, numbers no batch: each job's stream has an instance id of its own).
+    auto oldest = node.acked.end();
+    for (auto it = node.acked.begin(); it != node.acked.end(); ++it)
+      if (it->first != node.instance && (oldest == node.acked.end() || it->second.last_used < oldest->second.last_used))
+        oldest = it;
+    if (oldest == node.acked.end()) break;
     node.acked.erase(oldest);
   }
 }

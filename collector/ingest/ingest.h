@@ -226,7 +226,14 @@ class Ingest final : public CommitParticipant {
   // By node and agent instance (a stream, in a fleet): the first batch (its
   // seq) sent back to wait for a split's sizing; the later batches of the
   // same stream wait behind it. A node's entries go with a new agent instance.
-  std::map<std::pair<std::string, uint64_t>, uint64_t> held_batches_;
+  // Held longer than a split's grace (kSplitSizingGraceNs), an entry goes:
+  // the batch was stored elsewhere (its job moved to another collector and
+  // back) or will not come back.
+  struct HeldBatch {
+    uint64_t seq = 0;
+    uint64_t since_ns = 0;
+  };
+  std::map<std::pair<std::string, uint64_t>, HeldBatch> held_batches_;
   // In a fleet: this collector's id and the members to tell agents that
   // follow it (set_fleet).
   std::string fleet_self_;

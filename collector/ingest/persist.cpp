@@ -3,6 +3,7 @@
 // retired communicator read back for queries.
 #include <capnp/message.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "collector/ingest/ingest.h"
@@ -215,9 +216,15 @@ void Ingest::persist_node(const NodeState& node) {
   stored.setClockDriftPpb(node.clock.drift_ppb());
   stored.setClockRefinementNs(node.clock.refinement_ns());
   stored.setClockReferenceNs(node.clock.reference_ns());
-  auto windows = stored.initAckedBatches(static_cast<unsigned>(node.acked.size()));
+  // Least recently used first: read back in this order, they keep it (AckBook::restored).
+  std::vector<std::pair<uint64_t, const AckWindow*>> by_use;
+  for (const auto& [instance, window] : node.acked) by_use.emplace_back(instance, &window);
+  std::sort(by_use.begin(), by_use.end(),
+            [](const auto& a, const auto& b) { return a.second->last_used < b.second->last_used; });
+  auto windows = stored.initAckedBatches(static_cast<unsigned>(by_use.size()));
   unsigned w = 0;
-  for (const auto& [instance, window] : node.acked) {
+  for (const auto& [instance, window_ptr] : by_use) {
+    const AckWindow& window = *window_ptr;
     auto out = windows[w++];
     out.setInstanceId(instance);
     out.setThrough(window.through);

@@ -213,13 +213,17 @@ bool Ingest::held_for_split(NodeState& node, wire::Batch::Reader batch, std::set
   // numbered by an instance id of their own: streams do not wait for each other.)
   const std::pair<std::string, uint64_t> stream{node.name, batch.getInstanceId()};
   auto held = held_batches_.find(stream);
+  if (held != held_batches_.end() && now - std::min(now, held->second.since_ns) > kSplitSizingGraceNs) {
+    held_batches_.erase(held);  // stored elsewhere, or never coming back
+    held = held_batches_.end();
+  }
   const bool same_agent = held != held_batches_.end();
-  if (!wait && same_agent && batch.getSeq() > held->second) wait = true;
+  if (!wait && same_agent && batch.getSeq() > held->second.seq) wait = true;
   if (!wait) {
-    if (same_agent && batch.getSeq() == held->second) held_batches_.erase(held);
+    if (same_agent && batch.getSeq() == held->second.seq) held_batches_.erase(held);
     return false;
   }
-  if (!same_agent || batch.getSeq() < held->second) held_batches_[stream] = batch.getSeq();
+  if (!same_agent || batch.getSeq() < held->second.seq) held_batches_[stream] = HeldBatch{batch.getSeq(), now};
   ++counters_.split_waits;
   return true;
 }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "collector/ingest/acks.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 #include "tests/support/store_commit.h"
@@ -543,6 +544,28 @@ TEST(AckWindow, RemembersOutOfOrderBatches) {
   window.insert(6);
   EXPECT_EQ(window.through, 7u);
   EXPECT_TRUE(window.above.empty());
+}
+
+// The stored-batch windows of a node: the least recently used go past
+// AckBook::kInstances, never the agent's current instance (which, in a
+// fleet, numbers no batch) nor a stream still in use, however old.
+TEST(AckBookTest, WindowsGoLeastRecentlyUsedFirstAndNeverTheCurrentInstance) {
+  AckBook acks;
+  NodeState node;
+  node.name = "n";
+  node.instance = 1;
+  acks.new_instance(node);
+  const uint64_t busy = 1000;  // a job's stream that keeps sending
+  acks.mark_stored(node, busy, 1);
+  for (uint64_t stream = 2; stream < 2 + 3 * AckBook::kInstances; ++stream) {
+    acks.mark_stored(node, stream, 1);
+    acks.mark_stored(node, busy, stream);
+  }
+  EXPECT_LE(node.acked.size(), AckBook::kInstances + 1);
+  EXPECT_TRUE(node.acked.count(1)) << "the current instance stays";
+  ASSERT_TRUE(node.acked.count(busy)) << "a stream in use stays, however long ago it began";
+  EXPECT_EQ(acks.seen(node, busy, 1), AckBook::Seen::pending) << "its first batch is still known";
+  EXPECT_FALSE(node.acked.count(2)) << "the least recently used went";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "proto/records.h"
 #include "tests/support/harness.h"
@@ -146,6 +147,45 @@ TEST(Summarise, AProcessFoundGoneBeforeItsExitEventIsReadIsReportedWithHowItEnde
   EXPECT_TRUE(summariser.forget_exited().empty());
   EXPECT_EQ(summariser.forget_exited(), std::vector<uint32_t>{pid + 1});
   EXPECT_EQ(summariser.traced_processes(), 0u);
+}
+
+// In a fleet the batches go by job: a process that exits is kept until its
+// last records went out under its job's key (forgotten first, they would
+// have no key to go by and never go).
+TEST(Summarise, InAFleetAnExitedProcessIsKeptUntilItsLastRecordsWentOutUnderItsJob) {
+  testing::TempDir proc;  // an empty /proc: every process is gone
+  Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  summariser.set_keyed(true);
+  const uint32_t pid = 100;
+  summariser.on_event(init_event(pid, RS_OP_COMM_INIT_RANK, 0x10, 0, 0, 1'000));
+  const std::string key = summariser.key_of(pid);
+  EXPECT_EQ(key.rfind("job:nccl-", 0), 0u) << key;  // a job id from its first communicator
+  capnp::MallocMessageBuilder first;
+  summariser.fill(first.initRoot<wire::AgentMessage>().initBatch(), DropCounts{}, key);
+  rs_call_event call{};
+  call.hdr.pid = call.hdr.tid = pid;
+  call.hdr.kind = RS_EV_CALL;
+  call.hdr.ts_ns = 2'000;
+  call.entry_ns = 1'900;
+  call.comm = 0x10;
+  call.count = 1024;
+  call.op = RS_OP_ALLREDUCE;
+  summariser.on_event(call);
+  rs_exit_event exit{};
+  exit.hdr.pid = exit.hdr.tid = pid;
+  exit.hdr.kind = RS_EV_EXIT;
+  summariser.on_event(exit);
+  EXPECT_TRUE(summariser.forget_exited().empty()) << "its last record has not gone out";
+  EXPECT_EQ(summariser.keys(), std::set<std::string>{key});
+  EXPECT_TRUE(summariser.pending(key, ""));
+  capnp::MallocMessageBuilder last;
+  auto batch = last.initRoot<wire::AgentMessage>().initBatch();
+  summariser.fill(batch, DropCounts{}, key);
+  ASSERT_EQ(batch.getCollectives().size(), 1u);
+  EXPECT_EQ(batch.getCollectives()[0].getCount(), 1u);
+  EXPECT_FALSE(summariser.pending(key, ""));
+  EXPECT_EQ(summariser.forget_exited(), std::vector<uint32_t>{pid});
+  EXPECT_TRUE(summariser.empty());
 }
 
 }  // namespace
