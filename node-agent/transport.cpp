@@ -105,10 +105,17 @@ Transport::Transport(zmq::context_t& context, const Options& options, const Cloc
     }
     enforce_bounds();
   }
-  links_.push_back(std::make_unique<Link>(context_, options_.collector, options_.keys,
-                                          static_cast<uint64_t>(options.ack_timeout_ms) * 1'000'000ull, kMaxAckWaitNs));
-  links_.front()->waiting_since_ns = now();
-  send_hello(*links_.front());
+  links_.push_back(open_link(options_.collector, options_.keys, ""));
+}
+
+std::unique_ptr<Transport::Link> Transport::open_link(const std::string& endpoint, const curve::ClientKeys& keys,
+                                                      const std::string& id) {
+  auto link = std::make_unique<Link>(context_, endpoint, keys,
+                                     static_cast<uint64_t>(options_.ack_timeout_ms) * 1'000'000ull, kMaxAckWaitNs);
+  link->id = id;
+  link->waiting_since_ns = now();
+  send_hello(*link);
+  return link;
 }
 
 bool Transport::send_bytes(Link& link, const std::string& bytes) {
@@ -179,8 +186,10 @@ std::vector<std::string> Transport::take_moved() {
 void Transport::forget_streams(const std::set<std::string>& live) {
   for (auto it = streams_.begin(); it != streams_.end();) {
     const std::string& key = it->first;
-    const bool queued = std::any_of(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.key == key; });
-    if (live.count(key) || queued || it->second.held)
+    // The queue is read only for a stream whose processes are gone (rare: a backlog can be long).
+    const bool kept = live.count(key) || it->second.held ||
+                      std::any_of(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.key == key; });
+    if (kept)
       ++it;
     else
       it = streams_.erase(it);  // a job over on this node: a later move has nothing of it to announce
@@ -448,13 +457,8 @@ void Transport::take_fleet(Link& from, wire::FleetMap::Reader map) {
     curve::ClientKeys keys = options_.keys;
     if (keys.enabled()) keys.server_key = member.public_key;
     try {
-      auto link = std::make_unique<Link>(context_, member.agents, keys,
-                                         static_cast<uint64_t>(options_.ack_timeout_ms) * 1'000'000ull, kMaxAckWaitNs);
-      link->id = member.id;
-      link->waiting_since_ns = now();
-      send_hello(*link);
+      links.push_back(open_link(member.agents, keys, member.id));
       RS_LOG(info, "connecting to collector %s of the fleet at %s", member.id.c_str(), member.agents.c_str());
-      links.push_back(std::move(link));
     } catch (const zmq::error_t& e) {
       RS_LOG(error, "collector %s of the fleet: cannot connect to %s: %s", member.id.c_str(), member.agents.c_str(),
              e.what());

@@ -149,6 +149,8 @@ class Transport {
     const Link* to = nullptr;   // where it was last sent
   };
   uint64_t now() const { return clock_.monotonic_ns(); }
+  // A new connection, its Hello sent.
+  std::unique_ptr<Link> open_link(const std::string& endpoint, const curve::ClientKeys& keys, const std::string& id);
   bool send_bytes(Link& link, const std::string& bytes);
   void send_hello(Link& link);
   void handle(Link& link, const std::string& bytes);
