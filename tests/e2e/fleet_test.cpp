@@ -627,7 +627,11 @@ TEST(FleetE2E, AgentsSendEachJobToItsOwnerAndFollowItWhenItsCollectorIsKilled) {
           if (r.value("lane", 1) == 0) stored[r.value("rank", -1)].push_back(r.value("seq", int64_t{-1}));
         for (int rank = 0; rank < 4; ++rank) {
           made[rank] = read_made_calls(dir.file(job_a + "-rank" + std::to_string(rank) + ".calls"));
-          if (stored[rank].empty() || stored[rank].back() + 1 != static_cast<int64_t>(made[rank].size())) return false;
+          // fakenccl-train writes a call's line before it makes the call: the stopped rank may
+          // have been stopped between the two, its last line a call it never made.
+          const int64_t last = stored[rank].empty() ? -2 : stored[rank].back();
+          const auto lines = static_cast<int64_t>(made[rank].size());
+          if (last + 1 != lines && !(rank == stopped && last + 2 == lines)) return false;
         }
         return true;
       },
