@@ -14,6 +14,10 @@ find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
 # usage ledger's identities, whose strings the users choose.
 pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium>=1.0.18)
 add_library(rankscope::sodium ALIAS PkgConfig::SODIUM)
+# zstd: batches compressed on the wire to a collector that reads them
+# (proto/compress.h; RocksDB already pulls the library in).
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd>=1.4)
+add_library(rankscope::zstd ALIAS PkgConfig::ZSTD)
 
 find_package(CapnProto CONFIG REQUIRED)
 find_package(RocksDB CONFIG REQUIRED)

@@ -284,6 +284,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   }
   SystemClock clock;
   Service service(**store, clock, service_options(options));
+  service.ingest().set_reads_compact(!options.plain_batches);
   if (auto started = service.restore(); !started) {
     RS_LOG(error, "%s", started.error().message.c_str());
     return 2;

@@ -53,6 +53,7 @@ po::options_description describe(Options& options) {
     ("insecure", po::bool_switch(&options.insecure), "plaintext and no authentication on both sockets (anyone can send data and read it): for tests and labs only")
     ("max-messages-per-s", po::value(&options.max_messages_per_s)->default_value(options.max_messages_per_s), "per key (per connection with --insecure): messages beyond this rate are dropped and counted (0: no limit)")
     ("max-bytes-per-s", po::value(&options.max_bytes_per_s)->default_value(options.max_bytes_per_s), "per key (per connection with --insecure): bytes beyond this rate are dropped and counted (0: no limit)")
+    ("plain-batches", po::bool_switch(&options.plain_batches), "ask agents for batches as an older collector reads them: a block per communicator and rank, not compressed (about twice the bytes; to read the wire with capnp decode, or to compare)")
     ("retention", po::value(&options.retention), "remove timeline records older than this (e.g. 30d, 12h, 90m); default: keep")
     ("max-disk-bytes", po::value(&options.max_disk_bytes), "keep the database under this size (e.g. 500G, 64M), removing the oldest records first; default: no cap")
     ("db-memory-mb", po::value(&options.db_memory_mb)->default_value(options.db_memory_mb), "memory for the database's write buffers (memtables), all column families together (16 to 65536)")

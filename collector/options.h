@@ -32,6 +32,8 @@ struct Options {
   // Per connection, on both sockets: more than this is dropped (0: no limit).
   uint32_t max_messages_per_s = 2000;
   uint64_t max_bytes_per_s = 64ull << 20;
+  // Ask agents for batches as an older collector reads them (no table, not compressed).
+  bool plain_batches = false;
   // Retention: records older than this go ("" or "0": kept); the database
   // stays under max_disk_bytes ("" or "0": no cap), oldest records first.
   std::string retention;                             // e.g. 30d, 12h, 90m, 3600s

@@ -113,6 +113,7 @@ void send_batch(NcclProbes& bpf, Summariser& summariser, Transport& transport, c
   const std::pair<uint64_t, uint64_t> id = transport.batch_id(key);
   const uint64_t instance = id.first, seq = id.second;
   const std::string clock_of = transport.route(key);
+  summariser.set_layout(transport.reads_compact() ? proto::BlockLayout::table : proto::BlockLayout::columns);
   auto fill = [&](wire::Batch::Builder batch) {
     if (announce) {
       summariser.announce(batch, drops, key);

@@ -486,7 +486,7 @@ uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set
                      [](const proto::GpuRecord& a, const proto::GpuRecord& b) { return a.seq < b.seq; });
     gpu.push_back(&part);
   }
-  proto::encode_collectives(blocks, batch, gpu);
+  proto::encode_collectives(blocks, batch, gpu, layout_);
   pending_records_ = 0;
   for (const auto& [key, block] : blocks_) pending_records_ += block.records.size();
   for (const auto& [key, block] : gpu_blocks_) pending_records_ += block.records.size();

@@ -57,6 +57,9 @@ class Summariser {
   // (key_of): each key's records travel in batches of their own, to the
   // key's owner. Alone, every key is "".
   void set_keyed(bool keyed) { keyed_ = keyed; }
+  // How fill() writes the host blocks: one table where every collector the
+  // batches may go to reads one (proto/codec.h).
+  void set_layout(proto::BlockLayout layout) { layout_ = layout; }
   // "job:ID" (common/placement.h), "nojob" before a process has a job; "" when not keyed.
   std::string key_of(uint32_t pid) const;
   // The keys of the traced processes.
@@ -189,6 +192,7 @@ class Summariser {
   std::vector<PendingEnd> ended_comms_;
   std::map<std::string, std::deque<std::array<uint64_t, 4>>> clock_samples_;  // by collector
   bool keyed_ = false;
+  proto::BlockLayout layout_ = proto::BlockLayout::columns;
   uint64_t comm_order_ = 0;
   std::vector<rs_wait_event> waits_;
   size_t pending_records_ = 0;

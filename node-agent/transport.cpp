@@ -49,7 +49,7 @@ std::optional<std::string> strip_detail(const std::string& batch_bytes, uint64_t
   auto read = proto::read_packed<wire::AgentMessage>(batch_bytes, proto::ReadLimits{}, [&](auto in) {
     if (in.which() != wire::AgentMessage::BATCH) return;
     auto from = in.getBatch();
-    for (auto c : from.getCollectives()) records += c.getCount();
+    if (auto shape = proto::block_shape(from)) records += shape->records;
     for (auto w : from.getWaits()) records += w.getCount();
     auto to = message.initRoot<wire::AgentMessage>().initBatch();
     to.setInstanceId(from.getInstanceId());
@@ -293,7 +293,18 @@ void Transport::read_key(Pending& pending) {
   (void)read;  // not a batch: sent as it is, to the configured collector, which says what is wrong
 }
 
+bool Transport::reads_compact() const {
+  bool any = false;
+  for (const auto& link : links_) {
+    if (!link->accepted) continue;
+    if (!link->reads_compact) return false;
+    any = true;
+  }
+  return any;
+}
+
 bool Transport::send_pending(Link& link, Pending& pending) {
+  std::optional<std::string> read;
   if (pending.bytes.empty()) {
     if (pending.ref.segment == 0 || !spool_) return true;  // nothing left to send; resend_due forgets it
     auto bytes = spool_->read(pending.ref);
@@ -303,10 +314,13 @@ bool Transport::send_pending(Link& link, Pending& pending) {
       ++discarded_;
       return true;
     }
-    if (!send_bytes(link, *bytes)) return false;
-  } else if (!send_bytes(link, pending.bytes)) {
-    return false;
+    read = std::move(*bytes);
   }
+  const std::string& bytes = read ? *read : pending.bytes;
+  // An older collector would ignore the table, and with it the records.
+  const std::optional<std::string> wire =
+      link.reads_compact ? proto::encode_compact(bytes) : proto::batch_without_table(bytes);
+  if (!send_bytes(link, wire ? *wire : bytes)) return false;
   if (pending.last_sent_ns != 0) ++pending.resends;
   pending.last_sent_ns = now();
   pending.to = &link;
@@ -489,6 +503,7 @@ void Transport::handle(Link& link, const std::string& bytes) {
             link.ack_timer.reset();  // a new connection: what was learnt of the old one no longer holds
           }
           link.accepted = true;
+          link.reads_compact = reply.getReadsCompact();
           // The configured collector says who it is in the fleet (its id names its jobs' owner).
           if (&link == links_.front().get() && reply.getCollectorId().size() > 0) link.id = reply.getCollectorId();
           for (auto& pending : queue_)  // send all again, in order (a new connection: no backing off)

@@ -83,6 +83,11 @@ class Transport {
   uint64_t welcomes() const { return welcomes_; }
   // Whether a fleet's members are known (batches are then sent by key).
   bool in_fleet() const { return !members_.empty(); }
+  // Every collector that accepted this agent (one at least) reads a batch's
+  // CollectiveTable, and batches compressed (sent so to each that does). A
+  // batch sent to one that does not gets its table rewritten as
+  // CollectiveColumns first (a collector replaced by an older one).
+  bool reads_compact() const;
   // The collector `key`'s batches go to now: its fleet id ("" alone, or
   // before the configured collector said its id).
   std::string route(const std::string& key) const;
@@ -127,6 +132,7 @@ class Transport {
     curve::ClientKeys keys;
     std::unique_ptr<zmq::socket_t> socket;
     bool accepted = false;
+    bool reads_compact = false;  // its HelloReply said so
     uint64_t last_hello_ns = 0;
     uint64_t waiting_since_ns = 0;  // no reply yet since then (0: a reply came)
     uint64_t last_silence_log_ns = 0;

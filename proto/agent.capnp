@@ -18,6 +18,10 @@ struct AgentMessage {
     batch @1 :Batch;
     heartbeat @2 :Heartbeat;
     clockProbe @3 :ClockProbe;
+    # A batch message (AgentMessage with a batch), packed, then compressed
+    # as one zstd frame that states its size (proto/compress.h), to a
+    # collector whose HelloReply says readsCompact.
+    compressed @4 :Data;
   }
 }
 
@@ -58,6 +62,10 @@ struct Batch {
   # The collector whose clock the clockSamples were taken against (its
   # --collector-id); another collector ignores them. "": the one it is sent to.
   clockOf @15 :Text;
+  # The collective records of every block, in one table (CollectiveTable),
+  # where the collector said it reads one (HelloReply.readsCompact); the
+  # blocks of `collectives`, if any, are read first.
+  collectiveTable @16 :CollectiveTable;
 }
 
 # The GPU side of the collectives of one (process, communicator, operation),
@@ -226,6 +234,36 @@ struct CollectiveColumns {
   firstCount @16 :UInt64;   # likewise for the element count
 }
 
+# The host-issue records of many blocks (each as one CollectiveColumns), in
+# one set of columns: a block's header is a row, each field coded against
+# the previous row's, so that the rows of a node's ranks in one
+# communicator (sent side by side) cost a few bytes each, not ~40. Record
+# columns hold the blocks' records one block after another, coded as in
+# CollectiveColumns (the first record of each block against its row).
+# Every column is empty (all zero) or exactly `blocks` (header) or the sum
+# of the counts (records) long. zigzag(d) = (d << 1) ^ (d >> width-1), of
+# the difference taken modulo 2^width.
+struct CollectiveTable {
+  blocks @0 :UInt32;              # rows
+  pid @1 :List(UInt32);           # xor the previous row's (previous of the first: 0)
+  comm @2 :List(UInt32);          # index into Batch.commTable, minus the previous row's
+  rank @3 :List(UInt32);          # zigzag(rank - the previous row's)
+  lane @4 :List(UInt32);          # xor the previous row's
+  firstSeq @5 :List(UInt64);      # zigzag(firstSeq - the previous row's)
+  baseOffsetNs @6 :List(UInt64);  # zigzag(issue of the first record - Batch.baseNs - the previous row's)
+  count @7 :List(UInt32);         # records in the block (at least 1), xor the previous row's
+  firstCode @8 :List(UInt32);     # as CollectiveColumns.firstCode, xor the previous row's
+  firstCount @9 :List(UInt64);    # as CollectiveColumns.firstCount, xor the previous row's
+  seqGap @10 :List(UInt32);
+  issueDeltaNs @11 :List(UInt64);
+  durationNs @12 :List(UInt32);
+  code @13 :List(UInt32);
+  countDelta @14 :List(Int64);
+  peer @15 :List(Int32);           # xor the previous record's; a block's first against its lane's peer
+                                  # ((lane - 1) / 2, and -1 on lane 0), not -1
+  result @16 :List(UInt8);
+}
+
 # One field per row of common/drops.h's table, in its order (proto/drops.h
 # binds them; a test holds the three together).
 struct DropCounters {
@@ -364,6 +402,8 @@ struct HelloReply {
   collectorVersion @3 :Text;
   collectorId @4 :Text;     # in a fleet: this collector's id ("" alone)
   fleet @5 :FleetMap;       # in a fleet, to an agent that follows it: the members now
+  readsCompact @6 :Bool;    # the collector reads Batch.collectiveTable and AgentMessage.compressed
+                            # (an older one would ignore the table, and refuse a compressed batch)
 }
 
 # The collectors of a fleet, as the one sending it last read them from etcd:

@@ -3,6 +3,7 @@
 #include <capnp/message.h>
 
 #include "proto/codec.h"
+#include "proto/compress.h"
 
 namespace rankscope::proto {
 
@@ -47,6 +48,19 @@ std::string encode_batch(uint64_t instance_id, uint64_t seq, uint64_t created_ns
   batch.setCreatedNs(created_ns);
   fill(batch);
   return to_packed(message);
+}
+
+std::string encode_compressed(std::string_view packed) {
+  const std::string frame = compress(packed);
+  capnp::MallocMessageBuilder message;
+  message.initRoot<wire::AgentMessage>().setCompressed(
+      capnp::Data::Reader(reinterpret_cast<const kj::byte*>(frame.data()), frame.size()));
+  return to_packed(message);
+}
+
+std::string encode_compact(std::string_view packed) {
+  std::string compressed = encode_compressed(packed);
+  return compressed.size() < packed.size() ? compressed : std::string(packed);
 }
 
 void write_processes(const std::vector<const ProcessIdentity*>& processes, wire::Batch::Builder batch) {

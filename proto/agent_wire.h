@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "proto/agent.capnp.h"
@@ -38,6 +39,13 @@ std::string encode_heartbeat(const HeartbeatHeader& header, const std::function<
 // Packed bytes of a batch: the header, then what `fill` writes.
 std::string encode_batch(uint64_t instance_id, uint64_t seq, uint64_t created_ns,
                          const std::function<void(wire::Batch::Builder)>& fill);
+
+// `packed` (a batch message) as AgentMessage.compressed, for a collector
+// that reads one (HelloReply.readsCompact).
+std::string encode_compressed(std::string_view packed);
+// The same where that is smaller, else `packed` as it is (a batch of a few
+// hundred bytes gains less than a frame costs).
+std::string encode_compact(std::string_view packed);
 
 // Who a traced process is, as the agent announces it once per process.
 struct ProcessIdentity {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,11 +38,16 @@ struct GpuBlock {
   std::vector<GpuRecord> records;
 };
 
+// How a batch carries its host blocks: one CollectiveColumns each, or all
+// in one CollectiveTable (a few bytes a block instead of ~40; only to a
+// collector that said it reads one: HelloReply.readsCompact).
+enum class BlockLayout { columns, table };
+
 // Writes the blocks into the batch: its time base (the earliest issue or
-// enqueue time), its table of communicator hashes, one CollectiveColumns
-// per block and one GpuColumns per GPU block.
+// enqueue time), its table of communicator hashes, the host blocks as
+// `layout` says and one GpuColumns per GPU block.
 void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Batch::Builder batch,
-                        const std::vector<const GpuBlock*>& gpu = {});
+                        const std::vector<const GpuBlock*>& gpu = {}, BlockLayout layout = BlockLayout::columns);
 // What the blocks of one batch share, read from it once: its table of
 // communicator hashes and its time base. (A Cap'n Proto reader charges the
 // traversal limit each time a list is got: getting the table once per block
@@ -60,6 +66,30 @@ Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, const Bat
 inline Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wire::Batch::Reader batch) {
   return decode_columns(in, BatchFrame(batch));  // one block; a loop over a batch's blocks takes one frame
 }
+
+// How many host blocks and records a batch claims, in its CollectiveColumns
+// and its CollectiveTable together (a table whose header columns do not fit
+// together, or that claims more than kMaxRecordsPerBatch records, is an error).
+struct BlockShape {
+  uint64_t blocks = 0;
+  uint64_t records = 0;
+};
+Result<BlockShape> block_shape(wire::Batch::Reader batch);
+// The comm index (into Batch.commTable) of each host block, unchecked; an
+// unreadable table adds none.
+std::vector<uint32_t> block_comms(wire::Batch::Reader batch);
+// Decodes every host block of the batch, its CollectiveColumns first, then
+// its table's rows, and calls `use` with each: a block that cannot be read is
+// an error of its own (the others are read); a table whose columns do not
+// fit together is one error for all of its blocks.
+void for_each_block(wire::Batch::Reader batch, const BatchFrame& frame,
+                    const std::function<void(Result<ColumnBlock>)>& use);
+
+// A batch message whose CollectiveTable is rewritten as CollectiveColumns
+// (same time base and comm table; rows that cannot be read are left out),
+// for a collector that does not read tables; nullopt when `bytes` is not a
+// batch with a table, or cannot be read.
+std::optional<std::string> batch_without_table(std::string_view bytes);
 
 // Decodes one GPU block, with the same checks as decode_columns.
 Result<GpuBlock> decode_gpu(wire::GpuColumns::Reader in, const BatchFrame& frame);

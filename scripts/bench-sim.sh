@@ -38,7 +38,9 @@
 # simulator's own delay).
 # RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
 # runs that collector binary instead of BUILD_DIR's (a baseline build: the
-# same command then gives the before figures).
+# same command then gives the before figures). RS_FLOOD_ARGS=ARGS adds
+# ARGS to each --scale flood (e.g. --columns: batches as to a collector
+# that does not read them compact, for a before figure with one collector).
 # Every run gets a fresh collector (its own database, ports); rankscope-sim
 # drives it over its agent socket and scores it over its query socket. The
 # collector never sees the truth files.
@@ -376,8 +378,9 @@ echo "| ranks | records | ingest records/s | wire bytes/record | JSON lines byte
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for ranks in $flood_sizes; do
   start_collector "flood-$ranks" --hang-timeout-s 30
+  # shellcheck disable=SC2086 # RS_FLOOD_ARGS: words meant
   out=$("$bin/rankscope-sim" flood --collector "$agents" --query "$query" --ranks "$ranks" --steps "$flood_steps" \
-    --history-steps "$history" --collector-pid "$collector_pid" --log-level warn)
+    --history-steps "$history" --collector-pid "$collector_pid" --log-level warn ${RS_FLOOD_ARGS:-})
   comm=$(grep -o '"history_comm":"[0-9a-f]*"' <<<"$out" | cut -d'"' -f4)
   json_bytes=$("$bin/rankscope" --collector "$query" --insecure timeline --comm "$comm" --rank 0 --last 0 --json |
     sed -e 's/^.*"records":\[//' -e 's/\]}$//' -e 's/},{/}\n{/g' | wc -c)

@@ -4,7 +4,10 @@
 # wire: bytes per collective record per rank on the wire, measured on the
 # batches that real traced jobs produced, against the same records as JSON
 # lines. Two workloads: a dense one (many calls per 100 ms batch) and a
-# paced one (a few calls per batch, where each block's header counts most).
+# paced one (a few calls per batch, where each block's header counts most),
+# each sent plain (the collector run with --plain-batches: a block per
+# communicator and rank, not compressed) and compact (the default: a table,
+# compressed), the collector restarted between them.
 # Then the hang detection latency, and scripts/bench-overhead.sh (the agent's
 # cost per NCCL call against a bare uprobe pair, and its CPU).
 set -euo pipefail
@@ -21,7 +24,7 @@ jobs_run=0
 
 # measure LABEL fakenccl-train-args...: one job; prints one table row.
 measure() {
-  local label=$1
+  local label="$1, $batches_as"
   shift
   local before after records bytes batches comm json_bytes steps
   local job="bench-wire-$((++jobs_run))"
@@ -49,13 +52,33 @@ measure() {
 echo "### Wire size of collective records ($(date -u +%F), $(nproc) cores, kernel $(uname -r))"
 echo
 echo "Command: \`scripts/bench.sh build\`. $ranks fakenccl-train ranks on $nodes simulated nodes, $buckets AllReduce"
-echo "buckets per step, traced by two real agents; bytes are all packed Cap'n Proto batch bytes the collector"
-echo "received (headers, comm tables, clock samples included) divided by the records stored."
+echo "buckets per step, traced by two real agents; bytes are all batch bytes the collector received as they"
+echo "came (packed Cap'n Proto, or its zstd frame; headers, comm tables, clock samples included) divided by the"
+echo "records stored. Plain: the collector run with --plain-batches; compact: the default."
 echo
 echo "| workload | mean step | records | batches | records/batch | bytes/record | JSON lines bytes/record | JSON / rankscope |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
-measure "dense: 300 steps, light compute" --steps 300 --compute-iters 20000
-measure "paced: 100 steps, default compute" --steps 100
+# restart_collector [options...]: the same collector (database, ports) again
+# with these options; the agents reconnect and say hello to it.
+restart_collector() {
+  pkill -f "rankscope-collector --listen tcp://127.0.0.1:$agent_port " || true
+  while pgrep -f "rankscope-collector --listen tcp://127.0.0.1:$agent_port " >/dev/null; do sleep 0.1; done
+  # shellcheck disable=SC2046 # word splitting of the key flags is meant
+  "$bin/rankscope-collector" --listen "tcp://127.0.0.1:$agent_port" --query "tcp://127.0.0.1:$query_port" \
+    --db "$work/db" $(rs_collector_keys) "$@" >>"$work/collector.log" 2>&1 &
+  rs_pids+=($!)
+  for _ in $(seq 200); do
+    [ "$(rs_cli --timeout-ms 1000 status --json 2>/dev/null | grep -o '"connected":true' | wc -l)" -eq "$nodes" ] && return 0
+    sleep 0.1
+  done
+  echo "rankscope: the agents did not come back to the restarted collector" >&2
+  return 1
+}
+for batches_as in plain compact; do
+  if [ "$batches_as" = plain ]; then restart_collector --plain-batches; else restart_collector; fi
+  measure "dense: 300 steps, light compute" --steps 300 --compute-iters 20000
+  measure "paced: 100 steps, default compute" --steps 100
+done
 
 # Hang detection latency: a rank is stopped with SIGSTOP; how long until the
 # collector names it (hang timeout 2 s)? A new job each run, same deployment.

@@ -14,6 +14,7 @@ build_pkgs=(
   libclang-rt-14-dev                    # libFuzzer and the sanitizers' runtimes (tests/fuzz)
   libbpf-dev bpftool libelf-dev zlib1g-dev
   libzmq3-dev cppzmq-dev libsodium-dev
+  libzstd-dev                           # batches compressed on the wire (proto/compress.h)
   capnproto libcapnp-dev
   librocksdb-dev
   libboost-program-options-dev

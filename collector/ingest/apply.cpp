@@ -149,12 +149,11 @@ void Ingest::apply_comm_ends(NodeState& node, wire::Batch::Reader batch, std::se
 size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, const proto::BatchFrame& frame,
                                  std::set<uint64_t>& changed) {
   size_t records = 0;
-  for (auto columns : batch.getCollectives()) {
-    auto block = proto::decode_columns(columns, frame);
+  proto::for_each_block(batch, frame, [&](Result<proto::ColumnBlock> block) {
     auto valid = block ? check_block(*block) : Result<void>(block.error());
     if (!valid) {
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + valid.error().message + "; block skipped");
-      continue;
+      return;
     }
     bool news = false;
     CommState& comm = comm_for(block->comm_hash, node.name, block->pid, news);
@@ -169,7 +168,7 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
       } else if (news) {
         changed.insert(comm.hash);
       }
-      continue;
+      return;
     }
     MemberState& member = *claimed;
     news |= comm.lanes.insert(block->lane).second;
@@ -202,7 +201,7 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
     member.records += taken;
     records += taken;
     dirty_members_.emplace(comm.hash, *rank);
-  }
+  });
   return records;
 }
 

@@ -7,6 +7,7 @@
 #include "common/format.h"
 #include "common/log.h"
 #include "common/version.h"
+#include "proto/compress.h"
 #include "proto/limits.h"
 #include "proto/store.capnp.h"
 
@@ -146,6 +147,30 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
         on_batch(node, routing_id, message.getBatch(), bytes.size(), out);
         counters_.batch_bytes += bytes.size();
         break;
+      case wire::AgentMessage::COMPRESSED: {
+        // A batch, whole once decompressed. Its records are bounded by the
+        // bytes that came (check_batch), as a packed batch's: work per byte
+        // received stays what it was.
+        auto data = message.getCompressed();
+        const proto::ReadLimits limits;
+        auto inner = proto::decompress(std::string_view(reinterpret_cast<const char*>(data.begin()), data.size()),
+                                       limits.max_bytes);
+        auto take = [&](wire::AgentMessage::Reader batch) {
+          if (batch.which() != wire::AgentMessage::BATCH) {
+            bad_message(&node, "a compressed message that is not a batch; ignored");
+            return;
+          }
+          on_batch(node, routing_id, batch.getBatch(), bytes.size(), out);
+          counters_.batch_bytes += bytes.size();
+        };
+        Result<void> read =
+            inner ? proto::read_packed<wire::AgentMessage>(*inner, limits, take) : Result<void>(inner.error());
+        if (!read) {
+          bad_message(&node, read.error().message);
+          out.now.emplace_back(routing_id, error_reply(wire::ErrorCode::BAD_MESSAGE, read.error().message));
+        }
+        break;
+      }
       case wire::AgentMessage::HEARTBEAT:
         on_heartbeat(node, message.getHeartbeat());
         reply_detail(node, routing_id, out);
@@ -238,6 +263,7 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
   auto reply = builder.initRoot<wire::CollectorMessage>().initHelloReply();
   reply.setProtocolVersion(wire::PROTOCOL_VERSION);
   reply.setCollectorVersion(kVersion);
+  reply.setReadsCompact(reads_compact_);
   std::string name = hello.getNode();
   uint32_t version = hello.getProtocolVersion();
   if (version == 0 || version > wire::PROTOCOL_VERSION) {

@@ -135,6 +135,9 @@ class Ingest final : public CommitParticipant {
   // for (collector/detect/detail.h), in the reply to each of its
   // heartbeats; a node asked before and no longer is told once.
   void set_detail_wanted(const std::map<std::string, std::vector<uint64_t>>& by_node) { detail_wanted_ = by_node; }
+  // Whether HelloReplies say readsCompact (agents then send a table,
+  // compressed); either way both are read.
+  void set_reads_compact(bool reads) { reads_compact_ = reads; }
   // In a fleet of collectors: this collector's id and the members as last
   // read from etcd. Agents that follow the fleet get them in their
   // HelloReply, and, when they changed, in a FleetMap (into `out.now`, to
@@ -213,6 +216,7 @@ class Ingest final : public CommitParticipant {
   void bad_message(NodeState* node, const std::string& what);
 
   std::map<std::string, std::vector<uint64_t>> detail_wanted_;
+  bool reads_compact_ = true;  // said in HelloReplies
   TimelineStore& store_;
   Commit& commit_;
   WriteSet& pending_;  // commit_'s

@@ -195,9 +195,9 @@ bool Ingest::held_for_split(NodeState& node, wire::Batch::Reader batch, std::set
   const uint64_t now = clock_.realtime_ns();
   auto table = batch.getCommTable();
   bool wait = false;
-  for (auto columns : batch.getCollectives()) {
-    if (columns.getComm() >= table.size()) continue;  // refused with the block
-    auto comm = model_.comms.find(table[columns.getComm()]);
+  for (uint32_t index : proto::block_comms(batch)) {
+    if (index >= table.size()) continue;  // refused with the block
+    auto comm = model_.comms.find(table[index]);
     if (comm == model_.comms.end() || comm->second.split.sizing != SplitSizing::pending) continue;
     const SplitOf split = comm->second.split;
     if (now - std::min(now, split.since_ns) > kSplitSizingGraceNs)

@@ -27,8 +27,13 @@ Result<void> check_batch(wire::Batch::Reader batch, size_t wire_bytes) {
                  check_length("batch: GPU blocks", batch.getGpuCollectives().size(), kMaxListEntries),
                  check_length("batch: clock samples", batch.getClockSamples().size(), kMaxClockSamples)})
     if (!r) return r;
-  uint64_t records = 0;
-  for (auto block : batch.getCollectives()) records += block.getCount();
+  auto shape = proto::block_shape(batch);
+  if (!shape) return make_error(Errc::protocol, "batch: " + shape.error().message);
+  if (shape->blocks > kMaxListEntries)
+    return make_error(Errc::protocol, "batch: collective blocks and table rows number " +
+                                          std::to_string(shape->blocks) + " (limit " + std::to_string(kMaxListEntries) +
+                                          ")");
+  uint64_t records = shape->records;
   for (auto block : batch.getWaits()) records += block.getCount();
   for (auto block : batch.getGpuCollectives()) records += block.getCount();
   if (records > kMaxRecordsPerBatch)

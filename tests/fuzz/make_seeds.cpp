@@ -35,37 +35,38 @@ int main(int argc, char** argv) {
   auto b = [](const std::string& m) { return routed(kNodeB, m); };
   auto a_commit = [](const std::string& m) { return routed(kCommitAfter, m); };
   auto b_commit = [](const std::string& m) { return routed(kNodeB | kCommitAfter, m); };
-  corpora.push_back({"agent_message",
-                     {
-                         {"batch", a(batch(1, 0, 0, 20))},
-                         {"batch-rank1", b(batch(1, 1, 0, 12))},
-                         {"session", join_messages({a(batch(1, 0, 0, 20)), a(clock_probe(2'100'000'000)),
-                                                    a(heartbeat(100, true, true)), a(batch(2, 0, 20, 20)),
-                                                    a(heartbeat(100, true, false))})},
-                         // Both ranks on their own nodes: collectives complete, the ledger bills the wait.
-                         {"job", join_messages({a(batch(1, 0, 0, 20)), b_commit(batch(1, 1, 0, 20)),
-                                                a(batch(2, 0, 20, 10)), b(heartbeat(101, true, false)),
-                                                b_commit(batch(2, 1, 20, 10))})},
-                         {"resend", join_messages({a(batch(1, 0, 0, 5)), a(batch(1, 0, 0, 5))})},
-                         {"resend-after-commit", join_messages({a_commit(batch(1, 0, 0, 5)), a(batch(1, 0, 0, 5))})},
-                         {"restart", join_messages({a(batch(1, 0, 0, 5)), a(hello("node-a", kInstance + 1)),
-                                                    a(batch(1, 0, 5, 5, kInstance + 1))})},
-                         {"comm-end", join_messages({a(batch(1, 0, 0, 3)), b(batch(1, 1, 0, 3)),
-                                                     a(comm_end(2, 0)), b_commit(comm_end(2, 1))})},
-                         // The attacks of the security review (docs/operations.md, "Threat model").
-                         {"grow", join_messages({a_commit(batch(1, 0, 0, 1)), a(batch(2, 60'000, 0, 1, kInstance, 65'536))})},
-                         {"huge", join_messages({a(batch(1, 0, 0, 64, kInstance, 65'536)),
-                                                 a_commit(batch(2, 1, 0, 64, kInstance, 65'536))})},
-                         {"rebind", join_messages({a_commit(batch(1, 0, 0, 5)), b(batch(1, 0, 5, 5))})},
-                         {"stranger-end", join_messages({a(batch(1, 0, 0, 3)), b_commit(comm_end(1, 0))})},
-                         {"other-key", join_messages({a(batch(1, 0, 0, 3)), routed(kOtherKey, batch(2, 0, 3, 3))})},
-                         {"exited", a(heartbeat(100, false, false))},
-                         // Found by a campaign: a start time past 2^64 ns overflowed the ledger's cast.
-                         {"start-time-overflow", join_messages({a(batch(1, 0, 0, 3, kInstance, 2, UINT64_MAX / 2)),
-                                                                a_commit(heartbeat(100, true, true))})},
-                         {"probe", a(clock_probe(1))},
-                         {"hello-again", b(hello("node-b", 7))},
-                     }});
+  corpora.push_back(
+      {"agent_message",
+       {
+           {"batch", a(batch(1, 0, 0, 20))},
+           {"batch-compact", a(compact_batch(1, 0, 0, 20))},
+           {"batch-rank1", b(batch(1, 1, 0, 12))},
+           {"session",
+            join_messages({a(batch(1, 0, 0, 20)), a(clock_probe(2'100'000'000)), a(heartbeat(100, true, true)),
+                           a(batch(2, 0, 20, 20)), a(heartbeat(100, true, false))})},
+           // Both ranks on their own nodes: collectives complete, the ledger bills the wait.
+           {"job", join_messages({a(batch(1, 0, 0, 20)), b_commit(batch(1, 1, 0, 20)), a(batch(2, 0, 20, 10)),
+                                  b(heartbeat(101, true, false)), b_commit(batch(2, 1, 20, 10))})},
+           {"resend", join_messages({a(batch(1, 0, 0, 5)), a(batch(1, 0, 0, 5))})},
+           {"resend-after-commit", join_messages({a_commit(batch(1, 0, 0, 5)), a(batch(1, 0, 0, 5))})},
+           {"restart", join_messages({a(batch(1, 0, 0, 5)), a(hello("node-a", kInstance + 1)),
+                                      a(batch(1, 0, 5, 5, kInstance + 1))})},
+           {"comm-end",
+            join_messages({a(batch(1, 0, 0, 3)), b(batch(1, 1, 0, 3)), a(comm_end(2, 0)), b_commit(comm_end(2, 1))})},
+           // The attacks of the security review (docs/operations.md, "Threat model").
+           {"grow", join_messages({a_commit(batch(1, 0, 0, 1)), a(batch(2, 60'000, 0, 1, kInstance, 65'536))})},
+           {"huge",
+            join_messages({a(batch(1, 0, 0, 64, kInstance, 65'536)), a_commit(batch(2, 1, 0, 64, kInstance, 65'536))})},
+           {"rebind", join_messages({a_commit(batch(1, 0, 0, 5)), b(batch(1, 0, 5, 5))})},
+           {"stranger-end", join_messages({a(batch(1, 0, 0, 3)), b_commit(comm_end(1, 0))})},
+           {"other-key", join_messages({a(batch(1, 0, 0, 3)), routed(kOtherKey, batch(2, 0, 3, 3))})},
+           {"exited", a(heartbeat(100, false, false))},
+           // Found by a campaign: a start time past 2^64 ns overflowed the ledger's cast.
+           {"start-time-overflow",
+            join_messages({a(batch(1, 0, 0, 3, kInstance, 2, UINT64_MAX / 2)), a_commit(heartbeat(100, true, true))})},
+           {"probe", a(clock_probe(1))},
+           {"hello-again", b(hello("node-b", 7))},
+       }});
   corpora.push_back({"query",
                      {
                          {"status", status_request()},

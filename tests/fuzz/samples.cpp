@@ -53,8 +53,24 @@ std::string comm_end(uint64_t seq, int32_t rank, uint64_t instance) {
   return proto::to_packed(message);
 }
 
+namespace {
+std::string batch_as(proto::BlockLayout layout, uint64_t seq, int32_t rank, uint64_t first_seq, size_t records,
+                     uint64_t instance, int32_t nranks, uint64_t start_time);
+}  // namespace
+
 std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance, int32_t nranks,
                   uint64_t start_time) {
+  return batch_as(proto::BlockLayout::columns, seq, rank, first_seq, records, instance, nranks, start_time);
+}
+
+std::string compact_batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records) {
+  return proto::encode_compressed(  // compressed whatever its size, to cover the path
+      batch_as(proto::BlockLayout::table, seq, rank, first_seq, records, kInstance, 2, 4242));
+}
+
+namespace {
+std::string batch_as(proto::BlockLayout layout, uint64_t seq, int32_t rank, uint64_t first_seq, size_t records,
+                     uint64_t instance, int32_t nranks, uint64_t start_time) {
   const uint32_t pid = 100 + static_cast<uint32_t>(rank);
   const uint64_t t0 = 2'000'000'000 + first_seq * 1'000'000;
   capnp::MallocMessageBuilder message;
@@ -115,7 +131,7 @@ std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records
   send.datatype = 0;
   send.peer = 1 - rank;
   p2p.records.push_back(send);
-  proto::encode_collectives({&collectives, &p2p}, b);
+  proto::encode_collectives({&collectives, &p2p}, b, {}, layout);
 
   proto::WaitBlock waits;
   waits.pid = pid;
@@ -133,6 +149,7 @@ std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records
   }
   return proto::to_packed(message);
 }
+}  // namespace
 
 std::string heartbeat(uint32_t pid, bool alive, bool open_wait) {
   capnp::MallocMessageBuilder message;

@@ -38,6 +38,9 @@ std::string hello(const std::string& node, uint64_t instance = kInstance);
 // at `start_time` clock ticks after boot) and clock samples.
 std::string batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records, uint64_t instance = kInstance,
                   int32_t nranks = 2, uint64_t start_time = 4242);
+// The same batch as an agent sends it to a collector that reads it compact:
+// its records in a table, the message compressed.
+std::string compact_batch(uint64_t seq, int32_t rank, uint64_t first_seq, size_t records);
 // A communicator's end by the process of `rank`.
 std::string comm_end(uint64_t seq, int32_t rank, uint64_t instance = kInstance);
 std::string heartbeat(uint32_t pid, bool alive, bool open_wait);

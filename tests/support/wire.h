@@ -48,9 +48,10 @@ struct AgentBatch {
   std::vector<proto::WaitBlock> waits;
   std::vector<proto::GpuBlock> gpu;  // from the profiler plugin's rings
   std::vector<std::pair<uint32_t, uint64_t>> comm_ends;  // (pid, comm): ncclCommDestroy
+  bool compact = false;                                  // as to a collector that reads it so: a table, compressed
 
   std::string bytes() const {
-    return proto::encode_batch(instance, seq, 0, [&](proto::wire::Batch::Builder b) {
+    std::string packed = proto::encode_batch(instance, seq, 0, [&](proto::wire::Batch::Builder b) {
       std::vector<const proto::ProcessIdentity*> identities;
       for (const auto& p : processes) identities.push_back(&p);
       if (!identities.empty()) proto::write_processes(identities, b);
@@ -60,7 +61,9 @@ struct AgentBatch {
       for (const auto& block : calls) blocks.push_back(&block);
       std::vector<const proto::GpuBlock*> gpu_blocks;
       for (const auto& block : gpu) gpu_blocks.push_back(&block);
-      if (!blocks.empty() || !gpu_blocks.empty()) proto::encode_collectives(blocks, b, gpu_blocks);
+      if (!blocks.empty() || !gpu_blocks.empty())
+        proto::encode_collectives(blocks, b, gpu_blocks,
+                                  compact ? proto::BlockLayout::table : proto::BlockLayout::columns);
       if (!waits.empty()) proto::encode_waits(waits, b);
       if (!comm_ends.empty()) {
         auto ends = b.initCommEnds(static_cast<unsigned>(comm_ends.size()));
@@ -71,6 +74,7 @@ struct AgentBatch {
         }
       }
     });
+    return compact ? proto::encode_compressed(packed) : packed;
   }
 };
 

@@ -1,11 +1,19 @@
 // The columnar encoding of collective records: lossless, compact, and
 // refusing malformed input with a reason.
-#include <gtest/gtest.h>
-
-#include <functional>
-#include <random>
-
 #include "proto/codec.h"
+
+#include <gtest/gtest.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <random>
+#include <tuple>
+
+#include "proto/agent_wire.h"
+#include "proto/compress.h"
+#include "proto/limits.h"
 
 namespace rankscope::proto {
 namespace {
@@ -311,6 +319,230 @@ TEST(Codec, HostileGpuBlocksAreRefusedWithAReason) {
               g.initSeqGap(4).set(2, 5);
             }).find("sequence"),
             std::string::npos);
+}
+
+// Blocks as a node's agent has them in one 1 s batch of a pipeline job: 8
+// ranks in a TP communicator (2 calls each), each rank's DP AllReduce (1
+// call) and its Send/Recv lanes to the next stage (1 call each), varied
+// enough to cover every field.
+std::vector<ColumnBlock> node_blocks(std::mt19937& rng) {
+  std::vector<ColumnBlock> blocks;
+  const uint64_t tp = 0x1111222233334444ull, dp = 0x5555666677778888ull, pp = 0x99990000aaaabbbbull;
+  const uint64_t t0 = 5'000'000'000'000ull;
+  for (int rank = 0; rank < 8; ++rank) {
+    const uint32_t pid = 4000 + 7 * rank;
+    auto add = [&](uint64_t comm, int32_t rank_in, uint32_t lane, size_t n, uint64_t first_seq, uint8_t op,
+                   int32_t peer) {
+      ColumnBlock& b = blocks.emplace_back();
+      b.pid = pid, b.comm_hash = comm, b.rank = rank_in, b.lane = lane;
+      uint64_t t = t0 + rng() % 900'000'000;
+      for (size_t i = 0; i < n; ++i) {
+        CallRecord r;
+        r.seq = first_seq + i + (i == 1 && rng() % 4 == 0 ? 2 : 0);  // now and then a gap
+        t += i ? rng() % 150'000'000 : 0;
+        r.issue_ns = t;
+        r.return_ns = t + 3'000 + rng() % 12'000;
+        r.count = op == RS_OP_SEND || op == RS_OP_RECV ? 4u << 20 : (1u << 20) * (1 + i % 2);
+        r.op = op, r.datatype = 7, r.peer = peer;
+        if (rng() % 50 == 0) r.result = 3;
+        if (rng() % 40 == 0) r.return_ns = t + 6'000'000'000ull;  // saturates
+        b.records.push_back(r);
+      }
+    };
+    add(tp, rank, 0, 2, 24, RS_OP_ALLREDUCE, -1);
+    add(dp, 64 + rank, 0, 1, 19, RS_OP_ALLREDUCE, -1);
+    const int32_t next = 8 + rank;
+    add(pp, rank, 1 + 2 * static_cast<uint32_t>(next), 1, 4, RS_OP_SEND, next);
+    add(pp, rank, 2 + 2 * static_cast<uint32_t>(next), 1, 4, RS_OP_RECV, next);
+  }
+  blocks.emplace_back().pid = 1;  // a block with no records: nothing of it is lost or made up
+  blocks.back().comm_hash = tp;
+  return blocks;
+}
+
+std::string pack_blocks(const std::vector<ColumnBlock>& blocks, BlockLayout layout) {
+  std::vector<const ColumnBlock*> pointers;
+  for (const auto& b : blocks) pointers.push_back(&b);
+  capnp::MallocMessageBuilder message;
+  encode_collectives(pointers, message.initRoot<wire::AgentMessage>().initBatch(), {}, layout);
+  return to_packed(message);
+}
+
+// Every block for_each_block reads, or the first error.
+std::vector<ColumnBlock> unpack_blocks(const std::string& bytes, std::string* error = nullptr) {
+  std::vector<ColumnBlock> out;
+  auto read = read_packed<wire::AgentMessage>(bytes, ReadLimits{}, [&](auto message) {
+    for_each_block(message.getBatch(), BatchFrame(message.getBatch()), [&](Result<ColumnBlock> block) {
+      if (block)
+        out.push_back(std::move(*block));
+      else if (error && error->empty())
+        *error = block.error().message;
+    });
+  });
+  EXPECT_TRUE(read) << (read ? "" : read.error().message);
+  return out;
+}
+
+std::vector<std::tuple<uint64_t, uint32_t, int32_t, uint32_t, std::vector<CallRecord>>> sorted(
+    const std::vector<ColumnBlock>& blocks) {
+  std::vector<std::tuple<uint64_t, uint32_t, int32_t, uint32_t, std::vector<CallRecord>>> out;
+  for (const auto& b : blocks) out.emplace_back(b.comm_hash, b.lane, b.rank, b.pid, b.records);
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) {
+    return std::tie(std::get<0>(x), std::get<1>(x), std::get<2>(x), std::get<3>(x)) <
+           std::tie(std::get<0>(y), std::get<1>(y), std::get<2>(y), std::get<3>(y));
+  });
+  return out;
+}
+
+TEST(Codec, ATableOfBlocksReadsBackAsTheirColumnsDo) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 50; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<ColumnBlock> blocks = node_blocks(rng);
+    const auto columns = unpack_blocks(pack_blocks(blocks, BlockLayout::columns));
+    const std::string table_bytes = pack_blocks(blocks, BlockLayout::table);
+    const auto table = unpack_blocks(table_bytes);
+    ASSERT_EQ(table.size(), blocks.size());
+    EXPECT_EQ(sorted(table), sorted(columns));
+    // Rewritten for a collector that reads no table: the same blocks, as columns.
+    auto plain = batch_without_table(table_bytes);
+    ASSERT_TRUE(plain);
+    ASSERT_TRUE(read_packed<wire::AgentMessage>(*plain, ReadLimits{}, [&](auto m) {
+      EXPECT_FALSE(m.getBatch().hasCollectiveTable());
+      EXPECT_EQ(m.getBatch().getCollectives().size(), blocks.size());
+    }));
+    EXPECT_EQ(sorted(unpack_blocks(*plain)), sorted(columns));
+    EXPECT_FALSE(batch_without_table(pack_blocks(blocks, BlockLayout::columns))) << "no table: nothing to rewrite";
+    auto shape = read_packed<wire::AgentMessage>(table_bytes, ReadLimits{}, [&](auto m) {
+      auto s = block_shape(m.getBatch());
+      ASSERT_TRUE(s);
+      EXPECT_EQ(s->blocks, blocks.size());
+      EXPECT_EQ(s->records, 8u * 5u);
+      EXPECT_EQ(block_comms(m.getBatch()).size(), blocks.size());
+    });
+    EXPECT_TRUE(shape);
+  }
+}
+
+TEST(Codec, ATableCostsFarLessABlockThanColumns) {
+  // One 1 s batch of a pipeline job's node: 41 blocks for 40 records, the
+  // case where each CollectiveColumns header (~40 bytes) is paid by one or
+  // two records.
+  std::mt19937 rng(5);
+  const std::vector<ColumnBlock> blocks = node_blocks(rng);
+  const double columns = pack_blocks(blocks, BlockLayout::columns).size() / 40.0;
+  const double table = pack_blocks(blocks, BlockLayout::table).size() / 40.0;
+  RecordProperty("bytes_per_record_columns", std::to_string(columns));
+  RecordProperty("bytes_per_record_table", std::to_string(table));
+  EXPECT_LT(table, 0.7 * columns) << table << " bytes a record in a table, " << columns << " in columns";
+}
+
+TEST(Codec, HostileTablesAreRefusedWithAReasonAndCostOnlyTheirOwnRows) {
+  auto read = [](const std::function<void(wire::Batch::Builder)>& build, std::string* error) {
+    capnp::MallocMessageBuilder message;
+    auto batch = message.initRoot<wire::AgentMessage>().initBatch();
+    batch.initCommTable(2);
+    build(batch);
+    return unpack_blocks(to_packed(message), error);
+  };
+  std::string error;
+  // More rows than any list may hold.
+  EXPECT_TRUE(read([](auto b) { b.initCollectiveTable().setBlocks(kMaxListEntries + 1); }, &error).empty());
+  EXPECT_NE(error.find("claims 65537 blocks"), std::string::npos) << error;
+  // A header column of another length than the rows.
+  error.clear();
+  EXPECT_TRUE(read(
+                  [](auto b) {
+                    auto t = b.initCollectiveTable();
+                    t.setBlocks(3);
+                    t.initRank(2);
+                  },
+                  &error)
+                  .empty());
+  EXPECT_NE(error.find("table rank has 2 entries, expected 3"), std::string::npos) << error;
+  // More records than a batch may carry, and record columns not as long as the counts say.
+  error.clear();
+  EXPECT_TRUE(read(
+                  [](auto b) {
+                    auto t = b.initCollectiveTable();
+                    t.setBlocks(2);
+                    auto count = t.initCount(2);
+                    count.set(0, static_cast<uint32_t>(kMaxRecordsPerBatch));
+                    count.set(1, static_cast<uint32_t>(kMaxRecordsPerBatch) ^ 1u);  // xor: 1 record
+                  },
+                  &error)
+                  .empty());
+  EXPECT_NE(error.find("records (limit"), std::string::npos) << error;
+  error.clear();
+  EXPECT_TRUE(read(
+                  [](auto b) {
+                    auto t = b.initCollectiveTable();
+                    t.setBlocks(1);
+                    t.initCount(1).set(0, 4);
+                    t.initDurationNs(3);
+                  },
+                  &error)
+                  .empty());
+  EXPECT_NE(error.find("durationNs has 3 entries, expected 4"), std::string::npos) << error;
+  // A row naming a communicator past the table, and a row whose sequence
+  // numbers overflow: those rows are refused, the row between them read.
+  error.clear();
+  auto rows = read(
+      [](auto b) {
+        auto t = b.initCollectiveTable();
+        t.setBlocks(3);
+        auto comm = t.initComm(3);
+        comm.set(0, 5);                // #5 of 2
+        comm.set(1, uint32_t(0) - 4);  // back to #1
+        auto count = t.initCount(3);
+        count.set(0, 1);
+        auto first_seq = t.initFirstSeq(3);
+        first_seq.set(2, 1);  // zigzag(-1): row 1's 0 less one, the largest sequence number
+        count.set(2, 1 ^ 2);  // 2 records
+        t.initSeqGap(4);
+      },
+      &error);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].comm_hash, 0u);  // commTable[1], left zero
+  EXPECT_EQ(rows[0].records.size(), 1u);
+  EXPECT_NE(error.find("row 0 refers to communicator #5"), std::string::npos) << error;
+}
+
+TEST(Compress, RoundTripsAndRefusesBombsTrailingBytesCutFramesAndFramesWithoutASize) {
+  std::mt19937 rng(3);
+  std::string bytes(100'000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i % 7 ? rng() % 16 : 0);
+  const std::string frame = compress(bytes);
+  ASSERT_LT(frame.size(), bytes.size());
+  auto back = decompress(frame, 1u << 20);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, bytes);
+
+  auto over = decompress(frame, 50'000);  // the reader's own limit
+  ASSERT_FALSE(over);
+  EXPECT_NE(over.error().message.find("would be 100000"), std::string::npos) << over.error().message;
+  const std::string bomb = compress(std::string(8u << 20, '\0'));
+  auto bombed = decompress(bomb, 64u << 20);
+  ASSERT_FALSE(bombed);
+  EXPECT_NE(bombed.error().message.find("would be 8388608"), std::string::npos) << bombed.error().message;
+
+  // A batch message is sent compressed only where that is smaller.
+  EXPECT_EQ(encode_compact("tiny"), "tiny");
+  EXPECT_EQ(encode_compact(bytes), encode_compressed(bytes));
+
+  auto trailing = decompress(frame + "x", 1u << 20);
+  ASSERT_FALSE(trailing);
+  EXPECT_NE(trailing.error().message.find("after its one zstd frame"), std::string::npos);
+  EXPECT_FALSE(decompress(frame.substr(0, frame.size() - 3), 1u << 20));
+  EXPECT_FALSE(decompress("", 1u << 20));
+
+  std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> context(ZSTD_createCCtx(), ZSTD_freeCCtx);
+  ZSTD_CCtx_setParameter(context.get(), ZSTD_c_contentSizeFlag, 0);
+  std::string sizeless(ZSTD_compressBound(bytes.size()), '\0');
+  sizeless.resize(ZSTD_compress2(context.get(), sizeless.data(), sizeless.size(), bytes.data(), bytes.size()));
+  auto unsized = decompress(sizeless, 1u << 20);
+  ASSERT_FALSE(unsized);
+  EXPECT_NE(unsized.error().message.find("does not state its size"), std::string::npos) << unsized.error().message;
 }
 
 TEST(Records, NamesAndSizesFollowNcclH) {

@@ -28,8 +28,10 @@ std::string hello(const std::string& node, uint32_t version = wire::PROTOCOL_VER
   return proto::to_packed(message);
 }
 
-std::string batch(uint64_t seq, uint64_t first_record_seq, size_t records, uint64_t instance = 99) {
+std::string batch(uint64_t seq, uint64_t first_record_seq, size_t records, uint64_t instance = 99,
+                  bool compact = false) {
   testing::AgentBatch b;
+  b.compact = compact;
   b.instance = instance;
   b.seq = seq;
   b.processes = {testing::process(10, "job-7")};
@@ -169,6 +171,40 @@ TEST_F(IngestTest, NewerProtocolIsRefusedWithAReason) {
   }));
   EXPECT_FALSE(accepted);
   EXPECT_NE(reason.find("upgrade the collector"), std::string::npos);
+}
+
+// A batch as an agent sends it to this collector (a table, compressed) is
+// stored as the same batch sent plain; a compressed message that is not a
+// batch, or would grow past its bound, is refused with a reason.
+TEST_F(IngestTest, ACompactBatchIsStoredAsItsPlainTwinAndABadOneIsRefusedWithAReason) {
+  Outbox out;
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  ASSERT_EQ(out.now.size(), 1u);
+  ASSERT_TRUE(proto::read_packed<wire::CollectorMessage>(
+      out.now[0].second, proto::ReadLimits{}, [&](auto m) { EXPECT_TRUE(m.getHelloReply().getReadsCompact()); }));
+  ingest.on_agent_message("conn-1", batch(1, 0, 5, 99, true), out);
+  ASSERT_EQ(out.after_commit.size(), 1u);
+  EXPECT_EQ(kind_of(out.after_commit[0].second), wire::CollectorMessage::ACK);
+  ASSERT_TRUE(commit.run(0));
+  auto records = store->tail(0xc0ffee, 0, 1, 0);
+  ASSERT_TRUE(records);
+  ASSERT_EQ(records->size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ((*records)[i].call.seq, i);
+    EXPECT_EQ((*records)[i].call.issue_ns, 2'000u + i * 100 + 5'000'000u);
+    EXPECT_EQ((*records)[i].call.count, 256u);
+  }
+  EXPECT_EQ(ingest.counters().bad_messages, 0u);
+
+  Outbox bad;
+  ingest.on_agent_message("conn-1", proto::encode_compressed(hello("gpu-1")), bad);
+  EXPECT_EQ(ingest.counters().bad_messages, 1u);
+  const std::string zeros(8u << 20, '\0');  // 8 MiB from a frame of a few hundred bytes
+  ingest.on_agent_message("conn-1", proto::encode_compressed(zeros), bad);
+  EXPECT_EQ(ingest.counters().bad_messages, 2u);
+  ASSERT_EQ(bad.now.size(), 1u);
+  EXPECT_EQ(kind_of(bad.now[0].second), wire::CollectorMessage::ERROR);
+  EXPECT_TRUE(bad.after_commit.empty());
 }
 
 TEST_F(IngestTest, GarbageIsCountedAndAnswered) {

@@ -17,6 +17,7 @@
 #include "common/placement.h"
 #include "node-agent/transport.h"
 #include "proto/codec.h"
+#include "proto/compress.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
 
@@ -26,7 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // A real batch as the agent sends it: one process, one communicator, `records` collectives.
-std::string batch(uint64_t instance, uint64_t seq, size_t records = 4) {
+std::string batch(uint64_t instance, uint64_t seq, size_t records = 4,
+                  proto::BlockLayout layout = proto::BlockLayout::columns) {
   capnp::MallocMessageBuilder message;
   auto b = message.initRoot<wire::AgentMessage>().initBatch();
   b.setInstanceId(instance);
@@ -53,7 +55,7 @@ std::string batch(uint64_t instance, uint64_t seq, size_t records = 4) {
     r.datatype = 7;
     block.records.push_back(r);
   }
-  proto::encode_collectives({&block}, b);
+  proto::encode_collectives({&block}, b, {}, layout);
   return proto::to_packed(message);
 }
 
@@ -291,10 +293,22 @@ class FakeCollector {
       std::string bytes(static_cast<const char*>(body.data()), body.size());
       capnp::MallocMessageBuilder reply;
       bool answer = false;
+      std::string inner;  // a compressed batch's
+      bool compressed = false;
       EXPECT_TRUE(proto::read_packed<wire::AgentMessage>(bytes, proto::ReadLimits{}, [&](auto m) {
+        if (m.which() != wire::AgentMessage::COMPRESSED) return;
+        auto data = m.getCompressed();
+        auto out =
+            proto::decompress(std::string_view(reinterpret_cast<const char*>(data.begin()), data.size()), 1u << 26);
+        ASSERT_TRUE(out) << out.error().message;
+        inner = std::move(*out);
+        compressed = true;
+      }));
+      EXPECT_TRUE(proto::read_packed<wire::AgentMessage>(compressed ? inner : bytes, proto::ReadLimits{}, [&](auto m) {
         if (m.which() == wire::AgentMessage::HELLO) {
           auto hello = reply.initRoot<wire::CollectorMessage>().initHelloReply();
           hello.setAccepted(true);
+          hello.setReadsCompact(reads_compact);
           hello.setCollectorId(id_in_fleet);
           if (!fleet.empty() && m.getHello().getFollowsFleet()) write_fleet(hello.initFleet());
           agent = std::string(static_cast<const char*>(id.data()), id.size());
@@ -303,6 +317,9 @@ class FakeCollector {
           auto b = m.getBatch();
           received.emplace_back(b.getInstanceId(), b.getSeq());
           keys.push_back(b.getPlacementKey());
+          compact.push_back({compressed, b.hasCollectiveTable()});
+          auto shape = proto::block_shape(b);
+          records.push_back(shape ? shape->records : 0);
           announcements.push_back(b.getCollectives().size() == 0 && b.getProcesses().size() > 0);
           if (clock) times.push_back(clock->monotonic_ns());
           if (ask_hello) {
@@ -348,6 +365,9 @@ class FakeCollector {
   std::vector<std::pair<uint64_t, uint64_t>> received;
   std::vector<uint64_t> times;  // of each batch received, on `clock`
   std::vector<std::string> keys;                           // each batch's placement key
+  std::vector<std::pair<bool, bool>> compact;              // each batch: (compressed, with a table)
+  std::vector<uint64_t> records;                           // each batch's collective records
+  bool reads_compact = false;                              // said in the HelloReply
   std::vector<bool> announcements;                         // each batch: processes and no records (an announcement)
   std::string id_in_fleet;                                 // said in the HelloReply
   std::vector<std::pair<std::string, std::string>> fleet;  // (id, endpoint) told to agents that follow a fleet
@@ -359,6 +379,48 @@ class FakeCollector {
  private:
   zmq::socket_t socket_;
 };
+
+// Batches go compact (their records in a table, compressed where that is
+// smaller: these are) to a collector that said it reads them so, and with
+// their table rewritten as columns, not compressed, to one that did not (an
+// older collector in its place).
+TEST_F(SpoolTest, BatchesGoCompactOnlyToACollectorThatReadsThemSo) {
+  zmq::context_t context(1);
+  Options options;
+  options.collector = "ipc://" + tmp.file("collector.sock");
+  SystemClock clock;
+  auto no_samples = [](uint64_t, uint64_t, uint64_t, uint64_t, const std::string&) {};
+  for (bool reads : {true, false}) {
+    SCOPED_TRACE(reads);
+    FakeCollector collector(context, options.collector);
+    collector.reads_compact = reads;
+    Transport transport(context, options, clock, 7, no_samples, nullptr);
+    ASSERT_TRUE(testing::wait_for(
+        [&] {
+          collector.serve();
+          transport.service();
+          return transport.accepted();
+        },
+        std::chrono::seconds(10)));
+    EXPECT_EQ(transport.reads_compact(), reads);
+    transport.submit(1, batch(7, 1, 500, proto::BlockLayout::table));  // built when the collector said it reads it
+    transport.submit(
+        2, batch(7, 2, 300, transport.reads_compact() ? proto::BlockLayout::table : proto::BlockLayout::columns));
+    ASSERT_TRUE(testing::wait_for(
+        [&] {
+          collector.serve();
+          transport.service();
+          return transport.unacked() == 0;
+        },
+        std::chrono::seconds(10)));
+    ASSERT_EQ(collector.compact.size(), 2u);
+    for (const auto& [compressed, table] : collector.compact) {
+      EXPECT_EQ(compressed, reads);
+      EXPECT_EQ(table, reads);
+    }
+    EXPECT_EQ(collector.records, (std::vector<uint64_t>{500, 300})) << "every record, either way";
+  }
+}
 
 TEST_F(SpoolTest, ARestartedAgentReplaysTheEarlierInstancesBatchesFirstUnderTheirOwnIds) {
   zmq::context_t context(1);

@@ -164,6 +164,7 @@ void SimAgent::flush(int64_t rel_ns) {
 std::string SimAgent::build_batch(int64_t rel_ns) {
   std::string bytes = proto::encode_batch(node_.instance, ++batch_seq_, node_clock(rel_ns),
                                           [&](wire::Batch::Builder batch) { fill_batch(batch); });
+  if (layout_ == proto::BlockLayout::table) bytes = proto::encode_compact(bytes);  // as the agent sends it
   counters_.records += pending_records_;
   ++counters_.batches;
   blocks_.clear();
@@ -223,7 +224,7 @@ void SimAgent::fill_batch(wire::Batch::Builder batch) {
   }
   std::vector<const proto::ColumnBlock*> blocks;
   for (const auto& [key, block] : blocks_) blocks.push_back(&block);
-  proto::encode_collectives(blocks, batch);
+  proto::encode_collectives(blocks, batch, {}, layout_);
   std::vector<proto::WaitBlock> waits;
   for (auto& [pid, block] : waits_) waits.push_back(std::move(block));
   proto::encode_waits(waits, batch);
@@ -357,6 +358,7 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
       case wire::CollectorMessage::HELLO_REPLY:
         if (message.getHelloReply().getAccepted()) {
           accepted_ = true;
+          if (message.getHelloReply().getReadsCompact()) layout_ = proto::BlockLayout::table;
           ack_timer_.reset();
           // As the agent: a new connection's clock is probed at once.
           send_probe();

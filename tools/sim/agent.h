@@ -51,6 +51,11 @@ class SimAgent {
   // between the fleet's ticks, so that the reply is stamped when it came.
   bool awaiting_probe() const { return accepted_ && !dead_ && !probe_in_flight_.empty(); }
   bool accepted() const { return accepted_; }
+  // How the host blocks are written (proto/codec.h), a table's batches
+  // compressed: columns until the collector says it reads both
+  // (readsCompact), as the agent does; set it to build batches before
+  // connecting (the flood).
+  void set_layout(proto::BlockLayout layout) { layout_ = layout; }
   size_t unacked() const { return queue_.size(); }
   const AgentCounters& counters() const { return counters_; }
   // Sends what is pending now (the end of a run).
@@ -108,6 +113,7 @@ class SimAgent {
   std::mt19937_64 rng_;
   zmq::socket_t socket_;
   bool accepted_ = false, dead_ = false, announced_ = false;
+  proto::BlockLayout layout_ = proto::BlockLayout::columns;
   int64_t last_hello_ = -1, last_probe_ = -1, last_heartbeat_ = -1, batch_opened_ = -1;
   uint64_t batch_seq_ = 0;
   uint64_t submitted_seq_ = 0;

@@ -178,6 +178,9 @@ int run_flood(const FloodOptions& options) {
   for (size_t n = 0; n < fleet.nodes().size(); ++n)
     agents.push_back(std::make_unique<SimAgent>(context, options.collector, fleet, static_cast<int>(n), t0_main, options.seed));
   hist_agents.push_back(std::make_unique<SimAgent>(context, options.collector, hist, 0, t0_hist, options.seed));
+  for (auto* list : {&agents, &hist_agents})
+    for (auto& agent : *list)
+      agent->set_layout(options.columns ? proto::BlockLayout::columns : proto::BlockLayout::table);
 
   auto build_start = std::chrono::steady_clock::now();
   auto batches = prebuild(fleet, agents, options.steps, options.steps_per_batch);

@@ -17,6 +17,8 @@ struct FloodOptions {
   int steps_per_batch = 1;    // 1 s steps: one batch per node and second
   int history_steps = 3600;   // a one-node job with an hour of 1 s steps, for the timeline query
   int collector_pid = 0;
+  bool columns =
+      false;  // batches as to a collector that does not read them compact (CollectiveColumns, not compressed)
   uint64_t seed = 1;
 };
 

@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
     ("steps-per-batch", po::value(&flood.steps_per_batch)->default_value(flood.steps_per_batch), "flood: steps in one batch of a node")
     ("history-steps", po::value(&flood.history_steps)->default_value(flood.history_steps), "flood: steps of the one-node job whose 1-hour timeline is asked")
     ("collector-pid", po::value(&flood.collector_pid)->default_value(0), "flood: read the collector's memory use from /proc")
+    ("columns", po::bool_switch(&flood.columns), "flood: batches as to a collector that does not read them compact (CollectiveColumns, not compressed)")
     ("log-level", po::value(&log_level)->default_value(log_level), "error, warn, info or debug")
     ("files", po::value(&files), "report: score files");
   // clang-format on
