@@ -4,6 +4,7 @@
 
 #include "proto/codec.h"
 #include "proto/compress.h"
+#include "proto/limits.h"
 
 namespace rankscope::proto {
 
@@ -50,17 +51,41 @@ std::string encode_batch(uint64_t instance_id, uint64_t seq, uint64_t created_ns
   return to_packed(message);
 }
 
-std::string encode_compressed(std::string_view packed) {
-  const std::string frame = compress(packed);
+namespace {
+std::string as_compressed(const std::string& frame) {
   capnp::MallocMessageBuilder message;
   message.initRoot<wire::AgentMessage>().setCompressed(
       capnp::Data::Reader(reinterpret_cast<const kj::byte*>(frame.data()), frame.size()));
   return to_packed(message);
 }
+}  // namespace
+
+std::string encode_compressed(std::string_view packed) {
+  return as_compressed(compress(packed));
+}
 
 std::string encode_compact(std::string_view packed) {
-  std::string compressed = encode_compressed(packed);
-  return compressed.size() < packed.size() ? compressed : std::string(packed);
+  const std::string frame = compress(packed);
+  const std::string compressed = as_compressed(frame);
+  if (compressed.size() >= packed.size()) return std::string(packed);
+  // Compressed only where the collector takes it so (proto/limits.h,
+  // proto/compress.h): a batch of long, repetitive strings or of empty
+  // columns can compress past those bounds, and would be refused for good.
+  uint64_t records = 0, words = 0;
+  auto read = read_packed<wire::AgentMessage>(packed, ReadLimits{}, [&](wire::AgentMessage::Reader message) {
+    words = message.totalSize().wordCount;
+    if (message.which() != wire::AgentMessage::BATCH) return;
+    auto batch = message.getBatch();
+    auto shape = block_shape(batch);
+    records = shape ? shape->records : kMaxRecordsPerBatch;
+    for (auto block : batch.getWaits()) records += block.getCount();
+    for (auto block : batch.getGpuCollectives()) records += block.getCount();
+  });
+  const uint64_t wire = compressed.size();
+  const bool takes = read && packed.size() <= kMaxInflation * frame.size() + kInflationFloor &&
+                     records <= kRecordsFloor + kRecordsPerWireByte * wire &&
+                     2 * words <= kWordsPerWireByte * wire + kWordsFloor;
+  return takes ? compressed : std::string(packed);
 }
 
 void write_processes(const std::vector<const ProcessIdentity*>& processes, wire::Batch::Builder batch) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <tuple>
+#include <unordered_map>
 
 #include "proto/limits.h"
 
@@ -223,13 +224,14 @@ uint64_t unzigzag(uint64_t z) {
 // so that the rows of a node's ranks in one communicator are side by side.
 void encode_table(const std::vector<const ColumnBlock*>& blocks, const std::vector<uint32_t>& index, uint64_t base_ns,
                   wire::CollectiveTable::Builder out) {
-  std::vector<size_t> order(blocks.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<size_t> order;  // a block without records has nothing to say: no row
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (!blocks[i]->records.empty()) order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return std::tuple(index[a], blocks[a]->lane, blocks[a]->rank, blocks[a]->pid) <
            std::tuple(index[b], blocks[b]->lane, blocks[b]->rank, blocks[b]->pid);
   });
-  const size_t rows = blocks.size();
+  const size_t rows = order.size();
   std::vector<uint32_t> pid(rows), comm(rows), rank(rows), lane(rows), count(rows), first_code(rows);
   std::vector<uint64_t> first_seq(rows), offset(rows), first_count(rows);
   size_t records = 0;
@@ -243,10 +245,9 @@ void encode_table(const std::vector<const ColumnBlock*>& blocks, const std::vect
   for (size_t row = 0; row < rows; ++row) {
     const ColumnBlock& block = *blocks[order[row]];
     const auto n = static_cast<uint32_t>(block.records.size());
-    FirstRecord first = code_records(block.records, columns, at, lane_peer(block.lane));
+    const FirstRecord first = code_records(block.records, columns, at, lane_peer(block.lane));
     at += n;
-    if (n == 0) first = prev;  // nothing of it to say: all zero
-    const uint64_t block_offset = n ? first.issue_ns - base_ns : prev_offset;
+    const uint64_t block_offset = first.issue_ns - base_ns;
     pid[row] = block.pid ^ prev_pid;
     comm[row] = index[order[row]] - prev_comm;
     rank[row] = zigzag(static_cast<uint32_t>(block.rank) - prev_rank);
@@ -381,12 +382,11 @@ std::optional<std::string> batch_without_table(std::string_view bytes) {
     auto batch = message.getRoot<wire::AgentMessage>().getBatch();
     batch.disownCollectiveTable();
     auto table = batch.getCommTable();
+    std::unordered_map<uint64_t, uint32_t> index;
+    for (uint32_t i = table.size(); i-- > 0;) index[table[i]] = i;  // the first of a repeated hash
     auto columns = batch.initCollectives(static_cast<unsigned>(blocks.size()));
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      uint32_t index = 0;
-      while (index < table.size() && table[index] != blocks[i].comm_hash) ++index;
-      encode_block(blocks[i], index, batch.getBaseNs(), columns[static_cast<unsigned>(i)]);
-    }
+    for (size_t i = 0; i < blocks.size(); ++i)
+      encode_block(blocks[i], index.at(blocks[i].comm_hash), batch.getBaseNs(), columns[static_cast<unsigned>(i)]);
     rewritten = true;
   });
   if (!read || !rewritten) return std::nullopt;
@@ -435,7 +435,10 @@ Result<TableRows> read_rows(wire::CollectiveTable::Reader in) {
     out.offset[row] = out.offset[row - 1] + unzigzag(out.offset[row]);
     out.first_count[row] ^= out.first_count[row - 1];
   }
-  for (uint32_t n : out.count) out.records += n;
+  for (uint32_t n : out.count) {
+    if (n == 0) return make_error(Errc::protocol, "collective table has a row without records");
+    out.records += n;
+  }
   if (out.records > kMaxRecordsPerBatch)
     return make_error(Errc::protocol, "collective table claims " + std::to_string(out.records) + " records (limit " +
                                           std::to_string(kMaxRecordsPerBatch) + ")");

@@ -2,6 +2,7 @@
 
 #include <zstd.h>
 
+#include <cstring>
 #include <memory>
 
 namespace rankscope::proto {
@@ -16,6 +17,11 @@ std::string compress(std::string_view bytes) {
 }
 
 Result<std::string> decompress(std::string_view frame, size_t max_bytes) {
+  // A zstd frame of today's format only: not a skippable frame, nor the legacy
+  // formats a library build may still decode.
+  uint32_t magic = 0;
+  if (frame.size() >= sizeof(magic)) std::memcpy(&magic, frame.data(), sizeof(magic));
+  if (magic != ZSTD_MAGICNUMBER) return make_error(Errc::protocol, "compressed message: not a zstd frame");
   const size_t whole = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
   if (ZSTD_isError(whole))
     return make_error(Errc::protocol, std::string("compressed message: ") + ZSTD_getErrorName(whole));
@@ -30,7 +36,8 @@ Result<std::string> decompress(std::string_view frame, size_t max_bytes) {
     return make_error(Errc::protocol, "compressed message of " + std::to_string(frame.size()) + " bytes would be " +
                                           std::to_string(size) + " (at most " + std::to_string(bound) + ")");
   std::string out(static_cast<size_t>(size), '\0');
-  std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> context(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  // One context per thread, kept: making one per message costs more than a small batch's decompression.
+  thread_local std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> context(ZSTD_createDCtx(), ZSTD_freeDCtx);
   if (!context) return make_error(Errc::system, "compressed message: no memory for a zstd context");
   const size_t n = ZSTD_decompressDCtx(context.get(), out.data(), out.size(), frame.data(), frame.size());
   if (ZSTD_isError(n)) return make_error(Errc::protocol, std::string("compressed message: ") + ZSTD_getErrorName(n));

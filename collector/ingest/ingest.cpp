@@ -152,7 +152,9 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
         // bytes that came (check_batch), as a packed batch's: work per byte
         // received stays what it was.
         auto data = message.getCompressed();
-        const proto::ReadLimits limits;
+        proto::ReadLimits limits;
+        limits.traversal_words =
+            std::min<uint64_t>(limits.traversal_words, proto::kWordsPerWireByte * bytes.size() + proto::kWordsFloor);
         auto inner = proto::decompress(std::string_view(reinterpret_cast<const char*>(data.begin()), data.size()),
                                        limits.max_bytes);
         auto take = [&](wire::AgentMessage::Reader batch) {

@@ -42,13 +42,8 @@ inline constexpr size_t kMaxMembersPerNode = 256;
 inline constexpr uint64_t kMaxRankSlotsPerNode = uint64_t{1} << 20;
 // ... and members: one per (communicator, rank) claimed by the node's processes.
 inline constexpr uint32_t kMaxMembershipsPerNode = 1 << 16;
-// A collective record costs an agent at least two bytes on the wire (its
-// issue-time delta and duration are never both zero words; packed Cap'n Proto
-// spends a tag byte and a data byte on a non-zero word). Columns of zeros pack
-// to almost nothing, so without this a 100-byte message could claim a million
-// records. A batch may claim this many records per byte, plus a small floor.
-inline constexpr uint64_t kRecordsPerWireByte = 2;
-inline constexpr uint64_t kRecordsFloor = 1024;
+using proto::kRecordsFloor;
+using proto::kRecordsPerWireByte;
 // A record stamped this far past the collector's clock (after the node's
 // clock correction) is refused: it would stand for the newest data and move
 // the disk-cap retention's cut-off past everything real.

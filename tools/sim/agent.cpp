@@ -358,7 +358,7 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
       case wire::CollectorMessage::HELLO_REPLY:
         if (message.getHelloReply().getAccepted()) {
           accepted_ = true;
-          if (message.getHelloReply().getReadsCompact()) layout_ = proto::BlockLayout::table;
+          layout_ = message.getHelloReply().getReadsCompact() ? proto::BlockLayout::table : proto::BlockLayout::columns;
           ack_timer_.reset();
           // As the agent: a new connection's clock is probed at once.
           send_probe();
