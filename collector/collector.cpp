@@ -18,6 +18,7 @@
 #include "common/curve.h"
 #include "common/log.h"
 #include "common/version.h"
+#include "proto/limits.h"
 
 namespace rankscope::collector {
 
@@ -32,8 +33,8 @@ constexpr int kQueryReceiveHighWaterMark = 16;   // requests per query connectio
 // included, so a peer that is not on the allow-list cannot make the
 // collector buffer more than this. An agent's batch holds 100 ms of calls:
 // kilobytes, a few megabytes in a storm of calls; a query request is a few
-// hundred bytes.
-constexpr int64_t kMaxAgentMessageBytes = 16ll << 20;
+// hundred bytes. The agent keeps its batches under it (proto/limits.h).
+constexpr int64_t kMaxAgentMessageBytes = static_cast<int64_t>(proto::kMaxAgentMessageBytes);
 constexpr int64_t kMaxQueryMessageBytes = 64ll << 10;
 // How often the hang, straggler and node-lost detectors look at the picture.
 constexpr uint64_t kEvaluationIntervalNs = 500'000'000ull;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "proto/limits.h"
+
 namespace rankscope::agent {
 
 namespace {
@@ -15,7 +17,9 @@ size_t g_walk_prefix = 0;
 int visit(const char* path, const struct stat* st, int type, FTW*) {
   if (type == FTW_D && g_walk_into) {
     std::string below(path + std::min(g_walk_prefix, strlen(path)));
-    (*g_walk_into)[st->st_ino] = below.empty() ? "/" : below;
+    // A user with a delegated subtree names its cgroups: a path past the
+    // bound is not reported (the collector would not keep it).
+    if (below.size() <= proto::kMaxIdentityPath) (*g_walk_into)[st->st_ino] = below.empty() ? "/" : below;
   }
   return 0;
 }

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/log.h"
+
 namespace rankscope::agent {
 
 namespace {
@@ -433,6 +435,11 @@ std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint3
     if (getpwuid_r(identity.uid, &entry, buf, sizeof(buf), &found) == 0 && found) identity.user = found->pw_name;
     else identity.user = "uid " + std::to_string(identity.uid);
   }
+  // The environment's values are the process's own word, of any length; a
+  // value past its bound is taken as not set (never cut).
+  std::string changed;
+  for (const std::string& what : proto::limit_identity(identity)) changed += (changed.empty() ? "" : ", ") + what;
+  if (!changed.empty()) RS_LOG(warn, "process %u: %s: past the bound, not sent", pid, changed.c_str());
   return identity;
 }
 

@@ -239,7 +239,10 @@ Summariser::Override* Summariser::override_for(uint32_t pid) {
 void Summariser::on_set_device(const rs_set_device_event& e) {
   if (e.result != 0 || e.device < 0) return;
   auto add = [&](std::vector<int32_t>& devices) {
-    if (std::find(devices.begin(), devices.end(), e.device) != devices.end()) return false;
+    // A stand-in libcudart may say yes to any ordinal: the first few are kept.
+    if (devices.size() >= proto::kMaxCudaDevices ||
+        std::find(devices.begin(), devices.end(), e.device) != devices.end())
+      return false;
     devices.push_back(e.device);
     return true;
   };
@@ -265,6 +268,10 @@ void Summariser::apply_overrides(uint32_t pid, ProcessIdentity& identity) {
 void Summariser::on_async_error(const rs_async_error_event& e) {
   auto it = comms_.find({e.hdr.pid, e.comm});
   uint64_t hash = it != comms_.end() ? it->second.hash : 0;
+  // A broken communicator stays broken: the first error says it. A
+  // watchdog (or a stand-in libnccl.so) asks again and again.
+  if (hash && it->second.broken) return;
+  if (hash) it->second.broken = true;
   RS_LOG(warn, "process %u: communicator %s is broken: ncclCommGetAsyncError %s, error %s", e.hdr.pid,
          hash ? hex64(hash).c_str() : "(creation not seen)", proto::result_name(e.result).c_str(),
          proto::result_name(e.async_error).c_str());
@@ -362,8 +369,11 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops, const
                       const std::string& clock_of) {
   // A batch carries at most what the collector accepts (proto/limits.h):
   // one process opening 100,000 communicators must not make every batch of
-  // its node unacceptable. What does not fit stays for the next batch, in
-  // order: a communicator's records and end go with or after it.
+  // its node unacceptable, nor a storm of calls or long environment strings
+  // one past the collector's frame size (room_). What does not fit stays for
+  // the next batch, in order: a communicator's records and end go with or
+  // after it.
+  room_ = proto::kAgentBatchBytes - proto::kWireClockSamplesBytes;
   std::map<uint32_t, bool> of_key;
   const Mine mine = mine_for(key, of_key);
   fill_processes(batch, key, mine);
@@ -380,16 +390,29 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops, const
 }
 
 void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, const std::string& key) {
+  // What does not fit goes in the key's next batches: a process as not yet
+  // sent, a communicator as new.
+  room_ = proto::kAgentBatchBytes;
   std::vector<const ProcessIdentity*> identities;
   std::vector<const CommEntry*> comms;
   for (auto& [pid, entry] : processes_) {
-    if (key_of(pid) != key || identities.size() == proto::kMaxListEntries) continue;
+    if (key_of(pid) != key) continue;
+    if (identities.size() == proto::kMaxListEntries || !spend(proto::identity_wire_bytes(entry.identity))) {
+      entry.sent = false;
+      continue;
+    }
     entry.identity.pid = pid;
     identities.push_back(&entry.identity);
   }
-  for (const auto& [k, comm] : comms_)
-    if (comm.joined.hash != 0 && key_of(k.first) == key && comms.size() < proto::kMaxListEntries)
+  for (const auto& [k, comm] : comms_) {
+    if (comm.joined.hash == 0 || key_of(k.first) != key) continue;
+    if (comms.size() < proto::kMaxListEntries && spend(proto::kWireCommBytes))
       comms.push_back(&comm);
+    else if (std::none_of(new_comms_.begin(), new_comms_.end(), [&](const proto::CommJoined& c) {
+               return c.pid == comm.joined.pid && c.hash == comm.joined.hash;
+             }))
+      new_comms_.push_back(comm.joined);
+  }
   // In the order they were made: a split's parent before its children.
   std::sort(comms.begin(), comms.end(), [](const CommEntry* a, const CommEntry* b) { return a->order < b->order; });
   std::vector<proto::CommJoined> joined;
@@ -405,7 +428,8 @@ void Summariser::fill_processes(wire::Batch::Builder batch, const std::string& k
   std::vector<const ProcessIdentity*> sent;
   for (auto& [pid, entry] : processes_) {
     if (!unsent(entry, key) || !mine(pid)) continue;
-    if (sent.size() == std::min(waiting, proto::kMaxListEntries)) break;
+    if (sent.size() == std::min(waiting, proto::kMaxListEntries) || !spend(proto::identity_wire_bytes(entry.identity)))
+      break;
     entry.identity.pid = pid;
     sent.push_back(&entry.identity);
     entry.sent = true;
@@ -417,7 +441,7 @@ void Summariser::fill_processes(wire::Batch::Builder batch, const std::string& k
 void Summariser::fill_comms(wire::Batch::Builder batch, const Mine& mine) {
   std::vector<proto::CommJoined> now;
   for (auto it = new_comms_.begin(); it != new_comms_.end() && now.size() < proto::kMaxListEntries;) {
-    if (!mine(it->pid)) {
+    if (!mine(it->pid) || !spend(proto::kWireCommBytes)) {
       ++it;
       continue;
     }
@@ -431,7 +455,10 @@ void Summariser::fill_ends(wire::Batch::Builder batch, const std::set<std::pair<
                            const Mine& mine) {
   std::vector<PendingEnd> ends_now, ends_later;
   for (auto& c : ended_comms_)
-    (!mine(c.pid) || held.count({c.pid, c.hash}) || ends_now.size() == proto::kMaxListEntries ? ends_later : ends_now)
+    (!mine(c.pid) || held.count({c.pid, c.hash}) || ends_now.size() == proto::kMaxListEntries ||
+             !spend(proto::kWireCommEndBytes)
+         ? ends_later
+         : ends_now)
         .push_back(c);
   ended_comms_ = std::move(ends_later);
   auto ends = batch.initCommEnds(static_cast<unsigned>(ends_now.size()));
@@ -451,15 +478,19 @@ uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set
   // is left is split (its first records now, the rest next time). The GPU
   // blocks share the budget, after the host's.
   uint64_t records = 0;
-  auto take = [&](auto& from, auto& parts) {
+  auto take = [&](auto& from, auto& parts, uint64_t record_bytes) {
     for (auto it = from.begin(); it != from.end();) {
       auto& block = it->second;
       if (held.count({block.pid, block.comm_hash}) || !mine(block.pid)) {
         ++it;
         continue;
       }
-      if (parts.size() == proto::kMaxListEntries || records == proto::kMaxRecordsPerBatch) break;
-      const uint64_t room = proto::kMaxRecordsPerBatch - records;
+      if (parts.size() == proto::kMaxListEntries || records == proto::kMaxRecordsPerBatch ||
+          room_ < proto::kWireBlockBytes + record_bytes)
+        break;
+      const uint64_t room =
+          std::min(proto::kMaxRecordsPerBatch - records, (room_ - proto::kWireBlockBytes) / record_bytes);
+      room_ -= proto::kWireBlockBytes + std::min<uint64_t>(room, block.records.size()) * record_bytes;
       if (block.records.size() <= room) {
         records += block.records.size();
         parts.push_back(std::move(block));
@@ -476,8 +507,8 @@ uint64_t Summariser::fill_collectives(wire::Batch::Builder batch, const std::set
   };
   std::vector<proto::ColumnBlock> parts;
   std::vector<proto::GpuBlock> gpu_parts;
-  take(blocks_, parts);
-  take(gpu_blocks_, gpu_parts);
+  take(blocks_, parts, proto::kWireRecordBytes);
+  take(gpu_blocks_, gpu_parts, proto::kWireGpuRecordBytes);
   std::vector<const proto::ColumnBlock*> blocks;
   for (const auto& part : parts) blocks.push_back(&part);
   std::vector<const proto::GpuBlock*> gpu;
@@ -524,7 +555,9 @@ void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records, const 
       continue;
     }
     auto key = std::make_pair(w.hdr.pid, w.hdr.tid);
-    if (!wait_blocks.count(key) && wait_blocks.size() == proto::kMaxListEntries) break;
+    const bool new_block = !wait_blocks.count(key);
+    if (new_block && wait_blocks.size() == proto::kMaxListEntries) break;
+    if (!spend(proto::kWireWaitBytes + (new_block ? proto::kWireBlockBytes : 0))) break;
     auto& block = wait_blocks[key];
     block.pid = w.hdr.pid;
     block.tid = w.hdr.tid;
@@ -541,7 +574,8 @@ void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records, const 
 
 void Summariser::fill_async_errors(wire::Batch::Builder batch, const Mine& mine) {
   std::vector<PendingAsyncError> now, later;
-  for (const auto& a : async_errors_) (mine(a.pid) ? now : later).push_back(a);
+  for (const auto& a : async_errors_)
+    (mine(a.pid) && now.size() < proto::kMaxListEntries && spend(proto::kWireCommEndBytes) ? now : later).push_back(a);
   async_errors_ = std::move(later);
   auto errors = batch.initAsyncErrors(static_cast<unsigned>(now.size()));
   for (unsigned k = 0; k < now.size(); ++k) {
@@ -618,12 +652,19 @@ void set_host(wire::HostCounters::Builder out, const rs_host_stats& h) {
 void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, const HostLookup& host) {
   // One found gone and kept for its exit event is reported once, with it,
   // when forget_exited() lets it go (not as "exited" and how a moment later).
+  // A user may start as many processes as it likes: at most 16,384 entries
+  // (under 5 MB at the widest, within the collector's frame and list
+  // bounds), the exited ones first (the exits tell of hangs).
+  constexpr size_t kMaxEntries = 1 << 14;
   size_t kept = 0;
   for (const auto& [pid, entry] : processes_) kept += entry.seen_gone ? 1 : 0;
-  auto list = heartbeat.initProcesses(static_cast<unsigned>(processes_.size() - kept + exited_.size()));
+  const size_t gone = std::min<size_t>(exited_.size(), kMaxEntries);
+  const size_t live = std::min<size_t>(processes_.size() - kept, kMaxEntries - gone);
+  auto list = heartbeat.initProcesses(static_cast<unsigned>(live + gone));
   unsigned i = 0;
   for (const auto& [pid, entry] : processes_) {
     if (entry.seen_gone) continue;
+    if (i == live) break;
     auto out = list[i++];
     out.setPid(pid);
     out.setSampleNs(now_ns);
@@ -643,7 +684,8 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
     if (host)
       if (auto counters = host(pid)) set_host(out.initHost(), *counters);
   }
-  for (uint32_t pid : exited_) {
+  for (size_t k = 0; k < gone; ++k) {
+    const uint32_t pid = exited_[k];
     auto out = list[i++];
     out.setPid(pid);
     out.setSampleNs(now_ns);
@@ -662,7 +704,7 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
       final_host_.erase(final_host);
     }
   }
-  exited_.clear();
+  exited_.erase(exited_.begin(), exited_.begin() + static_cast<std::ptrdiff_t>(gone));  // the rest next time
 }
 
 }  // namespace rankscope::agent
@@ -671,8 +713,9 @@ namespace rankscope::agent {
 
 void Summariser::open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& open,
                             wire::Heartbeat::Builder heartbeat) {
-  auto list = heartbeat.initOpenWaits(static_cast<unsigned>(open.size()));
-  for (unsigned i = 0; i < open.size(); ++i) {
+  const size_t n = std::min<size_t>(open.size(), proto::kMaxListEntries);
+  auto list = heartbeat.initOpenWaits(static_cast<unsigned>(n));
+  for (unsigned i = 0; i < n; ++i) {
     const auto& [pid_tgid, w] = open[i];
     list[i].setPid(static_cast<uint32_t>(pid_tgid >> 32));
     list[i].setTid(static_cast<uint32_t>(pid_tgid));

@@ -33,6 +33,7 @@ struct CommEntry {
   uint32_t splits = 0;  // children split off so far: the same count on every member
   proto::CommJoined joined;  // as announced (announced again to a job's new collector)
   uint64_t order = 0;        // of creation (a parent is announced before its children)
+  bool broken = false;       // its async error was reported (once: a watchdog asks again and again)
 };
 
 class Summariser {
@@ -144,6 +145,14 @@ class Summariser {
   void fill_waits(wire::Batch::Builder batch, uint64_t records, const Mine& mine);
   void fill_async_errors(wire::Batch::Builder batch, const Mine& mine);
   bool unsent(const ProcessEntry& entry, const std::string& key) const { return !entry.sent || entry.sent_key != key; }
+  // Takes `bytes` of the batch's room (proto::kAgentBatchBytes, by worst-case
+  // costs); false, taking nothing, when they do not fit.
+  bool spend(uint64_t bytes) {
+    if (bytes > room_) return false;
+    room_ -= bytes;
+    return true;
+  }
+  uint64_t room_ = 0;  // of the batch being filled
   // Whether a pid's items are `key`'s; `of_key` caches each traced process's answer (it must outlive the result).
   Mine mine_for(const std::string& key, std::map<uint32_t, bool>& of_key) const;
   // Whether anything of process `pid` waits to be sent.

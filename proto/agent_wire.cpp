@@ -88,6 +88,45 @@ std::string encode_compact(std::string_view packed) {
   return takes ? compressed : std::string(packed);
 }
 
+namespace {
+// Each string of an identity, with its name and bound.
+template <typename Identity, typename Visit>
+void for_each_text(Identity& id, Visit&& visit) {
+  visit("exe", id.exe, kMaxIdentityPath);
+  visit("cgroup path", id.cgroup_path, kMaxIdentityPath);
+  visit("job", id.job, kMaxIdentityText);
+  visit("user", id.user, kMaxIdentityText);
+  visit("account", id.account, kMaxIdentityText);
+  visit("visible devices", id.visible_devices, kMaxIdentityText);
+  visit("Slurm step", id.slurm_step, kMaxIdentityText);
+  visit("pod uid", id.pod_uid, kMaxIdentityText);
+  visit("pod namespace", id.pod_namespace, kMaxIdentityText);
+  visit("pod name", id.pod_name, kMaxIdentityText);
+  visit("container id", id.container_id, kMaxIdentityText);
+}
+}  // namespace
+
+std::vector<std::string> limit_identity(ProcessIdentity& identity) {
+  std::vector<std::string> changed;
+  for_each_text(identity, [&](const char* what, std::string& text, uint64_t limit) {
+    if (text.size() <= limit) return;
+    changed.push_back(std::string(what) + " of " + std::to_string(text.size()) + " bytes");
+    text.clear();
+  });
+  if (identity.cuda_devices.size() > kMaxCudaDevices) {
+    changed.push_back(std::to_string(identity.cuda_devices.size()) + " CUDA devices");
+    identity.cuda_devices.resize(kMaxCudaDevices);
+  }
+  return changed;
+}
+
+uint64_t identity_wire_bytes(const ProcessIdentity& identity) {
+  // A text is its bytes, a NUL and padding to a word, each word with a tag.
+  uint64_t bytes = kWireProcessBytes + 9 * identity.cuda_devices.size() / 2 + 9;
+  for_each_text(identity, [&](const char*, const std::string& text, uint64_t) { bytes += (text.size() / 8 + 1) * 9; });
+  return bytes;
+}
+
 void write_processes(const std::vector<const ProcessIdentity*>& processes, wire::Batch::Builder batch) {
   auto procs = batch.initProcesses(static_cast<unsigned>(processes.size()));
   for (unsigned i = 0; i < processes.size(); ++i) {

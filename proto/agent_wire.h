@@ -74,6 +74,13 @@ struct ProcessIdentity {
   std::string container_runtime;  // not sent: containerd, crio, docker
 };
 void write_processes(const std::vector<const ProcessIdentity*>& processes, wire::Batch::Builder batch);
+// Clears each string of `identity` past its bound (proto/limits.h) and
+// keeps its first kMaxCudaDevices devices; what it changed, for a log line
+// ("job of 131072 bytes"), empty when nothing.
+std::vector<std::string> limit_identity(ProcessIdentity& identity);
+// What announcing `identity` may cost a batch at most (kWireProcessBytes
+// and its strings).
+uint64_t identity_wire_bytes(const ProcessIdentity& identity);
 
 // A communicator a process joined (ncclCommInitRank, ncclCommSplit...).
 struct CommJoined {

@@ -25,4 +25,36 @@ inline constexpr uint64_t kRecordsFloor = 1024;
 inline constexpr uint64_t kWordsPerWireByte = 128;
 inline constexpr uint64_t kWordsFloor = 8192;
 
+// The largest frame the collector reads on its agent socket
+// (ZMQ_MAXMSGSIZE). libzmq drops a larger frame unread and closes the
+// connection, so a batch past it would never be acknowledged and would
+// hold up every batch behind it: the agent keeps each batch under
+// kAgentBatchBytes, by the worst-case costs below.
+inline constexpr uint64_t kMaxAgentMessageBytes = 16ull << 20;
+inline constexpr uint64_t kAgentBatchBytes = 12ull << 20;
+// Worst-case packed bytes of one item (every word a tag byte and 8 data
+// bytes): a host or GPU record (its column entries), a wait, a block's or
+// a wait block's header and comm-table entry, a communicator's
+// announcement and end, a process's fixed fields (its strings are
+// charged by size), and a batch's clock samples.
+inline constexpr uint64_t kWireRecordBytes = 40;
+inline constexpr uint64_t kWireGpuRecordBytes = 64;
+inline constexpr uint64_t kWireWaitBytes = 40;
+inline constexpr uint64_t kWireBlockBytes = 160;
+inline constexpr uint64_t kWireCommBytes = 128;
+inline constexpr uint64_t kWireCommEndBytes = 64;
+inline constexpr uint64_t kWireProcessBytes = 256;
+inline constexpr uint64_t kWireClockSamplesBytes = 48 * kMaxClockSamples;
+static_assert(kAgentBatchBytes + (1u << 20) <= kMaxAgentMessageBytes, "room for a batch's own fields");
+
+// A process's identity, as the agent announces it: its strings come from
+// its own environment (up to 128 KiB each on Linux) and its cgroup, so each
+// is bounded. A value from the environment past kMaxIdentityText is taken
+// as not set (never cut: a cut job id could name another job); exe and the
+// cgroup path are paths (PATH_MAX). The collector skips a process past any
+// of these, with the reason.
+inline constexpr uint64_t kMaxIdentityText = 1024;
+inline constexpr uint64_t kMaxIdentityPath = 4096;
+inline constexpr uint32_t kMaxCudaDevices = 64;  // ordinals a process chose with cudaSetDevice
+
 }  // namespace rankscope::proto

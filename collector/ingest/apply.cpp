@@ -106,11 +106,15 @@ void Ingest::apply_comms(NodeState& node, wire::Batch::Reader batch, std::set<ui
 }
 
 void Ingest::apply_async_errors(NodeState& node, wire::Batch::Reader batch) {
+  // A member's first error is the one kept: an agent reports it once, and
+  // the same (communicator, process) again in a batch costs nothing more.
+  std::set<std::pair<uint64_t, uint32_t>> seen;
   for (auto a : batch.getAsyncErrors()) {
+    if (!seen.emplace(a.getCommHash(), a.getPid()).second) continue;
     auto it = model_.comms.find(a.getCommHash());
     if (it == model_.comms.end()) continue;
     for (auto& [rank, member] : it->second.members) {
-      if (member.node != node.name || member.pid != a.getPid()) continue;
+      if (member.node != node.name || member.pid != a.getPid() || member.error) continue;
       member.error = CommError{node.clock.to_cluster(a.getNs()), a.getResult(), a.getAsyncError()};
       RS_LOG(warn, "node %s rank %d of %s: communicator broken (%s)", node.name.c_str(), rank, hex64(it->first).c_str(),
              proto::result_name(a.getAsyncError() ? a.getAsyncError() : a.getResult()).c_str());

@@ -538,7 +538,11 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   // Who used the host's CPUs: cumulative per cgroup; a rate needs two reports.
   for (auto c : heartbeat.getCgroups()) {
     CgroupUsage& usage = node.cgroups[c.getCgroupId()];
-    if (c.hasPath() && c.getPath().size() > 0) usage.path = c.getPath();
+    if (c.getPath().size() > proto::kMaxIdentityPath)
+      bad_message(&node, "heartbeat: cgroup path of " + std::to_string(c.getPath().size()) + " bytes (limit " +
+                             std::to_string(proto::kMaxIdentityPath) + "); path not kept");
+    else if (c.getPath().size() > 0)
+      usage.path = c.getPath();
     usage.add(
         CgroupSample{heartbeat.getMonotonicNs(), c.getCpuNs(), c.getInvoluntarySwitches(), c.getTcpRetransmits()});
   }

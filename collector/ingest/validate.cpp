@@ -25,6 +25,7 @@ Result<void> check_batch(wire::Batch::Reader batch, size_t wire_bytes) {
                  check_length("batch: collective blocks", batch.getCollectives().size(), kMaxListEntries),
                  check_length("batch: wait blocks", batch.getWaits().size(), kMaxListEntries),
                  check_length("batch: GPU blocks", batch.getGpuCollectives().size(), kMaxListEntries),
+                 check_length("batch: async errors", batch.getAsyncErrors().size(), kMaxListEntries),
                  check_length("batch: clock samples", batch.getClockSamples().size(), kMaxClockSamples)})
     if (!r) return r;
   auto shape = proto::block_shape(batch);
@@ -80,8 +81,29 @@ Result<void> check_block(const proto::ColumnBlock& block) {
 Result<void> check_process(wire::Process::Reader process) {
   for (auto r : {check_rank("process: rank", process.getRank(), kMaxRanks),
                  check_rank("process: local rank", process.getLocalRank(), kMaxRanks),
-                 check_rank("process: world size", process.getWorldSize(), kMaxRanks + 1)})
+                 check_rank("process: world size", process.getWorldSize(), kMaxRanks + 1),
+                 check_length("process: CUDA devices", process.getCudaDevices().size(), proto::kMaxCudaDevices)})
     if (!r) return r;
+  const std::pair<const char*, capnp::Text::Reader> paths[] = {{"exe", process.getExe()},
+                                                               {"cgroup path", process.getCgroupPath()}};
+  const std::pair<const char*, capnp::Text::Reader> texts[] = {{"job", process.getJob()},
+                                                               {"user", process.getUser()},
+                                                               {"account", process.getAccount()},
+                                                               {"visible devices", process.getVisibleDevices()},
+                                                               {"Slurm step", process.getSlurmStep()},
+                                                               {"pod uid", process.getPodUid()},
+                                                               {"container id", process.getContainerId()},
+                                                               {"pod namespace", process.getPodNamespace()},
+                                                               {"pod name", process.getPodName()}};
+  auto check_text = [](const char* what, capnp::Text::Reader text, uint64_t limit) -> Result<void> {
+    if (text.size() <= limit) return {};
+    return make_error(Errc::protocol, std::string("process: ") + what + " is " + std::to_string(text.size()) +
+                                          " bytes (limit " + std::to_string(limit) + ")");
+  };
+  for (const auto& [what, text] : paths)
+    if (auto r = check_text(what, text, proto::kMaxIdentityPath); !r) return r;
+  for (const auto& [what, text] : texts)
+    if (auto r = check_text(what, text, proto::kMaxIdentityText); !r) return r;
   return {};
 }
 

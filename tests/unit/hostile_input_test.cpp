@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <numeric>
+#include <random>
 
 #include "collector/service.h"
 #include "node-agent/summarise.h"
@@ -60,6 +64,37 @@ bool is_error(const std::string& bytes) {
   return error;
 }
 
+// What a process's stand-in libnccl.so makes the agent's probes report.
+rs_comm_init_event comm_init(uint32_t pid, uint64_t comm, uint64_t ts) {
+  rs_comm_init_event init{};
+  init.hdr.pid = init.hdr.tid = pid;
+  init.hdr.kind = RS_EV_COMM_INIT;
+  init.hdr.ts_ns = ts;
+  init.entry_ns = ts - 10;
+  init.comm = comm;
+  init.nranks = 2;
+  init.rank = 0;
+  init.op = RS_OP_COMM_INIT_RANK;
+  std::memcpy(init.unique_id, &comm, sizeof(comm));  // a unique id of its own
+  std::memcpy(init.unique_id + sizeof(comm), &pid, sizeof(pid));
+  return init;
+}
+
+rs_call_event all_reduce(uint32_t pid, uint64_t comm, uint64_t seq, uint64_t ts, uint64_t count) {
+  rs_call_event call{};
+  call.hdr.pid = call.hdr.tid = pid;
+  call.hdr.kind = RS_EV_CALL;
+  call.hdr.ts_ns = ts;
+  call.entry_ns = ts - 5;
+  call.comm = comm;
+  call.seq = seq;
+  call.count = count;
+  call.peer = -1;
+  call.op = RS_OP_ALLREDUCE;
+  call.datatype = 7;
+  return call;
+}
+
 class HostileInputTest : public ::testing::Test {
  protected:
   HostileInputTest() {
@@ -67,6 +102,32 @@ class HostileInputTest : public ::testing::Test {
     ingest.on_agent_message("conn-1", hello("gpu-1"), out);
   }
   uint64_t node_bad() const { return ingest.node("gpu-1")->bad_messages; }
+  // Sends what `summariser` holds, a batch at a time, as the agent would:
+  // each must fit the collector's frame, be taken and acknowledged. Returns
+  // the batches' sizes (packed).
+  std::vector<size_t> drain(agent::Summariser& summariser, int at_most) {
+    std::vector<size_t> sizes;
+    while (!summariser.empty()) {
+      if (static_cast<int>(sizes.size()) == at_most) {
+        ADD_FAILURE() << "the summariser does not drain in " << at_most << " batches";
+        break;
+      }
+      capnp::MallocMessageBuilder message;
+      auto b = message.initRoot<wire::AgentMessage>().initBatch();
+      b.setInstanceId(99);
+      b.setSeq(sizes.size() + 1);
+      summariser.fill(b, DropCounts{});
+      const std::string bytes = proto::to_packed(message);
+      sizes.push_back(bytes.size());
+      EXPECT_LE(bytes.size(), proto::kMaxAgentMessageBytes) << "batch " << sizes.size() << " would be dropped unread";
+      Outbox out;
+      ingest.on_agent_message("conn-1", bytes, out);
+      EXPECT_TRUE(out.now.empty() || !is_error(out.now[0].second)) << "batch " << sizes.size() << " refused";
+      EXPECT_EQ(out.after_commit.size(), 1u) << "batch " << sizes.size() << " not acknowledged";
+      EXPECT_TRUE(commit.run(0));
+    }
+    return sizes;
+  }
 
   testing::TempDir dir;
   std::unique_ptr<TimelineStore> store = std::move(TimelineStore::open(dir.file("db")).value());
@@ -90,28 +151,8 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
   const uint32_t pid = 4242;
   const uint64_t kComms = kMaxListEntries + 4464;  // 70,000
   for (uint64_t h = 1; h <= kComms; ++h) {
-    rs_comm_init_event init{};
-    init.hdr.pid = init.hdr.tid = pid;
-    init.hdr.kind = RS_EV_COMM_INIT;
-    init.hdr.ts_ns = 1'000'000 + h;
-    init.entry_ns = init.hdr.ts_ns - 10;
-    init.comm = h;
-    init.nranks = 2;
-    init.rank = 0;
-    init.op = RS_OP_COMM_INIT_RANK;
-    std::memcpy(init.unique_id, &h, sizeof(h));  // a unique id of its own
-    summariser.on_event(init);
-    rs_call_event call{};
-    call.hdr.pid = call.hdr.tid = pid;
-    call.hdr.kind = RS_EV_CALL;
-    call.hdr.ts_ns = 2'000'000 + h * 10;
-    call.entry_ns = call.hdr.ts_ns - 5;
-    call.comm = h;
-    call.count = 1024;
-    call.peer = -1;
-    call.op = RS_OP_ALLREDUCE;
-    call.datatype = 7;
-    summariser.on_event(call);
+    summariser.on_event(comm_init(pid, h, 1'000'000 + h));
+    summariser.on_event(all_reduce(pid, h, 0, 2'000'000 + h * 10, 1024));
   }
   rs_comm_end_event end{};
   end.hdr.pid = end.hdr.tid = pid;
@@ -120,21 +161,7 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
   end.op = RS_OP_COMM_DESTROY;
   summariser.on_event(end);
 
-  int batches = 0;
-  while (!summariser.empty()) {
-    ASSERT_LT(++batches, 10) << "the summariser does not drain";
-    capnp::MallocMessageBuilder message;
-    auto b = message.initRoot<wire::AgentMessage>().initBatch();
-    b.setInstanceId(99);
-    b.setSeq(static_cast<uint64_t>(batches));
-    summariser.fill(b, DropCounts{});
-    Outbox out;
-    ingest.on_agent_message("conn-1", proto::to_packed(message), out);
-    ASSERT_TRUE(out.now.empty() || !is_error(out.now[0].second)) << "batch " << batches << " refused";
-    EXPECT_EQ(out.after_commit.size(), 1u) << "batch " << batches << " not acknowledged";
-    ASSERT_TRUE(commit.run(0));
-  }
-  EXPECT_EQ(batches, 2);
+  EXPECT_EQ(drain(summariser, 10).size(), 2u);
   EXPECT_EQ(node_bad(), 0u);
   EXPECT_EQ(ingest.comms().size(), kMaxMembershipsPerNode);
   EXPECT_EQ(ingest.counters().records_stored, kMaxMembershipsPerNode);
@@ -143,6 +170,139 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
   EXPECT_EQ(ingest.node("gpu-1")->refused_claims, 2 * (kComms - kMaxMembershipsPerNode));
   EXPECT_TRUE(std::any_of(ingest.comms().begin(), ingest.comms().end(), [](const auto& c) { return c.second.ended; }))
       << "the end reached the collector before its communicator";
+}
+
+// A stand-in libnccl.so calls ncclAllReduce as fast as the probes let it,
+// with values that pack badly (random counts, gaps and durations): a
+// million records within one batch interval. As one batch they would be past the
+// frame the collector reads: libzmq drops such a frame unread, and the agent
+// would send it for ever, holding up its node's other records. The agent
+// spreads them over batches that fit, and every record is stored.
+TEST_F(HostileInputTest, AStormOfCallsIsSentInBatchesThatFitTheCollectorsFrame) {
+  testing::TempDir proc;
+  agent::Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  const uint32_t pid = 4243;
+  summariser.on_event(comm_init(pid, 1, 1'000'000));
+  std::mt19937_64 random(7);
+  const uint64_t kCalls = 1'000'000;
+  uint64_t ts = 2'000'000'000, seq = 0;
+  for (uint64_t i = 0; i < kCalls; ++i) {
+    ts += 1'000'000'000 + random() % (1ull << 32);
+    seq += 1 + random() % 1000;
+    rs_call_event call = all_reduce(pid, 1, seq, ts, random() % (1ull << 40));
+    call.entry_ns = ts - random() % 1'000'000'000;
+    summariser.on_event(call);
+  }
+  const std::vector<size_t> sizes = drain(summariser, 10);
+  EXPECT_GT(std::accumulate(sizes.begin(), sizes.end(), size_t{0}), proto::kMaxAgentMessageBytes)
+      << "the storm fits one frame: it tests nothing";
+  EXPECT_EQ(ingest.counters().records_stored, kCalls);
+  EXPECT_EQ(node_bad(), 0u);
+}
+
+// Users write their own environment: up to 128 KiB a variable. A process's
+// identity strings from it are bounded (proto::kMaxIdentityText): a value
+// past the bound is not sent (never cut: a cut job id could name another
+// job). 3,500 processes whose strings are all at the bound are more than
+// one frame: they go over several batches, each of which fits.
+TEST_F(HostileInputTest, LongIdentitiesGoOverBatchesThatFitAndOnesPastTheBoundAreNotSent) {
+  testing::TempDir proc;
+  auto write = [&](const std::string& name, const std::string& content) {
+    std::filesystem::create_directories(std::filesystem::path(proc.file(name)).parent_path());
+    std::ofstream(proc.file(name), std::ios::binary) << content;
+  };
+  auto text = [](char c) { return std::string(proto::kMaxIdentityText, c); };
+  const uint32_t kFirst = 1000, kProcesses = 3500;
+  for (uint32_t pid = kFirst; pid <= kFirst + kProcesses; ++pid) {
+    const std::string dir = std::to_string(pid);
+    write(dir + "/stat", dir + " (python3) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 " + dir + " 1 2 3\n");
+    write(dir + "/status", "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\n");
+    // The first process's job id and step are past the bound.
+    std::string job = pid == kFirst ? std::string(128 << 10, '7') : dir + text('j').substr(dir.size());
+    std::string step = pid == kFirst ? text('s') + "s" : text('s');
+    std::string environ;
+    for (const std::string& entry : {"RANKSCOPE_JOB_ID=" + job, "CUDA_VISIBLE_DEVICES=" + text('d'),
+                                     "POD_NAME=" + text('p'), "POD_NAMESPACE=" + text('n'), "SLURM_STEP_ID=" + step})
+      environ += entry + '\0';
+    write(dir + "/environ", environ);
+  }
+  agent::Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  for (uint32_t pid = kFirst; pid <= kFirst + kProcesses; ++pid) summariser.on_event(comm_init(pid, 1, 1'000'000));
+  const std::vector<size_t> sizes = drain(summariser, 10);
+  EXPECT_GT(std::accumulate(sizes.begin(), sizes.end(), size_t{0}), proto::kMaxAgentMessageBytes)
+      << "the identities fit one frame: this tests nothing";
+  EXPECT_EQ(node_bad(), 0u);
+  const auto& processes = ingest.model().processes;
+  ASSERT_EQ(processes.size(), kProcesses + 1);
+  for (const auto& [key, info] : processes) {
+    EXPECT_EQ(info.pod_name, text('p'));
+    if (key.pid != kFirst) {
+      EXPECT_EQ(info.job.size(), proto::kMaxIdentityText);
+      EXPECT_EQ(info.slurm_step, text('s'));
+      continue;
+    }
+    EXPECT_EQ(info.slurm_step, "") << "a step past the bound was sent";
+    EXPECT_EQ(info.job.rfind("nccl-", 0), 0u) << "not a job the collector named: " << info.job.substr(0, 40);
+  }
+}
+
+// What the collector does with an agent that sends them all the same (an
+// older one, or one not ours): a process past a bound is skipped with the
+// reason, the batch's others are kept.
+TEST_F(HostileInputTest, AProcessWithAStringPastItsBoundIsSkipped) {
+  Outbox out;
+  ingest.on_agent_message("conn-1",
+                          batch(1, 1,
+                                [](auto b) {
+                                  auto processes = b.initProcesses(3);
+                                  processes[0].setPid(10);
+                                  processes[0].setJob("77");
+                                  processes[1].setPid(11);
+                                  processes[1].setJob(std::string(proto::kMaxIdentityText + 1, '7'));
+                                  processes[2].setPid(12);
+                                  processes[2].setCgroupPath(std::string(proto::kMaxIdentityPath + 1, '/'));
+                                }),
+                          out);
+  EXPECT_EQ(out.after_commit.size(), 1u);
+  EXPECT_EQ(node_bad(), 2u);
+  const auto& processes = ingest.model().processes;
+  ASSERT_EQ(processes.size(), 1u);
+  EXPECT_EQ(processes.begin()->second.job, "77");
+  EXPECT_EQ(ingest.counters().records_stored, 1u);
+}
+
+// A watchdog asks ncclCommGetAsyncError again and again; a stand-in
+// libnccl.so answers "broken" a hundred thousand times. The agent reports a
+// broken communicator once. A stand-in libcudart says yes to every
+// cudaSetDevice: the process's first kMaxCudaDevices devices are kept.
+TEST_F(HostileInputTest, ABrokenCommunicatorIsReportedOnceAndDevicesAreBounded) {
+  testing::TempDir proc;
+  agent::Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  const uint32_t pid = 4244;
+  summariser.on_event(comm_init(pid, 1, 1'000'000));
+  for (int i = 0; i < 100'000; ++i) {
+    rs_set_device_event e{};
+    e.hdr.pid = e.hdr.tid = pid;
+    e.hdr.kind = RS_EV_SET_DEVICE;
+    e.device = i;
+    summariser.on_event(e);
+  }
+  for (int i = 0; i < 100'000; ++i) {
+    rs_async_error_event e{};
+    e.hdr.pid = e.hdr.tid = pid;
+    e.hdr.kind = RS_EV_ASYNC_ERROR;
+    e.hdr.ts_ns = 2'000'000 + i;
+    e.comm = 1;
+    e.async_error = 3;  // ncclInternalError
+    summariser.on_event(e);
+  }
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  summariser.fill(b, DropCounts{});
+  ASSERT_EQ(b.getAsyncErrors().size(), 1u);
+  EXPECT_EQ(b.getAsyncErrors()[0].getAsyncError(), 3);
+  ASSERT_EQ(b.getProcesses().size(), 1u);
+  EXPECT_EQ(b.getProcesses()[0].getCudaDevices().size(), proto::kMaxCudaDevices);
 }
 
 // Found by fuzz_agent_message (a timeout): a few hundred packed bytes named
