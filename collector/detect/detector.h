@@ -201,6 +201,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     bool partial = false;      // some ranks never entered it (else every rank is inside)
     bool timed_out = false;    // waited on for the hang timeout
     std::vector<ProcKey> missing;  // the processes of the missing ranks (partial)
+    std::vector<ProcKey> stuck;    // every rank inside: the ones stopped or exited (the job is held up here)
     std::vector<int32_t> also_missing;  // missing, alive, beside stopped or exited ones (which the finding names)
     const OpenCollective* instance = nullptr;  // partial: the open instance at or after the stalled one
     uint64_t instance_seq = 0;

@@ -200,9 +200,10 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
     const ProcessHealth* health = health_of(m);
     if (!health || !health->known()) continue;
     in_gpu_wait += health->open_waits().empty() ? 0 : 1;
-    if (stuck_process(*health))
+    if (stuck_process(*health)) {
       stuck.push_back(rank);
-    else if (health->shares(options_.context_window_ns).running > kBusyRunningShare)
+      stall.stuck.emplace_back(m.node, m.pid);
+    } else if (health->shares(options_.context_window_ns).running > kBusyRunningShare)
       busy.push_back(rank);
   }
   if (stuck.empty() && !busy.empty()) return false;  // ranks busy on the CPU: working, not hung
@@ -451,6 +452,10 @@ Detector::StallLinks Detector::link_stalls() {
       if (inside == i) in_here.push_back(members.back());
       elsewhere |= inside != SIZE_MAX && inside != i;
     }
+    // A process inside it cannot progress (stopped, exited): whatever else
+    // its members went on to, or entered before, waits on that process,
+    // and so on this stall.
+    if (!s.stuck.empty()) continue;
     if (here) {
       // Every rank is inside it, but one whose latest call it is entered,
       // before it, the stalled collective of another communicator: NCCL runs
@@ -501,8 +506,10 @@ void Detector::fold_stalls(const StallLinks& links) {
   const auto& direct = links.direct;
   // The stalls that name each process as missing.
   std::map<ProcKey, std::vector<size_t>> naming;
-  for (size_t i = 0; i < stalls_.size(); ++i)
+  for (size_t i = 0; i < stalls_.size(); ++i) {
     for (const ProcKey& p : stalls_[i].missing) naming[p].push_back(i);
+    for (const ProcKey& p : stalls_[i].stuck) naming[p].push_back(i);
+  }
   // Stalls that name the same held-up process are one story: the best tells it.
   std::vector<size_t> owner(stalls_.size());
   for (size_t i = 0; i < stalls_.size(); ++i) owner[i] = i;

@@ -547,6 +547,43 @@ TEST_F(DetectTest, OneStoppedRankIsOneHangWithTheJobsOtherStallsFoldedIntoIt) {
   EXPECT_TRUE(open(FindingKind::hang).empty()) << summaries(open(FindingKind::hang));
 }
 
+// As a real job's host calls go: NCCL only enqueues, so a rank issues its
+// next collective before the last one ran. 4 processes, tensor-parallel
+// pairs {0,1} {2,3} within the nodes, data-parallel groups {0,2} {1,3}
+// across them; each step a TP AllReduce, then a DP AllReduce. Process 3
+// stops after it issued step 5's both: every rank issued every
+// communicator's last collective, so all four stall with every rank
+// inside, each behind another in a ring (the TP pairs went on to DP; DP
+// {0,2} runs after TP {2,3} on process 2's GPU). The stopped process holds
+// them all: one hang names it, whichever order they are looked at in.
+TEST_F(DetectTest, AStoppedRankThatIssuedEveryCallIsOneHangNamingIt) {
+  start(4);
+  const uint64_t tp = kComm + 1, dp = kComm + 10;
+  for (int32_t i = 0; i < 2; ++i) register_comm(tp + i, {2 * i, 2 * i + 1});
+  for (int32_t g = 0; g < 2; ++g) register_comm(dp + g, {g, g + 2});
+  const uint64_t t = clock.now;
+  for (uint64_t step = 0; step <= 5; ++step) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 4; ++r) {
+      list.push_back({r, step, t + step * 20 * kMs + r * 1000, RS_OP_ALLREDUCE, 1024, tp + r / 2, r % 2});
+      list.push_back({r, step, t + step * 20 * kMs + 10 * kMs + r * 1000, RS_OP_ALLREDUCE, 1024, dp + r % 2, r / 2});
+    }
+    calls(list);
+  }
+  const uint64_t due = t + 5 * 20 * kMs + 10 * kMs + options.hang_timeout_ns + kMs;
+  keep_talking(due);
+  health(3, 'T', 1000, due);
+  evaluate_at(due);
+
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u) << summaries(hangs);
+  const Finding& hang = *hangs[0];
+  ASSERT_EQ(hang.ranks.size(), 1u) << hang.summary;
+  EXPECT_EQ(ingest.comms().at(hang.comm).members.at(hang.ranks[0]).pid, 103u) << hang.summary;
+  EXPECT_NE(hang.summary.find("cannot progress (process stopped or exited)"), std::string::npos) << hang.summary;
+  EXPECT_NE(hang.summary.find("3 other communicator(s) stall behind it"), std::string::npos) << hang.summary;
+}
+
 TEST_F(DetectTest, ARankThatNeverPostsItsRecvIsAHangOfItsPipelineAndTheJobWaitsBehindIt) {
   // Two pipelines of two stages, {0,1} and {2,3}, each its own
   // communicator: each step stage 0 sends to stage 1, then all four ranks
