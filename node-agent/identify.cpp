@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "proto/limits.h"
 
 namespace rankscope::agent {
 
@@ -23,10 +24,12 @@ std::optional<int32_t> to_int(const std::string& text) {
   return value;
 }
 
+// The first of `keys` set; a value past proto::kMaxIdentityText is taken as
+// not set (never cut: a cut job id could name another job).
 const std::string* first_of(const std::map<std::string, std::string>& env, std::initializer_list<const char*> keys) {
   for (const char* key : keys) {
     auto it = env.find(key);
-    if (it != env.end() && !it->second.empty()) return &it->second;
+    if (it != env.end() && !it->second.empty() && it->second.size() <= proto::kMaxIdentityText) return &it->second;
   }
   return nullptr;
 }
@@ -66,6 +69,11 @@ std::map<std::string, std::string> parse_environ(const std::string& raw) {
 }
 
 void apply_environment(const std::map<std::string, std::string>& env, ProcessIdentity& identity) {
+  for (const char* name : {"SLURM_JOB_ID", "RANKSCOPE_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "SLURM_STEPID",
+                           "CUDA_VISIBLE_DEVICES", "POD_NAMESPACE", "MY_POD_NAMESPACE", "POD_NAME", "MY_POD_NAME"})
+    if (auto it = env.find(name); it != env.end() && it->second.size() > proto::kMaxIdentityText)
+      RS_LOG(warn, "process %u: %s is %zu bytes (at most %llu are taken): taken as not set", identity.pid, name,
+             it->second.size(), static_cast<unsigned long long>(proto::kMaxIdentityText));
   set_int(env, {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, identity.rank);
   set_int(env, {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}, identity.local_rank);
   set_int(env, {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, identity.world_size);

@@ -269,9 +269,14 @@ void Summariser::on_async_error(const rs_async_error_event& e) {
   auto it = comms_.find({e.hdr.pid, e.comm});
   uint64_t hash = it != comms_.end() ? it->second.hash : 0;
   // A broken communicator stays broken: the first error says it. A
-  // watchdog (or a stand-in libnccl.so) asks again and again.
+  // watchdog (or a stand-in libnccl.so) asks again and again; of handles
+  // never seen made, each process's first is logged.
   if (hash && it->second.broken) return;
   if (hash) it->second.broken = true;
+  if (!hash) {
+    if (unknown_async_told_.size() >= kMaxOverrides) unknown_async_told_.clear();
+    if (!unknown_async_told_.insert(e.hdr.pid).second) return;
+  }
   RS_LOG(warn, "process %u: communicator %s is broken: ncclCommGetAsyncError %s, error %s", e.hdr.pid,
          hash ? hex64(hash).c_str() : "(creation not seen)", proto::result_name(e.result).c_str(),
          proto::result_name(e.async_error).c_str());
@@ -385,34 +390,31 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops, const
   uint64_t records = fill_collectives(batch, held, mine);
   fill_clock_samples(batch, clock_of);
   fill_waits(batch, records, mine);
-  fill_async_errors(batch, mine);
+  fill_async_errors(batch, held, mine);
   proto::write_drops(drops, batch.initDrops());
 }
 
 void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, const std::string& key) {
-  // What does not fit goes in the key's next batches: a process as not yet
-  // sent, a communicator as new.
-  room_ = proto::kAgentBatchBytes;
+  // Every communicator of the key (they fit: proto/limits.h); identities
+  // up to their share of the batch, the others as not yet sent (they go in
+  // the key's next batches; a communicator takes its job when they come).
+  uint64_t identity_room = proto::kAgentIdentityBytesPerBatch;
   std::vector<const ProcessIdentity*> identities;
   std::vector<const CommEntry*> comms;
   for (auto& [pid, entry] : processes_) {
     if (key_of(pid) != key) continue;
-    if (identities.size() == proto::kMaxListEntries || !spend(proto::identity_wire_bytes(entry.identity))) {
+    const uint64_t bytes = proto::identity_wire_bytes(entry.identity);
+    if (identities.size() == proto::kMaxListEntries || bytes > identity_room) {
       entry.sent = false;
       continue;
     }
+    identity_room -= bytes;
     entry.identity.pid = pid;
     identities.push_back(&entry.identity);
   }
-  for (const auto& [k, comm] : comms_) {
-    if (comm.joined.hash == 0 || key_of(k.first) != key) continue;
-    if (comms.size() < proto::kMaxListEntries && spend(proto::kWireCommBytes))
+  for (const auto& [k, comm] : comms_)
+    if (comm.joined.hash != 0 && key_of(k.first) == key && comms.size() < proto::kMaxListEntries)
       comms.push_back(&comm);
-    else if (std::none_of(new_comms_.begin(), new_comms_.end(), [&](const proto::CommJoined& c) {
-               return c.pid == comm.joined.pid && c.hash == comm.joined.hash;
-             }))
-      new_comms_.push_back(comm.joined);
-  }
   // In the order they were made: a split's parent before its children.
   std::sort(comms.begin(), comms.end(), [](const CommEntry* a, const CommEntry* b) { return a->order < b->order; });
   std::vector<proto::CommJoined> joined;
@@ -426,10 +428,12 @@ void Summariser::fill_processes(wire::Batch::Builder batch, const std::string& k
   unsigned waiting = 0;
   for (const auto& [pid, entry] : processes_) waiting += unsent(entry, key) && mine(pid) ? 1 : 0;
   std::vector<const ProcessIdentity*> sent;
+  uint64_t identity_room = proto::kAgentIdentityBytesPerBatch;
   for (auto& [pid, entry] : processes_) {
     if (!unsent(entry, key) || !mine(pid)) continue;
-    if (sent.size() == std::min(waiting, proto::kMaxListEntries) || !spend(proto::identity_wire_bytes(entry.identity)))
-      break;
+    const uint64_t bytes = proto::identity_wire_bytes(entry.identity);
+    if (sent.size() == std::min(waiting, proto::kMaxListEntries) || bytes > identity_room || !spend(bytes)) break;
+    identity_room -= bytes;
     entry.identity.pid = pid;
     sent.push_back(&entry.identity);
     entry.sent = true;
@@ -572,10 +576,17 @@ void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records, const 
   proto::encode_waits(wait_list, batch);
 }
 
-void Summariser::fill_async_errors(wire::Batch::Builder batch, const Mine& mine) {
+void Summariser::fill_async_errors(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held,
+                                   const Mine& mine) {
+  // As a communicator's end: never before its announcement (the collector
+  // would not know it, and the agent tells a broken communicator once).
   std::vector<PendingAsyncError> now, later;
   for (const auto& a : async_errors_)
-    (mine(a.pid) && now.size() < proto::kMaxListEntries && spend(proto::kWireCommEndBytes) ? now : later).push_back(a);
+    (mine(a.pid) && !held.count({a.pid, a.hash}) && now.size() < proto::kMaxListEntries &&
+             spend(proto::kWireCommEndBytes)
+         ? now
+         : later)
+        .push_back(a);
   async_errors_ = std::move(later);
   auto errors = batch.initAsyncErrors(static_cast<unsigned>(now.size()));
   for (unsigned k = 0; k < now.size(); ++k) {
@@ -654,7 +665,8 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
   // when forget_exited() lets it go (not as "exited" and how a moment later).
   // A user may start as many processes as it likes: at most 16,384 entries
   // (under 5 MB at the widest, within the collector's frame and list
-  // bounds), the exited ones first (the exits tell of hangs).
+  // bounds), the exited ones first (the exits tell of hangs), the live ones
+  // from where the last heartbeat stopped (each is reported in turn).
   constexpr size_t kMaxEntries = 1 << 14;
   size_t kept = 0;
   for (const auto& [pid, entry] : processes_) kept += entry.seen_gone ? 1 : 0;
@@ -662,9 +674,12 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
   const size_t live = std::min<size_t>(processes_.size() - kept, kMaxEntries - gone);
   auto list = heartbeat.initProcesses(static_cast<unsigned>(live + gone));
   unsigned i = 0;
-  for (const auto& [pid, entry] : processes_) {
+  auto next = processes_.lower_bound(health_from_);
+  for (size_t visited = 0; visited < processes_.size() && i < live; ++visited, ++next) {
+    if (next == processes_.end()) next = processes_.begin();
+    const auto& [pid, entry] = *next;
     if (entry.seen_gone) continue;
-    if (i == live) break;
+    health_from_ = pid + 1;
     auto out = list[i++];
     out.setPid(pid);
     out.setSampleNs(now_ns);

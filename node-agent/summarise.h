@@ -143,7 +143,8 @@ class Summariser {
                             const Mine& mine);
   void fill_clock_samples(wire::Batch::Builder batch, const std::string& clock_of);
   void fill_waits(wire::Batch::Builder batch, uint64_t records, const Mine& mine);
-  void fill_async_errors(wire::Batch::Builder batch, const Mine& mine);
+  void fill_async_errors(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held,
+                         const Mine& mine);
   bool unsent(const ProcessEntry& entry, const std::string& key) const { return !entry.sent || entry.sent_key != key; }
   // Takes `bytes` of the batch's room (proto::kAgentBatchBytes, by worst-case
   // costs); false, taking nothing, when they do not fit.
@@ -167,6 +168,7 @@ class Summariser {
   const OffsetClock& clock_;
   std::map<uint32_t, ProcessEntry> processes_;
   std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
+  uint32_t health_from_ = 0;      // the heartbeat's first live process (when they do not all fit)
   std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting
   std::map<uint32_t, rs_host_stats> final_host_;  // host counters at exit
   // setenv/cudaSetDevice seen for processes not (yet) traced: by pid, with the
@@ -187,6 +189,7 @@ class Summariser {
     int32_t result, async_error;
   };
   std::vector<PendingAsyncError> async_errors_;
+  std::set<uint32_t> unknown_async_told_;  // processes whose error on an unknown handle was logged (bounded)
   std::map<CommKey, CommEntry> comms_;
   std::map<BlockKey, proto::ColumnBlock> blocks_;
   using GpuKey = std::tuple<uint32_t, uint64_t, int32_t, uint8_t>;  // pid, comm hash, rank, op

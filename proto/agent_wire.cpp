@@ -77,9 +77,7 @@ std::string encode_compact(std::string_view packed) {
     if (message.which() != wire::AgentMessage::BATCH) return;
     auto batch = message.getBatch();
     auto shape = block_shape(batch);
-    records = shape ? shape->records : kMaxRecordsPerBatch;
-    for (auto block : batch.getWaits()) records += block.getCount();
-    for (auto block : batch.getGpuCollectives()) records += block.getCount();
+    records = shape ? shape->claimed : kMaxRecordsPerBatch;
   });
   const uint64_t wire = compressed.size();
   const bool takes = read && packed.size() <= kMaxInflation * frame.size() + kInflationFloor &&

@@ -317,10 +317,11 @@ void encode_collectives(const std::vector<const ColumnBlock*>& blocks, wire::Bat
                         const std::vector<const GpuBlock*>& gpu, BlockLayout layout) {
   uint64_t base_ns = UINT64_MAX;
   std::vector<uint64_t> table;
+  std::unordered_map<uint64_t, uint32_t> indices;  // a batch may name 65,536 communicators
   auto index_of = [&](uint64_t hash) {
-    auto it = std::find(table.begin(), table.end(), hash);
-    if (it == table.end()) table.push_back(hash);
-    return static_cast<uint32_t>(std::find(table.begin(), table.end(), hash) - table.begin());
+    auto [it, fresh] = indices.emplace(hash, static_cast<uint32_t>(table.size()));
+    if (fresh) table.push_back(hash);
+    return it->second;
   };
   std::vector<uint32_t> index(blocks.size()), gpu_index(gpu.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -450,11 +451,15 @@ Result<BlockShape> block_shape(wire::Batch::Reader batch) {
   BlockShape shape;
   for (auto block : batch.getCollectives()) shape.records += block.getCount();
   shape.blocks = batch.getCollectives().size();
-  if (!batch.hasCollectiveTable()) return shape;
-  auto rows = read_rows(batch.getCollectiveTable());
-  if (!rows) return rows.error();
-  shape.blocks += rows->count.size();
-  shape.records += rows->records;
+  if (batch.hasCollectiveTable()) {
+    auto rows = read_rows(batch.getCollectiveTable());
+    if (!rows) return rows.error();
+    shape.blocks += rows->count.size();
+    shape.records += rows->records;
+  }
+  shape.claimed = shape.records;
+  for (auto block : batch.getWaits()) shape.claimed += block.getCount();
+  for (auto block : batch.getGpuCollectives()) shape.claimed += block.getCount();
   return shape;
 }
 

@@ -69,10 +69,14 @@ inline Result<ColumnBlock> decode_columns(wire::CollectiveColumns::Reader in, wi
 
 // How many host blocks and records a batch claims, in its CollectiveColumns
 // and its CollectiveTable together (a table whose header columns do not fit
-// together, or that claims more than kMaxRecordsPerBatch records, is an error).
+// together, or that claims more than kMaxRecordsPerBatch records, is an error),
+// and with its waits and GPU records: what the collector bounds by the
+// batch's size on the wire (collector/ingest/validate.h), and the agent keeps
+// within when it compresses (encode_compact).
 struct BlockShape {
   uint64_t blocks = 0;
   uint64_t records = 0;
+  uint64_t claimed = 0;  // records, waits and GPU records
 };
 Result<BlockShape> block_shape(wire::Batch::Reader batch);
 // The comm index (into Batch.commTable) of each host block, unchecked; an

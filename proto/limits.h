@@ -45,7 +45,16 @@ inline constexpr uint64_t kWireCommBytes = 128;
 inline constexpr uint64_t kWireCommEndBytes = 64;
 inline constexpr uint64_t kWireProcessBytes = 256;
 inline constexpr uint64_t kWireClockSamplesBytes = 48 * kMaxClockSamples;
+// Processes' identities take at most this much of a batch (the rest go in
+// the next ones), so that processes re-announced again and again (a
+// setenv loop) never crowd out a node's records.
+inline constexpr uint64_t kAgentIdentityBytesPerBatch = 1ull << 20;
 static_assert(kAgentBatchBytes + (1u << 20) <= kMaxAgentMessageBytes, "room for a batch's own fields");
+// A re-announcement to a job's new collector carries all of its
+// communicators, in the order they were made, and identities up to the
+// above.
+static_assert(kAgentIdentityBytesPerBatch + kMaxListEntries * kWireCommBytes <= kAgentBatchBytes,
+              "a re-announcement fits");
 
 // A process's identity, as the agent announces it: its strings come from
 // its own environment (up to 128 KiB each on Linux) and its cgroup, so each

@@ -25,7 +25,6 @@ Result<void> check_batch(wire::Batch::Reader batch, size_t wire_bytes) {
                  check_length("batch: collective blocks", batch.getCollectives().size(), kMaxListEntries),
                  check_length("batch: wait blocks", batch.getWaits().size(), kMaxListEntries),
                  check_length("batch: GPU blocks", batch.getGpuCollectives().size(), kMaxListEntries),
-                 check_length("batch: async errors", batch.getAsyncErrors().size(), kMaxListEntries),
                  check_length("batch: clock samples", batch.getClockSamples().size(), kMaxClockSamples)})
     if (!r) return r;
   auto shape = proto::block_shape(batch);
@@ -34,9 +33,7 @@ Result<void> check_batch(wire::Batch::Reader batch, size_t wire_bytes) {
     return make_error(Errc::protocol, "batch: collective blocks and table rows number " +
                                           std::to_string(shape->blocks) + " (limit " + std::to_string(kMaxListEntries) +
                                           ")");
-  uint64_t records = shape->records;
-  for (auto block : batch.getWaits()) records += block.getCount();
-  for (auto block : batch.getGpuCollectives()) records += block.getCount();
+  const uint64_t records = shape->claimed;
   if (records > kMaxRecordsPerBatch)
     return make_error(Errc::protocol, "batch claims " + std::to_string(records) + " records and waits (limit " +
                                           std::to_string(kMaxRecordsPerBatch) + ")");

@@ -522,6 +522,95 @@ TEST(Codec, HostileTablesAreRefusedWithAReasonAndCostOnlyTheirOwnRows) {
   EXPECT_NE(error.find("row 0 refers to communicator #5"), std::string::npos) << error;
 }
 
+// The agent keeps each batch under the collector's frame size by what its
+// items cost at the worst (proto/limits.h). Items whose every field is
+// random (nothing packs, nothing codes to a small delta) cost no more than
+// that, in either layout, one record a block or a hundred.
+TEST(Codec, NoItemPacksToMoreThanTheAgentChargesForIt) {
+  std::mt19937_64 rng(2024);
+  auto size_of = [](const std::function<void(wire::Batch::Builder)>& fill) {
+    capnp::MallocMessageBuilder message;
+    fill(message.initRoot<wire::AgentMessage>().initBatch());
+    return to_packed(message).size();
+  };
+  const size_t empty = size_of([](auto) {});
+  const size_t kBlocks = 64;
+  for (size_t n : {size_t{1}, size_t{100}}) {
+    std::vector<ColumnBlock> host(kBlocks);
+    std::vector<GpuBlock> gpu(kBlocks);
+    std::vector<WaitBlock> waits(kBlocks);
+    for (size_t b = 0; b < kBlocks; ++b) {
+      host[b].pid = gpu[b].pid = waits[b].pid = static_cast<uint32_t>(rng());
+      host[b].comm_hash = gpu[b].comm_hash = rng();
+      host[b].rank = gpu[b].rank = static_cast<int32_t>(rng() % 65536);
+      host[b].lane = static_cast<uint32_t>(rng());
+      gpu[b].op = static_cast<uint8_t>(rng());
+      waits[b].tid = static_cast<uint32_t>(rng());
+      uint64_t t = (1ull << 40) + rng() % (1ull << 40), seq = rng() % (1ull << 40);
+      for (size_t i = 0; i < n; ++i) {
+        t += rng() % (1ull << 40);
+        seq += 1 + rng() % (1ull << 31);
+        CallRecord r;
+        r.seq = seq, r.issue_ns = t, r.return_ns = t + rng() % (1ull << 33), r.count = rng();
+        r.peer = static_cast<int32_t>(rng()), r.op = static_cast<uint8_t>(rng());
+        r.datatype = static_cast<uint8_t>(rng()), r.redop = static_cast<uint8_t>(rng());
+        r.result = static_cast<uint8_t>(rng()), r.flags = static_cast<uint8_t>(rng());
+        host[b].records.push_back(r);
+        GpuRecord g;
+        g.seq = seq, g.count = rng(), g.enqueued_ns = t, g.kernel_start_ns = t + rng() % (1ull << 40);
+        g.kernel_end_ns = g.kernel_start_ns + rng() % (1ull << 40);
+        g.link_peer = static_cast<int32_t>(rng() % 65536), g.link_wait_ns = rng() % (1ull << 40);
+        gpu[b].records.push_back(g);
+        waits[b].waits.push_back(WaitRecord{static_cast<uint8_t>(rng() % 4), rng(), t, t + rng() % (1ull << 40),
+                                            static_cast<int32_t>(rng())});
+      }
+    }
+    std::vector<const ColumnBlock*> host_ptrs;
+    std::vector<const GpuBlock*> gpu_ptrs;
+    for (size_t b = 0; b < kBlocks; ++b) host_ptrs.push_back(&host[b]), gpu_ptrs.push_back(&gpu[b]);
+    for (BlockLayout layout : {BlockLayout::columns, BlockLayout::table}) {
+      const size_t bytes = size_of([&](auto b) { encode_collectives(host_ptrs, b, {}, layout); }) - empty;
+      EXPECT_LE(bytes, kBlocks * (kWireBlockBytes + n * kWireRecordBytes))
+          << n << " records a block, layout " << static_cast<int>(layout);
+    }
+    const size_t gpu_bytes = size_of([&](auto b) { encode_collectives({}, b, gpu_ptrs); }) - empty;
+    EXPECT_LE(gpu_bytes, kBlocks * (kWireBlockBytes + n * kWireGpuRecordBytes)) << n << " GPU records a block";
+    const size_t wait_bytes = size_of([&](auto b) { encode_waits(waits, b); }) - empty;
+    EXPECT_LE(wait_bytes, kBlocks * (kWireBlockBytes + n * kWireWaitBytes)) << n << " waits a block";
+  }
+  std::vector<CommJoined> comms(kBlocks);
+  for (auto& c : comms) {
+    c.pid = static_cast<uint32_t>(rng()), c.hash = rng(), c.handle = rng(), c.parent_hash = rng();
+    c.entry_ns = rng(), c.return_ns = rng(), c.rank = static_cast<int32_t>(rng()),
+    c.nranks = static_cast<int32_t>(rng());
+    c.result = static_cast<int32_t>(rng()), c.origin = wire::CommOrigin::SPLIT, c.color = static_cast<int32_t>(rng());
+    c.key = static_cast<int32_t>(rng()), c.split_index = static_cast<int32_t>(rng());
+  }
+  EXPECT_LE(size_of([&](auto b) { write_comms(comms, b); }) - empty, kBlocks * kWireCommBytes);
+  // Identities: every string at its bound, of random bytes but NUL.
+  std::vector<ProcessIdentity> identities(kBlocks);
+  std::vector<const ProcessIdentity*> pointers;
+  uint64_t charged = 0;
+  auto text = [&](uint64_t size) {
+    std::string s(size, 'x');
+    for (char& c : s) c = static_cast<char>(1 + rng() % 255);
+    return s;
+  };
+  for (auto& id : identities) {
+    id.pid = static_cast<uint32_t>(rng()), id.start_time = rng(), id.uid = static_cast<uint32_t>(rng());
+    id.cgroup_id = rng(), id.rank = id.local_rank = id.world_size = static_cast<int32_t>(rng());
+    id.exe = text(kMaxIdentityPath), id.cgroup_path = text(kMaxIdentityPath);
+    for (std::string* s : {&id.job, &id.user, &id.account, &id.visible_devices, &id.slurm_step, &id.pod_uid,
+                           &id.pod_namespace, &id.pod_name, &id.container_id})
+      *s = text(kMaxIdentityText);
+    for (uint32_t d = 0; d < kMaxCudaDevices; ++d) id.cuda_devices.push_back(static_cast<int32_t>(rng()));
+    EXPECT_TRUE(limit_identity(id).empty());
+    charged += identity_wire_bytes(id);
+    pointers.push_back(&id);
+  }
+  EXPECT_LE(size_of([&](auto b) { write_processes(pointers, b); }) - empty, charged);
+}
+
 TEST(Compress, RoundTripsAndRefusesBombsTrailingBytesCutFramesAndFramesWithoutASize) {
   std::mt19937 rng(3);
   std::string bytes(100'000, '\0');

@@ -11,6 +11,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "collector/service.h"
 #include "node-agent/summarise.h"
@@ -105,7 +106,8 @@ class HostileInputTest : public ::testing::Test {
   // Sends what `summariser` holds, a batch at a time, as the agent would:
   // each must fit the collector's frame, be taken and acknowledged. Returns
   // the batches' sizes (packed).
-  std::vector<size_t> drain(agent::Summariser& summariser, int at_most) {
+  std::vector<size_t> drain(agent::Summariser& summariser, int at_most,
+                            const std::function<void(wire::Batch::Reader)>& inspect = {}) {
     std::vector<size_t> sizes;
     while (!summariser.empty()) {
       if (static_cast<int>(sizes.size()) == at_most) {
@@ -117,6 +119,7 @@ class HostileInputTest : public ::testing::Test {
       b.setInstanceId(99);
       b.setSeq(sizes.size() + 1);
       summariser.fill(b, DropCounts{});
+      if (inspect) inspect(b.asReader());
       const std::string bytes = proto::to_packed(message);
       sizes.push_back(bytes.size());
       EXPECT_LE(bytes.size(), proto::kMaxAgentMessageBytes) << "batch " << sizes.size() << " would be dropped unread";
@@ -160,8 +163,29 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
   end.comm = 1;
   end.op = RS_OP_COMM_DESTROY;
   summariser.on_event(end);
+  // The last communicator broke; it is announced in the second batch. The
+  // agent tells a broken communicator once: never before its announcement.
+  rs_async_error_event broke{};
+  broke.hdr.pid = broke.hdr.tid = pid;
+  broke.hdr.kind = RS_EV_ASYNC_ERROR;
+  broke.comm = kComms;
+  broke.async_error = 3;
+  summariser.on_event(broke);
 
-  EXPECT_EQ(drain(summariser, 10).size(), 2u);
+  std::set<uint64_t> announced;
+  int errors = 0;
+  EXPECT_EQ(drain(summariser, 10,
+                  [&](wire::Batch::Reader b) {
+                    for (auto c : b.getComms()) announced.insert(c.getHandle());
+                    for (auto e : b.getAsyncErrors()) {
+                      ++errors;
+                      EXPECT_EQ(announced.count(kComms), 1u) << "an error before its communicator's announcement";
+                      (void)e;
+                    }
+                  })
+                .size(),
+            2u);
+  EXPECT_EQ(errors, 1);
   EXPECT_EQ(node_bad(), 0u);
   EXPECT_EQ(ingest.comms().size(), kMaxMembershipsPerNode);
   EXPECT_EQ(ingest.counters().records_stored, kMaxMembershipsPerNode);
@@ -173,8 +197,8 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
 }
 
 // A stand-in libnccl.so calls ncclAllReduce as fast as the probes let it,
-// with values that pack badly (random counts, gaps and durations): a
-// million records within one batch interval. As one batch they would be past the
+// with values that pack badly (random counts, gaps, durations, types,
+// peers and results): a million records within one batch interval. As one batch they would be past the
 // frame the collector reads: libzmq drops such a frame unread, and the agent
 // would send it for ever, holding up its node's other records. The agent
 // spreads them over batches that fit, and every record is stored.
@@ -189,8 +213,12 @@ TEST_F(HostileInputTest, AStormOfCallsIsSentInBatchesThatFitTheCollectorsFrame) 
   for (uint64_t i = 0; i < kCalls; ++i) {
     ts += 1'000'000'000 + random() % (1ull << 32);
     seq += 1 + random() % 1000;
-    rs_call_event call = all_reduce(pid, 1, seq, ts, random() % (1ull << 40));
+    rs_call_event call = all_reduce(pid, 1, seq, ts, random());
     call.entry_ns = ts - random() % 1'000'000'000;
+    call.peer = static_cast<int32_t>(random());
+    call.result = static_cast<int32_t>(random() % 256);
+    call.datatype = static_cast<uint8_t>(random());
+    call.redop = static_cast<uint8_t>(random());
     summariser.on_event(call);
   }
   const std::vector<size_t> sizes = drain(summariser, 10);
@@ -204,7 +232,8 @@ TEST_F(HostileInputTest, AStormOfCallsIsSentInBatchesThatFitTheCollectorsFrame) 
 // identity strings from it are bounded (proto::kMaxIdentityText): a value
 // past the bound is not sent (never cut: a cut job id could name another
 // job). 3,500 processes whose strings are all at the bound are more than
-// one frame: they go over several batches, each of which fits.
+// one frame: they go over several batches, each of which fits (identities
+// take at most kAgentIdentityBytesPerBatch of one).
 TEST_F(HostileInputTest, LongIdentitiesGoOverBatchesThatFitAndOnesPastTheBoundAreNotSent) {
   testing::TempDir proc;
   auto write = [&](const std::string& name, const std::string& content) {
@@ -228,7 +257,7 @@ TEST_F(HostileInputTest, LongIdentitiesGoOverBatchesThatFitAndOnesPastTheBoundAr
   }
   agent::Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
   for (uint32_t pid = kFirst; pid <= kFirst + kProcesses; ++pid) summariser.on_event(comm_init(pid, 1, 1'000'000));
-  const std::vector<size_t> sizes = drain(summariser, 10);
+  const std::vector<size_t> sizes = drain(summariser, 40);
   EXPECT_GT(std::accumulate(sizes.begin(), sizes.end(), size_t{0}), proto::kMaxAgentMessageBytes)
       << "the identities fit one frame: this tests nothing";
   EXPECT_EQ(node_bad(), 0u);
@@ -244,6 +273,28 @@ TEST_F(HostileInputTest, LongIdentitiesGoOverBatchesThatFitAndOnesPastTheBoundAr
     EXPECT_EQ(info.slurm_step, "") << "a step past the bound was sent";
     EXPECT_EQ(info.job.rfind("nccl-", 0), 0u) << "not a job the collector named: " << info.job.substr(0, 40);
   }
+}
+
+// A user starts 20,000 processes that each touch NCCL. A heartbeat lists at
+// most 16,384 (well within the collector's frame and list bounds), each
+// process in turn: two heartbeats cover them all.
+TEST_F(HostileInputTest, AHeartbeatListsEveryProcessInTurnWhenTheyDoNotAllFit) {
+  testing::TempDir proc;
+  agent::Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  const uint32_t kProcesses = 20'000;
+  for (uint32_t pid = 1; pid <= kProcesses; ++pid) summariser.on_event(comm_init(pid, 1, 1'000'000));
+  std::set<uint32_t> listed;
+  for (int beat = 0; beat < 2; ++beat) {
+    capnp::MallocMessageBuilder message;
+    auto heartbeat = message.initRoot<wire::AgentMessage>().initHeartbeat();
+    summariser.health(heartbeat, 2'000'000);
+    EXPECT_EQ(heartbeat.getProcesses().size(), 16'384u);
+    for (auto p : heartbeat.getProcesses()) listed.insert(p.getPid());
+    Outbox out;
+    ingest.on_agent_message("conn-1", proto::to_packed(message), out);
+  }
+  EXPECT_EQ(listed.size(), kProcesses);
+  EXPECT_EQ(node_bad(), 0u);
 }
 
 // What the collector does with an agent that sends them all the same (an
