@@ -18,8 +18,15 @@ build: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
 
+# The unit and fakenccl tests (in-process, no daemons, no timing) run
+# side by side on every core; the others, which start real daemons and
+# measure real processes, one at a time.
+PARALLEL_LABELS = ^(unit|fakenccl)$$
 test: build
-	@cd $(BUILD) && ctest --output-on-failure --timeout 600
+	@cd $(BUILD) && status=0; \
+	  ctest --output-on-failure --timeout 600 -L '$(PARALLEL_LABELS)' -j$(JOBS) || status=1; \
+	  ctest --output-on-failure --timeout 600 -LE '$(PARALLEL_LABELS)' || status=1; \
+	  exit $$status
 
 demo: build
 	@scripts/demo.sh $(BUILD)
