@@ -18,8 +18,9 @@ int visit(const char* path, const struct stat* st, int type, FTW*) {
   if (type == FTW_D && g_walk_into) {
     std::string below(path + std::min(g_walk_prefix, strlen(path)));
     // A user with a delegated subtree names its cgroups: a path past the
-    // bound is not reported (the collector would not keep it).
-    if (below.size() <= proto::kMaxIdentityPath) (*g_walk_into)[st->st_ino] = below.empty() ? "/" : below;
+    // bound is known as "" (not reported: the collector would not keep
+    // it; known, so that it does not make every heartbeat walk again).
+    (*g_walk_into)[st->st_ino] = below.size() > proto::kMaxIdentityPath ? "" : below.empty() ? "/" : below;
   }
   return 0;
 }
