@@ -38,6 +38,12 @@ constexpr uint64_t kMs = 1'000'000ull;
 // 75 us (its poll, the transport's resend scan): 50 ms instead of 25 took
 // it from 0.50% of a core to 0.35% (docs/benchmarks.md).
 constexpr int kTickMs = 50;
+// A storm of calls (a user's stand-in libnccl.so in a loop on many cores)
+// can leave the summariser more than one batch carries (proto/limits.h):
+// past this many records waiting, up to kMoreBatches more go at once, so
+// that what the agent holds stays bounded by what it can send.
+constexpr size_t kMoreBatchesAt = 1 << 16;
+constexpr int kMoreBatches = 15;
 
 void attach_library(NcclProbes& probes, Discovery& discovery, const LibraryFile& library, const Options& options) {
   discovery.remember(library);
@@ -300,6 +306,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
     if (t - last_flush >= options.batch_interval_ms * kMs && !summariser.empty()) {
       send_batches(bpf, summariser, transport, rings, t);
+      for (int more = 0; more < kMoreBatches && summariser.pending_records() >= kMoreBatchesAt; ++more)
+        send_batches(bpf, summariser, transport, rings, t);
       last_flush = t;
     } else if (summariser.empty()) {
       last_flush = t;  // the age of a batch counts from its first record
