@@ -40,8 +40,10 @@ constexpr uint64_t kMs = 1'000'000ull;
 constexpr int kTickMs = 50;
 // A storm of calls (a user's stand-in libnccl.so in a loop on many cores)
 // can leave the summariser more than one batch carries (proto/limits.h):
-// past this many records waiting, up to kMoreBatches more go at once, so
-// that what the agent holds stays bounded by what it can send.
+// past this many records waiting, up to kMoreBatches more go at once while
+// the batches in memory take less than half their bound (more would only
+// push out the oldest, unacknowledged), so that the agent's backlog
+// moves to the transport's bounded queue and spool.
 constexpr size_t kMoreBatchesAt = 1 << 16;
 constexpr int kMoreBatches = 15;
 
@@ -306,7 +308,9 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     }
     if (t - last_flush >= options.batch_interval_ms * kMs && !summariser.empty()) {
       send_batches(bpf, summariser, transport, rings, t);
-      for (int more = 0; more < kMoreBatches && summariser.pending_records() >= kMoreBatchesAt; ++more)
+      for (int more = 0; more < kMoreBatches && summariser.pending_records() >= kMoreBatchesAt &&
+                         transport.memory_bytes() < options.max_unacked_bytes / 2;
+           ++more)
         send_batches(bpf, summariser, transport, rings, t);
       last_flush = t;
     } else if (summariser.empty()) {

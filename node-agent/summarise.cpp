@@ -413,10 +413,15 @@ void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, c
     identities.push_back(&entry.identity);
   }
   for (const auto& [k, comm] : comms_)
-    if (comm.joined.hash != 0 && key_of(k.first) == key && comms.size() < proto::kMaxListEntries)
-      comms.push_back(&comm);
-  // In the order they were made: a split's parent before its children.
+    if (comm.joined.hash != 0 && key_of(k.first) == key) comms.push_back(&comm);
+  // In the order they were made: a split's parent before its children. Past
+  // what a batch carries, the newest go as new ones (their items wait).
   std::sort(comms.begin(), comms.end(), [](const CommEntry* a, const CommEntry* b) { return a->order < b->order; });
+  std::set<std::pair<uint32_t, uint64_t>> queued;
+  for (const auto& c : new_comms_) queued.emplace(c.pid, c.hash);
+  for (size_t k = proto::kMaxListEntries; k < comms.size(); ++k)
+    if (queued.emplace(comms[k]->joined.pid, comms[k]->joined.hash).second) new_comms_.push_back(comms[k]->joined);
+  if (comms.size() > proto::kMaxListEntries) comms.resize(proto::kMaxListEntries);
   std::vector<proto::CommJoined> joined;
   for (const CommEntry* comm : comms) joined.push_back(comm->joined);
   proto::write_processes(identities, batch);
@@ -427,13 +432,19 @@ void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, c
 void Summariser::fill_processes(wire::Batch::Builder batch, const std::string& key, const Mine& mine) {
   unsigned waiting = 0;
   for (const auto& [pid, entry] : processes_) waiting += unsent(entry, key) && mine(pid) ? 1 : 0;
+  // From where the last batch stopped: processes re-announced again and
+  // again (a setenv loop) cannot keep the others' out.
   std::vector<const ProcessIdentity*> sent;
   uint64_t identity_room = proto::kAgentIdentityBytesPerBatch;
-  for (auto& [pid, entry] : processes_) {
+  auto next = processes_.lower_bound(identities_from_);
+  for (size_t visited = 0; visited < processes_.size(); ++visited, ++next) {
+    if (next == processes_.end()) next = processes_.begin();
+    auto& [pid, entry] = *next;
     if (!unsent(entry, key) || !mine(pid)) continue;
     const uint64_t bytes = proto::identity_wire_bytes(entry.identity);
     if (sent.size() == std::min(waiting, proto::kMaxListEntries) || bytes > identity_room || !spend(bytes)) break;
     identity_room -= bytes;
+    identities_from_ = pid + 1;
     entry.identity.pid = pid;
     sent.push_back(&entry.identity);
     entry.sent = true;

@@ -169,6 +169,7 @@ class Summariser {
   std::map<uint32_t, ProcessEntry> processes_;
   std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
   uint32_t health_from_ = 0;      // the heartbeat's first live process (when they do not all fit)
+  uint32_t identities_from_ = 0;  // the first process whose identity a batch may carry (likewise)
   std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting
   std::map<uint32_t, rs_host_stats> final_host_;  // host counters at exit
   // setenv/cudaSetDevice seen for processes not (yet) traced: by pid, with the

@@ -452,10 +452,6 @@ Detector::StallLinks Detector::link_stalls() {
       if (inside == i) in_here.push_back(members.back());
       elsewhere |= inside != SIZE_MAX && inside != i;
     }
-    // A process inside it cannot progress (stopped, exited): whatever else
-    // its members went on to, or entered before, waits on that process,
-    // and so on this stall.
-    if (!s.stuck.empty()) continue;
     if (here) {
       // Every rank is inside it, but one whose latest call it is entered,
       // before it, the stalled collective of another communicator: NCCL runs
@@ -474,6 +470,7 @@ Detector::StallLinks Detector::link_stalls() {
                         " and wait in other communicators; nothing has moved since " + format_time_ns(s.since_ns);
     s.finding.ranks.clear();
     for (const auto& [rank, m] : s.comm->members) s.finding.ranks.push_back(rank);
+    s.stuck.clear();  // a stopped member waits in another stall: that one names it
     chase(i, members);
     direct[i] = false;
   }
@@ -559,6 +556,16 @@ void Detector::fold_stalls(const StallLinks& links) {
       if (!visited.insert(c).second) continue;
       if (direct[c]) consider(c);
       else follow(c);
+    }
+    // A ring of stalls every rank is inside, each behind another (the
+    // host only enqueues: a stopped rank had issued every communicator's
+    // next collective), with nothing outside it: held up where a process
+    // cannot progress. The ring's stalls that name one fold into the one
+    // that tells it best; the others into it too.
+    if (best == SIZE_MAX) {
+      for (size_t c : visited)
+        if (!stalls_[c].stuck.empty() && (best == SIZE_MAX || tells_better(c, best))) best = c;
+      if (best == i) best = SIZE_MAX;
     }
     if (best != SIZE_MAX) {
       owner[i] = best;

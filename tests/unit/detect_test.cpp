@@ -584,6 +584,37 @@ TEST_F(DetectTest, AStoppedRankThatIssuedEveryCallIsOneHangNamingIt) {
   EXPECT_NE(hang.summary.find("3 other communicator(s) stall behind it"), std::string::npos) << hang.summary;
 }
 
+// The other way round: rank R never enters communicator B's collective #7;
+// process P entered it, then issued #3 on A = {P, Q}, which Q issued too
+// before it stopped (a watchdog killed it, say). A cannot run on P's GPU
+// before B #7: it waits behind B, and so on R, whatever became of Q. One
+// hang names R.
+TEST_F(DetectTest, AStallWithAStoppedRankBehindAnotherStallWaitsOnThatOne) {
+  start(3);  // P = 0 and Q = 1 on node-0, R = 2 on node-1
+  const uint64_t b = kComm + 1, a = kComm + 2;
+  register_comm(b, {0, 2});
+  register_comm(a, {0, 1});
+  const uint64_t t = clock.now;
+  std::vector<Call> list;
+  for (uint64_t step = 0; step < 7; ++step)
+    for (int32_t r : {0, 2}) list.push_back({r, step, t + step * 10 * kMs + r * 1000, RS_OP_ALLREDUCE, 1024, b, r / 2});
+  list.push_back({0, 7, t + 7 * 10 * kMs, RS_OP_ALLREDUCE, 1024, b, 0});  // R never enters #7; P did, before A #3
+  for (uint64_t step = 0; step <= 3; ++step)
+    for (int32_t r : {0, 1})
+      list.push_back({r, step, t + step * 40 * kMs + 5 * kMs + r * 1000, RS_OP_ALLREDUCE, 1024, a, r});
+  calls(list);
+  const uint64_t due = t + 3 * 40 * kMs + 5 * kMs + options.hang_timeout_ns + kMs;
+  keep_talking(due);
+  health(1, 'T', 1000, due);
+  evaluate_at(due);
+
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u) << summaries(hangs);
+  ASSERT_EQ(hangs[0]->ranks.size(), 1u) << hangs[0]->summary;
+  EXPECT_EQ(hangs[0]->comm, b) << hangs[0]->summary;
+  EXPECT_EQ(ingest.comms().at(b).members.at(hangs[0]->ranks[0]).pid, 102u) << hangs[0]->summary;
+}
+
 TEST_F(DetectTest, ARankThatNeverPostsItsRecvIsAHangOfItsPipelineAndTheJobWaitsBehindIt) {
   // Two pipelines of two stages, {0,1} and {2,3}, each its own
   // communicator: each step stage 0 sends to stage 1, then all four ranks
