@@ -696,7 +696,15 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
     out.setSampleNs(now_ns);
     auto sample = read_sample(proc_root_, pid);
     out.setAlive(sample.has_value());
-    if (!sample) continue;
+    if (!sample) {
+      // Gone before forget_exited() found it: its counters at exit, when
+      // its exit event came, or the collector's ledger, which takes a
+      // process's first "dead" as its last word, would not bill the CPU
+      // of its last interval (they are sent again with its exit).
+      if (auto final_host = final_host_.find(pid); final_host != final_host_.end())
+        set_host(out.initHost(), final_host->second);
+      continue;
+    }
     out.setState(static_cast<uint8_t>(sample->state));
     out.setCpuNs(sample->cpu_ns);
     out.setRunqueueNs(sample->runqueue_ns);
