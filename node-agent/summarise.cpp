@@ -395,9 +395,10 @@ void Summariser::fill(wire::Batch::Builder batch, const DropCounts& drops, const
 }
 
 void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, const std::string& key) {
-  // Every communicator of the key (they fit: proto/limits.h); identities
-  // up to their share of the batch, the others as not yet sent (they go in
-  // the key's next batches; a communicator takes its job when they come).
+  // The key's communicators, up to a batch's list (they fit:
+  // proto/limits.h); identities up to their share of the batch, the others
+  // as not yet sent (they go in the key's next batches; a communicator
+  // takes its job when they come).
   uint64_t identity_room = proto::kAgentIdentityBytesPerBatch;
   std::vector<const ProcessIdentity*> identities;
   std::vector<const CommEntry*> comms;
