@@ -166,7 +166,7 @@ bool send_batches(NcclProbes& bpf, Summariser& summariser, Transport& transport,
 void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transport, const ProfilerRings& rings,
                     CgroupReport& cgroups, const Options& options, uint64_t now) {
   DropCounts drops = drop_counts(bpf, summariser, transport, rings);
-  transport.send_heartbeat([&](wire::Heartbeat::Builder hb) {
+  const bool taken = transport.send_heartbeat([&](wire::Heartbeat::Builder hb) {
     hb.setTracedProcesses(static_cast<uint32_t>(summariser.traced_processes()));
     proto::write_drops(drops, hb.initDrops());
     summariser.health(hb, now, [&](uint32_t pid) { return bpf.host_stats(pid); });
@@ -174,6 +174,10 @@ void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transpor
     summariser.open_waits(bpf.open_waits(), hb);
     if (rings.counts().rings > 0) summariser.gpu_open(rings.open(), hb);
   });
+  // The exits it told of are told again until a collector's connection
+  // takes the heartbeat (how a rank ended, and its counters at exit, which
+  // bill its last interval).
+  if (taken) summariser.exits_reported();
 }
 
 // Waits up to a tick for the collector's replies, waking at once for them

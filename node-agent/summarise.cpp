@@ -87,10 +87,29 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
     if (e.op == RS_OP_COMM_SPLIT && e.result == 0)
       if (auto parent = comms_.find({e.hdr.pid, e.parent_comm}); parent != comms_.end()) {
         const auto index = static_cast<int32_t>(++parent->second.splits);
-        new_comms_.push_back(proto::CommJoined{e.hdr.pid, proto::comm_hash_of_split(parent->second.hash, index, e.color),
-                                               0, parent->second.hash, shift(e.entry_ns), shift(e.hdr.ts_ns),
-                                               parent->second.rank, -1, e.result, wire::CommOrigin::SPLIT, e.color,
-                                               e.key, index});
+        const proto::CommJoined marker{e.hdr.pid,
+                                       proto::comm_hash_of_split(parent->second.hash, index, e.color),
+                                       0,
+                                       parent->second.hash,
+                                       shift(e.entry_ns),
+                                       shift(e.hdr.ts_ns),
+                                       parent->second.rank,
+                                       -1,
+                                       e.result,
+                                       wire::CommOrigin::SPLIT,
+                                       e.color,
+                                       e.key,
+                                       index};
+        new_comms_.push_back(marker);
+        no_color_.emplace(++comm_order_, NoColor{marker, parent->first});
+        parent->second.no_color.push_back(comm_order_);
+        if (no_color_.size() > kMaxNoColorKept) {
+          // The oldest of all: the first of its parent's.
+          auto oldest = no_color_.begin();
+          if (auto of = comms_.find(oldest->second.parent); of != comms_.end() && !of->second.no_color.empty())
+            of->second.no_color.pop_front();
+          no_color_.erase(oldest);
+        }
       }
     RS_LOG(info, "process %u: %s returned %s; no communicator", e.hdr.pid, proto::op_name(e.op).c_str(),
            proto::result_name(e.result).c_str());
@@ -132,6 +151,8 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
                                   comm.rank,  comm.nranks, e.result, comm.origin, e.color,           e.key,
                                   split_index};
   comm.order = ++comm_order_;
+  // (A handle made again without its end seen: the old one's are gone.)
+  if (auto old = comms_.find({e.hdr.pid, e.comm}); old != comms_.end()) forget_no_color(old->second);
   comms_[{e.hdr.pid, e.comm}] = comm;
   if (proc.identity.job.empty()) proc.identity.job = "nccl-" + hex64(comm.hash).substr(0, 12);
   new_comms_.push_back(comm.joined);
@@ -193,7 +214,13 @@ void Summariser::on_comm_end(const rs_comm_end_event& e) {
   if (it == comms_.end()) return;
   ended_comms_.push_back(
       PendingEnd{e.hdr.pid, it->second.hash, shift(e.hdr.ts_ns), e.result, e.op == RS_OP_COMM_ABORT});
+  forget_no_color(it->second);  // nothing of it is announced again
   comms_.erase(it);
+}
+
+void Summariser::forget_no_color(CommEntry& parent) {
+  for (uint64_t order : parent.no_color) no_color_.erase(order);
+  parent.no_color.clear();
 }
 
 void Summariser::on_wait(const rs_wait_event& e) {
@@ -272,7 +299,12 @@ void Summariser::on_async_error(const rs_async_error_event& e) {
   // watchdog (or a stand-in libnccl.so) asks again and again; of handles
   // never seen made, each process's first is logged.
   if (hash && it->second.broken) return;
-  if (hash) it->second.broken = true;
+  if (hash) {
+    it->second.broken = true;
+    it->second.error_ns = shift(e.hdr.ts_ns);
+    it->second.error_result = e.result;
+    it->second.error_async = e.async_error;
+  }
   if (!hash) {
     if (unknown_async_told_.size() >= kMaxOverrides) unknown_async_told_.clear();
     if (!unknown_async_told_.insert(e.hdr.pid).second) return;
@@ -401,7 +433,6 @@ void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, c
   // takes its job when they come).
   uint64_t identity_room = proto::kAgentIdentityBytesPerBatch;
   std::vector<const ProcessIdentity*> identities;
-  std::vector<const CommEntry*> comms;
   for (auto& [pid, entry] : processes_) {
     if (key_of(pid) != key) continue;
     const uint64_t bytes = proto::identity_wire_bytes(entry.identity);
@@ -413,18 +444,33 @@ void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, c
     entry.identity.pid = pid;
     identities.push_back(&entry.identity);
   }
-  for (const auto& [k, comm] : comms_)
-    if (comm.joined.hash != 0 && key_of(k.first) == key) comms.push_back(&comm);
+  // The communicators, and the splits in which a process got none (the
+  // new collector sizes a split's children once every rank of the parent
+  // said what it did in it).
+  std::vector<std::pair<uint64_t, const proto::CommJoined*>> comms;
+  std::set<std::pair<uint32_t, uint64_t>> queued, erring;
+  for (const auto& c : new_comms_) queued.emplace(c.pid, c.hash);
+  for (const auto& a : async_errors_) erring.emplace(a.pid, a.hash);
+  for (const auto& [k, comm] : comms_) {
+    if (comm.joined.hash == 0 || key_of(k.first) != key) continue;
+    comms.emplace_back(comm.order, &comm.joined);
+    // Its error too (the new collector names it in a hang), in the next
+    // batches, unless it waits to go out anyway.
+    if (comm.broken && !erring.count({k.first, comm.hash}))
+      async_errors_.push_back(
+          PendingAsyncError{k.first, comm.hash, comm.error_ns, comm.error_result, comm.error_async});
+  }
+  for (const auto& [order, marker] : no_color_)
+    if (key_of(marker.joined.pid) == key && !queued.count({marker.joined.pid, marker.joined.hash}))
+      comms.emplace_back(order, &marker.joined);
   // In the order they were made: a split's parent before its children. Past
   // what a batch carries, the newest go as new ones (their items wait).
-  std::sort(comms.begin(), comms.end(), [](const CommEntry* a, const CommEntry* b) { return a->order < b->order; });
-  std::set<std::pair<uint32_t, uint64_t>> queued;
-  for (const auto& c : new_comms_) queued.emplace(c.pid, c.hash);
+  std::sort(comms.begin(), comms.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t k = proto::kMaxListEntries; k < comms.size(); ++k)
-    if (queued.emplace(comms[k]->joined.pid, comms[k]->joined.hash).second) new_comms_.push_back(comms[k]->joined);
+    if (queued.emplace(comms[k].second->pid, comms[k].second->hash).second) new_comms_.push_back(*comms[k].second);
   if (comms.size() > proto::kMaxListEntries) comms.resize(proto::kMaxListEntries);
   std::vector<proto::CommJoined> joined;
-  for (const CommEntry* comm : comms) joined.push_back(comm->joined);
+  for (const auto& [order, comm] : comms) joined.push_back(*comm);
   proto::write_processes(identities, batch);
   proto::write_comms(joined, batch);
   proto::write_drops(drops, batch.initDrops());
@@ -591,10 +637,11 @@ void Summariser::fill_waits(wire::Batch::Builder batch, uint64_t records, const 
 void Summariser::fill_async_errors(wire::Batch::Builder batch, const std::set<std::pair<uint32_t, uint64_t>>& held,
                                    const Mine& mine) {
   // As a communicator's end: never before its announcement (the collector
-  // would not know it, and the agent tells a broken communicator once).
+  // would not know it, and the agent tells a broken communicator once); at
+  // most what the collector applies of one batch.
   std::vector<PendingAsyncError> now, later;
   for (const auto& a : async_errors_)
-    (mine(a.pid) && !held.count({a.pid, a.hash}) && now.size() < proto::kMaxListEntries &&
+    (mine(a.pid) && !held.count({a.pid, a.hash}) && now.size() < proto::kMaxAsyncErrorsPerBatch &&
              spend(proto::kWireCommEndBytes)
          ? now
          : later)
@@ -633,8 +680,28 @@ std::vector<uint32_t> Summariser::forget_exited() {
       ++it;
     } else if (gone && it->second.sent) {
       uint32_t pid = it->first;
-      for (auto c = comms_.begin(); c != comms_.end();) c = (c->first.first == pid) ? comms_.erase(c) : std::next(c);
-      exited_.push_back(pid);
+      for (auto c = comms_.begin(); c != comms_.end();) {
+        if (c->first.first != pid) {
+          ++c;
+          continue;
+        }
+        forget_no_color(c->second);
+        c = comms_.erase(c);
+      }
+      Exited gone_one{pid, {}, {}};
+      if (auto code = exit_codes_.find(pid); code != exit_codes_.end()) {
+        gone_one.code = code->second;
+        exit_codes_.erase(code);
+      }
+      if (auto host = final_host_.find(pid); host != final_host_.end()) {
+        gone_one.host = host->second;
+        final_host_.erase(host);
+      }
+      exited_.push_back(gone_one);
+      if (exited_.size() > kMaxExitsKept) {  // no collector took them for that long: the oldest go
+        exited_.pop_front();
+        exits_listed_ -= std::min<size_t>(exits_listed_, 1);
+      }
       forgotten.push_back(pid);
       it = processes_.erase(it);
     } else {
@@ -720,26 +787,27 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
       if (auto counters = host(pid)) set_host(out.initHost(), *counters);
   }
   for (size_t k = 0; k < gone; ++k) {
-    const uint32_t pid = exited_[k];
+    const Exited& gone_one = exited_[k];
     auto out = list[i++];
-    out.setPid(pid);
+    out.setPid(gone_one.pid);
     out.setSampleNs(now_ns);
     out.setAlive(false);
     // The kernel's exit_code: the signal in the low 7 bits, else status << 8 (wait(2)).
-    auto code = exit_codes_.find(pid);
-    if (code != exit_codes_.end()) {
-      if (code->second & 0x7f)
-        out.setExitSignal(code->second & 0x7f);
+    if (gone_one.code) {
+      if (*gone_one.code & 0x7f)
+        out.setExitSignal(*gone_one.code & 0x7f);
       else
-        out.setExitStatus((code->second >> 8) & 0xff);
-      exit_codes_.erase(code);
+        out.setExitStatus((*gone_one.code >> 8) & 0xff);
     }
-    if (auto final_host = final_host_.find(pid); final_host != final_host_.end()) {
-      set_host(out.initHost(), final_host->second);
-      final_host_.erase(final_host);
-    }
+    if (gone_one.host) set_host(out.initHost(), *gone_one.host);
   }
-  exited_.erase(exited_.begin(), exited_.begin() + static_cast<std::ptrdiff_t>(gone));  // the rest next time
+  exits_listed_ = gone;  // the rest next time
+}
+
+void Summariser::exits_reported() {
+  const size_t n = std::min(exits_listed_, exited_.size());
+  exited_.erase(exited_.begin(), exited_.begin() + static_cast<std::ptrdiff_t>(n));
+  exits_listed_ = 0;
 }
 
 }  // namespace rankscope::agent

@@ -34,6 +34,10 @@ struct CommEntry {
   proto::CommJoined joined;  // as announced (announced again to a job's new collector)
   uint64_t order = 0;        // of creation (a parent is announced before its children)
   bool broken = false;       // its async error was reported (once: a watchdog asks again and again)
+  // That error (told again to a job's new collector, with the communicator).
+  uint64_t error_ns = 0;
+  int32_t error_result = 0, error_async = 0;
+  std::deque<uint64_t> no_color;  // its splits in which this process got no child (keys of Summariser::no_color_)
 };
 
 class Summariser {
@@ -96,7 +100,10 @@ class Summariser {
   // The scheduling state of every traced process, for the heartbeat, with
   // its BPF host counters where `host` knows them.
   using HostLookup = std::function<std::optional<rs_host_stats>(uint32_t pid)>;
+  // The exits it lists stay until exits_reported() says a collector took
+  // them (each heartbeat lists them again until then).
   void health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, const HostLookup& host = {});
+  void exits_reported();
   // Waits on the GPU still in progress, for the heartbeat.
   void open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& waits, wire::Heartbeat::Builder heartbeat);
   // Collectives whose kernels have not all stopped, for the heartbeat.
@@ -167,7 +174,16 @@ class Summariser {
   std::string node_;
   const OffsetClock& clock_;
   std::map<uint32_t, ProcessEntry> processes_;
-  std::vector<uint32_t> exited_;  // to report as gone in the next heartbeat
+  // To report as gone, with how each ended (its exit event's, taken when
+  // it was forgotten: a pid reused meanwhile is another process).
+  struct Exited {
+    uint32_t pid = 0;
+    std::optional<int32_t> code;  // the task's exit_code
+    std::optional<rs_host_stats> host;
+  };
+  std::deque<Exited> exited_;
+  size_t exits_listed_ = 0;                         // of them, listed by the last heartbeat (health())
+  static constexpr size_t kMaxExitsKept = 1 << 16;  // while no collector takes a heartbeat
   uint32_t health_from_ = 0;      // the heartbeat's first live process (when they do not all fit)
   uint32_t identities_from_ = 0;  // the first process whose identity a batch may carry (likewise)
   std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting
@@ -202,6 +218,19 @@ class Summariser {
     bool abort;
   };
   std::vector<proto::CommJoined> new_comms_;
+  // The splits in which a process got no child (NCCL_SPLIT_NOCOLOR), by
+  // order of creation, while their parent lives: a job's new collector
+  // sizes a split's children once every rank of the parent said what it
+  // did in it, so they are announced again with the communicators. At most
+  // kMaxNoColorKept (a user may split without a color in a loop), the
+  // oldest dropped.
+  struct NoColor {
+    proto::CommJoined joined;
+    std::pair<uint32_t, uint64_t> parent;  // its key in comms_
+  };
+  std::map<uint64_t, NoColor> no_color_;
+  static constexpr size_t kMaxNoColorKept = 1 << 16;
+  void forget_no_color(CommEntry& parent);
   std::vector<PendingEnd> ended_comms_;
   std::map<std::string, std::deque<std::array<uint64_t, 4>>> clock_samples_;  // by collector
   bool keyed_ = false;

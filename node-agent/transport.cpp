@@ -345,8 +345,9 @@ void Transport::send_clock_probe() {
     if (link->accepted) send_bytes(*link, proto::encode_clock_probe(now()));
 }
 
-void Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill) {
+bool Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill) {
   std::string bytes;
+  bool taken = false;
   for (auto& link : links_) {
     if (!link->accepted) continue;
     if (bytes.empty()) {
@@ -359,8 +360,9 @@ void Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder
         drops.setSpoolDamaged(spool_damaged());
       });
     }
-    send_bytes(*link, bytes);
+    taken = send_bytes(*link, bytes) || taken;
   }
+  return taken;
 }
 
 void Transport::service() {

@@ -73,7 +73,8 @@ class Transport {
   void send_clock_probe();
   // `fill` adds what the caller knows (drops, process health) to the
   // heartbeat; sent to every collector that accepted this agent.
-  void send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill);
+  // Whether a collector's connection took it (false: none is up, or none said hello).
+  bool send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill);
 
   // The configured collector accepted this agent.
   bool accepted() const { return links_.front()->accepted; }

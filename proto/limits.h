@@ -9,6 +9,10 @@ namespace rankscope::proto {
 inline constexpr uint32_t kMaxListEntries = 1u << 16;      // processes, comms, ends, blocks, samples... per message
 inline constexpr uint64_t kMaxRecordsPerBatch = 1u << 20;  // collective records and waits, all blocks together
 inline constexpr uint32_t kMaxClockSamples = 1024;         // an agent probes once a second, batches ten times that
+// Broken communicators a batch tells (an agent tells each once; each costs
+// the collector a walk of the communicator's members): the collector skips
+// the rest of a batch past it, the agent sends them in its next batches.
+inline constexpr uint32_t kMaxAsyncErrorsPerBatch = 256;
 // A batch may claim at most kRecordsFloor + kRecordsPerWireByte x its size on
 // the wire records and waits (packed, or compressed). A record costs an
 // agent about two bytes at the least (its issue-time delta and duration are

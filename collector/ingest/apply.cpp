@@ -5,6 +5,7 @@
 #include "collector/ingest/ingest.h"
 #include "common/format.h"
 #include "common/log.h"
+#include "proto/limits.h"
 
 namespace rankscope::collector {
 
@@ -108,14 +109,15 @@ void Ingest::apply_comms(NodeState& node, wire::Batch::Reader batch, std::set<ui
 void Ingest::apply_async_errors(NodeState& node, wire::Batch::Reader batch) {
   // A member's first error is the one kept: an agent reports it once, and
   // the same (communicator, process) again in a batch costs nothing more.
-  // Each costs a walk of its communicator's members: at most 256 a batch
-  // (an agent tells each broken communicator once), the rest skipped.
-  constexpr size_t kMaxErrorsPerBatch = 256;
+  // Each costs a walk of its communicator's members: at most
+  // proto::kMaxAsyncErrorsPerBatch a batch (an agent tells each broken
+  // communicator once, that many a batch), the rest skipped.
   std::set<std::pair<uint64_t, uint32_t>> seen;
   for (auto a : batch.getAsyncErrors()) {
-    if (seen.size() == kMaxErrorsPerBatch && !seen.count({a.getCommHash(), a.getPid()})) {
+    if (seen.size() == proto::kMaxAsyncErrorsPerBatch && !seen.count({a.getCommHash(), a.getPid()})) {
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": more than " +
-                             std::to_string(kMaxErrorsPerBatch) + " broken communicators; the rest skipped");
+                             std::to_string(proto::kMaxAsyncErrorsPerBatch) +
+                             " broken communicators; the rest skipped");
       break;
     }
     if (!seen.emplace(a.getCommHash(), a.getPid()).second) continue;

@@ -3,6 +3,7 @@
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <set>
 
 #include "common/format.h"
 #include "common/log.h"
@@ -70,6 +71,12 @@ size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
     if (now_ns < comm.last_ns || now_ns - comm.last_ns < quiet_ns) continue;
     bool alive = !comm.ended && std::any_of(comm.members.begin(), comm.members.end(),
                                             [&](const auto& m) { return known_alive(m.second.node, m.second.pid); });
+    // The members of a split that got no child (ended at once) stay while
+    // the parent does: the agents announce them again to a job's new
+    // collector, and one known sized is not a split waiting anew.
+    if (comm.split.color == kSplitNoColor && comm.origin == CommOrigin::split)
+      if (auto parent = model_.comms.find(comm.split.parent); parent != model_.comms.end() && !parent->second.ended)
+        alive = true;
     if (!alive) over.push_back(hash);
   }
   if (over.empty()) return 0;
@@ -530,10 +537,14 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
     }
     node.health[p.getPid()].add(sample);
   }
-  // Dead processes are kept to explain findings, but not without bound.
+  // Dead processes are kept to explain findings, but not without bound;
+  // not those this heartbeat reported: the usage ledger has yet to bill
+  // their last interval (it reads the table at its next tick).
   if (node.health.size() > kHealthEntriesPerNode) {
+    std::set<uint32_t> reported;
+    for (auto p : heartbeat.getProcesses()) reported.insert(p.getPid());
     for (auto it = node.health.begin(); it != node.health.end();)
-      it = it->second.alive() ? std::next(it) : node.health.erase(it);
+      it = it->second.alive() || reported.count(it->first) ? std::next(it) : node.health.erase(it);
   }
   // Who used the host's CPUs: cumulative per cgroup; a rate needs two reports.
   for (auto c : heartbeat.getCgroups()) {

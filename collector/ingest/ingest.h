@@ -175,6 +175,9 @@ class Ingest final : public CommitParticipant {
   // announcement is refused (counted).
   std::optional<int32_t> check_split(NodeState& node, wire::Comm::Reader comm, SplitOf& split);
   void size_split(uint64_t parent, int32_t index, std::set<uint64_t>& changed);
+  // One split of size_split's list; the splits that waited for its children go on `then`.
+  void size_one_split(uint64_t parent, int32_t index, std::set<uint64_t>& changed,
+                      std::deque<std::pair<uint64_t, int32_t>>& then);
   void derive_child(CommState& child, std::set<uint64_t>& changed);
   void abandon_split(uint64_t parent, int32_t index, std::set<uint64_t>& changed, const std::string& why);
   bool held_for_split(NodeState& node, wire::Batch::Reader batch, std::set<uint64_t>& changed);

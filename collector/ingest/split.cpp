@@ -14,6 +14,7 @@
 // are stored and matched under the child's own ranks only, never under two
 // numberings.
 #include <algorithm>
+#include <deque>
 
 #include "collector/ingest/ingest.h"
 #include "common/format.h"
@@ -32,9 +33,16 @@ std::optional<int32_t> Ingest::check_split(NodeState& node, wire::Comm::Reader c
   // The announcing process must be the parent's member it says it was: its
   // rank there, bound to its node and pid by the parent's own announcement.
   auto parent = model_.comms.find(split.parent);
-  const bool sizable = split.index >= 1 && parent != model_.comms.end() && parent->second.nranks > 0 &&
-                       (parent->second.split.sizing == SplitSizing::none ||
-                        parent->second.split.sizing == SplitSizing::derived);
+  // A child of a split not sized yet (its other members' word is on its
+  // way from their nodes): its own split waits for it, its members named
+  // by the ranks announced in it until then (a child split within a batch
+  // interval of its parent travels in the same batches).
+  const bool parent_pending = parent != model_.comms.end() && parent->second.split.sizing == SplitSizing::pending &&
+                              parent->second.split.color != kSplitNoColor;
+  const bool sizable = split.index >= 1 && parent != model_.comms.end() &&
+                       ((parent->second.nranks > 0 && (parent->second.split.sizing == SplitSizing::none ||
+                                                       parent->second.split.sizing == SplitSizing::derived)) ||
+                        parent_pending);
   if (!sizable) {
     // An agent too old to say the split's index, or a parent this collector
     // never saw sized (its creation unseen, retired): kept, never matched.
@@ -82,7 +90,8 @@ void Ingest::apply_split(NodeState& node, wire::Comm::Reader c, std::set<uint64_
     news = true;
   }
   int32_t rank = announced;
-  if (comm.split.sizing == SplitSizing::derived) {
+  // (The members that got no child keep the ranks they were announced by.)
+  if (comm.split.sizing == SplitSizing::derived && comm.split.color != kSplitNoColor) {
     // Sized already (this is its agent sending a waiting batch again).
     auto r = comm.rank_of_announced.find(announced);
     if (r == comm.rank_of_announced.end()) {
@@ -116,11 +125,25 @@ void Ingest::apply_split(NodeState& node, wire::Comm::Reader c, std::set<uint64_
 }
 
 void Ingest::size_split(uint64_t parent_hash, int32_t index, std::set<uint64_t>& changed) {
+  // A child sized may have splits of its own that waited for it: sized in
+  // turn, from a list (a chain of splits runs as long as a user makes it).
+  std::deque<std::pair<uint64_t, int32_t>> todo{{parent_hash, index}};
+  while (!todo.empty()) {
+    const auto [p, i] = todo.front();
+    todo.pop_front();
+    size_one_split(p, i, changed, todo);
+  }
+}
+
+void Ingest::size_one_split(uint64_t parent_hash, int32_t index, std::set<uint64_t>& changed,
+                            std::deque<std::pair<uint64_t, int32_t>>& then) {
   auto group = model_.pending_splits.find({parent_hash, index});
   auto parent = model_.comms.find(parent_hash);
   if (group == model_.pending_splits.end()) return;
+  if (parent != model_.comms.end() && parent->second.split.sizing == SplitSizing::pending) return;  // sized first
   if (parent == model_.comms.end() || parent->second.nranks <= 0) {
-    abandon_split(parent_hash, index, changed, "its parent left the live model");
+    abandon_split(parent_hash, index, changed,
+                  parent == model_.comms.end() ? "its parent left the live model" : "its parent could not be sized");
     return;
   }
   // Every rank of the parent, once: then every child's members are known.
@@ -143,9 +166,29 @@ void Ingest::size_split(uint64_t parent_hash, int32_t index, std::set<uint64_t>&
     }
   }
   if (heard < said.size()) return;
-  for (uint64_t hash : group->second)
-    if (auto child = model_.comms.find(hash); child != model_.comms.end()) derive_child(child->second, changed);
+  const std::set<uint64_t> children = std::move(group->second);
   model_.pending_splits.erase(group);
+  for (uint64_t hash : children)
+    if (auto child = model_.comms.find(hash); child != model_.comms.end()) derive_child(child->second, changed);
+  // Their own splits, which waited for them: their members, named by the
+  // ranks announced in these children, now by their ranks there.
+  for (uint64_t hash : children) {
+    auto child = model_.comms.find(hash);
+    if (child == model_.comms.end() || child->second.split.color == kSplitNoColor) continue;
+    for (auto g = model_.pending_splits.lower_bound({hash, INT32_MIN});
+         g != model_.pending_splits.end() && g->first.first == hash; ++g) {
+      for (uint64_t grandchild : g->second) {
+        auto split_child = model_.comms.find(grandchild);
+        if (split_child == model_.comms.end()) continue;
+        for (auto& [rank, m] : split_child->second.members) {
+          auto r = child->second.rank_of_announced.find(m.announced_rank);
+          m.parent_rank = r == child->second.rank_of_announced.end() ? -1 : r->second;
+        }
+        changed.insert(grandchild);
+      }
+      then.emplace_back(hash, g->first.second);
+    }
+  }
 }
 
 void Ingest::derive_child(CommState& child, std::set<uint64_t>& changed) {
@@ -176,19 +219,32 @@ void Ingest::derive_child(CommState& child, std::set<uint64_t>& changed) {
 }
 
 void Ingest::abandon_split(uint64_t parent_hash, int32_t index, std::set<uint64_t>& changed, const std::string& why) {
-  auto group = model_.pending_splits.find({parent_hash, index});
-  if (group == model_.pending_splits.end()) return;
-  for (uint64_t hash : group->second) {
-    auto child = model_.comms.find(hash);
-    if (child == model_.comms.end()) continue;
-    child->second.split.sizing = SplitSizing::abandoned;
-    changed.insert(hash);
-    if (child->second.split.color != kSplitNoColor) ++counters_.splits_abandoned;
+  // With the splits of its children that waited for them (never sized
+  // now), from a list as size_split's.
+  std::deque<std::pair<uint64_t, int32_t>> todo{{parent_hash, index}};
+  for (bool first = true; !todo.empty(); first = false) {
+    const auto [p, i] = todo.front();
+    todo.pop_front();
+    auto group = model_.pending_splits.find({p, i});
+    if (group == model_.pending_splits.end()) continue;
+    for (uint64_t hash : group->second) {
+      auto child = model_.comms.find(hash);
+      if (child == model_.comms.end()) continue;
+      child->second.split.sizing = SplitSizing::abandoned;
+      changed.insert(hash);
+      if (child->second.split.color != kSplitNoColor) ++counters_.splits_abandoned;
+    }
+    RS_LOG(warn,
+           "split %d of comm %s cannot be sized (%s): its children are kept by the ranks their agents named, "
+           "and not matched (no hang, mismatch or straggler is found on them)",
+           i, hex64(p).c_str(), first ? why.c_str() : "its parent could not be sized");
+    const std::set<uint64_t> children = std::move(group->second);
+    model_.pending_splits.erase(group);
+    for (uint64_t hash : children)
+      for (auto g = model_.pending_splits.lower_bound({hash, INT32_MIN});
+           g != model_.pending_splits.end() && g->first.first == hash; ++g)
+        todo.emplace_back(hash, g->first.second);
   }
-  RS_LOG(warn, "split %d of comm %s cannot be sized (%s): its children are kept by the ranks their agents named, "
-         "and not matched (no hang, mismatch or straggler is found on them)",
-         index, hex64(parent_hash).c_str(), why.c_str());
-  model_.pending_splits.erase(group);
 }
 
 bool Ingest::held_for_split(NodeState& node, wire::Batch::Reader batch, std::set<uint64_t>& changed) {

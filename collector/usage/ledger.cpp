@@ -416,7 +416,7 @@ std::string UsageLedger::encode_track(const ProcessTrack& t) {
   std::string out(1, static_cast<char>(kTrackVersion));
   for (uint64_t v : {t.start_time, t.last_sample_ns, t.last_cluster_ns, t.cpu_ns, t.off_cpu_ns, t.stat_cpu_ns})
     put_be(out, v, 8);
-  out.push_back(static_cast<char>((t.alive ? 1 : 0) | (t.done ? 2 : 0)));
+  out.push_back(static_cast<char>((t.alive ? 1 : 0) | (t.done ? 2 : 0) | (t.host_at_last ? 4 : 0)));
   return out;
 }
 
@@ -431,6 +431,7 @@ std::optional<UsageLedger::ProcessTrack> UsageLedger::decode_track(std::string_v
   uint8_t flags = static_cast<uint8_t>(*at);
   t.alive = flags & 1;
   t.done = flags & 2;
+  t.host_at_last = flags & 4;
   t.seen = true;
   return t;
 }
@@ -750,8 +751,17 @@ void UsageLedger::take_samples(uint64_t now_ns) {
 void UsageLedger::take_sample(const std::string& name, const NodeState& node, uint32_t pid,
                               const HealthSample& sample) {
   ProcessTrack& track = processes_[{name, pid}];
-  if (track.done || (track.seen && sample.sample_ns == track.last_sample_ns)) return;
   const ProcessInfo* process = model_.process(name, pid);
+  // A pid reused: the collector's entry for it (its health, its identity)
+  // now speaks of another process, whose first live sample starts a track
+  // of its own (the old one's was finished with its exit).
+  if (track.seen && sample.alive && process && process->start_time != 0 && track.start_time != 0 &&
+      process->start_time != track.start_time && sample.sample_ns != track.last_sample_ns)
+    track = ProcessTrack{};
+  if (track.done || (track.seen && sample.sample_ns == track.last_sample_ns)) return;
+  // Alive after it was found gone: another process on its pid, not yet
+  // named (its identity comes with its agent's next batch; above).
+  if (track.seen && !track.alive && sample.alive) return;
   // Counted by the previous run up to its last flush: go on from there
   // (the same process: its start time says a pid was not reused).
   if (!track.seen) {
@@ -800,17 +810,26 @@ void UsageLedger::take_sample(const std::string& name, const NodeState& node, ui
     from = track.last_cluster_ns;
     if (stat_cpu && track.stat_cpu_ns)
       usage.cpu_s = static_cast<double>(stat_cpu - std::min(stat_cpu, track.stat_cpu_ns)) / 1e9;
-    else
+    else if (sample.alive || track.host_at_last)
       usage.cpu_s = static_cast<double>(cpu - std::min(cpu, track.cpu_ns)) / 1e9;
+    // else its exit's counters after a last sample without them (a
+    // zombie's, whose /proc counters already ran to its exit): the BPF
+    // counters' baseline is older than what the kernel's counted, nothing more.
     usage.off_cpu_s = static_cast<double>(off - std::min(off, track.off_cpu_ns)) / 1e9;
     // It exited somewhere between the last sample and this one: half way, on average.
     uint64_t end = sample.alive ? at : from + (at - std::min(at, from)) / 2;
     if (track.alive) usage.gpu_s = static_cast<double>(end - std::min(end, from)) / 1e9 * gpus;
   }
   add_usage_span(from, std::max(from, at), name, identity, usage);
+  // Found gone without its counters at exit, where its samples had them:
+  // its exit event was not read yet when the agent looked, and a later
+  // heartbeat carries them (the CPU of its last interval). Its GPU time
+  // ends here.
+  const bool exit_counters_to_come = !sample.alive && !sample.host_known && track.host_at_last;
   track.alive = sample.alive;
-  track.done = !sample.alive;
+  track.done = !sample.alive && !exit_counters_to_come;
   track.dirty = true;
+  if (!exit_counters_to_come) track.host_at_last = sample.host_known;
   if (process && track.start_time == 0) track.start_time = process->start_time;
   track.last_sample_ns = sample.sample_ns;
   track.last_cluster_ns = at;

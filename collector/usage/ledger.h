@@ -182,6 +182,10 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
     uint64_t cpu_ns = 0, off_cpu_ns = 0;  // BPF host counters (or the main thread's schedstat)
     uint64_t stat_cpu_ns = 0;             // /proc/PID/stat, kernel accounting
     bool done = false;                    // exited and counted to the end
+    // Its last sample carried the BPF host counters: its exit's counters,
+    // which a heartbeat may carry only after one that found it gone (the
+    // exit event not read yet), will bill the CPU of its last interval.
+    bool host_at_last = false;
     uint64_t deferred_since = 0;          // node clock of a first sample put off until its identity is known
     uint64_t start_time = 0;              // the process's (/proc/PID/stat): a pid reused is another process
     bool dirty = false;                   // changed since the last flush

@@ -149,6 +149,38 @@ TEST(Summarise, AProcessFoundGoneBeforeItsExitEventIsReadIsReportedWithHowItEnde
   EXPECT_EQ(summariser.traced_processes(), 0u);
 }
 
+// A heartbeat no collector took (the collector is down): the exits it
+// listed, how each ended and its counters at exit (which bill its last
+// interval), are listed again in the next, until one is taken.
+TEST(Summarise, AnExitIsListedAgainUntilACollectorTakesAHeartbeat) {
+  testing::TempDir proc;  // an empty /proc: every process is gone
+  Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  const uint32_t pid = 100;
+  summariser.on_event(init_event(pid, RS_OP_COMM_INIT_RANK, 0x10, 0, 0, 1'000));
+  announced(summariser);
+  rs_exit_event exit{};
+  exit.hdr.pid = exit.hdr.tid = pid;
+  exit.hdr.kind = RS_EV_EXIT;
+  exit.exit_code = 9;
+  exit.host.cpu_ns = 7'000;
+  summariser.on_event(exit);
+  EXPECT_EQ(summariser.forget_exited(), std::vector<uint32_t>{pid});
+  auto listed = [&] {
+    capnp::MallocMessageBuilder message;
+    auto heartbeat = message.initRoot<wire::AgentMessage>().initHeartbeat();
+    summariser.health(heartbeat, 2'000);
+    std::vector<std::pair<int, uint64_t>> out;  // (signal, CPU at exit)
+    for (auto p : heartbeat.getProcesses())
+      if (p.getPid() == pid && !p.getAlive()) out.emplace_back(p.getExitSignal(), p.getHost().getCpuNs());
+    return out;
+  };
+  const std::vector<std::pair<int, uint64_t>> once = {{9, 7'000}};
+  EXPECT_EQ(listed(), once);
+  EXPECT_EQ(listed(), once) << "a heartbeat no collector took lost the exit";
+  summariser.exits_reported();
+  EXPECT_TRUE(listed().empty()) << "listed again after a collector took it";
+}
+
 // In a fleet the batches go by job: a process that exits is kept until its
 // last records went out under its job's key (forgotten first, they would
 // have no key to go by and never go).

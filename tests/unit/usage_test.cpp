@@ -304,6 +304,91 @@ TEST_F(UsageTest, HeartbeatsBecomeGpuAndCpuSecondsPerTenant) {
   EXPECT_NE(row(by_user, "bob"), nullptr);
 }
 
+// What an agent may report of a process's end, in the order it may come:
+// each process's CPU is billed up to its exit once, never twice.
+//   - pid 100 is found gone before its exit event was read (no counters),
+//     and the next heartbeat carries its counters at exit: the CPU of its
+//     last interval is billed (it was not: the first "dead" was final);
+//   - pid 101 is a zombie first: alive to /proc, whose counters already ran
+//     to its exit, without BPF counters (its entry went at exit); its exit's
+//     BPF counters then add nothing (they were billed again);
+//   - pid 102 exits, and its pid is taken by another process, which is
+//     billed from its own start (it was not billed at all);
+//   - pid 103 is found gone, its counters at exit never come (its exit
+//     event was lost), and another process takes its pid: that one's
+//     heartbeats before its identity came are not billed to the old one.
+TEST_F(UsageTest, EveryWayAnExitIsReportedBillsTheProcessUpToItsExitOnce) {
+  hello();
+  uint64_t seq = 0;
+  auto identities = [&](std::vector<proto::ProcessIdentity> processes) {
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = ++seq;
+    b.processes = std::move(processes);
+    testing::feed(*ingest, *commit, "node-0", b.bytes());
+  };
+  auto with_start = [](proto::ProcessIdentity p, uint64_t start_ticks) {
+    p.start_time = start_ticks;
+    return p;
+  };
+  identities(
+      {with_start(testing::process(100, "1", "gone-early"), 500), with_start(testing::process(101, "2", "zombie"), 500),
+       with_start(testing::process(102, "3", "first"), 500), with_start(testing::process(103, "5", "lost-exit"), 500)});
+  struct Beat {
+    uint32_t pid;
+    char state;       // 'X': gone
+    uint64_t stat_s;  // /proc/PID/stat CPU (0: none)
+    int64_t host_s;   // BPF counters (-1: none)
+  };
+  auto beat = [&](uint64_t at_s, std::vector<Beat> beats) {
+    testing::feed(*ingest, *commit, "node-0", [&](wire::AgentMessage::Builder m) {
+      auto hb = m.initHeartbeat();
+      hb.setInstanceId(7);
+      hb.setMonotonicNs(at_s * kS);
+      auto p = hb.initProcesses(static_cast<unsigned>(beats.size()));
+      for (unsigned i = 0; i < beats.size(); ++i) {
+        p[i].setPid(beats[i].pid);
+        p[i].setAlive(beats[i].state != 'X');
+        p[i].setState(static_cast<uint8_t>(beats[i].state));
+        p[i].setSampleNs(at_s * kS);
+        p[i].setProcessCpuNs(beats[i].stat_s * kS);
+        if (beats[i].host_s >= 0) p[i].initHost().setCpuNs(static_cast<uint64_t>(beats[i].host_s) * kS);
+      }
+    });
+    clock.now = kDay0 * kS + at_s * kS;
+    ledger->tick(clock.now, {});
+  };
+  beat(10, {{100, 'R', 1, 1}, {101, 'R', 1, 1}, {102, 'R', 1, 1}, {103, 'R', 1, 1}});
+  beat(70, {{100, 'R', 31, 32}, {101, 'R', 31, 32}, {102, 'R', 31, 32}, {103, 'R', 31, 32}});
+  beat(90, {{100, 'X', 0, -1}, {101, 'Z', 41, -1}, {102, 'X', 0, 43}, {103, 'X', 0, -1}});
+  beat(91, {{100, 'X', 0, 43}, {101, 'X', 0, 43}});
+  beat(92, {{100, 'X', 0, 43}, {101, 'X', 0, 43}});                      // the same again: nothing more
+  identities({with_start(testing::process(102, "4", "second"), 9500)});  // pid 102 again, started at 95 s
+  beat(100, {{102, 'R', 2, 2}, {103, 'R', 1, 1}});  // pid 103 again (started at 96 s), named only later
+  beat(130, {{103, 'R', 20, 20}});
+  identities({with_start(testing::process(103, "6", "third"), 9600)});
+  beat(160, {{102, 'R', 32, 33}, {103, 'R', 40, 40}});
+  flush();
+  Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
+  for (const char* account : {"gone-early", "zombie", "first", "second", "lost-exit", "third"})
+    ASSERT_NE(row(r, account), nullptr) << account;
+  // The kernel's 31 s to the last live sample, then the BPF counters' 11 s to its exit.
+  EXPECT_NEAR(row(r, "gone-early")->usage.cpu_s, 31 + 11, 1e-6);
+  EXPECT_NEAR(row(r, "gone-early")->usage.gpu_s, 75, 1e-6) << "from its start at 5 s to half way from 70 s to 90 s";
+  // The kernel's 41 s: its zombie's counters ran to its exit.
+  EXPECT_NEAR(row(r, "zombie")->usage.cpu_s, 41, 1e-6);
+  EXPECT_NEAR(row(r, "first")->usage.cpu_s, 31 + 11, 1e-6);
+  // The new process from its start at 95 s, its CPU counters all its own.
+  EXPECT_NEAR(row(r, "second")->usage.gpu_s, 65, 1e-6);
+  EXPECT_NEAR(row(r, "second")->usage.cpu_s, 32, 1e-6);
+  // Without its counters at exit, its last interval cannot be billed; the
+  // next process on its pid is not billed to it, and is billed from its start.
+  EXPECT_NEAR(row(r, "lost-exit")->usage.cpu_s, 31, 1e-6);
+  EXPECT_NEAR(row(r, "lost-exit")->usage.gpu_s, 75, 1e-6);
+  EXPECT_NEAR(row(r, "third")->usage.gpu_s, 64, 1e-6);
+  EXPECT_NEAR(row(r, "third")->usage.cpu_s, 40, 1e-6);
+}
+
 // A collector killed after a flush and started again on the same database:
 // the new run goes on from what the last flush counted (GPU time across the
 // gap included, the cumulative CPU counter not counted again), and a pid
