@@ -199,7 +199,10 @@ bool take_replies(Transport& transport, Summariser& summariser, uint64_t& welcom
   transport.service();
   if (transport.welcomes() == welcomes) return false;
   welcomes = transport.welcomes();
-  if (welcomes > 1) summariser.resend_identities();
+  if (welcomes > 1) {
+    summariser.resend_identities();
+    summariser.relist_recent_exits();
+  }
   return true;
 }
 

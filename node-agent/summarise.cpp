@@ -102,13 +102,23 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
                                        index};
         new_comms_.push_back(marker);
         no_color_.emplace(++comm_order_, NoColor{marker, parent->first});
-        parent->second.no_color.push_back(comm_order_);
+        auto& mine = no_color_of_[parent->first];
+        if (!mine.empty()) no_color_holders_.erase({mine.size(), parent->first});
+        mine.push_back(comm_order_);
+        no_color_holders_.emplace(mine.size(), parent->first);
         if (no_color_.size() > kMaxNoColorKept) {
-          // The oldest of all: the first of its parent's.
-          auto oldest = no_color_.begin();
-          if (auto of = comms_.find(oldest->second.parent); of != comms_.end() && !of->second.no_color.empty())
-            of->second.no_color.pop_front();
-          no_color_.erase(oldest);
+          // The oldest of the communicator holding the most: a process
+          // splitting without a color in a loop drops its own first.
+          auto top = std::prev(no_color_holders_.end());
+          const CommKey most = top->second;
+          no_color_holders_.erase(top);
+          auto& theirs = no_color_of_[most];
+          no_color_.erase(theirs.front());
+          theirs.pop_front();
+          if (theirs.empty())
+            no_color_of_.erase(most);
+          else
+            no_color_holders_.emplace(theirs.size(), most);
         }
       }
     RS_LOG(info, "process %u: %s returned %s; no communicator", e.hdr.pid, proto::op_name(e.op).c_str(),
@@ -152,7 +162,7 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
                                   split_index};
   comm.order = ++comm_order_;
   // (A handle made again without its end seen: the old one's are gone.)
-  if (auto old = comms_.find({e.hdr.pid, e.comm}); old != comms_.end()) forget_no_color(old->second);
+  forget_no_color({e.hdr.pid, e.comm});
   comms_[{e.hdr.pid, e.comm}] = comm;
   if (proc.identity.job.empty()) proc.identity.job = "nccl-" + hex64(comm.hash).substr(0, 12);
   new_comms_.push_back(comm.joined);
@@ -214,13 +224,16 @@ void Summariser::on_comm_end(const rs_comm_end_event& e) {
   if (it == comms_.end()) return;
   ended_comms_.push_back(
       PendingEnd{e.hdr.pid, it->second.hash, shift(e.hdr.ts_ns), e.result, e.op == RS_OP_COMM_ABORT});
-  forget_no_color(it->second);  // nothing of it is announced again
+  forget_no_color(it->first);  // nothing of it is announced again
   comms_.erase(it);
 }
 
-void Summariser::forget_no_color(CommEntry& parent) {
-  for (uint64_t order : parent.no_color) no_color_.erase(order);
-  parent.no_color.clear();
+void Summariser::forget_no_color(const CommKey& parent) {
+  auto mine = no_color_of_.find(parent);
+  if (mine == no_color_of_.end()) return;
+  for (uint64_t order : mine->second) no_color_.erase(order);
+  no_color_holders_.erase({mine->second.size(), parent});
+  no_color_of_.erase(mine);
 }
 
 void Summariser::on_wait(const rs_wait_event& e) {
@@ -501,15 +514,13 @@ void Summariser::fill_processes(wire::Batch::Builder batch, const std::string& k
 }
 
 void Summariser::fill_comms(wire::Batch::Builder batch, const Mine& mine) {
-  std::vector<proto::CommJoined> now;
-  for (auto it = new_comms_.begin(); it != new_comms_.end() && now.size() < proto::kMaxListEntries;) {
-    if (!mine(it->pid) || !spend(proto::kWireCommBytes)) {
-      ++it;
-      continue;
-    }
-    now.push_back(*it);
-    it = new_comms_.erase(it);
-  }
+  // In one pass (the rest stay, in order): a re-announcement's overflow
+  // may leave tens of thousands here.
+  std::vector<proto::CommJoined> now, later;
+  for (auto& c : new_comms_)
+    (now.size() < proto::kMaxListEntries && mine(c.pid) && spend(proto::kWireCommBytes) ? now : later)
+        .push_back(std::move(c));
+  new_comms_ = std::move(later);
   proto::write_comms(now, batch);
 }
 
@@ -685,7 +696,7 @@ std::vector<uint32_t> Summariser::forget_exited() {
           ++c;
           continue;
         }
-        forget_no_color(c->second);
+        forget_no_color(c->first);
         c = comms_.erase(c);
       }
       Exited gone_one{pid, {}, {}};
@@ -802,10 +813,22 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
     if (gone_one.host) set_host(out.initHost(), *gone_one.host);
   }
   exits_listed_ = gone;  // the rest next time
+  health_ns_ = now_ns;
+}
+
+void Summariser::relist_recent_exits() {
+  for (auto it = recent_exits_.rbegin(); it != recent_exits_.rend(); ++it) exited_.push_front(it->second);
+  exits_listed_ = 0;  // (a heartbeat built before this one lists them anew)
+  recent_exits_.clear();
+  while (exited_.size() > kMaxExitsKept) exited_.pop_front();
 }
 
 void Summariser::exits_reported() {
   const size_t n = std::min(exits_listed_, exited_.size());
+  for (size_t k = 0; k < n; ++k) recent_exits_.emplace_back(health_ns_, exited_[k]);
+  while (!recent_exits_.empty() && (recent_exits_.size() > kMaxExitsKept ||
+                                    health_ns_ - std::min(health_ns_, recent_exits_.front().first) > kRecentExitsNs))
+    recent_exits_.pop_front();
   exited_.erase(exited_.begin(), exited_.begin() + static_cast<std::ptrdiff_t>(n));
   exits_listed_ = 0;
 }

@@ -37,7 +37,6 @@ struct CommEntry {
   // That error (told again to a job's new collector, with the communicator).
   uint64_t error_ns = 0;
   int32_t error_result = 0, error_async = 0;
-  std::deque<uint64_t> no_color;  // its splits in which this process got no child (keys of Summariser::no_color_)
 };
 
 class Summariser {
@@ -104,6 +103,9 @@ class Summariser {
   // them (each heartbeat lists them again until then).
   void health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, const HostLookup& host = {});
   void exits_reported();
+  // A collector said hello anew (restarted): the exits taken in the last
+  // 30 s may have gone to the connection it dropped; listed again.
+  void relist_recent_exits();
   // Waits on the GPU still in progress, for the heartbeat.
   void open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& waits, wire::Heartbeat::Builder heartbeat);
   // Collectives whose kernels have not all stopped, for the heartbeat.
@@ -182,8 +184,11 @@ class Summariser {
     std::optional<rs_host_stats> host;
   };
   std::deque<Exited> exited_;
+  std::deque<std::pair<uint64_t, Exited>> recent_exits_;  // taken, with when (health()'s now_ns)
+  uint64_t health_ns_ = 0;                                // of the last health()
   size_t exits_listed_ = 0;                         // of them, listed by the last heartbeat (health())
   static constexpr size_t kMaxExitsKept = 1 << 16;  // while no collector takes a heartbeat
+  static constexpr uint64_t kRecentExitsNs = 30'000'000'000ull;
   uint32_t health_from_ = 0;      // the heartbeat's first live process (when they do not all fit)
   uint32_t identities_from_ = 0;  // the first process whose identity a batch may carry (likewise)
   std::map<uint32_t, int32_t> exit_codes_;  // task exit_code of processes seen exiting
@@ -222,15 +227,17 @@ class Summariser {
   // order of creation, while their parent lives: a job's new collector
   // sizes a split's children once every rank of the parent said what it
   // did in it, so they are announced again with the communicators. At most
-  // kMaxNoColorKept (a user may split without a color in a loop), the
-  // oldest dropped.
+  // kMaxNoColorKept (a user may split without a color in a loop): past it
+  // the oldest of the communicator that holds the most goes.
   struct NoColor {
     proto::CommJoined joined;
     std::pair<uint32_t, uint64_t> parent;  // its key in comms_
   };
   std::map<uint64_t, NoColor> no_color_;
+  std::map<std::pair<uint32_t, uint64_t>, std::deque<uint64_t>> no_color_of_;    // by parent: its keys in no_color_
+  std::set<std::pair<size_t, std::pair<uint32_t, uint64_t>>> no_color_holders_;  // (how many, parent)
   static constexpr size_t kMaxNoColorKept = 1 << 16;
-  void forget_no_color(CommEntry& parent);
+  void forget_no_color(const std::pair<uint32_t, uint64_t>& parent);
   std::vector<PendingEnd> ended_comms_;
   std::map<std::string, std::deque<std::array<uint64_t, 4>>> clock_samples_;  // by collector
   bool keyed_ = false;

@@ -733,12 +733,25 @@ void UsageLedger::take_samples(uint64_t now_ns) {
       take_sample(name, node, pid, *sample);
     }
   }
-  // Forget processes that left the collector's health table.
+  // Forget processes that left the collector's health table; each for a
+  // while only, in case its exit is reported after.
   for (auto it = processes_.begin(); it != processes_.end();) {
     const NodeState* node = model_.node(it->first.first);
     bool known = node && node->health.count(it->first.second);
-    if (!known) tracks_gone_.insert(it->first);
+    if (!known) {
+      tracks_gone_.insert(it->first);
+      if (it->second.seen) left_[it->first] = {it->second, now_ns};
+    }
     it = known ? std::next(it) : processes_.erase(it);
+  }
+  for (auto it = left_.begin(); it != left_.end();)
+    it = now_ns - std::min(now_ns, it->second.second) > kLeftKeptNs ? left_.erase(it) : std::next(it);
+  if (left_.size() > kLeftKept) {  // the oldest go
+    std::vector<std::pair<uint64_t, std::pair<std::string, uint32_t>>> by_age;
+    for (const auto& [key, left] : left_) by_age.emplace_back(left.second, key);
+    const auto excess = static_cast<std::ptrdiff_t>(left_.size() - kLeftKept);
+    std::nth_element(by_age.begin(), by_age.begin() + excess, by_age.end());
+    for (auto it = by_age.begin(); it != by_age.begin() + excess; ++it) left_.erase(it->second);
   }
   // The previous run's processes not heard of since: they ended while it was away.
   if (!restored_.empty() && restored_at_ns_ == 0) restored_at_ns_ = now_ns;
@@ -752,6 +765,25 @@ void UsageLedger::take_sample(const std::string& name, const NodeState& node, ui
                               const HealthSample& sample) {
   ProcessTrack& track = processes_[{name, pid}];
   const ProcessInfo* process = model_.process(name, pid);
+  // Counted by the previous run up to its last flush, or before its
+  // health entry left the collector's table (evicted over its bound, its
+  // exit reported after): go on from there (the same process: its start
+  // time says a pid was not reused), never from zero again.
+  if (!track.seen) {
+    auto go_on = [&](const ProcessTrack& old) {
+      if (!process || process->start_time == 0 || process->start_time == old.start_time) {
+        track = old;
+        track.dirty = true;
+      }
+    };
+    if (auto old = restored_.find({name, pid}); old != restored_.end()) {
+      go_on(old->second);
+      restored_.erase(old);
+    } else if (auto left = left_.find({name, pid}); left != left_.end()) {
+      go_on(left->second.first);
+      left_.erase(left);
+    }
+  }
   // A pid reused: the collector's entry for it (its health, its identity)
   // now speaks of another process, whose first live sample starts a track
   // of its own (the old one's was finished with its exit).
@@ -762,18 +794,6 @@ void UsageLedger::take_sample(const std::string& name, const NodeState& node, ui
   // Alive after it was found gone: another process on its pid, not yet
   // named (its identity comes with its agent's next batch; above).
   if (track.seen && !track.alive && sample.alive) return;
-  // Counted by the previous run up to its last flush: go on from there
-  // (the same process: its start time says a pid was not reused).
-  if (!track.seen) {
-    if (auto old = restored_.find({name, pid}); old != restored_.end()) {
-      if (!process || process->start_time == 0 || process->start_time == old->second.start_time) {
-        track = old->second;
-        track.dirty = true;
-      }
-      restored_.erase(old);
-      if (track.done) return;
-    }
-  }
   // Heartbeats can come before the batch that says who the process is:
   // its first sample waits for that (the counters are cumulative, and
   // the time counts from its start) for a while, then counts as unknown.

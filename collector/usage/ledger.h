@@ -262,6 +262,11 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   std::map<std::pair<std::string, uint32_t>, ProcessTrack> restored_;
   uint64_t restored_at_ns_ = 0;
   std::set<std::pair<std::string, uint32_t>> tracks_gone_;  // to delete at the next flush
+  // Tracks whose health entry left the table (evicted over its bound): with
+  // when, kept a while in case the process's exit is reported after.
+  std::map<std::pair<std::string, uint32_t>, std::pair<ProcessTrack, uint64_t>> left_;
+  static constexpr uint64_t kLeftKeptNs = 60'000'000'000ull;
+  static constexpr size_t kLeftKept = 1 << 16;
   uint64_t last_flush_ns_ = 0;
   // Since the collector started, for the metrics: by identity and node.
   struct Running {

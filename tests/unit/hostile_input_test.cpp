@@ -196,6 +196,39 @@ TEST_F(HostileInputTest, AProcessWithMoreCommunicatorsThanABatchMayCarryIsSentOv
       << "the end reached the collector before its communicator";
 }
 
+// A user's process splits its communicator without a color in a loop: the
+// agent keeps 65,536 such splits to announce again to a job's new
+// collector, and past that drops the oldest of the communicator holding
+// the most: the user's own, not another job's.
+TEST_F(HostileInputTest, SplitsWithoutAColorInALoopDropTheirOwnNotAnotherJobs) {
+  testing::TempDir proc;
+  agent::Summariser summariser(proc.path(), "gpu-1", testing::unshifted_node_clock());
+  const uint32_t victim = 5000, user = 5001;
+  auto no_color = [](uint32_t pid, uint64_t parent, uint64_t ts) {
+    rs_comm_init_event e = comm_init(pid, 0, ts);
+    e.op = RS_OP_COMM_SPLIT;
+    e.parent_comm = parent;
+    e.color = -1;
+    e.nranks = -1;
+    return e;
+  };
+  summariser.on_event(comm_init(victim, 1, 1'000));
+  summariser.on_event(no_color(victim, 1, 2'000));
+  summariser.on_event(comm_init(user, 2, 1'000));
+  for (uint64_t i = 0; i < proto::kMaxListEntries + 5'000; ++i) summariser.on_event(no_color(user, 2, 3'000 + i));
+  drain(summariser, 10);
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::AgentMessage>().initBatch();
+  summariser.announce(b, DropCounts{}, "");
+  size_t victims = 0, users = 0;
+  for (auto c : b.getComms())
+    if (c.getHandle() == 0) (c.getPid() == victim ? victims : users) += 1;
+  EXPECT_EQ(victims, 1u) << "another job's split without a color was dropped";
+  // 65,535 of the user's kept; the list holds 65,536 with both parents and
+  // the victim's: the user's newest two go as new ones, in the next batch.
+  EXPECT_EQ(users, proto::kMaxListEntries - 3u);
+}
+
 // A stand-in libnccl.so calls ncclAllReduce as fast as the probes let it,
 // with values that pack badly (random counts, gaps, durations, types,
 // peers and results): a million records within one batch interval. As one batch they would be past the

@@ -4,6 +4,9 @@
 // CPU-seconds.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <tuple>
+
 #include "collector/service.h"
 #include "collector/usage/report.h"
 #include "tests/support/feed.h"
@@ -387,6 +390,59 @@ TEST_F(UsageTest, EveryWayAnExitIsReportedBillsTheProcessUpToItsExitOnce) {
   EXPECT_NEAR(row(r, "lost-exit")->usage.gpu_s, 75, 1e-6);
   EXPECT_NEAR(row(r, "third")->usage.gpu_s, 64, 1e-6);
   EXPECT_NEAR(row(r, "third")->usage.cpu_s, 40, 1e-6);
+}
+
+// A node past the collector's bound on health entries (4,096; a user may
+// start that many processes) has its dead processes dropped from the
+// table. One dropped while its counters at exit were still to come is
+// billed its last interval when they come, not its whole CPU again.
+TEST_F(UsageTest, AProcessDroppedFromAFullHealthTableIsNotBilledTwiceWhenItsExitComes) {
+  hello();
+  {
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.processes = {testing::process(100, "1", "physics")};
+    b.processes[0].start_time = 500;
+    testing::feed(*ingest, *commit, "node-0", b.bytes());
+  }
+  constexpr uint32_t kOthers = 4200;
+  // pid 100: its state, /proc CPU and BPF CPU (-1: none); the others alive.
+  auto beat = [&](uint64_t at_s, std::optional<std::tuple<char, uint64_t, int64_t>> first) {
+    testing::feed(*ingest, *commit, "node-0", [&](wire::AgentMessage::Builder m) {
+      auto hb = m.initHeartbeat();
+      hb.setInstanceId(7);
+      hb.setMonotonicNs(at_s * kS);
+      auto p = hb.initProcesses(kOthers + (first ? 1 : 0));
+      for (uint32_t i = 0; i < kOthers; ++i) {
+        p[i].setPid(1000 + i);
+        p[i].setAlive(true);
+        p[i].setState('S');
+        p[i].setSampleNs(at_s * kS);
+      }
+      if (first) {
+        auto [state, stat_s, host_s] = *first;
+        p[kOthers].setPid(100);
+        p[kOthers].setAlive(state != 'X');
+        p[kOthers].setState(static_cast<uint8_t>(state));
+        p[kOthers].setSampleNs(at_s * kS);
+        p[kOthers].setProcessCpuNs(stat_s * kS);
+        if (host_s >= 0) p[kOthers].initHost().setCpuNs(static_cast<uint64_t>(host_s) * kS);
+      }
+    });
+    clock.now = kDay0 * kS + at_s * kS;
+    ledger->tick(clock.now, {});
+  };
+  beat(10, std::make_tuple('R', 1, 1));
+  beat(70, std::make_tuple('R', 31, 32));
+  beat(90, std::make_tuple('X', 0, -1));  // gone, its exit event not read yet
+  beat(91, std::nullopt);                 // the table is over its bound: pid 100 is dropped
+  ASSERT_EQ(ingest->node("node-0")->health.count(100), 0u);
+  beat(92, std::make_tuple('X', 0, 43));  // its exit, with its counters
+  flush();
+  Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
+  ASSERT_NE(row(r, "physics"), nullptr);
+  EXPECT_NEAR(row(r, "physics")->usage.cpu_s, 31 + 11, 1e-6);
+  EXPECT_NEAR(row(r, "physics")->usage.gpu_s, 75, 1e-6);
 }
 
 // A collector killed after a flush and started again on the same database:
