@@ -189,7 +189,7 @@ void send_heartbeat(NcclProbes& bpf, Summariser& summariser, Transport& transpor
 // Returns whether a welcome came: a new connection's clock is probed at
 // once (until its first probe the collector knows this node's clock only
 // by its wall time, which may be seconds off).
-bool take_replies(Transport& transport, Summariser& summariser, uint64_t& welcomes) {
+bool take_replies(Transport& transport, Summariser& summariser, uint64_t& welcomes, uint64_t now) {
   std::vector<zmq::pollitem_t> items = transport.poll_items();
   try {
     zmq::poll(items, std::chrono::milliseconds(kTickMs));
@@ -201,7 +201,7 @@ bool take_replies(Transport& transport, Summariser& summariser, uint64_t& welcom
   welcomes = transport.welcomes();
   if (welcomes > 1) {
     summariser.resend_identities();
-    summariser.relist_recent_exits();
+    summariser.relist_recent_exits(now);
   }
   return true;
 }
@@ -292,7 +292,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   // reply; a few heartbeats without one, and they go off.
   const uint64_t detail_lease_ns = std::max<uint64_t>(5ull * options.heartbeat_interval_ms, 5'000) * kMs;
   while (!stop.load()) {
-    if (take_replies(transport, summariser, welcomes)) last_probe = 0;
+    if (take_replies(transport, summariser, welcomes, now())) last_probe = 0;
     // A job whose collector changed: its processes and communicators are
     // announced to the new one before its batches not yet acknowledged.
     summariser.set_keyed(transport.in_fleet());

@@ -816,8 +816,12 @@ void Summariser::health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, con
   health_ns_ = now_ns;
 }
 
-void Summariser::relist_recent_exits() {
-  for (auto it = recent_exits_.rbegin(); it != recent_exits_.rend(); ++it) exited_.push_front(it->second);
+void Summariser::relist_recent_exits(uint64_t now_ns) {
+  // (Listed with a live process of the same pid, the exit could be taken
+  // as that process's last word.)
+  for (auto it = recent_exits_.rbegin(); it != recent_exits_.rend(); ++it)
+    if (now_ns - std::min(now_ns, it->first) <= kRecentExitsNs && !processes_.count(it->second.pid))
+      exited_.push_front(it->second);
   exits_listed_ = 0;  // (a heartbeat built before this one lists them anew)
   recent_exits_.clear();
   while (exited_.size() > kMaxExitsKept) exited_.pop_front();

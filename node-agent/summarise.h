@@ -104,8 +104,9 @@ class Summariser {
   void health(wire::Heartbeat::Builder heartbeat, uint64_t now_ns, const HostLookup& host = {});
   void exits_reported();
   // A collector said hello anew (restarted): the exits taken in the last
-  // 30 s may have gone to the connection it dropped; listed again.
-  void relist_recent_exits();
+  // 30 s (before `now_ns`) may have gone to the connection it dropped;
+  // listed again, but those of a pid traced again (another process now).
+  void relist_recent_exits(uint64_t now_ns);
   // Waits on the GPU still in progress, for the heartbeat.
   void open_waits(const std::vector<std::pair<uint64_t, rs_open_wait>>& waits, wire::Heartbeat::Builder heartbeat);
   // Collectives whose kernels have not all stopped, for the heartbeat.

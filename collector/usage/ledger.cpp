@@ -739,19 +739,29 @@ void UsageLedger::take_samples(uint64_t now_ns) {
     const NodeState* node = model_.node(it->first.first);
     bool known = node && node->health.count(it->first.second);
     if (!known) {
-      tracks_gone_.insert(it->first);
-      if (it->second.seen) left_[it->first] = {it->second, now_ns};
+      // Its stored row goes with it (a restarted collector would go on
+      // from it), once it is no longer kept here.
+      if (it->second.seen)
+        left_[it->first] = {it->second, now_ns};
+      else
+        tracks_gone_.insert(it->first);
     }
     it = known ? std::next(it) : processes_.erase(it);
   }
-  for (auto it = left_.begin(); it != left_.end();)
-    it = now_ns - std::min(now_ns, it->second.second) > kLeftKeptNs ? left_.erase(it) : std::next(it);
+  for (auto it = left_.begin(); it != left_.end();) {
+    const bool expired = now_ns - std::min(now_ns, it->second.second) > kLeftKeptNs;
+    if (expired) tracks_gone_.insert(it->first);
+    it = expired ? left_.erase(it) : std::next(it);
+  }
   if (left_.size() > kLeftKept) {  // the oldest go
     std::vector<std::pair<uint64_t, std::pair<std::string, uint32_t>>> by_age;
     for (const auto& [key, left] : left_) by_age.emplace_back(left.second, key);
     const auto excess = static_cast<std::ptrdiff_t>(left_.size() - kLeftKept);
     std::nth_element(by_age.begin(), by_age.begin() + excess, by_age.end());
-    for (auto it = by_age.begin(); it != by_age.begin() + excess; ++it) left_.erase(it->second);
+    for (auto it = by_age.begin(); it != by_age.begin() + excess; ++it) {
+      tracks_gone_.insert(it->second);
+      left_.erase(it->second);
+    }
   }
   // The previous run's processes not heard of since: they ended while it was away.
   if (!restored_.empty() && restored_at_ns_ == 0) restored_at_ns_ = now_ns;
@@ -1021,6 +1031,11 @@ void UsageLedger::write_progress(WriteSet& writes) {
     if (!track.dirty || !track.seen) continue;
     put(writes, track_key(key.first, key.second), encode_track(track));
     track.dirty = false;
+  }
+  for (auto& [key, left] : left_) {  // kept a while, and across a restart
+    if (!left.first.dirty) continue;
+    put(writes, track_key(key.first, key.second), encode_track(left.first));
+    left.first.dirty = false;
   }
   for (const auto& key : tracks_gone_)
     if (!processes_.count(key)) erase(writes, track_key(key.first, key.second));

@@ -171,7 +171,7 @@ TEST(Summarise, AnExitIsListedAgainUntilACollectorTakesAHeartbeat) {
     summariser.health(heartbeat, 2'000);
     std::vector<std::pair<int, uint64_t>> out;  // (signal, CPU at exit)
     for (auto p : heartbeat.getProcesses())
-      if (p.getPid() == pid && !p.getAlive()) out.emplace_back(p.getExitSignal(), p.getHost().getCpuNs());
+      if (p.getPid() == pid && p.getExitSignal() != 0) out.emplace_back(p.getExitSignal(), p.getHost().getCpuNs());
     return out;
   };
   const std::vector<std::pair<int, uint64_t>> once = {{9, 7'000}};
@@ -181,8 +181,14 @@ TEST(Summarise, AnExitIsListedAgainUntilACollectorTakesAHeartbeat) {
   EXPECT_TRUE(listed().empty()) << "listed again after a collector took it";
   // The collector restarted (a new hello): what it took last may have gone
   // to the connection it dropped.
-  summariser.relist_recent_exits();
+  summariser.relist_recent_exits(3'000);
   EXPECT_EQ(listed(), once);
+  // Its pid taken by another process, traced since: the old exit is not
+  // listed beside it (it could be taken for the new process's last word).
+  summariser.exits_reported();
+  summariser.on_event(init_event(pid, RS_OP_COMM_INIT_RANK, 0x12, 0, 0, 4'000));
+  summariser.relist_recent_exits(4'000);
+  EXPECT_TRUE(listed().empty()) << "an old exit listed beside a live process of its pid";
 }
 
 // In a fleet the batches go by job: a process that exits is kept until its

@@ -23,7 +23,7 @@ constexpr uint64_t kDay0 = 1'700'006'400ull;  // a UTC midnight (2023-11-15), in
 
 
 class UsageTest : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     auto opened = TimelineStore::open(dir.file("db"));
     ASSERT_TRUE(opened) << opened.error().message;
@@ -396,15 +396,21 @@ TEST_F(UsageTest, EveryWayAnExitIsReportedBillsTheProcessUpToItsExitOnce) {
 // start that many processes) has its dead processes dropped from the
 // table. One dropped while its counters at exit were still to come is
 // billed its last interval when they come, not its whole CPU again.
-TEST_F(UsageTest, AProcessDroppedFromAFullHealthTableIsNotBilledTwiceWhenItsExitComes) {
-  hello();
-  {
+// (`restart`: and the collector restarts on its database before the exit comes.)
+void dropped_then_exit(UsageTest& t, bool restart) {
+  auto& ingest = t.ingest;
+  auto& commit = t.commit;
+  auto& clock = t.clock;
+  auto identity = [&](uint64_t seq) {
     testing::AgentBatch b;
     b.instance = 7;
+    b.seq = seq;
     b.processes = {testing::process(100, "1", "physics")};
     b.processes[0].start_time = 500;
     testing::feed(*ingest, *commit, "node-0", b.bytes());
-  }
+  };
+  t.hello();
+  identity(1);
   constexpr uint32_t kOthers = 4200;
   // pid 100: its state, /proc CPU and BPF CPU (-1: none); the others alive.
   auto beat = [&](uint64_t at_s, std::optional<std::tuple<char, uint64_t, int64_t>> first) {
@@ -430,19 +436,34 @@ TEST_F(UsageTest, AProcessDroppedFromAFullHealthTableIsNotBilledTwiceWhenItsExit
       }
     });
     clock.now = kDay0 * kS + at_s * kS;
-    ledger->tick(clock.now, {});
+    t.ledger->tick(clock.now, {});
   };
   beat(10, std::make_tuple('R', 1, 1));
   beat(70, std::make_tuple('R', 31, 32));
   beat(90, std::make_tuple('X', 0, -1));  // gone, its exit event not read yet
   beat(91, std::nullopt);                 // the table is over its bound: pid 100 is dropped
   ASSERT_EQ(ingest->node("node-0")->health.count(100), 0u);
+  if (restart) {
+    t.flush();
+    t.start_collector();
+    ASSERT_TRUE(t.service->restore());
+    t.hello();
+    identity(2);  // the agent tells who its processes are again
+  }
   beat(92, std::make_tuple('X', 0, 43));  // its exit, with its counters
-  flush();
-  Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
-  ASSERT_NE(row(r, "physics"), nullptr);
-  EXPECT_NEAR(row(r, "physics")->usage.cpu_s, 31 + 11, 1e-6);
-  EXPECT_NEAR(row(r, "physics")->usage.gpu_s, 75, 1e-6);
+  t.flush();
+  Report r = t.report(kDay0, kDay0 + 3600, TenantKey::account);
+  ASSERT_NE(UsageTest::row(r, "physics"), nullptr);
+  EXPECT_NEAR(UsageTest::row(r, "physics")->usage.cpu_s, 31 + 11, 1e-6);
+  EXPECT_NEAR(UsageTest::row(r, "physics")->usage.gpu_s, 75, 1e-6);
+}
+
+TEST_F(UsageTest, AProcessDroppedFromAFullHealthTableIsNotBilledTwiceWhenItsExitComes) {
+  dropped_then_exit(*this, false);
+}
+
+TEST_F(UsageTest, AProcessDroppedFromAFullHealthTableIsNotBilledTwiceAfterACollectorRestart) {
+  dropped_then_exit(*this, true);
 }
 
 // A collector killed after a flush and started again on the same database:
