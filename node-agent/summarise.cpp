@@ -101,25 +101,7 @@ void Summariser::on_comm_init(const rs_comm_init_event& e) {
                                        e.key,
                                        index};
         new_comms_.push_back(marker);
-        no_color_.emplace(++comm_order_, NoColor{marker, parent->first});
-        auto& mine = no_color_of_[parent->first];
-        if (!mine.empty()) no_color_holders_.erase({mine.size(), parent->first});
-        mine.push_back(comm_order_);
-        no_color_holders_.emplace(mine.size(), parent->first);
-        if (no_color_.size() > kMaxNoColorKept) {
-          // The oldest of the communicator holding the most: a process
-          // splitting without a color in a loop drops its own first.
-          auto top = std::prev(no_color_holders_.end());
-          const CommKey most = top->second;
-          no_color_holders_.erase(top);
-          auto& theirs = no_color_of_[most];
-          no_color_.erase(theirs.front());
-          theirs.pop_front();
-          if (theirs.empty())
-            no_color_of_.erase(most);
-          else
-            no_color_holders_.emplace(theirs.size(), most);
-        }
+        keep_no_color(parent->first, marker);
       }
     RS_LOG(info, "process %u: %s returned %s; no communicator", e.hdr.pid, proto::op_name(e.op).c_str(),
            proto::result_name(e.result).c_str());
@@ -226,6 +208,27 @@ void Summariser::on_comm_end(const rs_comm_end_event& e) {
       PendingEnd{e.hdr.pid, it->second.hash, shift(e.hdr.ts_ns), e.result, e.op == RS_OP_COMM_ABORT});
   forget_no_color(it->first);  // nothing of it is announced again
   comms_.erase(it);
+}
+
+void Summariser::keep_no_color(const CommKey& parent, const proto::CommJoined& marker) {
+  no_color_.emplace(++comm_order_, marker);
+  auto& mine = no_color_of_[parent];
+  if (!mine.empty()) no_color_holders_.erase({mine.size(), parent});
+  mine.push_back(comm_order_);
+  no_color_holders_.emplace(mine.size(), parent);
+  if (no_color_.size() <= kMaxNoColorKept) return;
+  // The oldest of the communicator holding the most: a process splitting
+  // without a color in a loop drops its own first.
+  auto top = std::prev(no_color_holders_.end());
+  const CommKey most = top->second;
+  no_color_holders_.erase(top);
+  auto& theirs = no_color_of_[most];
+  no_color_.erase(theirs.front());
+  theirs.pop_front();
+  if (theirs.empty())
+    no_color_of_.erase(most);
+  else
+    no_color_holders_.emplace(theirs.size(), most);
 }
 
 void Summariser::forget_no_color(const CommKey& parent) {
@@ -474,8 +477,7 @@ void Summariser::announce(wire::Batch::Builder batch, const DropCounts& drops, c
           PendingAsyncError{k.first, comm.hash, comm.error_ns, comm.error_result, comm.error_async});
   }
   for (const auto& [order, marker] : no_color_)
-    if (key_of(marker.joined.pid) == key && !queued.count({marker.joined.pid, marker.joined.hash}))
-      comms.emplace_back(order, &marker.joined);
+    if (key_of(marker.pid) == key && !queued.count({marker.pid, marker.hash})) comms.emplace_back(order, &marker);
   // In the order they were made: a split's parent before its children. Past
   // what a batch carries, the newest go as new ones (their items wait).
   std::sort(comms.begin(), comms.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

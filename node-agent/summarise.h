@@ -230,14 +230,11 @@ class Summariser {
   // did in it, so they are announced again with the communicators. At most
   // kMaxNoColorKept (a user may split without a color in a loop): past it
   // the oldest of the communicator that holds the most goes.
-  struct NoColor {
-    proto::CommJoined joined;
-    std::pair<uint32_t, uint64_t> parent;  // its key in comms_
-  };
-  std::map<uint64_t, NoColor> no_color_;
+  std::map<uint64_t, proto::CommJoined> no_color_;
   std::map<std::pair<uint32_t, uint64_t>, std::deque<uint64_t>> no_color_of_;    // by parent: its keys in no_color_
   std::set<std::pair<size_t, std::pair<uint32_t, uint64_t>>> no_color_holders_;  // (how many, parent)
   static constexpr size_t kMaxNoColorKept = 1 << 16;
+  void keep_no_color(const std::pair<uint32_t, uint64_t>& parent, const proto::CommJoined& marker);
   void forget_no_color(const std::pair<uint32_t, uint64_t>& parent);
   std::vector<PendingEnd> ended_comms_;
   std::map<std::string, std::deque<std::array<uint64_t, 4>>> clock_samples_;  // by collector
