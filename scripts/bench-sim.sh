@@ -17,7 +17,8 @@
 # RS_PATTERN_JOBS x RS_PATTERN_NODES x 8 ranks per slowdown run (default
 # 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of
 # RS_HEALTHY_JOBS healthy 8-rank jobs per pattern (default 120 s, 12 jobs;
-# RS_HEALTHY_S=0: none). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
+# RS_HEALTHY_S=0: none). RS_PATTERN_RANGES picks the slowdown ranges (default
+# "1.05-1.1 1.1-1.5 1.5-5"; the others' cells read "-"). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
 # RS_KEEP_DIR=DIR keeps each run's findings and scores there.
 # RS_RATE_NODES x 8 ranks (default 64 256), RS_RATE_S seconds each (default
@@ -272,8 +273,12 @@ if [ "$mode" = "--patterns" ]; then
     # accum: 4 micro-steps of 250 ms to an optimizer step of 1 s (its collectives).
     slow_step=1000
     [ "$pattern" = accum ] && slow_step=250
-    for range in "1.05 1.1" "1.1 1.5" "1.5 5"; do
-      set -- $range
+    for range in ${RS_PATTERN_RANGES:-1.05-1.1 1.1-1.5 1.5-5}; do
+      case $range in
+        *-*) ;;
+        *) echo "RS_PATTERN_RANGES: '$range' is not MIN-MAX (e.g. 1.05-1.1)" >&2; exit 2 ;;
+      esac
+      set -- ${range/-/ }
       accuracy "$pattern-$1" "$scores" -- --pattern "$pattern" --scenario slowdown --seed 21 --jobs "$pjobs" \
         --nodes-per-job "$pnodes" --pp 2 --step-ms "$slow_step" --duration-s 40 --fault-after-s 10 --fault-window-s 5 \
         --culprits 1 --min-factor "$1" --max-factor "$2" --slowdown-shape "$slowdown_shape" --prefix "p$1"
@@ -297,7 +302,7 @@ if [ "$mode" = "--patterns" ]; then
     fi
     "$bin/rankscope-sim" report "$scores" >"$work/report-$pattern.md"
     found() { awk -F'|' -v r="slowdown_rank $1" '$2 ~ r {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%.0f of %s", $3 * $4, $3; f = 1} END {if (!f) printf "-"}' "$work/report-$pattern.md"; }
-    latency=$(grep -h '"kind":"slowdown_rank"' "$scores" | grep -o '"latency_s":[0-9.][0-9.]*' | cut -d: -f2 | sort -n |
+    latency=$({ grep -h '"kind":"slowdown_rank"' "$scores" || true; } | { grep -o '"latency_s":[0-9.][0-9.]*' || true; } | cut -d: -f2 | sort -n |
       awk '{v[NR] = $1} END {if (NR) printf "%.1f / %.1f", v[int((NR + 1) / 2)], v[int(NR * 0.9 + 0.999)]; else printf "-"}')
     precision=$(awk -F'|' '$2 ~ /^ straggler / {gsub(/ /, "", $6); printf "%s", $6}' "$work/report-$pattern.md")
     hours=$(grep -o 'Healthy jobs: [0-9.]* simulated job-days' "$work/report-$pattern-healthy.md" | awk '{printf "%.1f", $3 * 24}' || true)

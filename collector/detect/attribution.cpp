@@ -15,6 +15,14 @@ constexpr double kEvidenceCap = 4;
 // The wall time one instance adds is at most this: a job that pauses (a
 // checkpoint, an evaluation pass) is not waiting for anyone meanwhile.
 constexpr uint64_t kMaxIntervalNs = 30'000'000'000ull;
+// One bucket adds at most this part of the opening level to the slow-rank
+// CUSUM (a Huber clip, as the chance test's): a rank late by structure
+// passes the chance test always, and one pause of a rank behind the median
+// but not last (a GC-like 300 ms) would otherwise pass the rest in one
+// bucket. (The costly straggler's evidence is not clipped: its far-behind
+// run passes in 5 buckets of 1 s, where 4 of the CUSUM's buckets of 4
+// collectives can span 8 steps.)
+constexpr double kEvidenceClip = 0.25;
 }  // namespace
 
 size_t WaitAttribution::noise_memory(int32_t nranks) {
@@ -39,6 +47,8 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
     r.owed.assign(buckets_, 0);
     r.held.assign(buckets_, 0);
     r.late.assign(buckets_, 0);
+    r.lag.assign(buckets_, 0);
+    r.lagged.assign(buckets_, 0);
   }
 }
 
@@ -144,6 +154,39 @@ std::vector<double> WaitAttribution::shares() const {
   return out;
 }
 
+double WaitAttribution::evidence_step(double x) const {
+  return std::min(x, kEvidenceClip * static_cast<double>(options_.evidence_ns));
+}
+
+double WaitAttribution::lag_sum(size_t s) const {
+  double sum = 0;
+  for (const Rank& o : ranks_) sum += o.lag[s];
+  return sum;
+}
+
+double WaitAttribution::slow_step(const Rank& rank, size_t s, double sum) const {
+  // Its lag in the bucket less the others' mean, beyond the allowance and
+  // its structure.
+  const size_t n = ranks_.size();
+  if (n < 2) return 0;
+  const double centred = rank.lag[s] - (sum - rank.lag[s]) / static_cast<double>(n - 1);
+  return centred - (options_.allowance + std::max(0.0, rank.lag_baseline)) * static_cast<double>(wall_[s]);
+}
+
+std::vector<double> WaitAttribution::lag_shares() const {
+  const double wall = static_cast<double>(window_wall());
+  const size_t n = ranks_.size();
+  std::vector<double> out(n, 0.0);
+  if (wall <= 0 || n < 2) return out;
+  double sum = 0;
+  for (size_t r = 0; r < n; ++r) sum += out[r] = std::accumulate(ranks_[r].lag.begin(), ranks_[r].lag.end(), 0.0);
+  // Less the others' mean, as the chance test's lags: a job whose every
+  // rank lags the median now and then (its own variation) has no slow rank.
+  const double others = static_cast<double>(n - 1);
+  for (double& lag : out) lag = (lag - (sum - lag) / others) / wall;
+  return out;
+}
+
 double WaitAttribution::typical(const std::vector<double>& shares, const std::vector<double>& sorted, int32_t r) {
   // Past 8 ranks one rank moves the median of all by at most a neighbour.
   if (shares.size() >= 8) return median_of_sorted(sorted);
@@ -179,11 +222,13 @@ double WaitAttribution::far_evidence(uint32_t run) const {
 void WaitAttribution::learn(const std::vector<double>& share) {
   // Each rank's structure: the least share of a full window seen (it only falls).
   const double wall = static_cast<double>(window_wall());
+  const std::vector<double> lag = lag_shares();
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
     double late = wall > 0 ? std::accumulate(rank.late.begin(), rank.late.end(), 0.0) / wall : 0;
     rank.baseline = rank.learnt ? std::min(rank.baseline, share[r]) : share[r];
     rank.late_baseline = rank.learnt ? std::min(rank.late_baseline, late) : late;
+    rank.lag_baseline = rank.learnt ? std::min(rank.lag_baseline, lag[r]) : lag[r];
     rank.learnt = true;
   }
 }
@@ -211,12 +256,14 @@ void WaitAttribution::close_bucket() {
   std::vector<double> centred;
   lags_.close(centred);
   const double job_noise = lags_.noise();
+  const double bucket_lag = lag_sum(s);
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
     if (!rank.learnt) continue;
     double allowance = options_.allowance + std::max(rank.baseline, typical(share, sorted, static_cast<int32_t>(r)));
     double x = static_cast<double>(rank.owed[s]) - allowance * static_cast<double>(wall_[s]);
     rank.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
+    rank.slow_evidence_ns = std::clamp(rank.slow_evidence_ns + evidence_step(slow_step(rank, s, bucket_lag)), 0.0, cap);
     rank.lag_evidence = std::clamp(rank.lag_evidence + lag_step(centred[r], job_noise), 0.0, lag_cap);
     if (rank.evidence_ns == 0 && !rank.open) rank.gpu_ns = 0;
   }
@@ -273,7 +320,7 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
       const size_t next = slot(current_);
       wall_[next] = 0;
       count_[next] = 0;
-      for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0;
+      for (Rank& r : ranks_) r.owed[next] = 0, r.held[next] = 0, r.late[next] = 0, r.lag[next] = 0, r.lagged[next] = 0;
       bucket_start_ = completion_ns;
     }
   }
@@ -313,6 +360,7 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
   // and excused there, is as late in arrival at the calls it issues right
   // after).
   if (!carried || released) rank_arrivals(arrival);
+  add_lags(value, arrival, margin, middle, carried, released, s);
   if (!carried)
     for (size_t j = 0; j < n; ++j) ranks_[by_arrival_[j]].carry = fair_at_[j];
   else
@@ -355,10 +403,52 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
   if (!ranks_.empty() && !ranks_[0].learnt && window_instances() >= options_.baseline_instances) learn(shares());
 }
 
+void WaitAttribution::add_lags(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
+                               const std::vector<uint64_t>& margin, double middle, bool carried,
+                               const std::vector<uint64_t>* released, size_t s) {
+  // As waiting is owed (add() below): a rank's lag at an instance counts
+  // from `min_lateness_ns` and beyond the clocks' margin; where its host ran
+  // ahead, only what it added since its previous instance (its lag in
+  // arrival there) or since its release: a host that paused once before
+  // 200 queued collectives lagged once, and a rank released late by
+  // another communicator's exchange lags for that one's sake. Where
+  // values are durations, the lag carried to the next instance is the
+  // rank's lag in arrival (by_arrival_ is sorted here).
+  const size_t n = ranks_.size();
+  int64_t middle_arrival = 0;  // on the earliest arrival
+  if (!carried) {
+    const uint64_t first = arrival[by_arrival_[0]];
+    middle_arrival = n % 2 ? static_cast<int64_t>(arrival[by_arrival_[n / 2]] - first)
+                           : static_cast<int64_t>((arrival[by_arrival_[n / 2 - 1]] - first) / 2 +
+                                                  (arrival[by_arrival_[n / 2]] - first) / 2);
+  }
+  const double floor = static_cast<double>(options_.min_lateness_ns);
+  for (size_t r = 0; r < n; ++r) {
+    Rank& rank = ranks_[r];
+    const double lag = std::max(0.0, static_cast<double>(value[r]) - middle);
+    double before = 0;
+    if (carried) {
+      before = rank.lag_carry;
+      if (released && (*released)[r] != 0) before = std::max(before, static_cast<double>((*released)[r]) - middle);
+      rank.lag_carry = lag;
+    } else {
+      const int64_t own = static_cast<int64_t>(arrival[r] - arrival[by_arrival_[0]]);
+      rank.lag_carry = static_cast<double>(std::max<int64_t>(0, own - middle_arrival));
+    }
+    const double clocks = static_cast<double>(margin[r]);
+    if (lag < std::max(floor, clocks)) continue;
+    const double added = lag - std::max(clocks, before);
+    if (added <= 0) continue;
+    rank.lag[s] += added;
+    rank.lagged[s] += 1;
+  }
+}
+
 std::vector<Standing> WaitAttribution::standings() const {
   std::vector<double> share = shares();
   std::vector<double> sorted = share;
   std::sort(sorted.begin(), sorted.end());
+  const std::vector<double> lag_share = lag_shares();
   const uint64_t wall = window_wall();
   const size_t instances = window_instances();
   const double cap = kEvidenceCap * static_cast<double>(options_.evidence_ns);
@@ -371,6 +461,7 @@ std::vector<Standing> WaitAttribution::standings() const {
   timed_lags_.centred(timed);
   const double job_noise = lags_.noise(), timed_noise = timed_lags_.noise();
   const double fill = lags_.fill(), timed_fill = timed_lags_.fill();
+  const double bucket_lag = current_ >= 0 ? lag_sum(slot(current_)) : 0;
   std::vector<Standing> out(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     const Rank& rank = ranks_[r];
@@ -397,6 +488,7 @@ std::vector<Standing> WaitAttribution::standings() const {
       size_t s = slot(current_);
       double x = static_cast<double>(rank.owed[s]) - st.allowance * static_cast<double>(wall_[s]);
       st.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
+      st.slow_evidence_ns = std::clamp(rank.slow_evidence_ns + evidence_step(slow_step(rank, s, bucket_lag)), 0.0, cap);
       st.lag_evidence = std::clamp(rank.lag_evidence + fill * lag_step(centred[r], job_noise), 0.0, lag_cap);
       // The far-behind run, where the CUSUM has not passed: the bucket
       // being filled adds to it in part when it is far behind so far, and
@@ -409,10 +501,21 @@ std::vector<Standing> WaitAttribution::standings() const {
         st.far_buckets = rank.far_run + (far_now ? 1 : 0);
       }
     }
+    st.lag_share = lag_share[r];
+    st.lag_baseline = rank.learnt ? rank.lag_baseline : 0;
+    st.lagged = std::accumulate(rank.lagged.begin(), rank.lagged.end(), uint32_t{0});
+    // Per instance it lagged at, less its structure over the window.
+    if (st.lagged > 0)
+      st.lag_ns = std::max(0.0, (std::accumulate(rank.lag.begin(), rank.lag.end(), 0.0) -
+                                 std::max(0.0, st.lag_baseline) * static_cast<double>(wall)) /
+                                    static_cast<double>(st.lagged));
+    // Lagging beyond its structure by more than the allowance of the time.
+    st.lags = st.learnt && st.lag_share > options_.allowance + std::max(0.0, st.lag_baseline);
     st.under = st.share <= st.allowance;
-    st.over = st.learnt && instances >= options_.min_instances &&
-              st.evidence_ns >= static_cast<double>(options_.evidence_ns) && !st.under &&
-              st.share >= options_.outsized * st.typical && st.lag_evidence >= options_.lag_evidence_sd;
+    const bool judged = st.learnt && instances >= options_.min_instances && st.lag_evidence >= options_.lag_evidence_sd;
+    st.over = judged && st.evidence_ns >= static_cast<double>(options_.evidence_ns) && st.share > st.allowance &&
+              st.share >= options_.outsized * st.typical;
+    st.slow = judged && !st.over && st.lags && st.slow_evidence_ns >= static_cast<double>(options_.evidence_ns);
   }
   return out;
 }

@@ -52,6 +52,19 @@
 //     normal noise.
 //     A structurally late rank (the last pipeline stage) passes
 //     this test always, and is judged by the rules above.
+// A rank that passes the chance test but costs its job less than the
+// allowance (a rank 5% slower among 64 whose own variation is 3%: last at
+// a quarter of the steps, and then by little) is a slow rank, the minor
+// straggler: its lag behind the median rank, beyond its structure, is over
+// the allowance of the window's time. Its lag is counted as waiting is:
+// from the median's arrival, beyond the clocks' margin and from
+// `min_lateness_ns`, and where a host ran ahead only what it added since
+// its previous instance or its release; less the others' mean lag. As for
+// waiting owed, a CUSUM of (lag - allowance x wall time, beyond its
+// structure) over closed buckets, each adding at most a quarter of it,
+// must reach `evidence_ns`: a rank late by
+// structure passes the chance test always, and one window of its noise,
+// or one pause, is not a slowdown.
 // Methods and defaults: docs/detection.md, Straggler.
 #include <cstddef>
 #include <cstdint>
@@ -96,6 +109,14 @@ struct Standing {
   bool over = false;         // a straggler by the rules above
   bool under = false;        // within its allowance
   double gpu_ns = 0;         // owed x (members - 1) while evidence or a finding was open
+  // The slow-rank rule (above).
+  double lag_share = 0;         // its lag behind the median rank over the window's wall time, less the others' mean
+  double lag_baseline = 0;      // its structural lag share (the least of a full window seen)
+  double lag_ns = 0;            // its lag per instance at which it lagged
+  uint32_t lagged = 0;          // instances in the window at which it lagged the median (from min_lateness_ns)
+  double slow_evidence_ns = 0;  // CUSUM of its lag beyond the allowance and its structure
+  bool lags = false;            // lags beyond its structure by the allowance (host-side findings stay open meanwhile)
+  bool slow = false;            // `lags`, passes the chance test and the slow-rank CUSUM; not `over`
 };
 
 class WaitAttribution {
@@ -127,6 +148,11 @@ class WaitAttribution {
     std::vector<uint64_t> owed;   // by bucket slot
     std::vector<uint32_t> held;   // by bucket slot
     std::vector<double> late;     // by bucket slot: its lateness at the instances it held up
+    std::vector<double> lag;      // by bucket slot: its lag behind the median rank (as the slow-rank rule counts it)
+    std::vector<uint32_t> lagged;  // by bucket slot: instances at which it lagged
+    double lag_carry = 0;          // its lag in arrival at its last instance
+    double lag_baseline = 0;       // its structural lag share
+    double slow_evidence_ns = 0;   // CUSUM of its lag beyond the allowance and its structure
     double carry = 0;             // its lateness in arrival (fair share of the stretch) at its last instance
     double evidence_ns = 0;
     double lag_evidence = 0;   // the chance test's CUSUM (window buckets)
@@ -174,6 +200,13 @@ class WaitAttribution {
   uint64_t window_wall() const;
   size_t window_instances() const;
   std::vector<double> shares() const;
+  // Each rank's lag share, less the others' mean (the slow-rank rule).
+  std::vector<double> lag_shares() const;
+  // What the slow-rank CUSUM adds for a rank's bucket in `slot`; `sum`: every rank's lag there (lag_sum()).
+  double slow_step(const Rank& rank, size_t slot, double sum) const;
+  double lag_sum(size_t slot) const;
+  // What a bucket's x adds to the slow-rank CUSUM: at most a quarter of the opening level.
+  double evidence_step(double x) const;
   // The median share of the ranks other than r (of all ranks past 8).
   static double typical(const std::vector<double>& shares, const std::vector<double>& sorted, int32_t r);
   void close_bucket();
@@ -191,8 +224,12 @@ class WaitAttribution {
   // bucket adds to the CUSUM; any other ends it.
   bool far_behind(double centred_lag, double noise) const;
   double far_evidence(uint32_t run) const;
-  // Each rank's structural share and lateness from the window as it stands.
+  // Each rank's structural share, lateness and lag from the window as it stands.
   void learn(const std::vector<double>& share);
+  // Each rank's lag behind the median at one instance, as the slow-rank rule counts it.
+  void add_lags(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
+                const std::vector<uint64_t>& margin, double middle, bool carried, const std::vector<uint64_t>* released,
+                size_t slot);
 
   int32_t nranks_;
   AttributionOptions options_;

@@ -81,6 +81,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   struct RankStats {
     int under = 0;                    // consecutive evaluations within its allowance
     int gpu_under = 0;                // ... on the GPU side (or with no GPU times)
+    bool raised_slow = false;         // its open finding says it is a slow rank (minor)
   };
   // An exchange (a collective instance, a matched Send/Recv pair) as its
   // members' hosts saw it: its release (the last arrival) and when its data

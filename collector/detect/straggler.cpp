@@ -180,27 +180,33 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     bool is_open = open_ranks && open_ranks->count(r) > 0;
     state.waits->set_open(r, is_open);
     if (state.gpu_waits) state.gpu_waits->set_open(r, is_open);
-    stats.under = st.under ? stats.under + 1 : 0;
+    // A host-side finding stays open while the rank lags beyond its allowance (a slow rank).
+    stats.under = st.under && !st.lags ? stats.under + 1 : 0;
     stats.gpu_under = !gpu || !gpu->learnt || gpu->under ? stats.gpu_under + 1 : 0;
     Finding key_probe = straggler_of(comm.hash, r);
     if (is_open && stats.under >= options_.close_after && stats.gpu_under >= options_.close_after) {
       book_.resolve(key_probe.key(), now_ns);
+      stats.raised_slow = false;
       state.waits->set_open(r, false);
       if (state.gpu_waits) state.gpu_waits->set_open(r, false);
       continue;
     }
     // Late on the host side: the host straggler (its kernels start late
-    // too, since they cannot start before it issued). Late on the GPU side
-    // only: it issued on time and its GPU started late.
-    const bool host = st.over;
-    if (!host && !(gpu && gpu->over)) continue;
+    // too, since they cannot start before it issued), or a slow rank (one
+    // that lags persistently but costs less than the allowance so far).
+    // Late on the GPU side only: it issued on time and its GPU started late.
+    const bool gpu_over = gpu && gpu->over;
+    const bool host = st.over || (st.slow && !gpu_over);
+    if (!host && !gpu_over) continue;
     // Figures are refreshed every 10 s; an explanation that became available
     // is added at once. The host context is worked out only then (not for
     // every rank over at every evaluation: at 8,192 ranks that kept the
     // collector from keeping up).
     std::string key = key_probe.key();
     const Finding* open = is_open ? book_.open_finding(key) : nullptr;
-    bool refresh = !open || now_ns - open->updated_ns >= kStragglerUpdateNs;
+    // A slow rank's finding is told at once when it becomes a costly straggler.
+    bool refresh =
+        !open || now_ns - open->updated_ns >= kStragglerUpdateNs || (stats.raised_slow && (st.over || gpu_over));
     // Late on the GPU side, its host's CPU is told too: NCCL's proxy
     // thread, which moves the data between nodes, runs there, so a host
     // starved or throttled (a CPU quota) delays its GPU's collectives
@@ -213,6 +219,7 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
     Finding f = straggler_finding(comm, state, r, st, host ? nullptr : gpu);
     if (!context.empty()) f.detail += label + context + ".";
     book_.raise(std::move(f), now_ns);
+    stats.raised_slow = host && !st.over;
     state.waits->set_open(r, true);
     if (state.gpu_waits) state.gpu_waits->set_open(r, true);
   }
@@ -225,7 +232,10 @@ Finding Detector::straggler_finding(const CommState& comm, const CommDetect& sta
   Finding f = straggler_of(comm.hash, r);
   f.job = comm.job;
   f.seq = -1;
-  const double lateness = st.lateness_ns;
+  // A slow rank (not owed enough waiting to be a costly straggler) is as
+  // late as its lag.
+  const bool slow = !gpu && !st.over && st.slow;
+  const double lateness = slow ? st.lag_ns : st.lateness_ns;
   f.lateness_s = lateness / 1e9;
   f.wait_share = std::min(1.0, st.share);
   // Opening: the waste already seen in the evidence counts.
@@ -237,7 +247,14 @@ Finding Detector::straggler_finding(const CommState& comm, const CommDetect& sta
   const std::string late = format_duration_ns(static_cast<int64_t>(lateness));
   const std::string margin = format_duration_ns(static_cast<int64_t>(state.margin ? (*state.margin)[r] : 0));
   char figures[400];
-  if (gpu)
+  if (slow)
+    snprintf(figures, sizeof(figures),
+             "is slow: behind the median rank by %s at %u of the last %zu collectives (%s of the time, beyond its "
+             "structure); it costs the other %d ranks %s of their time so far",
+             late.c_str(), st.lagged, st.instances,
+             format_percent(st.lag_share - std::max(0.0, st.lag_baseline)).c_str(), n - 1,
+             format_percent(f.wait_share).c_str());
+  else if (gpu)
     snprintf(figures, sizeof(figures),
              "issues its collectives on time but its GPU starts them late (GPU side): its kernels held up %u of the "
              "last %zu collectives, %s late when they did; the other %d ranks' GPUs spent %s of the time waiting for it",
@@ -269,7 +286,20 @@ Finding Detector::straggler_finding(const CommState& comm, const CommDetect& sta
       ", where by chance a rank's lag varies by " + format_duration_ns(static_cast<int64_t>(st.noise_ns)) +
       (st.far_buckets > 0 ? " from one such bucket to the next" : "") + " in this job";
   std::string why;
-  if (gpu)
+  if (slow)
+    why = "A slow rank: it lags the median rank persistently, " + format_percent(st.lag_share) +
+          " of the time over the last " + format_duration_ns(static_cast<int64_t>(st.window_ns)) +
+          " less the others' mean (its own structural lag: " + format_percent(std::max(0.0, st.lag_baseline)) +
+          "), against an allowance of " + format_percent(options_.straggler.allowance) + " over it; evidence " +
+          format_duration_ns(static_cast<int64_t>(st.slow_evidence_ns)) + " of lag beyond the allowance (" +
+          format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)) +
+          " needed). It is not yet a costly straggler: the others' own variation hides most of its lag (waiting "
+          "owed to it: " +
+          std::string(standing) + ")" + chance +
+          ". Its lag is its own (time from when it was free to go on, the end of its previous exchange, against the "
+          "median rank's), less the clocks' uncertainty of " +
+          margin + ".";
+  else if (gpu)
     why = "Waiting owed to its GPU: " + std::string(standing) + chance +
           ". Judged on when each rank's kernels started (NCCL's profiler plugin; each GPU's clock put on its host's "
           "per process), less the clocks' uncertainty of " + margin + ". On the host side it is within its allowance (" +
