@@ -253,12 +253,15 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   auto now = [&] { return clock.monotonic_ns(); };
 
   Summariser summariser(options.proc_root, options.node, clock, options.container_state_root, options.slurm_jobs_dir);
-  auto probes = NcclProbes::open(*scope, [&](const void* data, size_t size) {
-    if (auto event = decode_event(data, size))
-      summariser.on_event(*event);
-    else
-      summariser.on_malformed();
-  }, options.host_context);
+  auto probes = NcclProbes::open(
+      *scope,
+      [&](const void* data, size_t size) {
+        if (auto event = decode_event(data, size))
+          summariser.on_event(*event);
+        else
+          summariser.on_malformed();
+      },
+      options.host_context, options.multi_uprobes);
   if (!probes) {
     RS_LOG(error, "%s", probes.error().message.c_str());
     return 3;

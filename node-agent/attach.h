@@ -36,8 +36,10 @@ class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/ncc
   using Handler = std::function<void(const void* data, size_t size)>;
 
   // host_context: also attach the scheduler and TCP probes (off-CPU time,
-  // run-queue latency, CPU per cgroup, retransmits).
-  static Result<std::unique_ptr<NcclProbes>> open(const Scope& scope, Handler handler, bool host_context = true);
+  // run-queue latency, CPU per cgroup, retransmits). multi_uprobes: attach
+  // the uprobes as multi-uprobe links where the kernel has them (Linux 6.6+).
+  static Result<std::unique_ptr<NcclProbes>> open(const Scope& scope, Handler handler, bool host_context = true,
+                                                  bool multi_uprobes = true);
   ~NcclProbes();
   NcclProbes(const NcclProbes&) = delete;
   NcclProbes& operator=(const NcclProbes&) = delete;
@@ -83,6 +85,8 @@ class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/ncc
   const std::vector<AttachedLibrary>& libraries() const { return libraries_; }
   // The host-context tracepoints attached, in words.
   const std::vector<std::string>& host_probes() const { return host_probes_; }
+  // Whether the uprobes are attached as multi-uprobe links (Linux 6.6+).
+  bool multi_uprobes() const { return multi_; }
 
  private:
   NcclProbes() = default;
@@ -92,6 +96,10 @@ class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/ncc
   ring_buffer* ring_ = nullptr;
   Handler handler_;
   std::vector<bpf_link*> links_;
+  // Multi-uprobe links (Linux 6.6+), one per program and library, where
+  // the kernel has them; uprobes one by one (links_) otherwise.
+  bool multi_ = false;
+  std::vector<int> multi_links_;
   std::vector<AttachedLibrary> libraries_;
   std::vector<std::string> host_probes_;
 };

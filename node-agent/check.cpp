@@ -281,8 +281,14 @@ int run_check(const Options& options, std::ostream& out) {
   if (!scope) scope = Scope{};
 
   auto probes = NcclProbes::open(
-      *scope, [](const void*, size_t) {}, options.host_context);
+      *scope, [](const void*, size_t) {}, options.host_context, options.multi_uprobes);
   report.line("BPF programs", probes.ok(), probes ? "loaded and verified" : probes.error().message);
+  if (probes)
+    report.line("uprobes", true,
+                (*probes)->multi_uprobes() ? "multi-uprobe links (Linux 6.6+): one per program and library"
+                                           : std::string("one perf event per uprobe (") +
+                                                 (options.multi_uprobes ? "kernel before 6.6" : "--multi-uprobes=0") +
+                                                 "): the agent takes about 0.1 s a uprobe to stop");
   if (probes && options.host_context) {
     const auto& host = (*probes)->host_probes();
     std::string attached;

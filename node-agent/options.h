@@ -20,6 +20,7 @@ struct Options {
   bool cuda_waits = true;                           // also time libcudart's synchronize calls
   bool host_context = true;                         // sched_switch/wakeup and TCP retransmit probes
   bool setenv_probe = true;                         // libc setenv: CUDA_VISIBLE_DEVICES changed at run time
+  bool multi_uprobes = true;                        // multi-uprobe links where the kernel has them (6.6+)
   std::string proc_root = "/proc";
   // Where the container runtimes keep their state (containerd, CRI-O,
   // Docker): a pod's namespace and name are read from its containers'

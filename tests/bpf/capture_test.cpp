@@ -8,9 +8,11 @@
 #include <malloc.h>
 #include <nccl.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <set>
@@ -38,7 +40,8 @@ const std::string kFakeCudart = std::string(RANKSCOPE_FAKENCCL_DIR) + "/libcudar
 // The agent's pipeline minus the transport, scoped to one cgroup.
 class Tracer {
  public:
-  explicit Tracer(const std::string& cgroup) : summariser_("/proc", "capture-test", testing::unshifted_node_clock()) {
+  Tracer(const std::string& cgroup, bool multi_uprobes)
+      : summariser_("/proc", "capture-test", testing::unshifted_node_clock()) {
     agent::Options options;
     options.cgroup = cgroup;
     auto scope = agent::resolve_scope(options);
@@ -46,15 +49,18 @@ class Tracer {
       error_ = scope.error().message;
       return;
     }
-    auto probes = NcclProbes::open(*scope, [this](const void* data, size_t size) {
-      auto event = agent::decode_event(data, size);
-      if (!event) {
-        ++malformed_;
-        return;
-      }
-      if (keep_events_) events_.push_back(*event);
-      summariser_.on_event(*event);
-    });
+    auto probes = NcclProbes::open(
+        *scope,
+        [this](const void* data, size_t size) {
+          auto event = agent::decode_event(data, size);
+          if (!event) {
+            ++malformed_;
+            return;
+          }
+          if (keep_events_) events_.push_back(*event);
+          summariser_.on_event(*event);
+        },
+        true, multi_uprobes);
     if (!probes) {
       error_ = probes.error().message;
       return;
@@ -128,7 +134,7 @@ class CaptureTest : public ::testing::Test {
     ASSERT_EQ(stat((cgroup2_root() + "/cgroup.procs").c_str(), &st), 0) << "no cgroup v2 at " << cgroup2_root();
     top_ = unique_name("rankscope-capture-");
     scope_ = tree_.make(top_);
-    tracer_ = std::make_unique<Tracer>(scope_);
+    tracer_ = std::make_unique<Tracer>(scope_, multi_uprobes());
     ASSERT_EQ(tracer_->error(), "");
   }
   // Starts the child in cgroup `sub` below the scope (created on demand).
@@ -156,12 +162,32 @@ class CaptureTest : public ::testing::Test {
     return out;
   }
 
+  // The uprobes as one multi-uprobe link per program and library where the
+  // kernel has them (the agent's default), or one perf event each.
+  virtual bool multi_uprobes() const { return true; }
+  void three_collectives_in_one_group();
+
   TempDir dir_;
   CgroupTree tree_;
   std::string top_, scope_;
   std::unique_ptr<Tracer> tracer_;
   int children_ = 0;
 };
+
+// The same, its uprobes attached one by one (kernels before 6.6, or
+// --multi-uprobes=0).
+class CaptureOneByOne : public CaptureTest {
+ protected:
+  bool multi_uprobes() const override { return false; }
+};
+
+// Linux 6.6 or later (multi-uprobe links).
+bool kernel_has_multi_uprobes() {
+  utsname u{};
+  int major = 0, minor = 0;
+  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major > 6 || (major == 6 && minor >= 6);
+}
 
 std::vector<proto::ColumnBlock> blocks_of(wire::Batch::Reader batch) {
   std::vector<proto::ColumnBlock> out;
@@ -173,7 +199,7 @@ std::vector<proto::ColumnBlock> blocks_of(wire::Batch::Reader batch) {
   return out;
 }
 
-TEST_F(CaptureTest, ThreeCollectivesInOneGroupAreMarkedAsOneGroup) {
+void CaptureTest::three_collectives_in_one_group() {
   Process p = child({"group"});
   ASSERT_TRUE(tracer_->pump_until([&] { return tracer_->of<rs_call_event>(p.pid()).size() >= 4; },
                                   std::chrono::seconds(20)))
@@ -199,6 +225,16 @@ TEST_F(CaptureTest, ThreeCollectivesInOneGroupAreMarkedAsOneGroup) {
     EXPECT_EQ(static_cast<bool>(blocks[0].records[i].flags & RS_CALL_IN_GROUP), i < 3) << "record " << i;
   release_children();
   EXPECT_EQ(p.wait(std::chrono::seconds(20)), 0) << logs();
+}
+
+TEST_F(CaptureTest, ThreeCollectivesInOneGroupAreMarkedAsOneGroup) {
+  EXPECT_EQ(tracer_->probes().multi_uprobes(), kernel_has_multi_uprobes());
+  three_collectives_in_one_group();
+}
+
+TEST_F(CaptureOneByOne, ThreeCollectivesInOneGroupAreMarkedAsOneGroup) {
+  EXPECT_FALSE(tracer_->probes().multi_uprobes());
+  three_collectives_in_one_group();
 }
 
 // Sequence numbers are per communicator, whichever thread calls it: a
