@@ -18,10 +18,11 @@ build: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
 
-# The unit and fakenccl tests (in-process, no daemons, no timing) run
-# side by side on every core; the others, which start real daemons and
-# measure real processes, one at a time.
-PARALLEL_LABELS = ^(unit|fakenccl)$$
+# The unit, fakenccl and fuzz tests (in-process, no daemons, no timing: a
+# fuzz target runs for a fixed time and only finds fewer inputs beside
+# another) run side by side on every core; the others, which start real
+# daemons and measure real processes, one at a time.
+PARALLEL_LABELS = ^(unit|fakenccl|fuzz)$$
 test: build
 	@cd $(BUILD) && status=0; \
 	  ctest --output-on-failure --timeout 600 -L '$(PARALLEL_LABELS)' -j$(JOBS) || status=1; \

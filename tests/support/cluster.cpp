@@ -33,6 +33,12 @@ TestDeployment::TestDeployment(const TempDir& dir, int nodes, const DeploymentOp
   start(nullptr, nodes, options);
 }
 
+TestDeployment::~TestDeployment() {
+  // All at once: each closes its uprobe links as it stops.
+  for (auto& agent : agents_) agent.signal(SIGTERM);
+  for (auto& agent : agents_) agent.wait(std::chrono::seconds(10));
+}
+
 void TestDeployment::start(const NetnsCluster* cluster, int nodes, const DeploymentOptions& options) {
   SpawnOptions collector;
   collector.argv = {bin_path("rankscope-collector"),

@@ -53,6 +53,11 @@ class TestDeployment {
   // Agents in the host's network namespace, each scoped only by what
   // options.agent_args gives it (`--cgroup DIR`, `--pid N`...).
   TestDeployment(const TempDir& dir, int nodes, const DeploymentOptions& options);
+  // Stops the agents as a node's service manager does (SIGTERM; killed if
+  // one has not stopped within 10 s), then kills the collector.
+  ~TestDeployment();
+  TestDeployment(const TestDeployment&) = delete;
+  TestDeployment& operator=(const TestDeployment&) = delete;
   std::vector<SeenFinding> findings(bool open_only);
   std::vector<SeenNode> nodes();
   // Lowest last sequence number over the ranks of every communicator (-1: none yet).
