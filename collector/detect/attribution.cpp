@@ -23,6 +23,11 @@ constexpr uint64_t kMaxIntervalNs = 30'000'000'000ull;
 // run passes in 5 buckets of 1 s, where 4 of the CUSUM's buckets of 4
 // collectives can span 8 steps.)
 constexpr double kEvidenceClip = 0.25;
+
+// A rank's value less the mean of the n - 1 others' (`sum`: all n ranks').
+double less_others_mean(double value, double sum, size_t n) {
+  return value - (sum - value) / static_cast<double>(n - 1);
+}
 }  // namespace
 
 size_t WaitAttribution::noise_memory(int32_t nranks) {
@@ -71,8 +76,7 @@ void WaitAttribution::LagSeries::centred(std::vector<double>& out) const {
   if (count_ == 0 || n < 2) return;
   double sum = 0;
   for (size_t r = 0; r < n; ++r) sum += out[r] = sum_[r] / count_;
-  const double others = static_cast<double>(n - 1);
-  for (double& lag : out) lag -= (sum - lag) / others;
+  for (double& lag : out) lag = less_others_mean(lag, sum, n);
 }
 
 void WaitAttribution::LagSeries::close(std::vector<double>& out) {
@@ -169,8 +173,8 @@ double WaitAttribution::slow_step(const Rank& rank, size_t s, double sum) const 
   // its structure.
   const size_t n = ranks_.size();
   if (n < 2) return 0;
-  const double centred = rank.lag[s] - (sum - rank.lag[s]) / static_cast<double>(n - 1);
-  return centred - (options_.allowance + std::max(0.0, rank.lag_baseline)) * static_cast<double>(wall_[s]);
+  return less_others_mean(rank.lag[s], sum, n) -
+         (options_.allowance + std::max(0.0, rank.lag_baseline)) * static_cast<double>(wall_[s]);
 }
 
 std::vector<double> WaitAttribution::lag_shares() const {
@@ -182,8 +186,7 @@ std::vector<double> WaitAttribution::lag_shares() const {
   for (size_t r = 0; r < n; ++r) sum += out[r] = std::accumulate(ranks_[r].lag.begin(), ranks_[r].lag.end(), 0.0);
   // Less the others' mean, as the chance test's lags: a job whose every
   // rank lags the median now and then (its own variation) has no slow rank.
-  const double others = static_cast<double>(n - 1);
-  for (double& lag : out) lag = (lag - (sum - lag) / others) / wall;
+  for (double& lag : out) lag = less_others_mean(lag, sum, n) / wall;
   return out;
 }
 

@@ -271,10 +271,11 @@ Finding Detector::straggler_finding(const CommState& comm, const CommDetect& sta
   char standing[360];
   snprintf(standing, sizeof(standing),
            "%s of the job's time over the last %s (a typical rank: %s; its own structural share: %s), against an "
-           "allowance of %s; evidence %s beyond the allowance (a finding opens at %s)",
+           "allowance of %s; evidence %s beyond the allowance (%s at %s)",
            format_percent(st.share).c_str(), format_duration_ns(static_cast<int64_t>(st.window_ns)).c_str(),
            format_percent(st.typical).c_str(), format_percent(st.baseline).c_str(),
            format_percent(st.allowance).c_str(), format_duration_ns(static_cast<int64_t>(st.evidence_ns)).c_str(),
+           slow ? "a costly straggler" : "a finding opens",
            format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)).c_str());
   const std::string chance =
       "; not chance: its lag behind the median rank gathered " + format_fixed(st.lag_evidence, 1) +
@@ -293,9 +294,8 @@ Finding Detector::straggler_finding(const CommState& comm, const CommDetect& sta
           "), against an allowance of " + format_percent(options_.straggler.allowance) + " over it; evidence " +
           format_duration_ns(static_cast<int64_t>(st.slow_evidence_ns)) + " of lag beyond the allowance (" +
           format_duration_ns(static_cast<int64_t>(options_.straggler.evidence_ns)) +
-          " needed). It is not yet a costly straggler: the others' own variation hides most of its lag (waiting "
-          "owed to it: " +
-          std::string(standing) + ")" + chance +
+          " needed). The waiting owed to it does not make it a costly straggler (yet): " + std::string(standing) +
+          chance +
           ". Its lag is its own (time from when it was free to go on, the end of its previous exchange, against the "
           "median rank's), less the clocks' uncertainty of " +
           margin + ".";
