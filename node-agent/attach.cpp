@@ -296,6 +296,16 @@ Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
   }
   if (found.empty())
     return make_error(Errc::not_found, library.path + " exports none of the functions rankscope probes");
+  // A library is traced whole or not at all: where one probe fails, those
+  // attached before it are removed, so that "not tracing" is true.
+  const size_t multi_before = multi_links_.size(), links_before = links_.size();
+  auto failed = [&](const char* what, int err) {
+    for (size_t i = multi_before; i < multi_links_.size(); ++i) ::close(multi_links_[i]);
+    multi_links_.resize(multi_before);
+    for (size_t i = links_before; i < links_.size(); ++i) bpf_link__destroy(links_[i]);
+    links_.resize(links_before);
+    return make_error(Errc::system, bpf_failure(what, err));
+  };
   // The return probes first: a call running while the two go on then has
   // neither seen, or only its return (ignored: no call open); with the
   // entry first, one could be seen entering and never returning.
@@ -309,21 +319,18 @@ Result<AttachedLibrary> NcclProbes::attach(const LibraryFile& library) {
     for (auto* group : {&returns, &entries})
       for (const auto& [program, at] : *group) {
         int link = uprobe_multi_link(bpf_program__fd(program), library.path.c_str(), at, group == &returns);
-        if (link < 0)
-          return make_error(Errc::system, bpf_failure(("multi-uprobe link on " + library.path).c_str(), errno));
+        if (link < 0) return failed(("multi-uprobe link on " + library.path).c_str(), errno);
         multi_links_.push_back(link);
       }
   } else {
     for (const auto& [spec, offset] : found) {
       if (spec->return_program) {
         bpf_link* ret = bpf_program__attach_uprobe(spec->return_program(skel_), true, -1, library.path.c_str(), offset);
-        if (!ret)
-          return make_error(Errc::system, bpf_failure(("uretprobe on " + std::string(spec->symbol)).c_str(), errno));
+        if (!ret) return failed(("uretprobe on " + std::string(spec->symbol)).c_str(), errno);
         links_.push_back(ret);
       }
       bpf_link* entry = bpf_program__attach_uprobe(spec->program(skel_), false, -1, library.path.c_str(), offset);
-      if (!entry)
-        return make_error(Errc::system, bpf_failure(("uprobe on " + std::string(spec->symbol)).c_str(), errno));
+      if (!entry) return failed(("uprobe on " + std::string(spec->symbol)).c_str(), errno);
       links_.push_back(entry);
     }
   }
