@@ -18,8 +18,9 @@
 # 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of
 # RS_HEALTHY_JOBS healthy 8-rank jobs per pattern (default 120 s, 12 jobs;
 # RS_HEALTHY_S=0: none). RS_PATTERN_RANGES picks the slowdown ranges (default
-# "1.05-1.1 1.1-1.5 1.5-5"; the others' cells read "-"). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
+# "1.05-1.1 1.1-1.5 1.5-5"; the others' cells read "-"; none: the healthy jobs only). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
+# RS_PATTERN_S: each slowdown run's length (default 40 s; onsets at 10-15 s).
 # RS_KEEP_DIR=DIR keeps each run's findings and scores there.
 # RS_RATE_NODES x 8 ranks (default 64 256), RS_RATE_S seconds each (default
 # 40), RS_RATE_PATTERN (default fsdp) for --rate; RS_RATE_CULPRITS=N slows N
@@ -258,11 +259,12 @@ if [ "$mode" = "--patterns" ]; then
   pnodes=${RS_PATTERN_NODES:-4}
   healthy_s=${RS_HEALTHY_S:-120}
   healthy_jobs=${RS_HEALTHY_JOBS:-12}
+  pattern_s=${RS_PATTERN_S:-40}
   slowdown_shape=${RS_SLOWDOWN_SHAPE:-even}
   echo "## Straggler accuracy per training pattern ($(date -u +%F), $(nproc) cores, kernel $(uname -r))"
   echo
   echo "Command: \`scripts/bench-sim.sh $build --patterns\` (RS_PATTERNS='$patterns', $pjobs jobs x $pnodes nodes x 8 ranks"
-  echo "per slowdown run, 40 s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); $healthy_jobs healthy jobs of 8 ranks"
+  echo "per slowdown run, ${pattern_s} s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); $healthy_jobs healthy jobs of 8 ranks"
   echo "for ${healthy_s} s, 100 ms steps standing for 1 s (fsdp: 500 ms; accum: 100 ms optimizer steps); seeds 21, 22)."
   echo "Slowdown runs: $((pjobs * pnodes * 8)) ranks, slowed $slowdown_shape (RS_SLOWDOWN_SHAPE; rankscope-sim --slowdown-shape)."
   echo
@@ -275,12 +277,13 @@ if [ "$mode" = "--patterns" ]; then
     [ "$pattern" = accum ] && slow_step=250
     for range in ${RS_PATTERN_RANGES:-1.05-1.1 1.1-1.5 1.5-5}; do
       case $range in
+        none) continue ;;
         *-*) ;;
         *) echo "RS_PATTERN_RANGES: '$range' is not MIN-MAX (e.g. 1.05-1.1)" >&2; exit 2 ;;
       esac
       set -- ${range/-/ }
       accuracy "$pattern-$1" "$scores" -- --pattern "$pattern" --scenario slowdown --seed 21 --jobs "$pjobs" \
-        --nodes-per-job "$pnodes" --pp 2 --step-ms "$slow_step" --duration-s 40 --fault-after-s 10 --fault-window-s 5 \
+        --nodes-per-job "$pnodes" --pp 2 --step-ms "$slow_step" --duration-s "$pattern_s" --fault-after-s 10 --fault-window-s 5 \
         --culprits 1 --min-factor "$1" --max-factor "$2" --slowdown-shape "$slowdown_shape" --prefix "p$1"
     done
     healthy_scores="$work/scores-pattern-$pattern-healthy.jsonl"
@@ -300,7 +303,7 @@ if [ "$mode" = "--patterns" ]; then
     else
       : >"$work/report-$pattern-healthy.md"
     fi
-    "$bin/rankscope-sim" report "$scores" >"$work/report-$pattern.md"
+    if [ -f "$scores" ]; then "$bin/rankscope-sim" report "$scores" >"$work/report-$pattern.md"; else : >"$work/report-$pattern.md"; fi
     found() { awk -F'|' -v r="slowdown_rank $1" '$2 ~ r {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%.0f of %s", $3 * $4, $3; f = 1} END {if (!f) printf "-"}' "$work/report-$pattern.md"; }
     latency=$({ grep -h '"kind":"slowdown_rank"' "$scores" || true; } | { grep -o '"latency_s":[0-9.][0-9.]*' || true; } | cut -d: -f2 | sort -n |
       awk '{v[NR] = $1} END {if (NR) printf "%.1f / %.1f", v[int((NR + 1) / 2)], v[int(NR * 0.9 + 0.999)]; else printf "-"}')
