@@ -42,7 +42,7 @@ Result<void> Service::restore() {
 
 void Service::evaluate(uint64_t now_ns) {
   ingest_.retire(now_ns, options_.retire_after_ns);
-  ingest_.adjust_clocks(refiner_.update());
+  ingest_.adjust_clocks(refiner_.update(), now_ns);
   matcher_.sweep(ingest_.comms());
   gpu_matcher_.sweep(ingest_.comms());
   detector_.evaluate(now_ns);

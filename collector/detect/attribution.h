@@ -8,7 +8,8 @@
 // and that waiting is owed in equal parts to the ranks not there yet. A rank
 // that arrives last alone by g is owed about g (normalised per waiting
 // rank: the job's time it cost); two ranks late together share it. Less
-// each rank's clock margin (its clock's uncertainty and the others' largest),
+// each rank's clock margin (what the clocks cannot tell apart between it and
+// the others: Detector::refresh_margins),
 // and counted once over back-to-back exchanges that wait for the same
 // stretch (buckets issued before the previous one completed).
 //

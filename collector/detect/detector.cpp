@@ -310,11 +310,6 @@ const ProcessHealth* Detector::health_of(const MemberState& member) const {
   return health == node->health.end() ? nullptr : &health->second;
 }
 
-uint64_t Detector::clock_uncertainty(const std::string& node, uint64_t since_ns) const {
-  const NodeState* it = node_named(node);
-  return it ? it->clock.uncertainty_since(since_ns) : UINT64_MAX / 4;
-}
-
 void Detector::evaluate(uint64_t now_ns) {
   // The open hangs and mismatches by communicator, gathered once: asking the
   // book per communicator costs (communicators x open findings).

@@ -307,7 +307,9 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   // A straggler finding for rank r: host side from `host`, GPU side from `gpu` (else null).
   Finding straggler_finding(const CommState& comm, const CommDetect& state, int32_t r, const Standing& host,
                             const Standing* gpu) const;
-  // Each rank's clock margin (its uncertainty plus the others' largest), for this evaluation.
+  // Each rank's clock margin for this evaluation: its node's uncertainty plus
+  // the other nodes' largest, or, against the ranks of its own node, how far
+  // its node's estimate moved lately (whichever is larger).
   void refresh_margins(const CommState& comm, CommDetect& state) const;
   const NodeState* node_named(const std::string& name) const;
   void evaluate_nodes(uint64_t now_ns);
@@ -318,8 +320,6 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   std::string host_context(const CommState& comm, int32_t rank) const;
   // Other cgroups that used the member's node's CPUs lately ("" if none).
   std::string busy_neighbours(const MemberState& member) const;
-  // The node's clock uncertainty, over the estimates it used since `since_ns`.
-  uint64_t clock_uncertainty(const std::string& node, uint64_t since_ns) const;
 
   const ClusterModel& model_;
   CollectiveMatcher& matcher_;

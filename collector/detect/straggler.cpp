@@ -2,6 +2,8 @@
 // the ranks that caused it (detect/attribution.h), judged per communicator.
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <string_view>
 
 #include "collector/detect/detector.h"
 #include "collector/detect/text.h"
@@ -144,25 +146,45 @@ void Detector::score_front(CommDetect& state) {
 }
 
 void Detector::refresh_margins(const CommState& comm, CommDetect& state) const {
-  // A rank is compared with the others: its clock's error and the largest
-  // of theirs add up. The largest among the others is the largest overall,
-  // or the second largest for the rank that holds the largest: O(n).
+  // A rank is compared with the others. Against a rank of another node its
+  // clock's error and that node's add up: at most the largest of the other
+  // nodes', which is the largest overall, or the largest of any other node
+  // for the ranks of the node that holds it (O(n)). Against a rank of its
+  // own node only how far that node's estimate moved lately counts: they
+  // share its clock, and their records are off against each other only
+  // where put on the cluster clock on either side of a new estimate.
   // Records of the last few seconds may have been put on the cluster clock
   // with an estimate a tighter probe replaced since: its error counts.
   const uint64_t now = clock_.realtime_ns();
   const uint64_t since = now > kMarginMemoryNs ? now - kMarginMemoryNs : 0;
   const int32_t n = comm.nranks;
-  std::vector<uint64_t> u(n, UINT64_MAX / 4);
-  for (const auto& [rank, m] : comm.members)
-    if (rank >= 0 && rank < n) u[rank] = clock_uncertainty(m.node, since);
+  constexpr uint64_t kUnknown = UINT64_MAX / 4;
+  std::vector<uint64_t> u(n, kUnknown), moved(n, kUnknown);
+  std::vector<const std::string*> node(n, nullptr);  // not known: a node of its own
+  std::map<std::string_view, int32_t> per_node;
+  for (const auto& [rank, m] : comm.members) {
+    if (rank < 0 || rank >= n) continue;
+    if (const NodeState* state_of = node_named(m.node)) {
+      u[rank] = state_of->clock.uncertainty_since(since);
+      moved[rank] = state_of->clock.moved_since(since);
+    }
+    node[rank] = &m.node;
+    ++per_node[m.node];
+  }
+  auto same_node = [&](int32_t a, int32_t b) { return a == b || (node[a] && node[b] && *node[a] == *node[b]); };
   int32_t top = 0;
   for (int32_t r = 1; r < n; ++r)
     if (u[r] > u[top]) top = r;
-  uint64_t second = 0;
+  int32_t other = -1;  // the largest error of a node other than top's
   for (int32_t r = 0; r < n; ++r)
-    if (r != top) second = std::max(second, u[r]);
+    if (!same_node(r, top) && (other < 0 || u[r] > u[other])) other = r;
   auto margin = std::make_shared<std::vector<uint64_t>>(n);
-  for (int32_t r = 0; r < n; ++r) (*margin)[r] = std::min(UINT64_MAX / 2, u[r] + (r == top ? second : u[top]));
+  for (int32_t r = 0; r < n; ++r) {
+    const int32_t across = same_node(r, top) ? other : top;
+    const uint64_t apart = across < 0 ? 0 : std::min(UINT64_MAX / 2, u[r] + u[across]);
+    const uint64_t together = node[r] && per_node[*node[r]] > 1 ? moved[r] : 0;
+    (*margin)[r] = std::max(apart, together);
+  }
   state.margin = std::move(margin);
 }
 

@@ -116,7 +116,9 @@ class Ingest final : public CommitParticipant {
   Result<CommState> retired_comm(const std::string& prefix) const;
   void add_observer(RecordObserver* observer) { observers_.push_back(observer); }
   // What the clock refiner found (model/clock_refine.h), applied to the nodes' clocks.
-  void adjust_clocks(const ClockAdjustments& adjustments) { model_.adjust_clocks(adjustments); }
+  void adjust_clocks(const ClockAdjustments& adjustments, uint64_t now_ns) {
+    model_.adjust_clocks(adjustments, now_ns);
+  }
   NodeState* node(const std::string& name) {
     auto it = model_.nodes.find(name);
     return it == model_.nodes.end() ? nullptr : &it->second;

@@ -48,7 +48,12 @@ void NodeClock::add(const ClockProbeSample& s) {
   window_.push_back(s);
   if (window_.size() > kWindow) window_.pop_front();
   const uint64_t before = known_ ? uncertainty_ns() : UINT64_MAX;
+  const uint64_t was = known_ ? to_cluster(s.t4) : 0;
   fit();
+  if (before != UINT64_MAX) {
+    const uint64_t now = to_cluster(s.t4);
+    note_step(s.t3, now > was ? now - was : was - now);
+  }
   if (before != UINT64_MAX && before > uncertainty_ns()) {
     replaced_.emplace_back(s.t3, before);
     while (replaced_.size() > kReplaced || (!replaced_.empty() && replaced_.front().first + kReplacedNs < s.t3))
@@ -117,6 +122,27 @@ uint64_t NodeClock::uncertainty_since(uint64_t cluster_ns) const {
   for (auto it = replaced_.rbegin(); it != replaced_.rend() && it->first >= cluster_ns; ++it)
     worst = std::max(worst, it->second);
   return worst;
+}
+
+void NodeClock::set_refinement(int64_t ns, uint64_t at_cluster_ns) {
+  note_step(at_cluster_ns, static_cast<uint64_t>(ns > refinement_ns_ ? ns - refinement_ns_ : refinement_ns_ - ns));
+  refinement_ns_ = ns;
+}
+
+void NodeClock::note_step(uint64_t at_cluster_ns, uint64_t moved_ns) {
+  if (moved_ns == 0) return;
+  // In time order: a step stamped before the last one (a probe that came
+  // late) is taken as the last one's time, remembered longer, not shorter.
+  if (!steps_.empty()) at_cluster_ns = std::max(at_cluster_ns, steps_.back().first);
+  steps_.emplace_back(at_cluster_ns, moved_ns);
+  while (steps_.size() > kSteps || steps_.front().first + kReplacedNs < at_cluster_ns) steps_.pop_front();
+}
+
+uint64_t NodeClock::moved_since(uint64_t cluster_ns) const {
+  uint64_t moved = 0;
+  for (auto it = steps_.rbegin(); it != steps_.rend() && it->first >= cluster_ns; ++it)
+    moved = it->second > UINT64_MAX - moved ? UINT64_MAX : moved + it->second;
+  return moved;
 }
 
 uint64_t NodeClock::to_cluster(uint64_t node_ns) const {

@@ -51,11 +51,18 @@ class NodeClock {
   // (the collector's clock): records converted with an estimate a tighter
   // probe has since replaced carry that estimate's error still.
   uint64_t uncertainty_since(uint64_t cluster_ns) const;
+  // How far the estimate moved since `cluster_ns`: the sum of its steps (a
+  // new probe's fit, a refinement), each at the collector time it took
+  // effect. Records of this node converted on either side of a step are
+  // that far off against each other, and no further: its ranks share its
+  // clock, whatever the estimate's error against the others'.
+  uint64_t moved_since(uint64_t cluster_ns) const;
   uint32_t samples() const { return static_cast<uint32_t>(window_.size()); }
   bool known() const { return known_; }
   uint64_t to_cluster(uint64_t node_ns) const;
-  // A correction from the collectives (collector/model/clock_refine.h), added to the probes' offset.
-  void set_refinement(int64_t ns) { refinement_ns_ = ns; }
+  // A correction from the collectives (collector/model/clock_refine.h), added
+  // to the probes' offset from `at_cluster_ns` on (the collector's clock).
+  void set_refinement(int64_t ns, uint64_t at_cluster_ns);
   int64_t refinement_ns() const { return refinement_ns_; }
   uint64_t reference_ns() const { return reference_ns_; }
 
@@ -69,6 +76,10 @@ class NodeClock {
   static constexpr size_t kReplaced = 64;
   static constexpr uint64_t kReplacedNs = 60'000'000'000ull;
   std::deque<std::pair<uint64_t, uint64_t>> replaced_;
+  // The estimate's steps lately: (collector time, how far it moved), in time order.
+  static constexpr size_t kSteps = 256;
+  std::deque<std::pair<uint64_t, uint64_t>> steps_;
+  void note_step(uint64_t at_cluster_ns, uint64_t moved_ns);
   uint64_t reference_ns_ = 0;  // node time the offset refers to
   int64_t offset_ns_ = 0;
   double drift_ = 0;  // d(offset)/d(node time)

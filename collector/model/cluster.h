@@ -229,10 +229,11 @@ struct ClusterModel {
     auto it = comms.find(hash);
     return it != comms.end() && !it->second.ended;
   }
-  // Applies what the clock refiner found (nodes not in the model are skipped).
-  void adjust_clocks(const ClockAdjustments& adjustments) {
+  // Applies what the clock refiner found (nodes not in the model are
+  // skipped), from now_ns on (the collector's clock).
+  void adjust_clocks(const ClockAdjustments& adjustments, uint64_t now_ns) {
     for (const auto& [name, refinement] : adjustments.refinement_ns)
-      if (auto it = nodes.find(name); it != nodes.end()) it->second.clock.set_refinement(refinement);
+      if (auto it = nodes.find(name); it != nodes.end()) it->second.clock.set_refinement(refinement, now_ns);
     for (const auto& [name, count] : adjustments.violations)
       if (auto it = nodes.find(name); it != nodes.end()) it->second.clock_violations += count;
   }

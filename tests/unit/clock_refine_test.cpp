@@ -63,7 +63,7 @@ class ClockRefineTest : public ::testing::Test {
   uint64_t on_cluster(const std::string& node, uint64_t true_ns, int64_t error) {
     return static_cast<uint64_t>(static_cast<int64_t>(true_ns) + error + refinement(node));
   }
-  void update() { model.adjust_clocks(refiner.update()); }
+  void update() { model.adjust_clocks(refiner.update(), 0); }
   int64_t refinement(const std::string& node) { return model.nodes.at(node).clock.refinement_ns(); }
 
   ClusterModel model;

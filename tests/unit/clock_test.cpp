@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <random>
+#include <utility>
+#include <vector>
 
 namespace rankscope::collector {
 namespace {
@@ -83,14 +87,46 @@ TEST(NodeClock, ARefinementAgainstTheTruthStaysWithinTheReportedBound) {
   uint64_t t = 9'000'000'000ull;
   double probe_error = static_cast<double>(clock.to_cluster(t)) - static_cast<double>(node.collector_at(t));
   int64_t probe_bound = static_cast<int64_t>(clock.probe_uncertainty_ns());
-  clock.set_refinement(probe_error >= 0 ? probe_bound : -probe_bound);  // away from the truth
+  clock.set_refinement(probe_error >= 0 ? probe_bound : -probe_bound, t);  // away from the truth
   double error = static_cast<double>(clock.to_cluster(t)) - static_cast<double>(node.collector_at(t));
   EXPECT_GT(std::abs(error), static_cast<double>(probe_bound)) << "the probes' bound alone no longer holds";
   EXPECT_LE(std::abs(error), static_cast<double>(clock.uncertainty_ns()));
   EXPECT_EQ(clock.uncertainty_ns(), clock.probe_uncertainty_ns() + static_cast<uint64_t>(probe_bound));
   NodeClock unknown;
-  unknown.set_refinement(-5);
+  unknown.set_refinement(-5, t);
   EXPECT_EQ(unknown.uncertainty_ns(), UINT64_MAX) << "an unknown clock stays unknown, without overflow";
+}
+
+TEST(NodeClock, HowFarTheEstimateMovedIsTheSumOfItsStepsSinceATime) {
+  // Ranks of one node share its clock: against each other, two of its
+  // records are off only by the steps its estimate took between their
+  // conversions (new probes, refinements), whatever its error against
+  // the collector's clock.
+  SimulatedNode node{250'000'000, 20.0, 2'000'000};
+  NodeClock clock;
+  clock.seed(1'000'000'000ull, 1'000'000'000ull + 251'000'000);  // 1 ms off
+  std::vector<std::pair<uint64_t, uint64_t>> steps;              // (collector time, |step|), measured here
+  for (int i = 0; i < 12; ++i) {
+    ClockProbeSample s = node.probe(2'000'000'000ull + i * 1'000'000'000ull);
+    const double before = static_cast<double>(clock.to_cluster(s.t4));
+    clock.add(s);
+    steps.emplace_back(s.t3, static_cast<uint64_t>(std::llabs(static_cast<int64_t>(
+                                 std::llround(static_cast<double>(clock.to_cluster(s.t4)) - before)))));
+  }
+  EXPECT_GT(steps[0].second, 500'000u) << "the first probe moves the seed by about its 1 ms error";
+  for (size_t from = 0; from < steps.size(); from += 5) {
+    uint64_t sum = 0;
+    for (size_t i = from; i < steps.size(); ++i) sum += steps[i].second;
+    EXPECT_EQ(clock.moved_since(steps[from].first), sum) << "since probe " << from;
+  }
+  const uint64_t after = steps.back().first + 1;
+  EXPECT_EQ(clock.moved_since(after), 0u) << "no step since: same-node records agree exactly";
+  EXPECT_LT(clock.moved_since(after), clock.uncertainty_ns());
+  clock.set_refinement(-30'000, after + 10);
+  clock.set_refinement(-10'000, after + 20);
+  EXPECT_EQ(clock.moved_since(after), 50'000u) << "a refinement moves the estimate too";
+  EXPECT_EQ(clock.moved_since(after + 15), 20'000u);
+  EXPECT_EQ(clock.moved_since(after + 21), 0u);
 }
 
 TEST(NodeClock, InconsistentSamplesAreIgnoredAndSeedIsUncertain) {

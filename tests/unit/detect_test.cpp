@@ -154,6 +154,20 @@ class DetectTest : public ::testing::Test {
     calls(list);
   }
 
+  // Only the Hello's wall clock (1 s uncertain): rank `late` on time for a
+  // window and a bucket, then 20 ms late at every instance for as long, over
+  // the floor and under the clocks' uncertainty against another node.
+  std::vector<const Finding*> late_under_loose_clocks(int32_t nranks, int32_t late) {
+    start(nranks, /*tight_clocks=*/false);
+    const uint64_t t = clock.now;
+    const uint64_t window_steps = options.straggler.window_ns * 6 / 5 / (50 * kMs);
+    uint64_t seq = 0;
+    for (; seq < 2 * window_steps; ++seq)
+      instance(seq, t + seq * 50 * kMs, [&](int32_t r) { return r == late && seq >= window_steps ? 20 * kMs : 0; });
+    for (int i = 0; i < kTicks; ++i) evaluate_at(t + seq * 50 * kMs + options.settle_ns + i * kMs);
+    return open(FindingKind::straggler);
+  }
+
   // `rank`'s host waited on its stream (cudaStreamSynchronize) from `start` to `end`.
   void host_wait(int32_t rank, uint64_t start, uint64_t end) {
     testing::AgentBatch b = batch(node_of(rank));
@@ -1301,14 +1315,18 @@ TEST_F(DetectTest, DeadAgentIsOneNodeLostNotHangsOfItsPeers) {
   EXPECT_TRUE(open(FindingKind::node_lost).empty());
 }
 
-TEST_F(DetectTest, LatenessWithinClockUncertaintyIsNotFlagged) {
-  start(2, /*tight_clocks=*/false);  // only the Hello's wall clock: 1 s uncertain
-  uint64_t t = clock.now;
-  // On time for its baseline, then 20 ms late: over the floor, under the clocks' uncertainty.
-  for (uint64_t seq = 0; seq < 60; ++seq)
-    instance(seq, t + seq * 50 * kMs, [&](int32_t r) { return r == 1 && seq >= 20 ? 20 * kMs : 0; });
-  for (int i = 0; i < 6; ++i) evaluate_at(t + 4 * kSecond + i * kMs);
-  EXPECT_TRUE(open(FindingKind::straggler).empty());
+TEST_F(DetectTest, LatenessWithinTheClocksUncertaintyBetweenNodesIsNotFlagged) {
+  // Rank 2 of node-1 against node-0's ranks 0 and 1 (and its own node's rank 3).
+  EXPECT_TRUE(late_under_loose_clocks(4, 2).empty());
+}
+
+TEST_F(DetectTest, RanksOfOneNodeShareItsClockWhateverItsUncertainty) {
+  // Both ranks on node-0: one clock, however far off the collector's; 20 ms
+  // apart at every instance is 20 ms, and its estimate has not moved since.
+  auto stragglers = late_under_loose_clocks(2, 1);
+  ASSERT_EQ(stragglers.size(), 1u);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.020, 0.001);
 }
 
 TEST_F(DetectTest, RankThatJoinsLateButCatchesUpIsNotAHang) {
