@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -134,7 +136,28 @@ int run_command(const std::string& command) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+int remove_stale_netns_clusters() {
+  std::set<long> live;  // pid numbers as unique_name writes them
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos)
+      live.insert(std::stol(name) % 100000);
+  }
+  static const std::regex kOurs("^(rst([0-9]+)x[0-9]+)-(sw|[0-9]+)$");
+  std::set<std::string> stale;
+  for (const auto& entry : std::filesystem::directory_iterator("/run/netns", ec)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, kOurs) && live.count(std::stol(m[2].str())) == 0) stale.insert(m[1].str());
+  }
+  for (const auto& prefix : stale)
+    run_command(std::string(RANKSCOPE_SOURCE_DIR) + "/scripts/netns-cluster.sh down " + prefix + " >/dev/null 2>&1");
+  return static_cast<int>(stale.size());
+}
+
 NetnsCluster::NetnsCluster(int nodes) : prefix_(unique_name("rst")) {
+  remove_stale_netns_clusters();
   std::string script = std::string(RANKSCOPE_SOURCE_DIR) + "/scripts/netns-cluster.sh";
   ok_ = run_command(script + " up " + prefix_ + " " + std::to_string(nodes) + " >/dev/null 2>&1") == 0;
 }

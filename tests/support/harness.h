@@ -63,6 +63,13 @@ class Process {
   bool reaped_ = false;
 };
 
+// Removes the simulated nodes of earlier test processes killed before their
+// NetnsCluster was destroyed (a run stopped by a timeout or by hand): the
+// namespaces named as unique_name names them, "rst<pid % 100000>x<n>-...",
+// where no live process has that pid number. Each NetnsCluster does it
+// before making its own. Returns how many clusters it removed.
+int remove_stale_netns_clusters();
+
 // Simulated nodes: network namespaces on one bridge, made and removed by
 // scripts/netns-cluster.sh (node i has address 10.213.0.(i+1)).
 class NetnsCluster {
