@@ -22,11 +22,7 @@ TEST(NetnsHarness, TheNodesOfAKilledTestProcessAreRemovedByTheNextCluster) {
   ASSERT_TRUE(mine.ok());
   // A process number no live process has, as a killed test process's
   // would be (unique_name: "rst<pid % 100000>x<n>").
-  std::set<long> live;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") == std::string::npos) live.insert(std::stol(name) % 100000);
-  }
+  const std::set<long> live = live_pid_numbers();
   long gone = (getpid() % 100000 + 50000) % 100000;
   while (live.count(gone)) gone = (gone + 1) % 100000;
   const std::string prefix = "rst" + std::to_string(gone) + "x0";

@@ -136,14 +136,20 @@ int run_command(const std::string& command) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-int remove_stale_netns_clusters() {
-  std::set<long> live;  // pid numbers as unique_name writes them
+std::set<long> live_pid_numbers() {
+  std::set<long> live;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename().string();
     if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos)
       live.insert(std::stol(name) % 100000);
   }
+  return live;
+}
+
+int remove_stale_netns_clusters() {
+  const std::set<long> live = live_pid_numbers();
+  std::error_code ec;
   static const std::regex kOurs("^(rst([0-9]+)x[0-9]+)-(sw|[0-9]+)$");
   std::set<std::string> stale;
   for (const auto& entry : std::filesystem::directory_iterator("/run/netns", ec)) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ class Process {
   int status_ = -1;
   bool reaped_ = false;
 };
+
+// The live processes' pid numbers as unique_name writes them (pid % 100000).
+std::set<long> live_pid_numbers();
 
 // Removes the simulated nodes of earlier test processes killed before their
 // NetnsCluster was destroyed (a run stopped by a timeout or by hand): the
