@@ -439,6 +439,19 @@ void WaitAttribution::add_lags(const std::vector<int64_t>& value, const std::vec
       rank.lag_carry = static_cast<double>(std::max<int64_t>(0, own - middle_arrival));
     }
     const double clocks = static_cast<double>(margin[r]);
+    if (carried) {
+      // What it added is how much further behind it is: its lag as counted
+      // (from the floor, beyond the clocks) less what it was before, less
+      // where it caught up. A host preempted now and then and catching up
+      // between is behind and ahead by turns: counting each rise alone adds
+      // its noise up, several times a step, to a lag of more than 100% of
+      // the time; its lag over a run of calls is what it ends it behind.
+      auto counted = [&](double l) { return l < std::max(floor, clocks) ? 0.0 : l - clocks; };
+      const double added = counted(lag) - counted(before);
+      rank.lag[s] += added;
+      if (added > 0) rank.lagged[s] += 1;
+      continue;
+    }
     if (lag < std::max(floor, clocks)) continue;
     const double added = lag - std::max(clocks, before);
     if (added <= 0) continue;

@@ -60,7 +60,8 @@
 // the allowance of the window's time. Its lag is counted as waiting is:
 // from the median's arrival, beyond the clocks' margin and from
 // `min_lateness_ns`, and where a host ran ahead only what it added since
-// its previous instance or its release; less the others' mean lag. As for
+// its previous instance or its release (less where it caught up); less the
+// others' mean lag. As for
 // waiting owed, a CUSUM of (lag - allowance x wall time, beyond its
 // structure) over closed buckets, each adding at most a quarter of it,
 // must reach `evidence_ns`: a rank late by

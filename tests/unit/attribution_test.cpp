@@ -112,6 +112,54 @@ TEST(WaitAttribution, WhatIsCarriedAfterAnInstanceJudgedOnDurationsIsTheLateness
   EXPECT_NEAR(static_cast<double>(waits.standings()[1].owed_ns), 10.0 * kMs, 0.2 * kMs);
 }
 
+TEST(WaitAttribution, AHostThatRanAheadAndIsPreemptedNowAndThenIsNotSlowForIt) {
+  // FSDP's shape: 200 collectives a step issued 50 us apart by hosts that
+  // run ahead of their streams, one step every 45 ms, on a busy machine:
+  // each host is preempted now and then (1% of its calls, 1-5 ms each)
+  // and catches up by issuing twice as fast. From 10 s on, rank 3's host
+  // is preempted twice as often: it is behind and ahead of the others by
+  // turns, its lateness in arrival rising several times a step, and the
+  // others wait for it a little more than it waits for them. What it added
+  // over each run of calls is what it is behind at the end: counting each
+  // rise alone made it a slow rank. Then its host really slows: each call
+  // 80 us after the one before; it ends each step 6 ms behind, 13% of the
+  // time, and is found.
+  WaitAttribution waits(4, AttributionOptions{});
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> coin(0, 1), preempted(1.0 * kMs, 5.0 * kMs), quiet(0, 300'000);
+  uint64_t t = kStart;
+  auto step = [&](bool more, uint64_t spacing) {
+    std::vector<double> behind(4, 0);
+    for (uint64_t i = 0; i < 200; ++i) {
+      std::vector<int64_t> late(4);
+      for (int r = 0; r < 4; ++r) {
+        if (behind[r] > 0)
+          behind[r] = std::max(0.0, behind[r] - 25'000.0);
+        else if (coin(rng) < (r == 3 && more ? 0.02 : 0.01))
+          behind[r] = preempted(rng);
+        late[r] = static_cast<int64_t>(i * (r == 3 ? spacing : 50'000) + behind[r] + quiet(rng));
+      }
+      instance(waits, t, late, 0, i > 0);
+    }
+    t += 45 * kMs;
+  };
+  int at = 0;
+  for (; at < 1600; ++at) {
+    step(at >= 220, 50'000);
+    for (const Standing& s : waits.standings())
+      ASSERT_FALSE(s.over || s.slow) << "at step " << at << ": lag " << s.lag_share << ", share " << s.share
+                                     << ", chance " << s.lag_evidence;
+  }
+  int found_after = -1;
+  for (int i = 0; i < 660 && found_after < 0; ++i) {
+    step(true, 80'000);
+    auto st = waits.standings();
+    for (int r = 0; r < 3; ++r) ASSERT_FALSE(st[r].over || st[r].slow) << "rank " << r << " at step " << i;
+    if (st[3].over || st[3].slow) found_after = i;
+  }
+  EXPECT_GE(found_after, 0) << "never found: lag " << waits.standings()[3].lag_share;
+}
+
 TEST(WaitAttribution, AStallEveryThirdStepIsFoundWhereAMedianSeesNothing) {
   // A CPU quota's shape: on time at two steps of three, 85 ms late at the
   // third. The median lateness is 0; the waiting owed is a quarter of the time.
