@@ -16,7 +16,8 @@
 # --patterns: RS_PATTERNS="ddp fsdp ..." picks patterns (default: all seven);
 # RS_PATTERN_JOBS x RS_PATTERN_NODES x 8 ranks per slowdown run (default
 # 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of
-# RS_HEALTHY_JOBS healthy 8-rank jobs per pattern (default 120 s, 12 jobs;
+# RS_HEALTHY_JOBS healthy jobs of RS_HEALTHY_RANKS ranks (default 8, a
+# multiple of 4) per pattern (default 120 s, 12 jobs;
 # RS_HEALTHY_S=0: none). RS_PATTERN_RANGES picks the slowdown ranges (default
 # "1.05-1.1 1.1-1.5 1.5-5"; the others' cells read "-"; none: the healthy jobs only). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
@@ -259,12 +260,20 @@ if [ "$mode" = "--patterns" ]; then
   pnodes=${RS_PATTERN_NODES:-4}
   healthy_s=${RS_HEALTHY_S:-120}
   healthy_jobs=${RS_HEALTHY_JOBS:-12}
+  healthy_ranks=${RS_HEALTHY_RANKS:-8}
+  case $healthy_ranks in
+    '' | *[!0-9]*) echo "RS_HEALTHY_RANKS: '$healthy_ranks' is not a number of ranks" >&2; exit 2 ;;
+  esac
+  if [ "$healthy_ranks" -lt 4 ] || [ $((healthy_ranks % 4)) -ne 0 ]; then
+    echo "RS_HEALTHY_RANKS: $healthy_ranks is not a multiple of 4 (4 ranks a node; pipeline and tp-dp: 2)" >&2
+    exit 2
+  fi
   pattern_s=${RS_PATTERN_S:-40}
   slowdown_shape=${RS_SLOWDOWN_SHAPE:-even}
   echo "## Straggler accuracy per training pattern ($(date -u +%F), $(nproc) cores, kernel $(uname -r))"
   echo
   echo "Command: \`scripts/bench-sim.sh $build --patterns\` (RS_PATTERNS='$patterns', $pjobs jobs x $pnodes nodes x 8 ranks"
-  echo "per slowdown run, ${pattern_s} s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); $healthy_jobs healthy jobs of 8 ranks"
+  echo "per slowdown run, ${pattern_s} s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); $healthy_jobs healthy jobs of $healthy_ranks ranks"
   echo "for ${healthy_s} s, 100 ms steps standing for 1 s (fsdp: 500 ms; accum: 100 ms optimizer steps); seeds 21, 22)."
   echo "Slowdown runs: $((pjobs * pnodes * 8)) ranks, slowed $slowdown_shape (RS_SLOWDOWN_SHAPE; rankscope-sim --slowdown-shape)."
   echo
@@ -291,9 +300,9 @@ if [ "$mode" = "--patterns" ]; then
     [ "$pattern" = fsdp ] && step=500
     nominal=1
     [ "$pattern" = accum ] && step=25 nominal=0.25  # micro-steps: its optimizer steps of 100 ms stand for 1 s
-    shape="--nodes-per-job 2 --gpus 4"
-    # Pipeline stages need two data-parallel replicas: 4 nodes of 2 ranks.
-    case $pattern in pipeline | tp-dp) shape="--nodes-per-job 4 --gpus 2" ;; esac
+    shape="--nodes-per-job $((healthy_ranks / 4)) --gpus 4"
+    # Pipeline stages need two data-parallel replicas: nodes of 2 ranks.
+    case $pattern in pipeline | tp-dp) shape="--nodes-per-job $((healthy_ranks / 2)) --gpus 2" ;; esac
     if [ "$healthy_s" -gt 0 ]; then
       # shellcheck disable=SC2086
       accuracy "$pattern-healthy" "$healthy_scores" -- --pattern "$pattern" --scenario healthy --seed 22 \
