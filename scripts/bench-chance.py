@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The straggler detector's chance test under no fault, simulated.
 
-Ranks with normal noise, no straggler: at each collective a rank's lag is
+Ranks with normal noise (or another shape), no straggler: at each collective a rank's lag is
 how far it is behind the median rank (0 where ahead), summed per bucket of
 m collectives and centred on the others' mean, as
 collector/detect/attribution.cpp does. For each bucket size and
@@ -16,8 +16,11 @@ communicator size it prints:
   - P(z >= 5): how often a bucket is at the clip or beyond (the far-behind
     run needs 5 such buckets in a row).
 
-  scripts/bench-chance.py [RANK_BUCKETS]   (default 800000: about half a
-                                            minute in all on this machine)
+  scripts/bench-chance.py [RANK_BUCKETS [NOISE]]
+      RANK_BUCKETS: default 800000 (about half a minute in all on this machine)
+      NOISE: normal (default), or lognormal:SIGMA: each rank's time at each
+             collective log-normal, as rankscope-sim's jitter (--pattern
+             jitter: SIGMA 0.25), heavier-tailed than normal
 Figures: docs/detection.md (Straggler), docs/benchmarks.md.
 """
 import math
@@ -27,15 +30,27 @@ import sys
 from statistics import NormalDist
 
 CLIP, REFERENCE = 5.0, 0.5
+QUANTILES = (0.5, 0.75, 0.95)
 LEVELS = (8, 10, 12, 14)
 
 
-def buckets(m, n, count, rng):
+def draw(shape):
+    """One rank's time at one collective: a function of the generator."""
+    if shape == "normal":
+        return lambda rng: rng.gauss(0, 1)
+    kind, _, sigma = shape.partition(":")
+    if kind != "lognormal" or not sigma:
+        sys.exit(f"bench-chance.py: noise '{shape}' is not normal or lognormal:SIGMA")
+    s = float(sigma)
+    return lambda rng: math.exp(rng.gauss(-s * s / 2, s))
+
+
+def buckets(m, n, count, rng, sample):
     """Each bucket's centred lags of n ranks, m collectives a bucket."""
     for _ in range(count):
         lag = [0.0] * n
         for _ in range(m):
-            v = [rng.gauss(0, 1) for _ in range(n)]
+            v = [sample(rng) for _ in range(n)]
             s = sorted(v)
             mid = (s[n // 2 - 1] + s[n // 2]) / 2 if n % 2 == 0 else s[n // 2]
             for r in range(n):
@@ -51,13 +66,13 @@ def noise(changes, quantile):
     return at / (NormalDist().inv_cdf(0.5 + quantile / 2) * math.sqrt(2))
 
 
-def row(m, n, rank_buckets, seed):
+def row(m, n, rank_buckets, seed, sample):
     rng = random.Random(seed)
-    history = list(buckets(m, n, rank_buckets // n, rng))
+    history = list(buckets(m, n, rank_buckets // n, rng, sample))
     changes = [abs(a - b) for prev, cur in zip(history, history[1:]) for a, b in zip(cur, prev)]
     sd = statistics.pstdev([x for c in history for x in c])
     out = [f"| {m} | {n}"]
-    for quantile in (0.5, 0.75):
+    for quantile in QUANTILES:
         scale = noise(changes, quantile)
         up = dict.fromkeys(LEVELS, 0)
         cusum = [0.0] * n
@@ -78,14 +93,18 @@ def row(m, n, rank_buckets, seed):
 
 def main():
     rank_buckets = int(sys.argv[1]) if len(sys.argv) > 1 else 800000
-    print(f"Chance test under no fault, normal noise, {rank_buckets} rank-buckets a row (scripts/bench-chance.py)")
+    shape = sys.argv[2] if len(sys.argv) > 2 else "normal"
+    sample = draw(shape)
+    print(f"Chance test under no fault, {shape} noise, {rank_buckets} rank-buckets a row (scripts/bench-chance.py)")
     print()
-    print("| collectives a bucket | ranks | median: sd / noise | median: CUSUM up past 8, 10, 12, 14 (per 800k) "
-          "| median: P(z >= 5) | 75th pct: sd / noise | 75th pct: CUSUM up past 8, 10, 12, 14 | 75th pct: P(z >= 5) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for n in (8, 4, 32):
+    head = ["collectives a bucket", "ranks"]
+    for q in ("median", "75th pct", "95th pct"):
+        head += [f"{q}: sd / noise", f"{q}: CUSUM up past 8, 10, 12, 14 (per 800k)", f"{q}: P(z >= 5)"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + " --- |" * len(head))
+    for n in (8, 4, 32, 64):
         for m in (1, 2, 4):
-            print(row(m, n, rank_buckets, seed=1), flush=True)
+            print(row(m, n, rank_buckets, seed=1, sample=sample), flush=True)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
       options_(options),
       bucket_ns_(std::max<uint64_t>(1, options.window_ns / 5)),
       per_bucket_(std::max<size_t>(1, (options.min_instances + buckets_ - 2) / (buckets_ - 1))),
-      lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1, false),
-      timed_lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1, true) {
+      lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1),
+      timed_lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1) {
   wall_.assign(buckets_, 0);
   count_.assign(buckets_, 0);
   ranks_.resize(static_cast<size_t>(std::max(0, nranks)));
@@ -57,9 +57,8 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
   }
 }
 
-WaitAttribution::LagSeries::LagSeries(size_t nranks, size_t memory, size_t closed_kept, bool upper_quartile)
-    : upper_quartile_(upper_quartile),
-      sum_(nranks, 0),
+WaitAttribution::LagSeries::LagSeries(size_t nranks, size_t memory, size_t closed_kept)
+    : sum_(nranks, 0),
       last_(nranks, 0),
       changes_(nranks * memory, 0),
       memory_(memory),
@@ -103,31 +102,27 @@ double WaitAttribution::LagSeries::noise() const {
   // always 0) would otherwise drag the estimate down. Over many changes: a
   // quantile of a few is now and then far too small, and every step it
   // scales is then taken for evidence. Scaled as for normal changes (of
-  // sd sqrt 2 x sigma): their median (1.4826 x it / sqrt 2), or their 75th
-  // percentile (/ 1.1503 sqrt 2) where a bucket may hold one collective:
-  // the median is pulled low by the many changes between two buckets in
-  // which a rank was ahead (lag 0 in both): under normal noise the true
-  // spread is 1.26-1.43 times the median's estimate with one collective a
-  // bucket, 1.04 with 4; 1.05-1.09 and 1.02 times the 75th percentile's
-  // (scripts/bench-chance.py). The CUSUM's buckets (4 collectives at
-  // least) keep the median: in a job whose step times vary by data the
-  // 75th percentile's estimate stands higher, and costs recall there
-  // (docs/benchmarks.md). A rank that slows down changes once, at its
-  // onset, and moves neither.
+  // sd sqrt 2 x sigma): their 75th percentile / (1.1503 sqrt 2). Not their
+  // median, for two reasons (scripts/bench-chance.py). Where a bucket may
+  // hold one collective (the far-behind run's), the median is pulled low
+  // by the many changes between two buckets in which a rank was ahead (lag
+  // 0 in both): under normal noise the true spread is 1.26-1.43 times the
+  // median's estimate, 1.05-1.09 times the 75th percentile's. And the
+  // test's evidence is its tail, which in a job whose step times vary by
+  // data (log-normal, as sequence lengths make them) is heavier than
+  // normal: with the median's estimate the CUSUM rose past 14 several
+  // times as often as under normal noise; with the 75th percentile's about
+  // as often as with the median's under normal noise. A rank that slows
+  // down changes once, at its onset, and moves neither.
   if (kept_ == 0) return 0;
   scratch_.clear();
   for (size_t r = 0; r < sum_.size(); ++r)
     scratch_.insert(scratch_.end(), changes_.begin() + static_cast<std::ptrdiff_t>(r * memory_),
                     changes_.begin() + static_cast<std::ptrdiff_t>(r * memory_ + kept_));
   if (scratch_.size() < 3) return 0;
-  double sd = 0;
-  if (upper_quartile_) {
-    auto at = scratch_.begin() + static_cast<std::ptrdiff_t>(3 * (scratch_.size() - 1) / 4);
-    std::nth_element(scratch_.begin(), at, scratch_.end());
-    sd = *at / (1.1503 * std::sqrt(2.0));
-  } else {
-    sd = 1.4826 * median(scratch_) / std::sqrt(2.0);
-  }
+  auto at = scratch_.begin() + static_cast<std::ptrdiff_t>(3 * (scratch_.size() - 1) / 4);
+  std::nth_element(scratch_.begin(), at, scratch_.end());
+  const double sd = *at / (1.1503 * std::sqrt(2.0));
   // Noise of exactly equal values (a replayed or synthetic job): a
   // microsecond, far under any lateness that counts.
   return std::max(1000.0, sd);

@@ -29,8 +29,10 @@
 //     rank's (0 where it is ahead: early arrivals buy nothing back); a
 //     bucket's mean lag, less the others' mean, is measured against the
 //     job's own noise: the spread of that centred lag from one bucket to
-//     the next, pooled over the ranks and their last changes (robust:
-//     1.4826 x the median absolute change, / sqrt 2). A CUSUM of that
+//     the next, pooled over the ranks and their last changes (the 75th
+//     percentile of the absolute changes / (1.1503 sqrt 2): the median's
+//     estimate falls short of the heavier-than-normal tail of step times
+//     that vary by data). A CUSUM of that
 //     standardised lag, clipped to a quarter of `lag_evidence_sd` (one
 //     bucket, one pause, is not persistence), less `lag_reference_sd`
 //     must reach `lag_evidence_sd`; the bucket being filled counts in
@@ -45,10 +47,10 @@
 //     until the run reaches `lag_evidence_sd` (5 in a row; the bucket
 //     being filled counts in part while it is far behind so far, and ends
 //     the run only once closed). Their noise
-//     is the 75th percentile of the changes, scaled as for normal ones:
-//     lags counted only where behind pull the median low where one
-//     collective makes a bucket (a rank ahead of the median in two buckets
-//     in a row changes by almost nothing). Chance puts a rank that far
+//     is read as the CUSUM's: lags counted only where behind pull the
+//     median low where one collective makes a bucket (a rank ahead of the
+//     median in two buckets in a row changes by almost nothing), another
+//     reason for the 75th percentile. Chance puts a rank that far
 //     behind about once in 1,000 such buckets of one collective, under
 //     normal noise.
 //     A structurally late rank (the last pipeline stage) passes
@@ -172,8 +174,7 @@ class WaitAttribution {
   // noise measured on them.
   class LagSeries {
    public:
-    // upper_quartile: the noise from the changes' 75th percentile, not their median (below).
-    LagSeries(size_t nranks, size_t memory, size_t closed_kept, bool upper_quartile);
+    LagSeries(size_t nranks, size_t memory, size_t closed_kept);
     void add(size_t rank, double lag) { sum_[rank] += lag; }
     void count() { count_ += 1; }
     // Each rank's mean lag in the bucket being filled less the others' mean.
@@ -186,7 +187,6 @@ class WaitAttribution {
     double fill() const;
 
    private:
-    bool upper_quartile_;
     std::vector<double> sum_;      // by rank
     std::vector<double> last_;     // by rank: its centred lag in the last closed bucket
     std::vector<double> changes_;  // by rank, memory_ each: the last changes (a ring)
