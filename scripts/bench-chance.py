@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """The straggler detector's chance test under no fault, simulated.
 
-Ranks with normal noise (or another shape), no straggler: at each collective a rank's lag is
-how far it is behind the median rank (0 where ahead), summed per bucket of
-m collectives and centred on the others' mean, as
+Ranks with normal noise (or log-normal), no straggler: at each collective
+a rank's lag is how far it is behind the median rank (0 where ahead),
+summed per bucket of m collectives and centred on the others' mean, as
 collector/detect/attribution.cpp does. For each bucket size and
 communicator size it prints:
   - sd / noise: the true standard deviation of a bucket's centred lag over
-    the job's noise estimate (the median or the 75th percentile of the
-    changes from one bucket to the next, each scaled as for normal
+    the job's noise estimate (the median, the 75th or the 95th percentile
+    of the changes from one bucket to the next, each scaled as for normal
     changes); 1.00 is an unbiased estimate, above 1 one that is too small;
   - the CUSUM of the standardised lag (clipped to +-5, less 0.5): how many
     times per 800,000 rank-buckets it passed 8, 10, 12 and 14 on its way
