@@ -95,6 +95,32 @@ TEST(SimPatterns, AnUnknownPatternOrAnImpossibleFleetIsRefusedWithWhy) {
   EXPECT_NE(why.find("two replicas"), std::string::npos) << why;
 }
 
+// The clocks' score compares stored issue times with true ones at sampled
+// calls: every node is sampled, at least once in each 2 s, at 1 s steps
+// of 3 collectives (sync-each) as at 200 (fsdp); accum's optimizer steps
+// of 4 micro-steps of 250 ms, a pipeline's stages of ranks whose
+// tensor-parallel communicators never call.
+TEST(SimClockSamples, EveryNodeIsSampledEverySecondOrSoWhateverItsCallRate) {
+  for (const std::string pattern : {"sync-each", "fsdp", "ddp", "accum", "jitter", "pipeline", "tp-dp"}) {
+    FleetConfig config = small_job(pattern, 4);
+    config.step_ms = pattern == "accum" ? 250 : 1000;
+    Fleet fleet(config);
+    std::vector<std::vector<SimEvent>> out;
+    fleet.advance(20 * kSecond, out);
+    std::map<int, std::vector<int64_t>> at;  // node -> sampled true times
+    for (const auto& s : fleet.take_clock_samples()) at[s.node].push_back(s.true_ns);
+    EXPECT_EQ(at.size(), fleet.nodes().size()) << pattern;
+    for (auto& [node, times] : at) {
+      std::sort(times.begin(), times.end());
+      ASSERT_GE(times.size(), 2u) << pattern << " node " << node;
+      int64_t widest = 0;
+      for (size_t i = 1; i < times.size(); ++i) widest = std::max(widest, times[i] - times[i - 1]);
+      EXPECT_LE(widest, 2 * kSecond) << pattern << " node " << node << ": " << times.size() << " samples";
+      EXPECT_GE(times.back(), 17 * kSecond) << pattern << " node " << node << ": none in the last seconds";
+    }
+  }
+}
+
 // A rank slowed 1.5x, evenly or by stalls (--slowdown-shape): the job
 // loses about the same time either way; evenly, the rank is late at every
 // collective; by stalls, on time at most and at least --stall-ms late at some.

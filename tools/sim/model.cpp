@@ -361,16 +361,24 @@ Fleet::Arrivals Fleet::arrive(int j, int c, uint8_t op, uint8_t datatype, uint64
 void Fleet::sample_clocks(const JobDef& job, const CommDef& comm, uint64_t seq, const std::vector<int64_t>& arrival) {
   // Stored issue times against the true ones, for the clocks' score: a
   // tensor-parallel group's first rank (one group per node), or where a
-  // job has none (one GPU per node, or FSDP's and DDP's one communicator),
-  // each node's first member, less often.
+  // job has none that calls (one GPU per node, FSDP's and DDP's one
+  // communicator, a pipeline's stages), each node's first member, less
+  // often: every 64th instance, and at least one a second for a
+  // communicator of few calls a step.
   if (comm.kind == "tp" && seq % 8 == 0 && arrival[0] < kNever)
     clock_samples_.push_back({job.ranks[comm.members[0]].node, comm.hash, 0, seq, arrival[0]});
-  if (comm.kind != "tp" && seq % 64 == 0 && !job.has_tp)
+  if (comm.kind == "tp" || (job.has_tp && config_.tp_ops > 0)) return;
+  const int64_t first = *std::min_element(arrival.begin(), arrival.end());
+  if (first >= kNever) return;
+  auto [sampled, fresh] = clock_sampled_ns_.try_emplace(comm.hash, first);
+  if (seq % 64 == 0 || fresh || first - sampled->second >= static_cast<int64_t>(1000 * kMs)) {
+    sampled->second = first;
     for (size_t k = 0; k < comm.members.size(); ++k) {
       const int node = job.ranks[comm.members[k]].node;
       if (arrival[k] < kNever && (k == 0 || job.ranks[comm.members[k - 1]].node != node))
         clock_samples_.push_back({node, comm.hash, static_cast<int>(k), seq, arrival[k]});
     }
+  }
 }
 
 void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t datatype, uint64_t count,

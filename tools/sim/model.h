@@ -260,6 +260,7 @@ class Fleet {
   std::vector<uint64_t> steps_;
   std::map<LatenessKey, std::vector<int64_t>> lateness_;
   std::vector<ClockSample> clock_samples_;
+  std::map<uint64_t, int64_t> clock_sampled_ns_;  // comm hash -> when its last samples were taken
   std::vector<std::mt19937_64> job_rng_;  // one stream per job: the same records whatever the pacing
 };
 

