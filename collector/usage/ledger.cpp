@@ -614,6 +614,17 @@ void UsageLedger::fold_records() {
   }
   record_usage_.clear();
   last_usage_ = LastUsage{};
+  // A communicator's victims, one row per (node, identity) with its GPUs
+  // and members: a node's ranks of one job share theirs. Made once per
+  // communicator and fold; each of its waits (one per late rank and
+  // minute) leaves out the late rank.
+  struct Victim {
+    double gpus = 0;
+    int32_t members = 0;
+  };
+  std::map<std::pair<std::string, Identity>, Victim> victims;
+  uint64_t victims_of = 0;
+  bool victims_made = false;
   for (const auto& [key, wait] : pending_waits_) {
     const auto& [hash, last, minute_s] = key;
     auto comm = model_.comms.find(hash);
@@ -630,19 +641,27 @@ void UsageLedger::fold_records() {
       cause.reason = WasteReason::straggler;
       cause.cause_detail = "rank " + std::to_string(last) + " (pid " + std::to_string(late->second.pid) + ")";
     }
-    // One row per victim (node, identity): a node's ranks of one job
-    // share theirs, and a row's key costs two digests.
-    std::map<std::pair<std::string, Identity>, double> victims;
-    for (const auto& [r, m] : comm->second.members) {
-      if (r == last) continue;
-      const ProcessInfo* p = model_.process(m.node, m.pid);
-      victims[{m.node, p ? Identity::of(*p) : Identity{}}] += wait.seconds * gpus_of(p);
+    if (!victims_made || victims_of != hash) {
+      victims.clear();
+      for (const auto& [r, m] : comm->second.members) {
+        const ProcessInfo* p = model_.process(m.node, m.pid);
+        Victim& v = victims[{m.node, p ? Identity::of(*p) : Identity{}}];
+        v.gpus += gpus_of(p);
+        ++v.members;
+      }
+      victims_of = hash;
+      victims_made = true;
     }
-    for (auto& [victim, gpu_s] : victims) {
+    const std::pair<std::string, Identity> late_key{late->second.node,
+                                                    late_process ? Identity::of(*late_process) : Identity{}};
+    const double late_gpus = gpus_of(late_process);
+    for (const auto& [victim, v] : victims) {
+      const bool holds_late = victim == late_key;
+      if (v.members - (holds_late ? 1 : 0) == 0) continue;
       WasteRow row = cause;
       row.node = victim.first;
       row.identity = victim.second;
-      row.gpu_s = gpu_s;
+      row.gpu_s = wait.seconds * (holds_late ? v.gpus - late_gpus : v.gpus);
       add_waste(wait.first_ns, row);
     }
   }

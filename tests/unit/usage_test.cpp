@@ -588,5 +588,74 @@ TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
   EXPECT_EQ(r.causes[0].cause_node, "node-1");
 }
 
+// Two nodes of two ranks, one account each; two late ranks in one minute,
+// counted in one fold. A late rank's node-mate waits on it, the rank does
+// not wait on itself, and each wait is charged per victim's GPUs.
+TEST_F(UsageTest, EachLateRankIsOwedTheWaitingOfItsNodeMateAndTheOtherNode) {
+  constexpr uint64_t kComm = 0x5eed0123456789abull;
+  std::map<std::string, uint64_t> seqs;
+  auto node_of = [](int32_t rank) { return "node-" + std::to_string(rank / 2); };
+  for (int32_t n = 0; n < 2; ++n) {
+    std::string node = "node-" + std::to_string(n);
+    testing::feed(*ingest, *commit, node, testing::hello_message(node, 7));
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = ++seqs[node];
+    for (int32_t rank = 2 * n; rank < 2 * n + 2; ++rank) {
+      b.processes.push_back(testing::process(100 + rank, "job-1", n == 0 ? "physics" : "chem"));
+      b.comms.push_back(testing::member(100 + rank, kComm, rank, 4));
+    }
+    b.clock_samples = {testing::tight_clock_sample()};
+    testing::feed(*ingest, *commit, node, b.bytes());
+  }
+  // Rank 1 (physics) 50 ms late at instances 0-4, rank 2 (chem) 30 ms at 5-9.
+  uint64_t t0 = kDay0 * kS + 120 * kS;
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    proto::ColumnBlock block;
+    block.pid = 100 + rank;
+    block.comm_hash = kComm;
+    block.rank = rank;
+    for (uint64_t seq = 0; seq < 10; ++seq) {
+      proto::CallRecord r;
+      r.seq = seq;
+      r.issue_ns = t0 + seq * kS;
+      if (rank == 1 && seq < 5) r.issue_ns += 50'000'000ull;
+      if (rank == 2 && seq >= 5) r.issue_ns += 30'000'000ull;
+      r.return_ns = r.issue_ns + 1000;
+      r.op = RS_OP_ALLREDUCE;
+      r.datatype = 7;  // float32
+      r.count = 1024;
+      block.records.push_back(r);
+    }
+    testing::AgentBatch b;
+    b.instance = 7;
+    b.seq = ++seqs[node_of(rank)];
+    b.calls = {block};
+    testing::feed(*ingest, *commit, node_of(rank), b.bytes());
+  }
+  clock.now = t0 + 20 * kS;
+  ledger->tick(clock.now, {});
+  flush();
+  Report r = report(kDay0, kDay0 + 3600, TenantKey::account);
+  const ReportLine* physics = row(r, "physics");
+  const ReportLine* chem = row(r, "chem");
+  ASSERT_NE(physics, nullptr);
+  ASSERT_NE(chem, nullptr);
+  // Rank 1's 0.25 s: rank 0 (physics) and ranks 2, 3 (chem) wait.
+  // Rank 2's 0.15 s: ranks 0, 1 (physics) and rank 3 (chem) wait.
+  EXPECT_NEAR(physics->waste_s, 0.25 + 2 * 0.15, 1e-6);
+  EXPECT_NEAR(chem->waste_s, 2 * 0.25 + 0.15, 1e-6);
+  EXPECT_NEAR(physics->caused_s, 3 * 0.25, 1e-6);
+  EXPECT_NEAR(chem->caused_s, 3 * 0.15, 1e-6);
+  // Per cause and victim: rank 1 on node-0 and rank 2 on node-1.
+  std::map<std::pair<std::string, std::string>, double> causes;
+  for (const auto& c : r.causes) causes[{c.cause_node, c.victim}] += c.gpu_s;
+  ASSERT_EQ(causes.size(), 4u);
+  EXPECT_NEAR((causes[{"node-0", "physics"}]), 0.25, 1e-6);
+  EXPECT_NEAR((causes[{"node-0", "chem"}]), 0.5, 1e-6);
+  EXPECT_NEAR((causes[{"node-1", "physics"}]), 0.3, 1e-6);
+  EXPECT_NEAR((causes[{"node-1", "chem"}]), 0.15, 1e-6);
+}
+
 }  // namespace
 }  // namespace rankscope::collector
