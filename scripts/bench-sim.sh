@@ -25,7 +25,9 @@
 # RS_KEEP_DIR=DIR keeps each run's findings and scores there.
 # RS_RATE_NODES x 8 ranks (default 64 256), RS_RATE_S seconds each (default
 # 40), RS_RATE_PATTERN (default fsdp) for --rate; RS_RATE_CULPRITS=N slows N
-# ranks of the job (1.02x-5x, from 15-25 s on; default 0: a healthy job);
+# ranks of the job (from 15-25 s on; default 0: a healthy job) by factors
+# drawn in RS_RATE_FACTORS (default 1.02-5; a rank slowed 5x slows its
+# whole job, and with it the call rate: 1.05-1.5 keeps the job near its rate);
 # each run's findings and clocks are scored against the truth;
 # RS_RATE_WITNESS_NODES (default 32; 0: none) nodes of a light witness job
 # (the default pattern, 1 s steps) run from a simulator process of their
@@ -191,7 +193,13 @@ if [ "$mode" = "--rate" ]; then
     rate_start=$(date +%s.%N)
     culprits=${RS_RATE_CULPRITS:-0}
     scenario=(--scenario healthy)
-    [ "$culprits" -gt 0 ] && scenario=(--scenario slowdown --fault-after-s 15 --fault-window-s 10 --culprits "$culprits")
+    rate_factors=${RS_RATE_FACTORS:-1.02-5}
+    case $rate_factors in
+      *-*) ;;
+      *) echo "RS_RATE_FACTORS: '$rate_factors' is not MIN-MAX (e.g. 1.05-1.5)" >&2; exit 2 ;;
+    esac
+    [ "$culprits" -gt 0 ] && scenario=(--scenario slowdown --fault-after-s 15 --fault-window-s 10 --culprits "$culprits"
+      --min-factor "${rate_factors%-*}" --max-factor "${rate_factors#*-}")
     witness_pid=0
     if [ "$witness_nodes" -gt 0 ]; then
       ( sleep 5
@@ -236,7 +244,7 @@ if [ "$mode" = "--rate" ]; then
   done
   if [ "${#scored[@]}" -gt 0 ]; then
     echo
-    echo "Scored against the truth (${RS_RATE_CULPRITS:-0} ranks slowed 1.02x-5x per job, from 15-25 s on):"
+    echo "Scored against the truth (${RS_RATE_CULPRITS:-0} ranks slowed ${RS_RATE_FACTORS:-1.02-5}x per job, from 15-25 s on):"
     echo
     for f in "${scored[@]}"; do [ -s "$f" ] && "$bin/rankscope-sim" report "$f"; done
   fi
