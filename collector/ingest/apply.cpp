@@ -214,7 +214,10 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
                              " stamped more than an hour past the collector's clock; skipped");
     member.records += taken;
     records += taken;
-    dirty_members_.emplace(comm.hash, *rank);
+    if (!member.progress_dirty) {
+      member.progress_dirty = true;
+      dirty_members_.emplace_back(comm.hash, *rank);
+    }
   });
   return records;
 }

@@ -90,7 +90,6 @@ size_t Ingest::retire(uint64_t now_ns, uint64_t quiet_ns) {
         group->second.erase(hash);
     persist_comm(comm, true);
     dirty_comms_.erase(hash);
-    dirty_members_.erase(dirty_members_.lower_bound({hash, INT32_MIN}), dirty_members_.upper_bound({hash, INT32_MAX}));
     model_.comms.erase(it);
   }
   counters_.retired_comms += over.size();

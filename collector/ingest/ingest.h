@@ -230,7 +230,7 @@ class Ingest final : public CommitParticipant {
   std::map<std::string, std::string> node_of_connection_;  // routing id -> node name
   AckBook acks_;  // which batches are stored, and when each may be acknowledged
   std::set<uint64_t> dirty_comms_;                        // members, lanes or size changed since the last stage
-  std::set<std::pair<uint64_t, int32_t>> dirty_members_;  // (comm, rank) whose progress moved since
+  std::vector<std::pair<uint64_t, int32_t>> dirty_members_;  // (comm, rank) whose progress moved since
   std::set<std::string> dirty_nodes_;
   // By node and agent instance (a stream, in a fleet): the first batch (its
   // seq) sent back to wait for a split's sizing; the later batches of the

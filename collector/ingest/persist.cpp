@@ -242,11 +242,16 @@ Result<void> Ingest::stage(WriteSet&, uint64_t, bool) {
     auto it = model_.comms.find(hash);
     if (it != model_.comms.end()) persist_comm(it->second);
   }
+  // Members whose records moved, each named once while its flag is set (a
+  // communicator retired since is gone, one made again under its hash
+  // names its member anew): written in key order.
+  std::sort(dirty_members_.begin(), dirty_members_.end());
   for (const auto& [hash, rank] : dirty_members_) {
     auto comm = model_.comms.find(hash);
     if (comm == model_.comms.end()) continue;
     auto member = comm->second.members.find(rank);
-    if (member == comm->second.members.end()) continue;
+    if (member == comm->second.members.end() || !member->second.progress_dirty) continue;
+    member->second.progress_dirty = false;
     capnp::MallocMessageBuilder builder;
     auto progress = builder.initRoot<proto::store::StoredProgress>();
     progress.setRecords(member->second.records);

@@ -133,6 +133,7 @@ struct MemberState {
   int64_t last_seq = -1;       // lane 0
   uint64_t last_issue_ns = 0;  // cluster clock
   bool ended = false;          // its process destroyed or aborted the communicator
+  bool progress_dirty = false;  // records came since its progress row was staged (Ingest)
   std::optional<CommError> error;
 };
 
