@@ -303,7 +303,13 @@ std::vector<double> score_clocks(cli::QueryClient& client, const Truth& truth, c
         static_cast<uint64_t>(c.i64("true_ns"));
     node_of[{c.str("comm"), static_cast<int>(c.i64("comm_rank"))}] = c.str("node");
   }
-  std::vector<double> clock_errors;
+  // Per node: the median error of each of its sampled (comm, rank) pairs
+  // (a pipeline's node has several), scored as one node.
+  struct NodeErrors {
+    std::vector<double> medians;
+    int64_t samples = 0;
+  };
+  std::map<std::string, NodeErrors> by_node;
   for (const auto& [key, seqs] : wanted) {
     capnp::MallocMessageBuilder request;
     auto req = request.initRoot<query::Request>();
@@ -322,9 +328,14 @@ std::vector<double> score_clocks(cli::QueryClient& client, const Truth& truth, c
       }
     });
     if (!asked || errors.empty()) continue;
-    double med = percentile(errors, 0.5);
+    NodeErrors& node = by_node[node_of[key]];
+    node.medians.push_back(percentile(errors, 0.5));
+    node.samples += static_cast<int64_t>(errors.size());
+  }
+  std::vector<double> clock_errors;
+  for (auto& [node, e] : by_node) {
+    const double med = percentile(e.medians, 0.5);
     clock_errors.push_back(std::fabs(med));
-    const std::string& node = node_of[key];
     auto offset = st.offsets.find(node);
     auto refined = st.refinements.find(node);
     uint64_t uncertainty = offset == st.offsets.end() ? 0 : offset->second.second;
@@ -336,7 +347,7 @@ std::vector<double> score_clocks(cli::QueryClient& client, const Truth& truth, c
                       .add("error_ns", med)
                       .add("uncertainty_ns", static_cast<int64_t>(uncertainty))
                       .add("refinement_ns", refinement)
-                      .add("samples", static_cast<int64_t>(errors.size()))
+                      .add("samples", e.samples)
                       .add("probe_jitter_ms", truth.run.num("probe_jitter_ms"))
                       .str());
   }
