@@ -317,7 +317,9 @@ std::vector<double> score_clocks(cli::QueryClient& client, const Truth& truth, c
     auto t = req.initTimeline();
     t.setComm(key.first);
     t.setRank(key.second);
-    t.setLast(2048);  // the newest samples kept span up to 1,024 seqs (every 64th of a communicator without tp)
+    // The newest samples kept span up to 1,024 seqs (every 64th instance of
+    // a busy communicator without tp).
+    t.setLast(2048);
     std::vector<double> errors;
     auto asked = client.ask(request, [&](query::Reply::Reader reply) {
       for (auto r : reply.getTimeline().getRecords()) {
