@@ -35,6 +35,19 @@ inline proto::CommJoined member(uint32_t pid, uint64_t hash, int32_t rank, int32
   return c;
 }
 
+// An agent's record of AllReduce #seq of 1,024 floats, issued at `issue_ns`
+// (its node's clock) and back 1 us later.
+inline proto::CallRecord allreduce_call(uint64_t seq, uint64_t issue_ns) {
+  proto::CallRecord r;
+  r.seq = seq;
+  r.issue_ns = issue_ns;
+  r.return_ns = issue_ns + 1000;
+  r.op = RS_OP_ALLREDUCE;
+  r.datatype = 7;  // float32
+  r.count = 1024;
+  return r;
+}
+
 // A clock probe that puts the node's offset at 0 within 50 ns.
 inline std::array<uint64_t, 4> tight_clock_sample() { return {1000, 1050, 1060, 1110}; }
 

@@ -91,16 +91,9 @@ class CommitTest : public ::testing::Test {
     block.pid = 100 + static_cast<uint32_t>(rank);
     block.comm_hash = kComm;
     block.rank = rank;
-    for (uint64_t i = 0; i < 10; ++i) {
-      proto::CallRecord r;
-      r.seq = (seq - 2) * 10 + i;
-      r.issue_ns = t0 + i * kS + (rank == 1 ? 50'000'000ull : 0);
-      r.return_ns = r.issue_ns + 1000;
-      r.op = RS_OP_ALLREDUCE;
-      r.datatype = 7;  // float32
-      r.count = 1024;
-      block.records.push_back(r);
-    }
+    for (uint64_t i = 0; i < 10; ++i)
+      block.records.push_back(
+          testing::allreduce_call((seq - 2) * 10 + i, t0 + i * kS + (rank == 1 ? 50'000'000ull : 0)));
     testing::AgentBatch b;
     b.instance = 7;
     b.seq = seq;

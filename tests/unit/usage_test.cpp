@@ -553,16 +553,8 @@ TEST_F(UsageTest, ALateRankIsOwedTheWaitingOfTheOthers) {
     block.pid = 100 + rank;
     block.comm_hash = kComm;
     block.rank = rank;
-    for (uint64_t seq = 0; seq < 10; ++seq) {
-      proto::CallRecord r;
-      r.seq = seq;
-      r.issue_ns = t0 + seq * kS + (rank == 1 ? 50'000'000ull : 0);
-      r.return_ns = r.issue_ns + 1000;
-      r.op = RS_OP_ALLREDUCE;
-      r.datatype = 7;  // float32
-      r.count = 1024;
-      block.records.push_back(r);
-    }
+    for (uint64_t seq = 0; seq < 10; ++seq)
+      block.records.push_back(testing::allreduce_call(seq, t0 + seq * kS + (rank == 1 ? 50'000'000ull : 0)));
     testing::AgentBatch b;
     b.instance = 7;
     b.seq = ++seqs[node];
@@ -616,16 +608,10 @@ TEST_F(UsageTest, EachLateRankIsOwedTheWaitingOfItsNodeMateAndTheOtherNode) {
     block.comm_hash = kComm;
     block.rank = rank;
     for (uint64_t seq = 0; seq < 10; ++seq) {
-      proto::CallRecord r;
-      r.seq = seq;
-      r.issue_ns = t0 + seq * kS;
-      if (rank == 1 && seq < 5) r.issue_ns += 50'000'000ull;
-      if (rank == 2 && seq >= 5) r.issue_ns += 30'000'000ull;
-      r.return_ns = r.issue_ns + 1000;
-      r.op = RS_OP_ALLREDUCE;
-      r.datatype = 7;  // float32
-      r.count = 1024;
-      block.records.push_back(r);
+      uint64_t late = 0;
+      if (rank == 1 && seq < 5) late = 50'000'000ull;
+      if (rank == 2 && seq >= 5) late = 30'000'000ull;
+      block.records.push_back(testing::allreduce_call(seq, t0 + seq * kS + late));
     }
     testing::AgentBatch b;
     b.instance = 7;
