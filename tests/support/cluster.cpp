@@ -175,7 +175,10 @@ int64_t TestDeployment::progress(bool active_only) {
         lowest = std::min(lowest, least);
       }
   });
-  return result && any ? lowest : -1;
+  // No communicator counted (none known yet, or none with a collective
+  // yet, when active_only): no progress, not INT64_MAX, which a wait for
+  // "at least N collectives" would take as reached.
+  return result && any && lowest != INT64_MAX ? lowest : -1;
 }
 
 bool TestDeployment::slurm_prolog(const std::string& job, const std::string& account) {
