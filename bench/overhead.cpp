@@ -14,7 +14,9 @@
 // gives the median and the range over the repetitions, and the ratio per
 // repetition. Then a paced run issues collectives at a fixed rate with the
 // agent attached and reads the agent's CPU time from /proc, next to the
-// same agent idle.
+// same agent idle. Last, a node's ranks: several processes, each calling
+// at a fixed rate, untraced and traced in alternation, for the agent's CPU
+// and what it adds to each call when it follows many processes at once.
 //
 // The NCCL calls are real calls into libnccl.so.2 (by default the fakenccl
 // stand-in: a one-rank communicator, a one-element in-place AllReduce),
@@ -75,6 +77,10 @@ struct Options {
   double paced_seconds = 10;
   double idle_seconds = 5;       // the same agent with no calls, for comparison
   uint64_t paced_sync_every = 100;
+  int ranks = 8;              // processes in the ranks run (0: none)
+  double rank_rate = 1000;    // collective calls per second of each
+  double ranks_seconds = 10;  // length of each of its runs
+  int ranks_reps = 2;         // untraced and traced runs, alternated
   std::string bin_dir = RANKSCOPE_BIN_DIR;
   std::string nccl_lib = std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2";
   std::vector<std::string> agent_args;  // extra flags for rankscope-agent
@@ -402,11 +408,24 @@ struct Deployment {
 
   // The agent, tracing this process only; returns once its probe is on
   // ncclAllReduce in this process.
-  Result<Child> start_agent() {
-    std::vector<std::string> argv = {options.bin_dir + "/rankscope-agent", "--collector", agent_endpoint(), "--node",
-                                     "bench", "--pid", std::to_string(getpid()), "--nccl-lib", options.nccl_lib,
-                                     "--spool-dir", dir + "/spool", "--key", dir + "/keys/bench.key",
-                                     "--collector-key", dir + "/keys/collector.pub"};
+  // Traces this process, or the processes `pids`.
+  Result<Child> start_agent(const std::vector<pid_t>& pids = {}) {
+    std::vector<std::string> argv = {options.bin_dir + "/rankscope-agent",
+                                     "--collector",
+                                     agent_endpoint(),
+                                     "--node",
+                                     "bench",
+                                     "--nccl-lib",
+                                     options.nccl_lib,
+                                     "--spool-dir",
+                                     dir + "/spool",
+                                     "--key",
+                                     dir + "/keys/bench.key",
+                                     "--collector-key",
+                                     dir + "/keys/collector.pub",
+                                     "--pid"};
+    if (pids.empty()) argv.push_back(std::to_string(getpid()));
+    for (pid_t pid : pids) argv.push_back(std::to_string(pid));
     argv.insert(argv.end(), options.agent_args.begin(), options.agent_args.end());
     std::string log = dir + "/agent-" + std::to_string(++agents_started) + ".log";
     uint64_t earlier_instance = bench_instance();
@@ -572,6 +591,22 @@ struct Results {
   std::optional<double> prog_noop_entry, prog_noop_return, prog_agent_entry, prog_agent_return;
   std::vector<OtherProgram> prog_others;  // during the traced NCCL loop
   std::string nccl_entry, noop_entry;  // first code bytes, before any probe
+  // the ranks run: per repetition an untraced run, one with the bare pair
+  // on ncclAllReduce, and a traced one
+  enum class Ranks { untraced, bare_pair, traced };
+  struct RanksRun {
+    int rep = 0;
+    Ranks kind = Ranks::untraced;
+    uint64_t calls = 0;            // timed calls of all ranks
+    double seconds = 0, rate = 0;  // wall time, and calls a second of all ranks together
+    double median_ns = 0;          // the median over the ranks of each one's median call
+    double mean_ns = 0;            // every timed call's mean
+    double cpu_ns_per_call = 0;    // the ranks' CPU (all their threads) per timed call
+    double agent_stat = 0, agent_runtime = 0, collector_runtime = 0;  // % of one core (traced)
+  };
+  std::vector<RanksRun> ranks_runs;
+  std::vector<OtherProgram> ranks_programs;  // every BPF program in a traced ranks run, per call
+  uint64_t ranks_calls = 0;                  // the calls of that run
 };
 
 // The first bytes of a function's code, in hex.
@@ -792,6 +827,210 @@ Result<void> measure_paced(const Options& options, Deployment& deployment, Child
   return deployment.stop_agent(agent);
 }
 
+// ---------------------------------------------------------------- a node's ranks
+
+constexpr uint64_t kRankWarmup = 100;  // untimed calls of each rank before its paced ones
+
+// What one rank of the ranks run measured, as it prints it.
+struct RankFigures {
+  uint64_t calls = 0, failed = 0, cpu_ns = 0, wall_ns = 0;
+  double median_ns = 0, mean_ns = 0;
+};
+
+// One rank of the ranks run (`--rank-child GO`, started by measure_ranks):
+// waits for the file GO, makes a communicator, then --rank-rate calls a
+// second for --ranks-seconds, each timed, the stream drained every
+// paced_sync_every calls as a training step would; prints one line.
+int rank_child(const Options& options, const std::string& go) {
+  while (access(go.c_str(), F_OK) != 0) usleep(10000);
+  auto loop = NcclLoop::open(false);
+  if (!loop) {
+    std::fprintf(stderr, "rank-child: %s\n", loop.error().message.c_str());
+    return 1;
+  }
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  RankFigures f;
+  for (uint64_t i = 0; i < kRankWarmup; ++i) f.failed += (*loop)->call() != ncclSuccess;
+  f.failed += !(*loop)->sync();
+  uint64_t total = static_cast<uint64_t>(options.rank_rate * options.ranks_seconds);
+  double period_ns = 1e9 / options.rank_rate;
+  CallTimes times;
+  times.reserve(total);
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  uint64_t t0 = monotonic_ns();
+  for (uint64_t i = 0; i < total; ++i) {
+    uint64_t deadline = t0 + static_cast<uint64_t>(static_cast<double>(i) * period_ns);
+    if (monotonic_ns() < deadline) {
+      timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull), static_cast<long>(deadline % 1'000'000'000ull)};
+      clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+    }
+    uint64_t start = monotonic_ns();
+    f.failed += (*loop)->call() != ncclSuccess;
+    times.add(monotonic_ns() - start);
+    if ((i + 1) % options.paced_sync_every == 0) f.failed += !(*loop)->sync();
+  }
+  f.failed += !(*loop)->sync();
+  f.wall_ns = monotonic_ns() - t0;
+  getrusage(RUSAGE_SELF, &after);
+  auto ns_of = [](const rusage& u) {
+    return static_cast<uint64_t>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1'000'000'000ull +
+           static_cast<uint64_t>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1000ull;
+  };
+  f.cpu_ns = ns_of(after) - ns_of(before);
+  LoopTime t = times.summary();
+  loop->reset();
+  std::printf("rank-child calls=%llu failed=%llu median_ns=%.1f mean_ns=%.1f cpu_ns=%llu wall_ns=%llu\n",
+              static_cast<unsigned long long>(total), static_cast<unsigned long long>(f.failed), t.median, t.mean,
+              static_cast<unsigned long long>(f.cpu_ns), static_cast<unsigned long long>(f.wall_ns));
+  return f.failed ? 1 : 0;
+}
+
+Result<RankFigures> read_rank_figures(const std::string& log) {
+  std::string text = Deployment::slurp(log);
+  size_t at = text.find("rank-child calls=");
+  RankFigures f;
+  unsigned long long calls = 0, failed = 0, cpu = 0, wall = 0;
+  if (at == std::string::npos ||
+      std::sscanf(text.c_str() + at,
+                  "rank-child calls=%llu failed=%llu median_ns=%lf mean_ns=%lf cpu_ns=%llu wall_ns=%llu", &calls,
+                  &failed, &f.median_ns, &f.mean_ns, &cpu, &wall) != 6)
+    return make_error(Errc::system, "a rank of the ranks run printed no figures; its log (" + log + "):\n" + text);
+  if (failed) return make_error(Errc::system, std::to_string(failed) + " call(s) failed in a rank; its log: " + log);
+  f.calls = calls;
+  f.cpu_ns = cpu;
+  f.wall_ns = wall;
+  return f;
+}
+
+// One run of a node's ranks: options.ranks processes, each making
+// options.rank_rate collective calls a second, untraced, or traced by one
+// agent that follows them all (--pid). Traced, each of the ranks' threads is
+// followed by the agent's scheduler tracepoints too, so the ranks' CPU per
+// call holds what the agent adds outside the calls. `stats`: with the
+// kernel's run-time statistics on (they slow every program run), for the
+// agent's programs per call, not for the timings.
+Result<Results::RanksRun> run_ranks(const Options& options, Deployment& deployment, int rep, Results::Ranks kind,
+                                    bool stats, Results& out) {
+  bool traced = kind == Results::Ranks::traced;
+  std::error_code ec;
+  std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return make_error(Errc::system, "cannot read /proc/self/exe: " + ec.message());
+  char rate[32], seconds[32];
+  std::snprintf(rate, sizeof(rate), "%g", options.rank_rate);
+  std::snprintf(seconds, sizeof(seconds), "%g", options.ranks_seconds);
+  const char* kinds[] = {"-untraced", "-bare-pair", "-traced"};
+  std::string tag = std::to_string(rep) + (stats ? "-stats" : kinds[static_cast<int>(kind)]);
+  std::string go = deployment.dir + "/go-" + tag;
+  if (auto r = Deployment::wait_for_foreign_probes(options.nccl_lib); !r) return r.error();
+  std::vector<Child> ranks;
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int k = 0; k < options.ranks; ++k) {
+    logs.push_back(deployment.dir + "/rank-" + tag + "-" + std::to_string(k) + ".log");
+    auto child = Child::start({self, "--rank-child", go, "--rank-rate", rate, "--ranks-seconds", seconds}, logs.back());
+    if (!child) return child.error();
+    pids.push_back(child->pid());
+    ranks.push_back(std::move(*child));
+  }
+  std::optional<Child> agent;
+  std::unique_ptr<NoopProbes> probes;
+  if (kind == Results::Ranks::bare_pair) {
+    auto opened = NoopProbes::open();
+    if (!opened) return opened.error();
+    probes = std::move(*opened);
+    if (auto r = probes->attach("ncclAllReduce", options.nccl_lib); !r) return r.error();
+  }
+  if (traced) {
+    auto started = deployment.start_agent(pids);
+    if (!started) return started.error();
+    agent.emplace(std::move(*started));
+    Deployment::settle(*agent);
+  }
+  int stats_fd = -1;
+  if (stats && (stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME)) < 0)
+    return make_error(Errc::system, std::string("cannot turn on kernel.bpf_stats: ") + std::strerror(errno));
+  auto progs_before = stats ? prog_counters() : std::map<uint32_t, ProgCounters>{};
+  std::optional<CpuTime> agent_start, agent_end;
+  if (agent) {
+    auto t = cpu_time_of(agent->pid());
+    if (!t) return make_error(Errc::system, "the agent exited before the ranks run");
+    agent_start = *t;
+  }
+  auto collector_start = cpu_time_of(deployment.collector->pid());
+  uint64_t t0 = monotonic_ns();
+  std::ofstream(go).put('\n');
+  uint64_t deadline = t0 + static_cast<uint64_t>((options.ranks_seconds + 60) * 1e9);
+  for (auto& rank : ranks)
+    while (rank.running()) {
+      if (monotonic_ns() > deadline) return make_error(Errc::system, "a rank of the ranks run did not finish");
+      usleep(50000);
+    }
+  uint64_t wall = monotonic_ns() - t0;
+  if (agent) {
+    auto t = cpu_time_of(agent->pid());
+    if (!t) return make_error(Errc::system, "the agent exited during the ranks run");
+    agent_end = *t;
+  }
+  auto collector_end = cpu_time_of(deployment.collector->pid());
+  auto progs_after = stats ? prog_counters() : std::map<uint32_t, ProgCounters>{};
+  if (stats_fd >= 0) close(stats_fd);
+  Results::RanksRun run;
+  if (probes) probes->detach();
+  run.rep = rep;
+  run.kind = kind;
+  std::vector<double> medians;
+  double sum_ns = 0, cpu_ns = 0;
+  for (const auto& log : logs) {
+    auto f = read_rank_figures(log);
+    if (!f) return f.error();
+    run.calls += f->calls;
+    medians.push_back(f->median_ns);
+    sum_ns += f->mean_ns * static_cast<double>(f->calls);
+    cpu_ns += static_cast<double>(f->cpu_ns);
+  }
+  uint64_t all_calls = static_cast<uint64_t>(options.ranks) * kRankWarmup + run.calls;
+  run.seconds = static_cast<double>(wall) / 1e9;
+  run.rate = static_cast<double>(run.calls) / options.ranks_seconds;
+  run.median_ns = spread_of(medians).median;
+  run.mean_ns = run.calls ? sum_ns / static_cast<double>(run.calls) : 0;
+  run.cpu_ns_per_call = run.calls ? cpu_ns / static_cast<double>(run.calls) : 0;
+  if (stats) {
+    out.ranks_programs = other_programs(progs_before, progs_after, {}, all_calls);
+    out.ranks_calls = all_calls;
+  }
+  if (agent) {
+    uint64_t ns_per_tick = 1'000'000'000ull / ticks_per_second();
+    run.agent_stat = percent_of_core((agent_end->stat_ticks - agent_start->stat_ticks) * ns_per_tick, wall);
+    run.agent_runtime = percent_of_core(agent_end->runtime_ns - agent_start->runtime_ns, wall);
+    if (collector_start && collector_end)
+      run.collector_runtime = percent_of_core(collector_end->runtime_ns - collector_start->runtime_ns, wall);
+    out.traced_calls += all_calls;
+    // Counted while the agent runs (see measure_paced).
+    out.records_stored = deployment.records_stored(out.traced_calls);
+    if (auto r = deployment.stop_agent(*agent); !r) return r.error();
+  }
+  std::fprintf(stderr,
+               "ranks run %s: %d ranks, %.0f calls/s in all: median call %.0f ns, the ranks' CPU %.0f ns "
+               "per call; agent %.2f%% of a core\n",
+               tag.c_str(), options.ranks, run.rate, run.median_ns, run.cpu_ns_per_call, run.agent_stat);
+  return run;
+}
+
+// The ranks runs: untraced, the bare pair, traced, options.ranks_reps times; then one
+// traced run with the kernel's statistics on, untimed.
+Result<void> measure_ranks(const Options& options, Deployment& deployment, Results& out) {
+  for (int rep = 1; rep <= options.ranks_reps; ++rep)
+    for (auto kind : {Results::Ranks::untraced, Results::Ranks::bare_pair, Results::Ranks::traced}) {
+      auto run = run_ranks(options, deployment, rep, kind, false, out);
+      if (!run) return run.error();
+      out.ranks_runs.push_back(*run);
+    }
+  auto run = run_ranks(options, deployment, options.ranks_reps + 1, Results::Ranks::traced, true, out);
+  if (!run) return run.error();
+  return {};
+}
+
 // Added / floor per repetition, and the ratio of the medians over them.
 struct Ratio {
   double of_medians = 0;
@@ -823,6 +1062,90 @@ std::vector<Figure> figures_of(const Results& r) {
            &r.nccl_pair_added},
           {"no-op function whose first instruction is single-stepped, + the pair, difference", "stepped_floor",
            &r.stepped_floor}};
+}
+
+// What the agent and the bare pair added per call in the ranks run, per
+// repetition: the traced run's figure, and the bare pair's, less the
+// untraced one's (measure_ranks runs the three in that order).
+struct RanksAdded {
+  std::vector<double> median_ns, cpu_ns, pair_median_ns, pair_cpu_ns, ratio, agent_stat, agent_runtime;
+};
+RanksAdded ranks_added(const Results& r) {
+  RanksAdded out;
+  for (size_t i = 0; i + 2 < r.ranks_runs.size(); i += 3) {
+    const auto &untraced = r.ranks_runs[i], &pair = r.ranks_runs[i + 1], &traced = r.ranks_runs[i + 2];
+    out.median_ns.push_back(traced.median_ns - untraced.median_ns);
+    out.cpu_ns.push_back(traced.cpu_ns_per_call - untraced.cpu_ns_per_call);
+    out.pair_median_ns.push_back(pair.median_ns - untraced.median_ns);
+    out.pair_cpu_ns.push_back(pair.cpu_ns_per_call - untraced.cpu_ns_per_call);
+    if (out.pair_median_ns.back() > 0) out.ratio.push_back(out.median_ns.back() / out.pair_median_ns.back());
+    out.agent_stat.push_back(traced.agent_stat);
+    out.agent_runtime.push_back(traced.agent_runtime);
+  }
+  return out;
+}
+
+void print_ranks(const Options& options, const Results& r) {
+  if (r.ranks_runs.empty()) return;
+  std::printf(
+      "\n| %d ranks, %.0f calls/s each | calls/s, all ranks | median call, µs | mean call, µs | the ranks' CPU "
+      "per call, µs | agent CPU, /proc stat | agent CPU, schedstat | collector CPU |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+      options.ranks, options.rank_rate);
+  for (const auto& run : r.ranks_runs) {
+    if (run.kind == Results::Ranks::traced)
+      std::printf("| %d: traced | %.0f | %.2f | %.2f | %.2f | **%.2f%%** | %.3f%% | %.2f%% |\n", run.rep, run.rate,
+                  run.median_ns / 1000, run.mean_ns / 1000, run.cpu_ns_per_call / 1000, run.agent_stat,
+                  run.agent_runtime, run.collector_runtime);
+    else
+      std::printf("| %d: %s | %.0f | %.2f | %.2f | %.2f | | | |\n", run.rep,
+                  run.kind == Results::Ranks::untraced ? "untraced" : "bare uprobe/uretprobe", run.rate,
+                  run.median_ns / 1000, run.mean_ns / 1000, run.cpu_ns_per_call / 1000);
+  }
+  RanksAdded added = ranks_added(r);
+  Spread median = spread_of(added.median_ns), cpu = spread_of(added.cpu_ns), agent = spread_of(added.agent_stat);
+  Spread pair = spread_of(added.pair_median_ns), pair_cpu = spread_of(added.pair_cpu_ns),
+         ratio = spread_of(added.ratio);
+  std::printf(
+      "\n%d processes, each with its own one-rank communicator, calling ncclAllReduce outside any group "
+      "(%.0f a second each for %g s, the stream drained every %llu calls): untraced, with a bare uprobe + "
+      "uretprobe pair on ncclAllReduce, and traced by one agent that follows all of them (`--pid`), %d "
+      "times. Added per call, traced: **%.2f µs** to the median call (per repetition %.2f - %.2f), %.2f µs of "
+      "the ranks' CPU (per repetition %.2f - %.2f; it holds the probes and the agent's scheduler tracepoints "
+      "on the ranks' switches); with the bare pair: %.2f µs to the median call (%.2f - %.2f), %.2f µs of CPU "
+      "(%.2f - %.2f). Added by the agent / by the bare pair, median call: **%.2fx** (per repetition %.2f - "
+      "%.2f). Agent CPU: **%.2f%%** of one core (per repetition %.2f - %.2f) at %.0f calls/s in all.\n",
+      options.ranks, options.rank_rate, options.ranks_seconds,
+      static_cast<unsigned long long>(options.paced_sync_every), options.ranks_reps, median.median / 1000,
+      median.min / 1000, median.max / 1000, cpu.median / 1000, cpu.min / 1000, cpu.max / 1000, pair.median / 1000,
+      pair.min / 1000, pair.max / 1000, pair_cpu.median / 1000, pair_cpu.min / 1000, pair_cpu.max / 1000, ratio.median,
+      ratio.min, ratio.max, agent.median, agent.min, agent.max, options.ranks * options.rank_rate);
+  if (r.ranks_programs.empty()) return;
+  double total = 0;
+  std::string list, exits;
+  for (const auto& program : r.ranks_programs) {
+    // Runs at the exit of every thread on the machine, not per call (the
+    // ranks' own exits are in the run's window).
+    if (program.name == "process_exit") {
+      char item[200];
+      std::snprintf(item, sizeof(item),
+                    " `process_exit` ran %.0f times in that run (every thread that exited on the "
+                    "machine), %.0f µs a run.",
+                    program.runs_per_call * static_cast<double>(r.ranks_calls),
+                    program.runs_per_call > 0 ? program.ns_per_call / program.runs_per_call / 1000 : 0.0);
+      exits = item;
+      continue;
+    }
+    total += program.ns_per_call;
+    char item[160];
+    std::snprintf(item, sizeof(item), "%s`%s` %.2f runs, %.0f ns", list.empty() ? "" : "; ", program.name.c_str(),
+                  program.runs_per_call, program.ns_per_call);
+    list += item;
+  }
+  std::printf(
+      "Time inside BPF programs per call, in one more traced run with kernel.bpf_stats on (untimed; the "
+      "statistics add two clock reads to every run): %.0f ns (%s).%s\n",
+      total, list.c_str(), exits.c_str());
 }
 
 void print_markdown(const Options& options, const Results& r) {
@@ -891,6 +1214,7 @@ void print_markdown(const Options& options, const Results& r) {
   std::printf("\nAgent CPU is %% of one core (goal: under 1%% at 10,000 calls/s). Records stored by the collector: "
               "%llu of %llu traced calls.\n",
               static_cast<unsigned long long>(r.records_stored), static_cast<unsigned long long>(r.traced_calls));
+  print_ranks(options, r);
 }
 
 Result<void> write_json(const std::string& path, const Options& options, const Results& r) {
@@ -923,6 +1247,22 @@ Result<void> write_json(const std::string& path, const Options& options, const R
   values["agent_paced_cpu_percent_stat"] = r.agent_paced_stat;
   values["agent_paced_cpu_percent_schedstat"] = r.agent_paced_runtime;
   values["collector_paced_cpu_percent_schedstat"] = r.collector_paced_runtime;
+  if (!r.ranks_runs.empty()) {
+    RanksAdded added = ranks_added(r);
+    values["ranks"] = options.ranks;
+    values["ranks_rate_per_rank"] = options.rank_rate;
+    values["ranks_added_median_call_ns"] = spread_of(added.median_ns).median;
+    values["ranks_added_cpu_ns_per_call"] = spread_of(added.cpu_ns).median;
+    values["ranks_pair_added_median_call_ns"] = spread_of(added.pair_median_ns).median;
+    values["ranks_pair_added_cpu_ns_per_call"] = spread_of(added.pair_cpu_ns).median;
+    values["ranks_added_over_pair"] = spread_of(added.ratio).median;
+    values["ranks_agent_cpu_percent_stat"] = spread_of(added.agent_stat).median;
+    values["ranks_agent_cpu_percent_schedstat"] = spread_of(added.agent_runtime).median;
+    for (const auto& program : r.ranks_programs) {
+      values["ranks_prog_" + program.name + "_runs_per_call"] = program.runs_per_call;
+      values["ranks_prog_" + program.name + "_ns_per_call"] = program.ns_per_call;
+    }
+  }
   values["traced_calls"] = static_cast<double>(r.traced_calls);
   values["records_stored"] = static_cast<double>(r.records_stored);
   if (r.prog_noop_entry) values["prog_noop_entry_ns"] = *r.prog_noop_entry;
@@ -970,6 +1310,9 @@ int run(const Options& options) {
   auto agent = measure_calls(options, deployment, results);
   if (!agent) return fail(agent.error());
   if (auto r = measure_paced(options, deployment, *agent, results); !r) return fail(r.error());
+  if (options.ranks > 0) {
+    if (auto r = measure_ranks(options, deployment, results); !r) return fail(r.error());
+  }
   if (int status = deployment.collector->stop(30000); status != 0)
     return fail(make_error(Errc::system, "rankscope-collector exited with status " + std::to_string(status)));
   print_markdown(options, results);
@@ -995,6 +1338,7 @@ int main(int argc, char** argv) {
   rankscope::log::set_program("rankscope-bench-overhead");
   rankscope::bench::Options options;
   bool smoke = false;
+  std::string rank_child_go;
   po::options_description desc(
       "rankscope-bench-overhead: what rankscope-agent adds to one NCCL call, against a bare uprobe + uretprobe "
       "pair on a no-op function (the floor on this kernel), and the agent's CPU at a fixed call rate. Needs "
@@ -1011,6 +1355,11 @@ int main(int argc, char** argv) {
     ("paced-rate", po::value(&options.paced_rate)->default_value(options.paced_rate), "collective calls per second in the paced run")
     ("paced-seconds", po::value(&options.paced_seconds)->default_value(options.paced_seconds), "length of the paced run")
     ("idle-seconds", po::value(&options.idle_seconds)->default_value(options.idle_seconds), "length of the idle-agent window")
+    ("ranks", po::value(&options.ranks)->default_value(options.ranks), "processes in the ranks run, a node's ranks each calling at --rank-rate, untraced and traced (0: no ranks run)")
+    ("rank-rate", po::value(&options.rank_rate)->default_value(options.rank_rate), "collective calls per second of each rank in the ranks run")
+    ("ranks-seconds", po::value(&options.ranks_seconds)->default_value(options.ranks_seconds), "length of each untraced and traced ranks run")
+    ("ranks-reps", po::value(&options.ranks_reps)->default_value(options.ranks_reps), "untraced and traced ranks runs, alternated")
+    ("rank-child", po::value(&rank_child_go), "(internal) be one rank of the ranks run, starting once this file exists")
     ("bin-dir", po::value(&options.bin_dir)->default_value(options.bin_dir), "where rankscope-agent and rankscope-collector are")
     ("nccl-lib", po::value(&options.nccl_lib)->default_value(options.nccl_lib), "the libnccl.so.2 this program runs against (for the agent's --nccl-lib)")
     ("agent-arg", po::value(&options.agent_args)->multitoken(), "extra flag for rankscope-agent (repeatable), e.g. --agent-arg=--cuda-waits=false")
@@ -1033,6 +1382,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (vm.count("ungrouped")) options.grouped = false;
+  if (!rank_child_go.empty()) return rankscope::bench::rank_child(options, rank_child_go);
   if (smoke) {
     options.reps = 2;
     options.noop_calls = options.nccl_calls = 200;
@@ -1041,12 +1391,18 @@ int main(int argc, char** argv) {
     options.paced_rate = 1000;
     options.paced_seconds = 1;
     options.idle_seconds = 0.5;
+    options.ranks = 2;
+    options.rank_rate = 200;
+    options.ranks_seconds = 0.5;
+    options.ranks_reps = 1;
   }
   if (options.reps < 1 || options.noop_calls == 0 || options.nccl_calls == 0 || options.chunk == 0 ||
       options.paced_rate <= 0 || options.paced_seconds <= 0 || options.paced_sync_every == 0 || options.blocks == 0 ||
-      options.blocks > options.noop_calls || options.blocks > options.nccl_calls) {
-    std::cerr << "rankscope-bench-overhead: --reps, the call counts, --chunk, --blocks, --paced-rate and "
-                 "--paced-seconds must be positive, and --blocks no more than the call counts\n";
+      options.blocks > options.noop_calls || options.blocks > options.nccl_calls || options.ranks < 0 ||
+      options.rank_rate <= 0 || options.ranks_seconds <= 0 || options.ranks_reps < 1) {
+    std::cerr << "rankscope-bench-overhead: --reps, the call counts, --chunk, --blocks, --paced-rate, "
+                 "--paced-seconds, --rank-rate, --ranks-seconds and --ranks-reps must be positive, --ranks not "
+                 "negative, and --blocks no more than the call counts\n";
     return 2;
   }
   if (geteuid() != 0) {
