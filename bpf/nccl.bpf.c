@@ -182,6 +182,42 @@ struct {
   __type(value, struct rs_thread_sched);
 } threads SEC(".maps");
 
+/* Per process: whether `comms` and `p2p_seqs` hold entries of it. Its exit
+ * removes them by walking the table whole, every bucket (their keys begin
+ * with the process, but a hash table has no order): 393,216 buckets, some
+ * milliseconds. A process that destroyed its communicators and never sent
+ * point to point walks neither. (Walking these two and the two tables
+ * keyed by thread at every exit took 6.1 ms a process on the development
+ * machine.) */
+struct process_tables {
+  __u32 comms; /* entries in `comms` (made less destroyed) */
+  __u32 p2p;   /* made an entry in `p2p_seqs` */
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 16384);
+  __type(key, __u32); /* tgid */
+  __type(value, struct process_tables);
+} process_tables SEC(".maps");
+
+/* Set once a process's entry could not be made (the table full): from
+ * then on every exit walks both tables, as it cannot tell. */
+__u32 process_tables_lost = 0;
+
+static __always_inline struct process_tables *tables__of(__u32 tgid)
+{
+  struct process_tables *t = bpf_map_lookup_elem(&process_tables, &tgid);
+  if (t)
+    return t;
+  struct process_tables fresh = {};
+  bpf_map_update_elem(&process_tables, &tgid, &fresh, BPF_NOEXIST);
+  t = bpf_map_lookup_elem(&process_tables, &tgid);
+  if (!t)
+    process_tables_lost = 1;
+  return t;
+}
+
 static __always_inline void processes__note(__u64 pid_tgid, bool calling_thread)
 {
   __u32 tgid = pid_tgid >> 32;
@@ -373,6 +409,9 @@ static __always_inline struct rs_comm_slot* comm__slot(__u32 pid, __u64 comm, bo
       return NULL;
     slot__start(slot, pid, comm, epoch);
     if (bpf_map_update_elem(&comms, &key, &index, BPF_NOEXIST) == 0) {
+      struct process_tables *tables = tables__of(pid);
+      if (tables)
+        __sync_fetch_and_add(&tables->comms, 1);
       *slot_index = index;
       return slot;
     }
@@ -402,7 +441,11 @@ static __always_inline void comm__forget(__u32 pid, __u64 comm)
   if (!mapped)
     return;
   __u32 index = *mapped;
-  bpf_map_delete_elem(&comms, &key);
+  if (bpf_map_delete_elem(&comms, &key) == 0) {
+    struct process_tables *tables = bpf_map_lookup_elem(&process_tables, &pid);
+    if (tables)
+      __sync_fetch_and_add(&tables->comms, (__u32)-1); /* an atomic add is all the BPF ISA has */
+  }
   slot__give_back(index);
 }
 
@@ -447,6 +490,9 @@ static __always_inline void seq__assign(struct thread_calls *t, __u32 pid)
   __u64 *next = bpf_map_lookup_elem(&p2p_seqs, &pkey);
   if (!next) {
     __u64 first = 0;
+    struct process_tables *tables = tables__of(pid);
+    if (tables)
+      tables->p2p = 1;
     bpf_map_update_elem(&p2p_seqs, &pkey, &first, BPF_NOEXIST);
     next = bpf_map_lookup_elem(&p2p_seqs, &pkey);
     if (!next) {
@@ -1183,30 +1229,33 @@ static long exit__drop_p2p(struct bpf_map *map, struct p2p_key *key, void *value
   return 0;
 }
 
-static long exit__drop_thread(struct bpf_map *map, __u64 *pid_tgid, void *value, __u32 *tgid)
-{
-  if ((__u32)(*pid_tgid >> 32) == *tgid)
-    bpf_map_delete_elem(map, pid_tgid);
-  return 0;
-}
-
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(process_exit, struct task_struct *task)
 {
   __u32 pid = BPF_CORE_READ(task, pid);
   __u32 tgid = BPF_CORE_READ(task, tgid);
+  /* Every thread's own entries, keyed by the thread, as it exits (this
+   * fires for each). */
+  __u64 pid_tgid = ((__u64)tgid << 32) | pid;
   bpf_map_delete_elem(&threads, &pid);
+  bpf_map_delete_elem(&waits, &pid_tgid);
+  bpf_map_delete_elem(&set_device_args, &pid_tgid);
   if (pid != tgid)
     return 0;
+  struct process_tables *tables = bpf_map_lookup_elem(&process_tables, &tgid);
+  bool walk_comms = process_tables_lost || (tables && tables->comms != 0);
+  bool walk_p2p = process_tables_lost || (tables && tables->p2p);
+  if (tables)
+    bpf_map_delete_elem(&process_tables, &tgid);
+  if (walk_comms)
+    bpf_for_each_map_elem(&comms, exit__drop_comm, &tgid, 0);
+  if (walk_p2p)
+    bpf_for_each_map_elem(&p2p_seqs, exit__drop_p2p, &tgid, 0);
   struct rs_host_stats *host = bpf_map_lookup_elem(&nccl_processes, &tgid);
   if (!host)
     return 0;
   struct rs_host_stats final_host = *host;
   bpf_map_delete_elem(&nccl_processes, &tgid);
-  bpf_for_each_map_elem(&comms, exit__drop_comm, &tgid, 0);
-  bpf_for_each_map_elem(&p2p_seqs, exit__drop_p2p, &tgid, 0);
-  bpf_for_each_map_elem(&waits, exit__drop_thread, &tgid, 0);
-  bpf_for_each_map_elem(&set_device_args, exit__drop_thread, &tgid, 0);
   struct rs_exit_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
   if (!e) {
     drops__count(RS_DROP_RINGBUF_FULL);

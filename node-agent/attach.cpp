@@ -349,6 +349,16 @@ NcclProbes::TableEntries NcclProbes::table_entries(uint32_t pid) const {
     comm_key = comm_next;
     previous = &comm_key;
   }
+  // A point-to-point lane's key begins with the process's pid (struct p2p_key).
+  std::vector<uint8_t> p2p_key(bpf_map__key_size(skel_->maps.p2p_seqs)), p2p_next(p2p_key.size());
+  previous = nullptr;
+  while (bpf_map_get_next_key(bpf_map__fd(skel_->maps.p2p_seqs), previous, p2p_next.data()) == 0) {
+    uint32_t key_pid = 0;
+    std::memcpy(&key_pid, p2p_next.data(), sizeof(key_pid));
+    out.p2p += key_pid == pid ? 1 : 0;
+    p2p_key = p2p_next;
+    previous = p2p_key.data();
+  }
   auto count_threads = [&](bpf_map* map) {
     size_t n = 0;
     uint64_t key = 0, next = 0;

@@ -64,7 +64,7 @@ class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/ncc
   // and the group nesting live in task-local storage, which the kernel frees
   // with the thread (and which cannot be listed from user space).
   struct TableEntries {
-    size_t comms = 0, waits = 0, threads = 0;
+    size_t comms = 0, p2p = 0, waits = 0, threads = 0;
     bool processes = false;  // its host-counter row
   };
   TableEntries table_entries(uint32_t pid) const;

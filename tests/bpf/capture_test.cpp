@@ -499,7 +499,7 @@ TEST_F(CaptureTest, CpuContentionOnItsCoreShowsAsOffCpuAndRunQueueTime) {
   auto exit = tracer_->of<rs_exit_event>(victim.pid())[0];
   EXPECT_GE(exit.host.runqueue_ns, busy1.runqueue_ns);
   auto left = tracer_->probes().table_entries(static_cast<uint32_t>(victim.pid()));
-  EXPECT_EQ(left.comms + left.waits + left.threads, 0u);
+  EXPECT_EQ(left.comms + left.p2p + left.waits + left.threads, 0u);
   EXPECT_FALSE(left.processes);
 }
 

@@ -194,7 +194,11 @@ TEST(RealNccl, AgentDecodesEveryArgumentOfTheRealLibrary) {
 
   // While it lives, its communicator (unknown to NCCL, numbered anyway) is
   // in the BPF tables; once it exits, nothing of it is left there.
-  EXPECT_EQ((*probes)->table_entries(child).comms, 1u);
+  // Its exit walks `comms` and `p2p_seqs` only where they hold entries of
+  // it: here both (a communicator never destroyed, a Send and a Recv lane).
+  auto live = (*probes)->table_entries(child);
+  EXPECT_EQ(live.comms, 1u);
+  EXPECT_EQ(live.p2p, 2u);
   ASSERT_EQ(write(go[1], "x", 1), 1);
 
   // A process that used NCCL is seen exiting, with its status (_exit(0)).
@@ -207,7 +211,7 @@ TEST(RealNccl, AgentDecodesEveryArgumentOfTheRealLibrary) {
   EXPECT_EQ(exits[0].hdr.pid, static_cast<uint32_t>(child));
   EXPECT_EQ(exits[0].exit_code, 0);
   auto left = (*probes)->table_entries(child);
-  EXPECT_EQ(left.comms + left.waits + left.threads, 0u);
+  EXPECT_EQ(left.comms + left.p2p + left.waits + left.threads, 0u);
   EXPECT_FALSE(left.processes);
   free(fake_comm);
 }
