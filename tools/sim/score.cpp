@@ -251,11 +251,16 @@ void score_faults(const Truth& truth, const std::vector<SeenFinding>& seen, std:
   }
 }
 
-// Every other finding: collateral of a stopped job, or a false alarm.
+// Every other finding: collateral of a stopped job, or a false alarm. A
+// finding on a job this truth does not hold is another simulator's (one
+// beside this run, on the same collector: bench-sim.sh --rate's witness),
+// scored against that simulator's truth, not this one's; a finding on no
+// job at all is still this run's to account for.
 void score_others(const Truth& truth, const std::vector<SeenFinding>& seen, const std::set<uint64_t>& true_positive,
                   std::vector<std::string>& out) {
   for (const auto& s : seen) {
     if (true_positive.count(s.id)) continue;
+    if (!s.job.empty() && s.job != "(unknown)" && !truth.jobs.count(s.job)) continue;
     bool collateral = false, node_ok = false;
     for (const auto& f : truth.faults) {
       if (f.job != s.job || !f.started || s.opened < f.onset) continue;
