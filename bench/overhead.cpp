@@ -406,9 +406,8 @@ struct Deployment {
     return {};
   }
 
-  // The agent, tracing this process only; returns once its probe is on
-  // ncclAllReduce in this process.
-  // Traces this process, or the processes `pids`.
+  // The agent, tracing this process (or the processes `pids`); returns once
+  // its probe is on ncclAllReduce in this process.
   Result<Child> start_agent(const std::vector<pid_t>& pids = {}) {
     std::vector<std::string> argv = {options.bin_dir + "/rankscope-agent",
                                      "--collector",
@@ -422,8 +421,8 @@ struct Deployment {
                                      "--key",
                                      dir + "/keys/bench.key",
                                      "--collector-key",
-                                     dir + "/keys/collector.pub",
-                                     "--pid"};
+                                     dir + "/keys/collector.pub"};
+    argv.push_back("--pid");
     if (pids.empty()) argv.push_back(std::to_string(getpid()));
     for (pid_t pid : pids) argv.push_back(std::to_string(pid));
     argv.insert(argv.end(), options.agent_args.begin(), options.agent_args.end());
