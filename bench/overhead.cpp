@@ -597,7 +597,7 @@ struct Results {
     int rep = 0;
     Ranks kind = Ranks::untraced;
     uint64_t calls = 0;            // timed calls of all ranks
-    double seconds = 0, rate = 0;  // wall time, and calls a second of all ranks together
+    double rate = 0;               // calls a second of all ranks together
     double median_ns = 0;          // the median over the ranks of each one's median call
     double mean_ns = 0;            // every timed call's mean
     double cpu_ns_per_call = 0;    // the ranks' CPU (all their threads) per timed call
@@ -764,6 +764,15 @@ Result<Child> measure_calls(const Options& options, Deployment& deployment, Resu
   return make_error(Errc::invalid_argument, "no repetitions");
 }
 
+// Sleeps until call `i`'s slot on a fixed schedule from `t0`: absolute
+// deadlines, so a late call does not shift the ones after it.
+void sleep_until_slot(uint64_t t0, uint64_t i, double period_ns) {
+  uint64_t deadline = t0 + static_cast<uint64_t>(static_cast<double>(i) * period_ns);
+  if (monotonic_ns() >= deadline) return;
+  timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull), static_cast<long>(deadline % 1'000'000'000ull)};
+  clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+}
+
 double percent_of_core(uint64_t cpu_ns, uint64_t wall_ns) {
   return wall_ns ? 100.0 * static_cast<double>(cpu_ns) / static_cast<double>(wall_ns) : 0;
 }
@@ -797,11 +806,7 @@ Result<void> measure_paced(const Options& options, Deployment& deployment, Child
   uint64_t t0 = monotonic_ns();
   uint64_t failed = 0;
   for (uint64_t i = 0; i < total; ++i) {
-    uint64_t deadline = t0 + static_cast<uint64_t>(static_cast<double>(i) * period_ns);
-    if (monotonic_ns() < deadline) {
-      timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull), static_cast<long>(deadline % 1'000'000'000ull)};
-      clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
-    }
+    sleep_until_slot(t0, i, period_ns);
     failed += (*loop)->call() != ncclSuccess;
     if ((i + 1) % options.paced_sync_every == 0 && !(*loop)->sync()) ++failed;
   }
@@ -859,11 +864,7 @@ int rank_child(const Options& options, const std::string& go) {
   getrusage(RUSAGE_SELF, &before);
   uint64_t t0 = monotonic_ns();
   for (uint64_t i = 0; i < total; ++i) {
-    uint64_t deadline = t0 + static_cast<uint64_t>(static_cast<double>(i) * period_ns);
-    if (monotonic_ns() < deadline) {
-      timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull), static_cast<long>(deadline % 1'000'000'000ull)};
-      clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
-    }
+    sleep_until_slot(t0, i, period_ns);
     uint64_t start = monotonic_ns();
     f.failed += (*loop)->call() != ncclSuccess;
     times.add(monotonic_ns() - start);
@@ -989,7 +990,6 @@ Result<Results::RanksRun> run_ranks(const Options& options, Deployment& deployme
     cpu_ns += static_cast<double>(f->cpu_ns);
   }
   uint64_t all_calls = static_cast<uint64_t>(options.ranks) * kRankWarmup + run.calls;
-  run.seconds = static_cast<double>(wall) / 1e9;
   run.rate = static_cast<double>(run.calls) / options.ranks_seconds;
   run.median_ns = spread_of(medians).median;
   run.mean_ns = run.calls ? sum_ns / static_cast<double>(run.calls) : 0;
@@ -1063,6 +1063,24 @@ std::vector<Figure> figures_of(const Results& r) {
            &r.stepped_floor}};
 }
 
+// "`name` R runs, N ns; ..." of the programs, and their time and runs in all.
+struct ProgramList {
+  std::string text;
+  double ns = 0, runs = 0;
+};
+ProgramList program_list(const std::vector<OtherProgram>& programs) {
+  ProgramList out;
+  for (const auto& program : programs) {
+    out.runs += program.runs_per_call;
+    out.ns += program.ns_per_call;
+    char item[160];
+    std::snprintf(item, sizeof(item), "%s`%s` %.2f runs, %.0f ns", out.text.empty() ? "" : "; ", program.name.c_str(),
+                  program.runs_per_call, program.ns_per_call);
+    out.text += item;
+  }
+  return out;
+}
+
 // What the agent and the bare pair added per call in the ranks run, per
 // repetition: the traced run's figure, and the bare pair's, less the
 // untraced one's (measure_ranks runs the three in that order).
@@ -1120,31 +1138,28 @@ void print_ranks(const Options& options, const Results& r) {
       pair.min / 1000, pair.max / 1000, pair_cpu.median / 1000, pair_cpu.min / 1000, pair_cpu.max / 1000, ratio.median,
       ratio.min, ratio.max, agent.median, agent.min, agent.max, options.ranks * options.rank_rate);
   if (r.ranks_programs.empty()) return;
-  double total = 0;
-  std::string list, exits;
+  // process_exit runs at the exit of every thread on the machine, not per
+  // call (the ranks' own exits are in the run's window): told apart.
+  std::vector<OtherProgram> per_call;
+  std::string exits;
   for (const auto& program : r.ranks_programs) {
-    // Runs at the exit of every thread on the machine, not per call (the
-    // ranks' own exits are in the run's window).
-    if (program.name == "process_exit") {
-      char item[200];
-      std::snprintf(item, sizeof(item),
-                    " `process_exit` ran %.0f times in that run (every thread that exited on the "
-                    "machine), %.0f µs a run.",
-                    program.runs_per_call * static_cast<double>(r.ranks_calls),
-                    program.runs_per_call > 0 ? program.ns_per_call / program.runs_per_call / 1000 : 0.0);
-      exits = item;
+    if (program.name != "process_exit") {
+      per_call.push_back(program);
       continue;
     }
-    total += program.ns_per_call;
-    char item[160];
-    std::snprintf(item, sizeof(item), "%s`%s` %.2f runs, %.0f ns", list.empty() ? "" : "; ", program.name.c_str(),
-                  program.runs_per_call, program.ns_per_call);
-    list += item;
+    char item[200];
+    std::snprintf(item, sizeof(item),
+                  " `process_exit` ran %.0f times in that run (every thread that exited on the machine), %.0f µs a "
+                  "run.",
+                  program.runs_per_call * static_cast<double>(r.ranks_calls),
+                  program.runs_per_call > 0 ? program.ns_per_call / program.runs_per_call / 1000 : 0.0);
+    exits = item;
   }
+  ProgramList list = program_list(per_call);
   std::printf(
       "Time inside BPF programs per call, in one more traced run with kernel.bpf_stats on (untimed; the "
       "statistics add two clock reads to every run): %.0f ns (%s).%s\n",
-      total, list.c_str(), exits.c_str());
+      list.ns, list.text.c_str(), exits.c_str());
 }
 
 void print_markdown(const Options& options, const Results& r) {
@@ -1188,20 +1203,12 @@ void print_markdown(const Options& options, const Results& r) {
     std::printf("\nTime inside the BPF programs per call: not measured (kernel.bpf_stats unavailable, or another "
                 "program of the same name ran during the pass).\n");
   if (!r.prog_others.empty()) {
-    double runs = 0, ns = 0;
-    std::string list;
-    for (const auto& other : r.prog_others) {
-      runs += other.runs_per_call;
-      ns += other.ns_per_call;
-      char item[160];
-      std::snprintf(item, sizeof(item), "%s`%s` %.2f runs, %.0f ns", list.empty() ? "" : "; ", other.name.c_str(),
-                    other.runs_per_call, other.ns_per_call);
-      list += item;
-    }
-    std::printf("Other BPF programs that ran during the same traced loop, per NCCL call: %.0f ns in %.2f runs (%s). "
-                "The agent's scheduler tracepoints run on the wakeups and context switches the calls cause (on either "
-                "core).\n",
-                ns, runs, list.c_str());
+    ProgramList others = program_list(r.prog_others);
+    std::printf(
+        "Other BPF programs that ran during the same traced loop, per NCCL call: %.0f ns in %.2f runs (%s). "
+        "The agent's scheduler tracepoints run on the wakeups and context switches the calls cause (on either "
+        "core).\n",
+        others.ns, others.runs, others.text.c_str());
   }
   std::printf("\n| paced run | calls | seconds | calls/s | agent CPU, /proc stat | agent CPU, schedstat | collector CPU |\n"
               "| --- | --- | --- | --- | --- | --- | --- |\n");
