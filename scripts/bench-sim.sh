@@ -22,7 +22,7 @@
 # "1.05-1.1 1.1-1.5 1.5-5"; the others' cells read "-"; none: the healthy jobs only). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
 # RS_PATTERN_S: each slowdown run's length (default 40 s; onsets at 10-15 s).
-# RS_KEEP_DIR=DIR keeps each run's findings and scores there.
+# RS_KEEP_DIR=DIR keeps each run's findings and scores there (made if missing).
 # RS_RATE_NODES x 8 ranks (default 64 256), RS_RATE_S seconds each (default
 # 40), RS_RATE_PATTERN (default fsdp) for --rate; RS_RATE_CULPRITS=N slows N
 # ranks of the job (from 15-25 s on; default 0: a healthy job) by factors
@@ -53,6 +53,10 @@ set -euo pipefail
 build=${1:?usage: scripts/bench-sim.sh BUILD_DIR [--smoke]}
 mode=${2:-full}
 bin="$build/bin"
+if [ -n "${RS_KEEP_DIR:-}" ] && ! mkdir -p "$RS_KEEP_DIR"; then
+  echo "RS_KEEP_DIR: cannot make '$RS_KEEP_DIR'" >&2
+  exit 2
+fi
 work=$(mktemp -d /tmp/rankscope-bench-sim-XXXXXX)
 pids=()
 cleanup() {
