@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <tuple>
+#include <unordered_map>
 
 #include "collector/store/bytes.h"
 #include "common/cgroup_path.h"
@@ -106,12 +109,76 @@ Usage read_usage(Reader& in) {
   return u;
 }
 
+// A row's key: level, bucket start and kind, then the row's parties.
+constexpr size_t kKeyPrefixBytes = 10;
 std::string key_prefix(Level level, uint64_t bucket_s, char kind) {
   std::string key(1, static_cast<char>(level));
   put_be(key, bucket_s, 8);
   key.push_back(kind);
   return key;
 }
+
+// A party's part of a row's key: its node and its identity's digest.
+std::string party_key(const std::string& node, const Identity& identity) {
+  std::string part = node;
+  part.push_back('\0');
+  part += identity.digest();
+  return part;
+}
+
+// A waste row's cause's part of its key, after the victim's.
+std::string cause_key(const WasteRow& row) {
+  std::string part = party_key(row.cause_node, row.cause);
+  part.push_back(static_cast<char>(row.reason));
+  return part;
+}
+
+// The key of the same row in another bucket: only the prefix differs.
+std::string rekeyed(const std::string& key, Level level, uint64_t bucket_s) {
+  return key_prefix(level, bucket_s, key[kKeyPrefixBytes - 1]) + key.substr(kKeyPrefixBytes);
+}
+
+// The (node, identity) parties of one fold of the ledger, each made and
+// digested once: the thousands of rows a fold adds to at thousands of
+// ranks name a few parties each (a node's processes of one job).
+class Parties {
+ public:
+  struct Party {
+    std::string node;
+    Identity identity;
+    std::string key;  // party_key
+  };
+  explicit Parties(const ClusterModel& model) : model_(model) {}
+
+  // The party of process `pid` on `node`, and the process (null: not known).
+  size_t of(const std::string& node, uint32_t pid, const ProcessInfo** process = nullptr) {
+    const ProcessInfo* p = model_.process(node, pid);
+    if (process) *process = p;
+    if (p) {
+      auto [it, fresh] = by_process_.try_emplace(p, 0);
+      if (fresh) it->second = intern(node, Identity::of(*p));
+      return it->second;
+    }
+    auto [it, fresh] = unknown_by_node_.try_emplace(node, 0);
+    if (fresh) it->second = intern(node, Identity{});
+    return it->second;
+  }
+  const Party& operator[](size_t i) const { return all_[i]; }
+
+ private:
+  size_t intern(const std::string& node, Identity identity) {
+    std::string key = party_key(node, identity);
+    auto [it, fresh] = by_key_.try_emplace(key, all_.size());
+    if (fresh) all_.push_back(Party{node, std::move(identity), std::move(key)});
+    return it->second;
+  }
+
+  const ClusterModel& model_;
+  std::deque<Party> all_;  // a reference to a party stays good as others are added
+  std::unordered_map<std::string, size_t> by_key_;
+  std::unordered_map<const ProcessInfo*, size_t> by_process_;
+  std::unordered_map<std::string, size_t> unknown_by_node_;
+};
 
 uint64_t minute_of(uint64_t ns) {
   return ns / kNs / 60 * 60;
@@ -277,23 +344,11 @@ uint64_t bucket_start(Level level, uint64_t unix_s) {
 }
 
 std::string usage_key(Level level, uint64_t bucket_s, const std::string& node, const Identity& identity) {
-  std::string key = key_prefix(level, bucket_s, 'u');
-  key += node;
-  key.push_back('\0');
-  key += identity.digest();
-  return key;
+  return key_prefix(level, bucket_s, 'u') + party_key(node, identity);
 }
 
 std::string waste_key(Level level, uint64_t bucket_s, const WasteRow& row) {
-  std::string key = key_prefix(level, bucket_s, 'w');
-  key += row.node;
-  key.push_back('\0');
-  key += row.identity.digest();
-  key += row.cause_node;
-  key.push_back('\0');
-  key += row.cause.digest();
-  key.push_back(static_cast<char>(row.reason));
-  return key;
+  return key_prefix(level, bucket_s, 'w') + party_key(row.node, row.identity) + cause_key(row);
 }
 
 std::string encode_usage_row(const UsageRow& row) {
@@ -466,15 +521,18 @@ Result<void> UsageLedger::restore() {
 }
 
 void UsageLedger::add_usage(uint64_t at_ns, const std::string& node, const Identity& identity, const Usage& usage) {
-  std::string key = usage_key(Level::minute, minute_of(at_ns), node, identity);
-  auto [it, created] = minutes_.try_emplace(key);
+  add_usage_at(usage_key(Level::minute, minute_of(at_ns), node, identity), node, identity, usage);
+}
+
+void UsageLedger::add_usage_at(std::string key, const std::string& node, const Identity& identity, const Usage& usage) {
+  auto [it, created] = minutes_.try_emplace(std::move(key));
   MinuteRow& row = it->second;
   if (created) {
     row.row.node = node;
     row.row.identity = identity;
     // Late data for a minute already written and forgotten: start from what is stored.
-    if (auto stored = stored_usage(key); stored && *stored)
-      if (auto entry = decode_ledger_entry(key, **stored); entry && !entry->waste) {
+    if (auto stored = stored_usage(it->first); stored && *stored)
+      if (auto entry = decode_ledger_entry(it->first, **stored); entry && !entry->waste) {
         row.row.usage = entry->usage.usage;
         row.flushed = entry->usage.usage;
       }
@@ -513,22 +571,28 @@ void UsageLedger::add_usage_span(uint64_t from_ns, uint64_t to_ns, const std::st
 }
 
 void UsageLedger::add_waste(uint64_t at_ns, const WasteRow& row) {
-  std::string key = waste_key(Level::minute, minute_of(at_ns), row);
-  auto [it, created] = edges_.try_emplace(key);
+  add_waste_at(waste_key(Level::minute, minute_of(at_ns), row), row.node, row.identity, row, row.gpu_s);
+}
+
+void UsageLedger::add_waste_at(std::string key, const std::string& node, const Identity& identity,
+                               const WasteRow& cause, double gpu_s) {
+  auto [it, created] = edges_.try_emplace(std::move(key));
   MinuteEdge& edge = it->second;
   if (created) {
-    edge.row = row;
+    edge.row = cause;
+    edge.row.node = node;
+    edge.row.identity = identity;
     edge.row.gpu_s = 0;
-    if (auto stored = stored_usage(key); stored && *stored)
-      if (auto entry = decode_ledger_entry(key, **stored); entry && entry->waste) {
+    if (auto stored = stored_usage(it->first); stored && *stored)
+      if (auto entry = decode_ledger_entry(it->first, **stored); entry && entry->waste) {
         edge.row.gpu_s = entry->edge.gpu_s;
         edge.flushed = entry->edge.gpu_s;
       }
   }
-  edge.row.gpu_s += row.gpu_s;
-  if (!row.cause_detail.empty()) edge.row.cause_detail = row.cause_detail;
+  edge.row.gpu_s += gpu_s;
+  if (!cause.cause_detail.empty()) edge.row.cause_detail = cause.cause_detail;
   edge.dirty = true;
-  count_totals(row.node, row.identity, 0, row.gpu_s, 0, row.cause_node, &row.cause);
+  count_totals(node, identity, 0, gpu_s, 0, cause.cause_node, &cause.cause);
 }
 
 void UsageLedger::count_totals(const std::string& node, const Identity& identity, double gpu_s, double waste_s,
@@ -607,65 +671,93 @@ void UsageLedger::on_complete(const CollectiveComplete& done) {
 }
 
 void UsageLedger::fold_records() {
+  Parties parties(model_);
   for (const auto& [key, usage] : record_usage_) {
     const auto& [minute_s, node, pid] = key;
-    const ProcessInfo* process = model_.process(node, pid);
-    add_usage(minute_s * kNs, node, process ? Identity::of(*process) : Identity{}, usage);
+    const auto& party = parties[parties.of(node, pid)];
+    add_usage_at(key_prefix(Level::minute, minute_s, 'u') + party.key, party.node, party.identity, usage);
   }
   record_usage_.clear();
   last_usage_ = LastUsage{};
-  // A communicator's victims, one row per (node, identity) with its GPUs
-  // and members: a node's ranks of one job share theirs. Made once per
-  // communicator and fold; each of its waits (one per late rank and
-  // minute) leaves out the late rank.
+  // A communicator's victims, one per party with its GPUs and members: a
+  // node's ranks of one job share theirs. Made once per communicator and
+  // fold; each of its waits (one per late rank and minute) leaves out the
+  // late rank.
   struct Victim {
+    size_t party = 0;
     double gpus = 0;
     int32_t members = 0;
   };
-  std::map<std::pair<std::string, Identity>, Victim> victims;
+  std::vector<Victim> victims;
+  std::unordered_map<size_t, size_t> victim_of_party;
   uint64_t victims_of = 0;
   bool victims_made = false;
+  // The causes of this fold (their victim fields unset) by their part of a
+  // row's key, and the GPU-seconds owed by (minute, victim party, cause):
+  // the waits of many late ranks and communicators of one job on the same
+  // parties add up before their rows are looked up.
+  std::vector<WasteRow> causes;
+  std::vector<std::string> cause_keys;
+  std::unordered_map<std::string, size_t> cause_index;
+  std::map<std::tuple<uint64_t, size_t, size_t>, double> owed;
   for (const auto& [key, wait] : pending_waits_) {
     const auto& [hash, last, minute_s] = key;
     auto comm = model_.comms.find(hash);
     if (comm == model_.comms.end()) continue;
     auto late = comm->second.members.find(last);
     if (late == comm->second.members.end()) continue;
-    const ProcessInfo* late_process = model_.process(late->second.node, late->second.pid);
+    const ProcessInfo* late_process = nullptr;
+    const size_t late_party = parties.of(late->second.node, late->second.pid, &late_process);
     WasteRow cause;
+    std::string cause_part;
     if (auto neighbour = neighbour_cause(late->second.node, late_process, late->second.pid)) {
-      cause = *neighbour;
+      cause = std::move(*neighbour);
+      cause_part = cause_key(cause);
     } else {
       cause.cause_node = late->second.node;
-      cause.cause = late_process ? Identity::of(*late_process) : Identity{};
+      cause.cause = parties[late_party].identity;
       cause.reason = WasteReason::straggler;
       cause.cause_detail = "rank " + std::to_string(last) + " (pid " + std::to_string(late->second.pid) + ")";
+      cause_part = parties[late_party].key;
+      cause_part.push_back(static_cast<char>(cause.reason));
     }
+    auto [at, fresh] = cause_index.try_emplace(std::move(cause_part), causes.size());
+    if (fresh) {
+      causes.push_back(std::move(cause));
+      cause_keys.push_back(at->first);
+    } else if (!cause.cause_detail.empty()) {
+      causes[at->second].cause_detail = std::move(cause.cause_detail);  // the last one told, as add_waste keeps it
+    }
+    const size_t cause_at = at->second;
     if (!victims_made || victims_of != hash) {
       victims.clear();
+      victim_of_party.clear();
       for (const auto& [r, m] : comm->second.members) {
-        const ProcessInfo* p = model_.process(m.node, m.pid);
-        Victim& v = victims[{m.node, p ? Identity::of(*p) : Identity{}}];
-        v.gpus += gpus_of(p);
-        ++v.members;
+        const ProcessInfo* p = nullptr;
+        const size_t party = parties.of(m.node, m.pid, &p);
+        auto [v, added] = victim_of_party.try_emplace(party, victims.size());
+        if (added) victims.push_back(Victim{party, 0, 0});
+        victims[v->second].gpus += gpus_of(p);
+        ++victims[v->second].members;
       }
       victims_of = hash;
       victims_made = true;
     }
-    const std::pair<std::string, Identity> late_key{late->second.node,
-                                                    late_process ? Identity::of(*late_process) : Identity{}};
     const double late_gpus = gpus_of(late_process);
-    for (const auto& [victim, v] : victims) {
-      const bool holds_late = victim == late_key;
+    const uint64_t minute = minute_of(wait.first_ns);
+    for (const Victim& v : victims) {
+      const bool holds_late = v.party == late_party;
       if (v.members - (holds_late ? 1 : 0) == 0) continue;
-      WasteRow row = cause;
-      row.node = victim.first;
-      row.identity = victim.second;
-      row.gpu_s = wait.seconds * (holds_late ? v.gpus - late_gpus : v.gpus);
-      add_waste(wait.first_ns, row);
+      owed[{minute, v.party, cause_at}] += wait.seconds * (holds_late ? v.gpus - late_gpus : v.gpus);
     }
   }
   pending_waits_.clear();
+  for (const auto& [key, gpu_s] : owed) {
+    const auto& [minute_s, victim, cause_at] = key;
+    const auto& party = parties[victim];
+    add_waste_at(key_prefix(Level::minute, minute_s, 'w') + party.key + cause_keys[cause_at], party.node,
+                 party.identity, causes[cause_at], gpu_s);
+  }
 }
 
 std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_name, const ProcessInfo* late,
@@ -984,8 +1076,7 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
     wrote = true;
     uint64_t minute_s = get_be(key.data() + 1, 8);
     for (Level level : {Level::hour, Level::day}) {
-      std::string k = usage_key(level, bucket_start(level, minute_s), minute.row.node, minute.row.identity);
-      auto [it, created] = rollups.try_emplace(k);
+      auto [it, created] = rollups.try_emplace(rekeyed(key, level, bucket_start(level, minute_s)));
       if (created) {
         it->second.node = minute.row.node;
         it->second.identity = minute.row.identity;
@@ -1002,8 +1093,7 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
     wrote = true;
     uint64_t minute_s = get_be(key.data() + 1, 8);
     for (Level level : {Level::hour, Level::day}) {
-      std::string k = waste_key(level, bucket_start(level, minute_s), edge.row);
-      auto [it, created] = edge_rollups.try_emplace(k, edge.row);
+      auto [it, created] = edge_rollups.try_emplace(rekeyed(key, level, bucket_start(level, minute_s)), edge.row);
       if (created) it->second.gpu_s = 0;
       it->second.gpu_s += delta;
     }

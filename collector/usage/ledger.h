@@ -217,6 +217,11 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   static std::optional<ProcessTrack> decode_track(std::string_view value);
   // Moves what the record path gathered (per process, per late rank) into the rows.
   void fold_records();
+  // add_usage and add_waste with the row's key made (fold_records makes
+  // each party's part of it once); `cause`: the waste row's cause fields.
+  void add_usage_at(std::string key, const std::string& node, const Identity& identity, const Usage& usage);
+  void add_waste_at(std::string key, const std::string& node, const Identity& identity, const WasteRow& cause,
+                    double gpu_s);
   double gpus_of(const ProcessInfo* process) const;
   // The neighbour cgroup to blame for a late rank on `node`, if any.
   std::optional<WasteRow> neighbour_cause(const std::string& node, const ProcessInfo* late, uint32_t late_pid) const;

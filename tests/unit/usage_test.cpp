@@ -219,6 +219,20 @@ TEST_F(UsageTest, WasteIsChargedToWhoWaitedAndOwedToTheCause) {
   w.gpu_s = 360;
   ledger->add_waste(kDay0 * kS + 10 * kS, w);
   flush();
+  // The minute rows' hour and day rollups are the rows their keys name.
+  for (Level level : {Level::hour, Level::day}) {
+    const uint64_t bucket = bucket_start(level, kDay0);
+    auto used = store->get_usage(usage_key(level, bucket, "node-0", victim));
+    ASSERT_TRUE(used && *used) << static_cast<char>(level);
+    auto used_entry = decode_ledger_entry(usage_key(level, bucket, "node-0", victim), **used);
+    ASSERT_TRUE(used_entry);
+    EXPECT_DOUBLE_EQ(used_entry->usage.usage.gpu_s, 3600);
+    auto wasted = store->get_usage(waste_key(level, bucket, w));
+    ASSERT_TRUE(wasted && *wasted) << static_cast<char>(level);
+    auto wasted_entry = decode_ledger_entry(waste_key(level, bucket, w), **wasted);
+    ASSERT_TRUE(wasted_entry);
+    EXPECT_DOUBLE_EQ(wasted_entry->edge.gpu_s, 360);
+  }
 
   Report by_account = report(kDay0, kDay0 + 3600, TenantKey::account);
   ASSERT_EQ(by_account.rows.size(), 3u);
