@@ -35,6 +35,13 @@ const volatile __u64 filter_cgroup_id = 0;
 const volatile __u32 filter_cgroup_level = 0;
 const volatile __u8 filter_by_pid = 0;
 
+/* Each user's share of the tables every traced process shares (the agent
+ * sets them; RS_USER_SHARE_* are the defaults, a quarter of each table). */
+const volatile __u32 user_max_processes = RS_USER_SHARE_PROCESSES;
+const volatile __u32 user_max_comms = RS_USER_SHARE_COMMS;
+const volatile __u32 user_max_lanes = RS_USER_SHARE_LANES;
+const volatile __u32 user_max_threads = RS_USER_SHARE_THREADS;
+
 struct {
   __uint(type, BPF_MAP_TYPE_RINGBUF);
   __uint(max_entries, 4 * 1024 * 1024);
@@ -46,6 +53,13 @@ struct {
   __type(key, __u32);
   __type(value, __u64);
 } drops SEC(".maps");
+
+static __always_inline void drops__count(__u32 reason)
+{
+  __u64 *slot = bpf_map_lookup_elem(&drops, &reason);
+  if (slot)
+    *slot += 1;
+}
 
 /* Processes to trace when filter_by_pid is set (filled by the agent). */
 struct {
@@ -123,8 +137,6 @@ struct {
  * check and an add, and the slot itself says whom it numbers (a slot freed
  * or given to another communicator is seen as such). The counter is in the
  * slot, shared by every thread of the process. */
-#define RS_COMM_SLOTS 131072
-
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, RS_COMM_SLOTS);
@@ -160,7 +172,7 @@ struct p2p_key {
 /* Point-to-point lanes are many and never destroyed explicitly: LRU. */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
-  __uint(max_entries, 262144);
+  __uint(max_entries, RS_P2P_LANES);
   __type(key, struct p2p_key);
   __type(value, __u64);
 } p2p_seqs SEC(".maps");
@@ -169,7 +181,7 @@ struct {
  * only theirs), and their entries in the tables below are removed then. */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
-  __uint(max_entries, 16384);
+  __uint(max_entries, RS_PROCESSES);
   __type(key, __u32);
   __type(value, struct rs_host_stats);
 } nccl_processes SEC(".maps");
@@ -177,73 +189,148 @@ struct {
 /* The threads that called NCCL or waited on the GPU (struct rs_thread_sched). */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
-  __uint(max_entries, 65536);
+  __uint(max_entries, RS_THREADS);
   __type(key, __u32); /* tid */
   __type(value, struct rs_thread_sched);
 } threads SEC(".maps");
 
-/* Per process: whether `comms` and `p2p_seqs` hold entries of it. Its exit
- * removes them by walking the table whole, every bucket (their keys begin
+/* Every traced process: its user, and what it holds in the tables that
+ * every traced process shares. Its exit removes its entries of `comms` and
+ * `p2p_seqs` by walking the table whole, every bucket (their keys begin
  * with the process, but a hash table has no order): 393,216 buckets, some
  * milliseconds. A process that destroyed its communicators and never sent
  * point to point walks neither. (Walking these two and the two tables
  * keyed by thread at every exit took 6.1 ms a process on the development
  * machine.) */
 struct process_tables {
-  __u32 comms; /* entries in `comms` (made less destroyed) */
-  __u32 p2p;   /* made an entry in `p2p_seqs` */
+  __u32 uid;     /* its user when it was first traced: whose share it counts in */
+  __u32 comms;   /* entries in `comms` (made less destroyed) */
+  __u32 lanes;   /* entries made in `p2p_seqs` (LRU: some may have gone since) */
+  __u32 threads; /* entries in `threads` (made less exited) */
 };
 
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 16384);
+  __uint(max_entries, RS_PROCESSES);
   __type(key, __u32); /* tgid */
   __type(value, struct process_tables);
 } process_tables SEC(".maps");
 
-/* Set once a process's entry could not be made (the table full): from
- * then on every exit walks both tables, as it cannot tell. */
-__u32 process_tables_lost = 0;
+/* Any user of a node can run a program that calls NCCL (a stand-in
+ * libnccl.so is enough), and the tables above are shared by every traced
+ * process: one user making processes, communicators, point-to-point lanes
+ * or threads without end would fill them, and the other users' jobs would
+ * go untraced (the LRU tables would evict their rows). So each user holds
+ * at most its share of each; past it, its new ones are not traced (counted
+ * as RS_DROP_USER_SHARE). */
+struct user_share {
+  __u32 processes;
+  __u32 comms;
+  __u32 lanes;
+  __u32 threads;
+};
 
-static __always_inline struct process_tables *tables__of(__u32 tgid)
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u32); /* uid */
+  __type(value, struct user_share);
+} user_shares SEC(".maps");
+
+static __always_inline struct user_share *user__share(__u32 uid)
+{
+  struct user_share *share = bpf_map_lookup_elem(&user_shares, &uid);
+  if (share)
+    return share;
+  struct user_share fresh = {};
+  bpf_map_update_elem(&user_shares, &uid, &fresh, BPF_NOEXIST);
+  return bpf_map_lookup_elem(&user_shares, &uid);
+}
+
+/* Takes one from `used` if it is under `max`; counts the drop if not.
+ * (Processes of one user racing on several CPUs may pass it by a few.) */
+static __always_inline bool share__take(__u32 *used, __u32 max)
+{
+  if (*used >= max) {
+    drops__count(RS_DROP_USER_SHARE);
+    return false;
+  }
+  __sync_fetch_and_add(used, 1);
+  return true;
+}
+
+static __always_inline void share__give_back(__u32 *used, __u32 n)
+{
+  if (n)
+    __sync_fetch_and_add(used, -n); /* an atomic add is all the BPF ISA has */
+}
+
+/* The row of a traced process, made at its first NCCL call or CUDA wait
+ * within its user's share of processes; NULL when it is over the share (or
+ * a table is full): the process is not traced. */
+static __always_inline struct process_tables *process__admit(__u32 tgid)
 {
   struct process_tables *t = bpf_map_lookup_elem(&process_tables, &tgid);
   if (t)
     return t;
-  struct process_tables fresh = {};
-  bpf_map_update_elem(&process_tables, &tgid, &fresh, BPF_NOEXIST);
+  __u32 uid = (__u32)bpf_get_current_uid_gid();
+  struct user_share *share = user__share(uid);
+  if (!share) {
+    drops__count(RS_DROP_MAP_FULL);
+    return NULL;
+  }
+  if (share->processes >= user_max_processes) {
+    drops__count(RS_DROP_USER_SHARE);
+    return NULL;
+  }
+  struct process_tables fresh = {.uid = uid};
+  if (bpf_map_update_elem(&process_tables, &tgid, &fresh, BPF_NOEXIST) == 0)
+    __sync_fetch_and_add(&share->processes, 1);
   t = bpf_map_lookup_elem(&process_tables, &tgid);
   if (!t)
-    process_tables_lost = 1;
+    drops__count(RS_DROP_MAP_FULL);
   return t;
 }
 
-static __always_inline void processes__note(__u64 pid_tgid, bool calling_thread)
+/* The share of the user a traced process counts in (NULL: not traced). */
+static __always_inline struct user_share *share__of(struct process_tables *t)
+{
+  return t ? bpf_map_lookup_elem(&user_shares, &t->uid) : NULL;
+}
+
+/* Notes a process (and, with calling_thread, the calling thread, whose
+ * scheduling is then followed): false when it is not admitted. */
+static __always_inline bool processes__note(__u64 pid_tgid, bool calling_thread)
 {
   __u32 tgid = pid_tgid >> 32;
   __u32 tid = (__u32)pid_tgid;
+  struct process_tables *tables = process__admit(tgid);
+  if (!tables)
+    return false;
   struct rs_host_stats *stats = bpf_map_lookup_elem(&nccl_processes, &tgid);
   if (!stats) {
     struct rs_host_stats fresh = {};
     bpf_map_update_elem(&nccl_processes, &tgid, &fresh, BPF_NOEXIST);
     stats = bpf_map_lookup_elem(&nccl_processes, &tgid);
     if (!stats)
-      return;
+      return true;
   }
   if (!calling_thread || bpf_map_lookup_elem(&threads, &tid))
-    return;
+    return true;
+  struct user_share *share = share__of(tables);
+  if (!share || !share__take(&share->threads, user_max_threads))
+    return true; /* traced, its scheduling not followed */
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
   struct rs_thread_sched fresh = {.tgid = tgid, .last_maj_flt = BPF_CORE_READ(task, maj_flt)};
-  if (bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST) == 0)
+  if (bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST) == 0) {
     __sync_fetch_and_add(&stats->threads, 1);
+    __sync_fetch_and_add(&tables->threads, 1);
+  } else {
+    share__give_back(&share->threads, 1);
+  }
+  return true;
 }
 
-static __always_inline void drops__count(__u32 reason)
-{
-  __u64 *slot = bpf_map_lookup_elem(&drops, &reason);
-  if (slot)
-    *slot += 1;
-}
 
 static __always_inline bool scope__in(__u32 pid)
 {
@@ -286,22 +373,20 @@ static __always_inline void header__fill(struct rs_event_header *hdr, __u64 pid_
   bpf_get_current_comm(hdr->comm, sizeof(hdr->comm));
 }
 
-/* This thread's slot, made at its first NCCL call if it is in scope (NULL
- * otherwise). Making it notes the process (its exit is then reported). */
+/* This thread's slot, made at its first NCCL call if it is in scope and its
+ * process is admitted (NULL otherwise). Making it notes the process (its
+ * exit is then reported). */
 static __always_inline struct thread_calls *thread__slot(__u64 pid_tgid, bool create)
 {
   struct task_struct *task = bpf_get_current_task_btf();
   struct thread_calls *t = bpf_task_storage_get(&calls, task, 0, 0);
   if (t || !create)
     return t;
-  if (!scope__in(pid_tgid >> 32))
+  if (!scope__in(pid_tgid >> 32) || !processes__note(pid_tgid, false))
     return NULL;
   t = bpf_task_storage_get(&calls, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-  if (!t) {
+  if (!t)
     drops__count(RS_DROP_MAP_FULL);
-    return NULL;
-  }
-  processes__note(pid_tgid, false);
   return t;
 }
 
@@ -398,24 +483,35 @@ static __always_inline struct rs_comm_slot* comm__slot(__u32 pid, __u64 comm, bo
   __u32 index;
   struct rs_comm_slot* slot;
   if (!mapped) {
+    /* A new communicator, within its user's share. */
+    struct process_tables *tables = bpf_map_lookup_elem(&process_tables, &pid);
+    struct user_share *share = share__of(tables);
+    if (!tables || !share) {
+      drops__count(RS_DROP_MAP_FULL);
+      return NULL;
+    }
+    if (!share__take(&share->comms, user_max_comms))
+      return NULL;
     __s64 taken = slot__take();
     if (taken < 0) {
+      share__give_back(&share->comms, 1);
       drops__count(RS_DROP_MAP_FULL);
       return NULL;
     }
     index = (__u32)taken;
     slot = bpf_map_lookup_elem(&comm_slots, &index);
-    if (!slot)
+    if (!slot) {
+      share__give_back(&share->comms, 1);
       return NULL;
+    }
     slot__start(slot, pid, comm, epoch);
     if (bpf_map_update_elem(&comms, &key, &index, BPF_NOEXIST) == 0) {
-      struct process_tables *tables = tables__of(pid);
-      if (tables)
-        __sync_fetch_and_add(&tables->comms, 1);
+      __sync_fetch_and_add(&tables->comms, 1);
       *slot_index = index;
       return slot;
     }
     /* Another thread mapped it first (or the table is full): use its. */
+    share__give_back(&share->comms, 1);
     slot__give_back(index);
     mapped = bpf_map_lookup_elem(&comms, &key);
     if (!mapped) {
@@ -443,8 +539,11 @@ static __always_inline void comm__forget(__u32 pid, __u64 comm)
   __u32 index = *mapped;
   if (bpf_map_delete_elem(&comms, &key) == 0) {
     struct process_tables *tables = bpf_map_lookup_elem(&process_tables, &pid);
+    struct user_share *share = share__of(tables);
     if (tables)
-      __sync_fetch_and_add(&tables->comms, (__u32)-1); /* an atomic add is all the BPF ISA has */
+      share__give_back(&tables->comms, 1);
+    if (share)
+      share__give_back(&share->comms, 1);
   }
   slot__give_back(index);
 }
@@ -474,33 +573,46 @@ static __always_inline struct rs_comm_slot* comm__slot_for_call(struct thread_ca
   return slot;
 }
 
-static __always_inline void seq__assign(struct thread_calls *t, __u32 pid)
+/* Numbers the call; false when its communicator or lane could not be
+ * numbered (a table full, or its user over its share): then it is not
+ * recorded, as a record numbered wrongly would match the wrong calls. */
+static __always_inline bool seq__assign(struct thread_calls *t, __u32 pid)
 {
   struct pending_call *p = &t->call;
   struct rs_comm_slot* state = comm__slot_for_call(t, pid, p->comm);
   if (!state)
-    return;
+    return false;
   if (state->epoch == 0)
     p->flags |= RS_CALL_UNKNOWN_COMM;
   if (p->lane == 0) {
     p->seq = __sync_fetch_and_add(&state->next_seq, 1);
-    return;
+    return true;
   }
   struct p2p_key pkey = {.pid = pid, .lane = p->lane, .comm = p->comm, .epoch = state->epoch};
   __u64 *next = bpf_map_lookup_elem(&p2p_seqs, &pkey);
   if (!next) {
+    /* A new lane, within its user's share. */
+    struct process_tables *tables = bpf_map_lookup_elem(&process_tables, &pid);
+    struct user_share *share = share__of(tables);
+    if (!tables || !share) {
+      drops__count(RS_DROP_MAP_FULL);
+      return false;
+    }
+    if (!share__take(&share->lanes, user_max_lanes))
+      return false;
     __u64 first = 0;
-    struct process_tables *tables = tables__of(pid);
-    if (tables)
-      tables->p2p = 1;
-    bpf_map_update_elem(&p2p_seqs, &pkey, &first, BPF_NOEXIST);
+    if (bpf_map_update_elem(&p2p_seqs, &pkey, &first, BPF_NOEXIST) == 0)
+      __sync_fetch_and_add(&tables->lanes, 1);
+    else
+      share__give_back(&share->lanes, 1);
     next = bpf_map_lookup_elem(&p2p_seqs, &pkey);
     if (!next) {
       drops__count(RS_DROP_MAP_FULL);
-      return;
+      return false;
     }
   }
   p->seq = __sync_fetch_and_add(next, 1);
+  return true;
 }
 
 /* Common body of every collective and point-to-point entry probe. The
@@ -522,7 +634,8 @@ static __always_inline int call__enter(struct pt_regs *ctx, __u8 op, __u64 count
   p->comm = comm;
   if (op == RS_OP_SEND || op == RS_OP_RECV)
     p->lane = RS_P2P_LANE(peer, op == RS_OP_RECV);
-  seq__assign(t, pid_tgid >> 32);
+  if (!seq__assign(t, pid_tgid >> 32))
+    t->open = 0; /* not recorded: its return finds the slot closed */
   return 0;
 }
 
@@ -943,9 +1056,8 @@ struct {
 static __always_inline int wait__enter(__u8 kind, __u64 object)
 {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
-  if (!scope__in(pid_tgid >> 32))
+  if (!scope__in(pid_tgid >> 32) || !processes__note(pid_tgid, true))
     return 0;
-  processes__note(pid_tgid, true);
   struct rs_open_wait open = {
       .entry_ns = bpf_ktime_get_ns(), .object = object, .cgroup_id = bpf_get_current_cgroup_id(), .kind = kind};
   if (bpf_map_update_elem(&waits, &pid_tgid, &open, BPF_ANY))
@@ -1237,16 +1349,31 @@ int BPF_PROG(process_exit, struct task_struct *task)
   /* Every thread's own entries, keyed by the thread, as it exits (this
    * fires for each). */
   __u64 pid_tgid = ((__u64)tgid << 32) | pid;
-  bpf_map_delete_elem(&threads, &pid);
+  struct process_tables *tables = bpf_map_lookup_elem(&process_tables, &tgid);
+  if (bpf_map_delete_elem(&threads, &pid) == 0 && tables && tables->threads) {
+    share__give_back(&tables->threads, 1);
+    struct user_share *share = share__of(tables);
+    if (share)
+      share__give_back(&share->threads, 1);
+  }
   bpf_map_delete_elem(&waits, &pid_tgid);
   bpf_map_delete_elem(&set_device_args, &pid_tgid);
-  if (pid != tgid)
+  if (pid != tgid || !tables)
     return 0;
-  struct process_tables *tables = bpf_map_lookup_elem(&process_tables, &tgid);
-  bool walk_comms = process_tables_lost || (tables && tables->comms != 0);
-  bool walk_p2p = process_tables_lost || (tables && tables->p2p);
-  if (tables)
-    bpf_map_delete_elem(&process_tables, &tgid);
+  /* The process's entries go back to its user's share (its threads that
+   * exit after it find no row, and give none back). Only a traced process
+   * has entries in `comms` and `p2p_seqs`. */
+  struct process_tables done = *tables;
+  struct user_share *share = share__of(tables);
+  bpf_map_delete_elem(&process_tables, &tgid);
+  if (share) {
+    share__give_back(&share->processes, 1);
+    share__give_back(&share->comms, done.comms);
+    share__give_back(&share->lanes, done.lanes);
+    share__give_back(&share->threads, done.threads);
+  }
+  bool walk_comms = done.comms != 0;
+  bool walk_p2p = done.lanes != 0;
   if (walk_comms)
     bpf_for_each_map_elem(&comms, exit__drop_comm, &tgid, 0);
   if (walk_p2p)

@@ -58,13 +58,25 @@ enum rs_nccl_op {
   RS_OP_GROUP_END = 41,
 };
 
+/* The sizes of the tables every traced process shares, and each user's
+ * share of them by default (a quarter: bpf/nccl.bpf.c, user_shares). */
+#define RS_PROCESSES 16384
+#define RS_COMM_SLOTS 131072
+#define RS_P2P_LANES 262144
+#define RS_THREADS 65536
+#define RS_USER_SHARE_PROCESSES (RS_PROCESSES / 4)
+#define RS_USER_SHARE_COMMS (RS_COMM_SLOTS / 4)
+#define RS_USER_SHARE_LANES (RS_P2P_LANES / 4)
+#define RS_USER_SHARE_THREADS (RS_THREADS / 4)
+
 /* Ways the BPF side loses data; each is a slot of the `drops` per-CPU array. */
 enum rs_drop_reason {
   RS_DROP_RINGBUF_FULL = 0,
   RS_DROP_MAP_FULL = 1,
   RS_DROP_NESTED = 2, /* an NCCL API call made from inside another one */
   RS_DROP_LOST_RETURN = 3, /* a call whose return was not seen (it ran while the agent attached) */
-  RS_DROP_MAX = 4,
+  RS_DROP_USER_SHARE = 4, /* its user holds its share of a shared table: not traced, or not in full */
+  RS_DROP_MAX = 5,
 };
 
 /* Flags of one call record (also carried on the wire, proto/records.h). */

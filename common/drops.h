@@ -24,6 +24,7 @@ struct DropCounts {
   uint64_t lost_returns = 0;
   uint64_t malformed = 0;
   uint64_t profiler_dropped = 0;
+  uint64_t user_share = 0;
 
   bool operator==(const DropCounts&) const = default;
 };
@@ -39,7 +40,7 @@ struct DropReason {
 
 // What each means is in docs/metrics.md (the `reason` label), which a test
 // holds to this table.
-inline constexpr std::array<DropReason, 10> kDropReasons = {{
+inline constexpr std::array<DropReason, 11> kDropReasons = {{
     {"ringbuf_full", &DropCounts::ringbuf_full, true, ""},
     {"map_full", &DropCounts::map_full, true, ""},
     {"unknown_comm", &DropCounts::unknown_comm, false, "unmatched"},
@@ -50,6 +51,7 @@ inline constexpr std::array<DropReason, 10> kDropReasons = {{
     {"lost_returns", &DropCounts::lost_returns, false, "call(s) running while the agent attached"},
     {"malformed", &DropCounts::malformed, true, ""},
     {"profiler_dropped", &DropCounts::profiler_dropped, false, "GPU-side record(s) the profiler plugin dropped"},
+    {"user_share", &DropCounts::user_share, true, ""},
 }};
 
 // Each count the larger of the two: whatever arrives late or out of order

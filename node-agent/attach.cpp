@@ -206,6 +206,10 @@ Result<std::unique_ptr<NcclProbes>> NcclProbes::open(const Scope& scope, Handler
   probes->skel_->rodata->filter_cgroup_id = scope.cgroup_id;
   probes->skel_->rodata->filter_cgroup_level = scope.cgroup_level;
   probes->skel_->rodata->filter_by_pid = scope.pids.empty() ? 0 : 1;
+  probes->skel_->rodata->user_max_processes = scope.shares.processes;
+  probes->skel_->rodata->user_max_comms = scope.shares.comms;
+  probes->skel_->rodata->user_max_lanes = scope.shares.lanes;
+  probes->skel_->rodata->user_max_threads = scope.shares.threads;
   if (!host_context) {
     bpf_program__set_autoload(probes->skel_->progs.sched_switch, false);
     bpf_program__set_autoload(probes->skel_->progs.sched_wakeup, false);
@@ -401,6 +405,13 @@ size_t count_keys(bpf_map* map) {
 }
 }  // namespace
 
+std::optional<NcclProbes::UserUse> NcclProbes::user_use(uint32_t uid) const {
+  UserUse use;  // bpf/nccl.bpf.c, struct user_share: four u32, in this order
+  static_assert(sizeof(UserUse) == 16, "user_share layout");
+  if (bpf_map__lookup_elem(skel_->maps.user_shares, &uid, sizeof(uid), &use, sizeof(use), 0) != 0) return std::nullopt;
+  return use;
+}
+
 NcclProbes::TableSizes NcclProbes::table_sizes() const {
   TableSizes out;
   out.processes = count_keys(skel_->maps.nccl_processes);
@@ -492,6 +503,7 @@ DropCounts NcclProbes::drops() const {
   out.map_full = sum(RS_DROP_MAP_FULL);
   out.nested = sum(RS_DROP_NESTED);
   out.lost_returns = sum(RS_DROP_LOST_RETURN);
+  out.user_share = sum(RS_DROP_USER_SHARE);
   return out;
 }
 

@@ -75,6 +75,12 @@ class NcclProbes {  // NCCL, CUDA runtime, libc and host-context probes (bpf/ncc
     size_t comm_slots_made = 0;   // slots ever taken fresh (the others were given back and reused)
   };
   TableSizes table_sizes() const;
+  // What a user's traced processes hold of the tables (their share's use):
+  // nullopt if none of its processes was ever traced.
+  struct UserUse {
+    uint32_t processes = 0, comms = 0, lanes = 0, threads = 0;
+  };
+  std::optional<UserUse> user_use(uint32_t uid) const;
   // Waits on the GPU in progress right now: (pid_tgid, wait).
   std::vector<std::pair<uint64_t, rs_open_wait>> open_waits() const;
   // Host counters of a process that called NCCL or waited on the GPU

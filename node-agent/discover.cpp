@@ -3,11 +3,13 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
+#include "bpf/nccl_events.h"
 #include "common/log.h"
 #include "node-agent/identify.h"
 
@@ -103,7 +105,13 @@ Result<Scope> resolve_scope(const Options& options) {
     if (scope.cgroup_path == "/") scope.cgroup_level = 0;
   }
   scope.pids.insert(options.pids.begin(), options.pids.end());
+  scope.shares = Scope::UserShares::of_percent(options.user_table_share);
   return scope;
+}
+
+Scope::UserShares Scope::UserShares::of_percent(uint32_t percent) {
+  auto part = [&](uint64_t table) { return static_cast<uint32_t>(std::max<uint64_t>(1, table * percent / 100)); };
+  return UserShares{part(RS_PROCESSES), part(RS_COMM_SLOTS), part(RS_P2P_LANES), part(RS_THREADS)};
 }
 
 bool Discovery::in_scope(const Scope& scope, uint32_t pid) const {

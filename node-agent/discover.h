@@ -21,6 +21,14 @@ struct Scope {
   uint32_t cgroup_level = 0;   // depth of cgroup_id below the cgroup v2 root
   std::string cgroup_path;     // as in /proc/PID/cgroup ("/a/b")
   std::set<uint32_t> pids;     // empty: any process
+  // What each user's processes may hold of the BPF tables every traced
+  // process shares (bpf/nccl.bpf.c, user_shares): entries of each table.
+  struct UserShares {
+    uint32_t processes = 0, comms = 0, lanes = 0, threads = 0;
+    // `percent` of each table (--user-table-share).
+    static UserShares of_percent(uint32_t percent);
+  };
+  UserShares shares = UserShares::of_percent(25);
   std::string describe() const;
 };
 

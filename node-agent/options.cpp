@@ -39,6 +39,7 @@ po::options_description describe(Options& options, uint64_t& max_unacked_mb, uin
     ("container-state-root", po::value(&options.container_state_root)->default_value(options.container_state_root), "where /run/containerd, /run/containers and /var/lib/docker are: a Kubernetes pod's namespace and name are read from its container's annotations there")
     ("slurm-jobs-dir", po::value(&options.slurm_jobs_dir)->default_value(options.slurm_jobs_dir), "where deploy/slurm/rankscope-prolog.sh records each Slurm job's account (root-owned; \"\": accounts not read)")
     ("setenv-probe", po::value(&options.setenv_probe)->default_value(options.setenv_probe), "see CUDA_VISIBLE_DEVICES set at run time (uprobe on libc setenv)")
+    ("user-table-share", po::value(&options.user_table_share)->default_value(options.user_table_share), "percent of each BPF table that every traced process shares (processes, communicators, point-to-point lanes, threads) that one user's processes may hold; past it that user's new ones are not traced (counted as the drop reason user_share), so that no user can fill the tables and hide the other users' jobs (1 to 100; 100 on a node that one user has to itself)")
     ("multi-uprobes", po::value(&options.multi_uprobes)->default_value(options.multi_uprobes), "attach the uprobes as one multi-uprobe link per program and library where the kernel has them (Linux 6.6+; stopping takes well under a second); 0: one perf event per uprobe (about 0.1 s each to remove when the agent stops)")
     ("batch-interval-ms", po::value(&options.batch_interval_ms)->default_value(options.batch_interval_ms), "longest time a record waits before it is sent (1 ms to 60 s)")
     ("scan-interval-ms", po::value(&options.scan_interval_ms)->default_value(options.scan_interval_ms), "how often /proc is scanned for new NCCL processes and libraries (10 ms to 1 h)")
@@ -153,7 +154,8 @@ Result<void> validate(const Options& o) {
                  check_range("--proxy-detail-period-ms", o.proxy_detail_period_ms, 100, 3'600'000),
                  check_range("--proxy-detail-ms", o.proxy_detail_ms, 0, o.proxy_detail_period_ms),
                  check_range("--max-unacked-mb", o.max_unacked_bytes >> 20, 1, kMaxUnackedMb),
-                 check_range("--spool-max-mb", o.spool_max_bytes >> 20, 1, kMaxUnackedMb)})
+                 check_range("--spool-max-mb", o.spool_max_bytes >> 20, 1, kMaxUnackedMb),
+                 check_range("--user-table-share", o.user_table_share, 1, 100)})
     if (!r) return r;
   return {};
 }

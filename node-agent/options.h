@@ -21,6 +21,11 @@ struct Options {
   bool host_context = true;                         // sched_switch/wakeup and TCP retransmit probes
   bool setenv_probe = true;                         // libc setenv: CUDA_VISIBLE_DEVICES changed at run time
   bool multi_uprobes = true;                        // multi-uprobe links where the kernel has them (6.6+)
+  // Each user's share of the BPF tables all traced processes share
+  // (processes, communicators, point-to-point lanes, followed threads), in
+  // percent: past it that user's new ones are not traced, so no user can
+  // fill them and blind the agent to the others' jobs.
+  uint32_t user_table_share = 25;
   std::string proc_root = "/proc";
   // Where the container runtimes keep their state (containerd, CRI-O,
   // Docker): a pod's namespace and name are read from its containers'

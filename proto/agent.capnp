@@ -277,6 +277,7 @@ struct DropCounters {
   lostReturns @7 :UInt64;   # calls whose return was not seen (they ran while the agent attached): not recorded
   malformed @8 :UInt64;     # ring-buffer records the agent could not decode (wrong size or kind): not recorded
   profilerDropped @9 :UInt64;  # records NCCL's profiler plugin could not write while the agent read its ring (full)
+  userShare @10 :UInt64;    # calls, communicators, lanes and threads not traced: their user held its share of the BPF tables
 }
 
 struct Heartbeat {

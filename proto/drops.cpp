@@ -23,6 +23,7 @@ constexpr std::array<WireField, kDropReasons.size()> kFields = {{
     {&R::getLostReturns, &B::setLostReturns},
     {&R::getMalformed, &B::setMalformed},
     {&R::getProfilerDropped, &B::setProfilerDropped},
+    {&R::getUserShare, &B::setUserShare},
 }};
 
 }  // namespace

@@ -18,9 +18,12 @@
 //                              an AllReduce every 2 ms (a rank that computes)
 //   churn COUNT                COUNT short-lived communicators: each split off
 //                              a 1-rank parent, one AllReduce, destroyed
+//   hoard COUNT                COUNT 1-rank communicators, one AllReduce on
+//                              each, kept until it exits
 //
 // With CAPTURE_HOLD=PATH in the environment, it waits (30 s at most) for
-// PATH to exist before it exits, so that the test reads /proc while it lives.
+// PATH to exist before it exits, so that the test reads /proc while it lives;
+// with CAPTURE_DONE=PATH, it makes PATH once its calls are made.
 // Exit status 0 when the scenario ran as planned.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -205,6 +208,14 @@ int churn(long count) {
   return 0;
 }
 
+int hoard(long count) {
+  Buffers b;
+  for (long i = 0; i < count; ++i)
+    check(ncclAllReduce(b.send, b.recv, 4, ncclFloat32, ncclSum, solo_comm(), b.stream), "ncclAllReduce");
+  check(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
+  return 0;
+}
+
 // Calls that test the numbering of communicators: one communicator called
 // from two threads in turn, then more communicators in rotation than a
 // thread remembers, then one destroyed and another made (which may reuse its
@@ -245,12 +256,16 @@ int run(int argc, char** argv) {
   if (mode == "busy" && argc == 3) return busy(std::atoi(argv[2]));
   if (mode == "churn" && argc == 3) return churn(std::atol(argv[2]));
   if (mode == "rotate") return rotate();
-  std::fprintf(stderr, "usage: rankscope-capture-child group|split R N IDFILE|initall|setenv|peer-death R IDFILE DIR|busy S|churn N|rotate\n");
+  if (mode == "hoard" && argc == 3) return hoard(std::atol(argv[2]));
+  std::fprintf(stderr,
+               "usage: rankscope-capture-child group|split R N IDFILE|initall|setenv|peer-death R IDFILE DIR|busy "
+               "S|churn N|rotate|hoard N\n");
   return 64;
 }
 
 int main(int argc, char** argv) {
   int status = run(argc, argv);
+  if (const char* done = std::getenv("CAPTURE_DONE")) write_marker(done, "", 0);
   if (const char* hold = std::getenv("CAPTURE_HOLD")) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (!exists(hold) && std::chrono::steady_clock::now() < deadline)

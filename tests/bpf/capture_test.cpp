@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <variant>
 
@@ -40,7 +42,7 @@ const std::string kFakeCudart = std::string(RANKSCOPE_FAKENCCL_DIR) + "/libcudar
 // The agent's pipeline minus the transport, scoped to one cgroup.
 class Tracer {
  public:
-  Tracer(const std::string& cgroup, bool multi_uprobes)
+  Tracer(const std::string& cgroup, bool multi_uprobes, std::optional<agent::Scope::UserShares> shares = std::nullopt)
       : summariser_("/proc", "capture-test", testing::unshifted_node_clock()) {
     agent::Options options;
     options.cgroup = cgroup;
@@ -49,6 +51,7 @@ class Tracer {
       error_ = scope.error().message;
       return;
     }
+    if (shares) scope->shares = *shares;
     auto probes = NcclProbes::open(
         *scope,
         [this](const void* data, size_t size) {
@@ -501,6 +504,80 @@ TEST_F(CaptureTest, CpuContentionOnItsCoreShowsAsOffCpuAndRunQueueTime) {
   auto left = tracer_->probes().table_entries(static_cast<uint32_t>(victim.pid()));
   EXPECT_EQ(left.comms + left.p2p + left.waits + left.threads, 0u);
   EXPECT_FALSE(left.processes);
+}
+
+// Any user of a node can call NCCL (a stand-in libnccl.so is enough). One
+// who makes processes and communicators without end holds at most its share
+// of the agent's tables: another user's job is still traced in full, and
+// what its processes held is free again once they exit.
+TEST_F(CaptureTest, AUserOverItsShareOfTheTablesCannotHideAnotherUsersJob) {
+  constexpr uint32_t kNobody = 65534;
+  tracer_.reset();
+  tracer_ = std::make_unique<Tracer>(scope_, multi_uprobes(), agent::Scope::UserShares{3, 4, 64, 64});
+  ASSERT_EQ(tracer_->error(), "");
+  // The user's processes can reach this directory (the test's own is
+  // root's alone: they may pass through it, not list it).
+  const std::string open_dir = dir_.file("open");
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  std::deque<Process> hostile;
+  auto start = [&](const std::string& comms) {
+    std::string n = std::to_string(hostile.size());
+    hostile.push_back(child({"hoard", comms}, "hostile",
+                            {{"CAPTURE_HOLD", open_dir + "/exit"}, {"CAPTURE_DONE", open_dir + "/done-" + n}},
+                            "setpriv --reuid=65534 --regid=65534 --clear-groups", false));
+    ASSERT_TRUE(tracer_->pump_until([&] { return access((open_dir + "/done-" + n).c_str(), F_OK) == 0; },
+                                    std::chrono::seconds(20)))
+        << logs();
+    tracer_->probes().poll(50);  // what it made before it said so
+  };
+  auto calls_of = [&](size_t i) { return tracer_->of<rs_call_event>(hostile[i].pid()).size(); };
+  auto use = [&] { return tracer_->probes().user_use(kNobody).value_or(agent::NcclProbes::UserUse{}); };
+
+  start("3");  // three communicators: within its share of four
+  start("3");  // one more fits; the other two are not traced
+  start("1");  // its third process: within its share of three, but no communicator left
+  start("1");  // a fourth process: not traced at all
+  EXPECT_EQ(calls_of(0), 3u);
+  EXPECT_EQ(calls_of(1), 1u);
+  EXPECT_EQ(calls_of(2), 0u);
+  EXPECT_EQ(calls_of(3), 0u);
+  EXPECT_EQ(use().processes, 3u);
+  EXPECT_EQ(use().comms, 4u);
+  EXPECT_EQ(use().threads, 3u);
+  EXPECT_GE(tracer_->probes().drops().user_share, 4u);
+  EXPECT_EQ(tracer_->probes().drops().map_full, 0u);
+
+  // Another user's job is traced in full.
+  Process job = child({"group"});
+  ASSERT_TRUE(
+      tracer_->pump_until([&] { return tracer_->of<rs_call_event>(job.pid()).size() >= 4; }, std::chrono::seconds(20)))
+      << logs();
+  auto calls = tracer_->of<rs_call_event>(job.pid());
+  ASSERT_EQ(calls.size(), 4u);
+  for (uint64_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i].seq, i);
+  release_children();
+  EXPECT_EQ(job.wait(std::chrono::seconds(20)), 0) << logs();
+
+  // The first process exits: its process and communicators are free again.
+  hostile[0].signal(SIGKILL);
+  EXPECT_EQ(hostile[0].wait(std::chrono::seconds(10)), 128 + SIGKILL);
+  ASSERT_TRUE(tracer_->pump_until([&] { return use().processes == 2 && use().comms == 1; }, std::chrono::seconds(10)))
+      << use().processes << " processes, " << use().comms << " communicators";
+  start("2");
+  EXPECT_EQ(calls_of(4), 2u);
+  EXPECT_EQ(use().comms, 3u);
+
+  // All gone: the user holds nothing.
+  std::FILE* f = std::fopen((open_dir + "/exit").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  for (size_t i = 1; i < hostile.size(); ++i) EXPECT_EQ(hostile[i].wait(std::chrono::seconds(20)), 0) << logs();
+  ASSERT_TRUE(tracer_->pump_until([&] { return use().processes == 0; }, std::chrono::seconds(10)));
+  EXPECT_EQ(use().comms, 0u);
+  EXPECT_EQ(use().lanes, 0u);
+  EXPECT_EQ(use().threads, 0u);
 }
 
 // The agent's own memory with 1,000 traced processes and 100,000
