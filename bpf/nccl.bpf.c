@@ -1064,6 +1064,11 @@ static __always_inline int wait__enter(__u8 kind, __u64 object)
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   if (!scope__in(pid_tgid >> 32) || !processes__note(pid_tgid, true))
     return 0;
+  /* `waits` is shared by every process too: only a thread within its
+   * user's share of threads (followed in `threads`) opens one. */
+  __u32 tid = (__u32)pid_tgid;
+  if (!bpf_map_lookup_elem(&threads, &tid))
+    return 0;
   struct rs_open_wait open = {
       .entry_ns = bpf_ktime_get_ns(), .object = object, .cgroup_id = bpf_get_current_cgroup_id(), .kind = kind};
   if (bpf_map_update_elem(&waits, &pid_tgid, &open, BPF_ANY))
