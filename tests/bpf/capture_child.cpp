@@ -20,6 +20,9 @@
 //                              a 1-rank parent, one AllReduce, destroyed
 //   hoard COUNT                COUNT 1-rank communicators, one AllReduce on
 //                              each, kept until it exits
+//   pairs COUNT                COUNT 1-rank communicators, a Send and a Recv
+//                              to itself in one group on each (two
+//                              point-to-point lanes each), kept until it exits
 //
 // With CAPTURE_HOLD=PATH in the environment, it waits (30 s at most) for
 // PATH to exist before it exits, so that the test reads /proc while it lives;
@@ -216,6 +219,19 @@ int hoard(long count) {
   return 0;
 }
 
+int pairs(long count) {
+  Buffers b;
+  for (long i = 0; i < count; ++i) {
+    ncclComm_t comm = solo_comm();
+    check(ncclGroupStart(), "ncclGroupStart");
+    check(ncclSend(b.send, 4, ncclFloat32, 0, comm, b.stream), "ncclSend");
+    check(ncclRecv(b.recv, 4, ncclFloat32, 0, comm, b.stream), "ncclRecv");
+    check(ncclGroupEnd(), "ncclGroupEnd");
+  }
+  check(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
+  return 0;
+}
+
 // Calls that test the numbering of communicators: one communicator called
 // from two threads in turn, then more communicators in rotation than a
 // thread remembers, then one destroyed and another made (which may reuse its
@@ -257,9 +273,10 @@ int run(int argc, char** argv) {
   if (mode == "churn" && argc == 3) return churn(std::atol(argv[2]));
   if (mode == "rotate") return rotate();
   if (mode == "hoard" && argc == 3) return hoard(std::atol(argv[2]));
+  if (mode == "pairs" && argc == 3) return pairs(std::atol(argv[2]));
   std::fprintf(stderr,
                "usage: rankscope-capture-child group|split R N IDFILE|initall|setenv|peer-death R IDFILE DIR|busy "
-               "S|churn N|rotate|hoard N\n");
+               "S|churn N|rotate|hoard N|pairs N\n");
   return 64;
 }
 

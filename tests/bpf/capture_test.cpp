@@ -507,13 +507,15 @@ TEST_F(CaptureTest, CpuContentionOnItsCoreShowsAsOffCpuAndRunQueueTime) {
 }
 
 // Any user of a node can call NCCL (a stand-in libnccl.so is enough). One
-// who makes processes and communicators without end holds at most its share
-// of the agent's tables: another user's job is still traced in full, and
-// what its processes held is free again once they exit.
+// who makes processes, communicators and point-to-point lanes without end
+// holds at most its share of the agent's tables: another user's job is
+// still traced in full, and what its processes held is free again once they
+// exit.
 TEST_F(CaptureTest, AUserOverItsShareOfTheTablesCannotHideAnotherUsersJob) {
   constexpr uint32_t kNobody = 65534;
   tracer_.reset();
-  tracer_ = std::make_unique<Tracer>(scope_, multi_uprobes(), agent::Scope::UserShares{3, 4, 64, 64});
+  // Shares: 3 processes, 4 communicators, 3 lanes, 64 threads.
+  tracer_ = std::make_unique<Tracer>(scope_, multi_uprobes(), agent::Scope::UserShares{3, 4, 3, 64});
   ASSERT_EQ(tracer_->error(), "");
   // The user's processes can reach this directory (the test's own is
   // root's alone: they may pass through it, not list it).
@@ -522,9 +524,9 @@ TEST_F(CaptureTest, AUserOverItsShareOfTheTablesCannotHideAnotherUsersJob) {
   ASSERT_EQ(mkdir(open_dir.c_str(), 0777), 0);
   ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
   std::deque<Process> hostile;
-  auto start = [&](const std::string& comms) {
+  auto start = [&](const std::string& comms, const std::string& mode = "hoard") {
     std::string n = std::to_string(hostile.size());
-    hostile.push_back(child({"hoard", comms}, "hostile",
+    hostile.push_back(child({mode, comms}, "hostile",
                             {{"CAPTURE_HOLD", open_dir + "/exit"}, {"CAPTURE_DONE", open_dir + "/done-" + n}},
                             "setpriv --reuid=65534 --regid=65534 --clear-groups", false));
     ASSERT_TRUE(tracer_->pump_until([&] { return access((open_dir + "/done-" + n).c_str(), F_OK) == 0; },
@@ -578,6 +580,23 @@ TEST_F(CaptureTest, AUserOverItsShareOfTheTablesCannotHideAnotherUsersJob) {
   EXPECT_EQ(use().comms, 0u);
   EXPECT_EQ(use().lanes, 0u);
   EXPECT_EQ(use().threads, 0u);
+
+  // Point-to-point lanes: a Send and a Recv on each of two communicators
+  // want four; the fourth call, past the share of three, is not recorded.
+  ASSERT_EQ(std::remove((open_dir + "/exit").c_str()), 0);
+  start("2", "pairs");
+  auto p2p = tracer_->of<rs_call_event>(hostile.back().pid());
+  ASSERT_EQ(p2p.size(), 3u);
+  for (const auto& call : p2p) {
+    EXPECT_NE(call.lane, 0u);
+    EXPECT_EQ(call.seq, 0u) << "each the first of its lane";
+  }
+  EXPECT_EQ(use().lanes, 3u);
+  hostile.back().signal(SIGKILL);
+  EXPECT_EQ(hostile.back().wait(std::chrono::seconds(10)), 128 + SIGKILL);
+  ASSERT_TRUE(tracer_->pump_until([&] { return use().processes == 0; }, std::chrono::seconds(10)));
+  EXPECT_EQ(use().lanes, 0u);
+  EXPECT_EQ(use().comms, 0u);
 }
 
 // The agent's own memory with 1,000 traced processes and 100,000
