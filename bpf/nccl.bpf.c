@@ -35,12 +35,12 @@ const volatile __u64 filter_cgroup_id = 0;
 const volatile __u32 filter_cgroup_level = 0;
 const volatile __u8 filter_by_pid = 0;
 
-/* Each user's share of the tables every traced process shares (the agent
- * sets them; RS_USER_SHARE_* are the defaults, a quarter of each table). */
-const volatile __u32 user_max_processes = RS_USER_SHARE_PROCESSES;
-const volatile __u32 user_max_comms = RS_USER_SHARE_COMMS;
-const volatile __u32 user_max_lanes = RS_USER_SHARE_LANES;
-const volatile __u32 user_max_threads = RS_USER_SHARE_THREADS;
+/* Each user's share of the tables every traced process shares: set by
+ * the agent (--user-table-share); unset, the whole table. */
+const volatile __u32 user_max_processes = RS_PROCESSES;
+const volatile __u32 user_max_comms = RS_COMM_SLOTS;
+const volatile __u32 user_max_lanes = RS_P2P_LANES;
+const volatile __u32 user_max_threads = RS_THREADS;
 
 struct {
   __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -237,14 +237,21 @@ struct {
   __type(value, struct user_share);
 } user_shares SEC(".maps");
 
+/* The row of `key` in a hash map, made from `fresh` if it has none (NULL:
+ * the map is full). */
+static __always_inline void *map__row(void *map, const void *key, const void *fresh)
+{
+  void *row = bpf_map_lookup_elem(map, key);
+  if (row)
+    return row;
+  bpf_map_update_elem(map, key, fresh, BPF_NOEXIST);
+  return bpf_map_lookup_elem(map, key);
+}
+
 static __always_inline struct user_share *user__share(__u32 uid)
 {
-  struct user_share *share = bpf_map_lookup_elem(&user_shares, &uid);
-  if (share)
-    return share;
   struct user_share fresh = {};
-  bpf_map_update_elem(&user_shares, &uid, &fresh, BPF_NOEXIST);
-  return bpf_map_lookup_elem(&user_shares, &uid);
+  return map__row(&user_shares, &uid, &fresh);
 }
 
 /* Takes one from `used` if it is under `max`; counts the drop if not.
@@ -311,14 +318,10 @@ static __noinline bool processes__note(__u64 pid_tgid, bool calling_thread)
   struct process_tables *tables = process__admit(tgid);
   if (!tables)
     return false;
-  struct rs_host_stats *stats = bpf_map_lookup_elem(&nccl_processes, &tgid);
-  if (!stats) {
-    struct rs_host_stats fresh = {};
-    bpf_map_update_elem(&nccl_processes, &tgid, &fresh, BPF_NOEXIST);
-    stats = bpf_map_lookup_elem(&nccl_processes, &tgid);
-    if (!stats)
-      return true;
-  }
+  struct rs_host_stats fresh_stats = {};
+  struct rs_host_stats *stats = map__row(&nccl_processes, &tgid, &fresh_stats);
+  if (!stats)
+    return true;
   if (!calling_thread || bpf_map_lookup_elem(&threads, &tid))
     return true;
   struct user_share *share = share__of(tables);
@@ -1224,12 +1227,8 @@ struct {
 
 static __always_inline struct rs_cgroup_stats *cgroup__stats(__u64 id)
 {
-  struct rs_cgroup_stats *row = bpf_map_lookup_elem(&cgroup_stats, &id);
-  if (row)
-    return row;
   struct rs_cgroup_stats fresh = {};
-  bpf_map_update_elem(&cgroup_stats, &id, &fresh, BPF_NOEXIST);
-  return bpf_map_lookup_elem(&cgroup_stats, &id);
+  return map__row(&cgroup_stats, &id, &fresh);
 }
 
 SEC("tp_btf/sched_switch")

@@ -58,16 +58,12 @@ enum rs_nccl_op {
   RS_OP_GROUP_END = 41,
 };
 
-/* The sizes of the tables every traced process shares, and each user's
- * share of them by default (a quarter: bpf/nccl.bpf.c, user_shares). */
+/* The sizes of the tables every traced process shares (each user may
+ * hold a share of each: bpf/nccl.bpf.c, user_shares). */
 #define RS_PROCESSES 16384
 #define RS_COMM_SLOTS 131072
 #define RS_P2P_LANES 262144
 #define RS_THREADS 65536
-#define RS_USER_SHARE_PROCESSES (RS_PROCESSES / 4)
-#define RS_USER_SHARE_COMMS (RS_COMM_SLOTS / 4)
-#define RS_USER_SHARE_LANES (RS_P2P_LANES / 4)
-#define RS_USER_SHARE_THREADS (RS_THREADS / 4)
 
 /* Ways the BPF side loses data; each is a slot of the `drops` per-CPU array. */
 enum rs_drop_reason {

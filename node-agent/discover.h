@@ -28,7 +28,7 @@ struct Scope {
     // `percent` of each table (--user-table-share).
     static UserShares of_percent(uint32_t percent);
   };
-  UserShares shares = UserShares::of_percent(25);
+  UserShares shares = UserShares::of_percent(kDefaultUserTableShare);
   std::string describe() const;
 };
 

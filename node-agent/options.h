@@ -9,6 +9,8 @@
 
 namespace rankscope::agent {
 
+constexpr uint32_t kDefaultUserTableShare = 25;  // --user-table-share, percent
+
 struct Options {
   std::string collector = "tcp://127.0.0.1:7600";  // ZeroMQ endpoint of the collector's agent socket
   std::string node;                                 // node name; default: the host name
@@ -25,7 +27,7 @@ struct Options {
   // (processes, communicators, point-to-point lanes, followed threads), in
   // percent: past it that user's new ones are not traced, so no user can
   // fill them and blind the agent to the others' jobs.
-  uint32_t user_table_share = 25;
+  uint32_t user_table_share = kDefaultUserTableShare;
   std::string proc_root = "/proc";
   // Where the container runtimes keep their state (containerd, CRI-O,
   // Docker): a pod's namespace and name are read from its containers'
