@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <deque>
 #include <iterator>
 #include <zmq.hpp>
 
@@ -240,12 +241,29 @@ void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64
   for (auto& output : outputs) output->publish(evaluated);
 }
 
-// Takes in up to kMaxMessagesPerCommit agent messages, each within its
-// key's budget; replies that need no commit go at once (a clock probe's
-// answer waiting for the rest of this round would read as a long way back).
-void take_agent_messages(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Options& options,
-                         const Clock& clock, Outbox& outbox) {
-  for (int i = 0; i < kMaxMessagesPerCommit; ++i) {
+// Agent messages read off the socket ahead of the one being applied. A
+// clock probe among them is answered as it is read: behind a queue of
+// other agents' batches its `t2` would be stamped late, which reads as a
+// long way in (the node's offset off by half the wait). Bounded in
+// messages and bytes; past either, ZeroMQ's own queue (its high-water mark
+// per connection) holds the rest.
+struct ReadAhead {
+  std::deque<Received> messages;
+  size_t bytes = 0;
+};
+constexpr size_t kMaxReadAheadMessages = kMaxMessagesPerCommit;
+constexpr size_t kMaxReadAheadBytes = 64ull << 20;
+
+void send_now(Sockets& sockets, Outbox& outbox) {
+  for (const auto& [id, bytes] : outbox.now) send_to(sockets.agents, id, bytes, false);
+  outbox.now.clear();
+}
+
+// Reads what the agents' socket holds, within the read-ahead's bounds, each
+// message within its key's budget; answers clock probes at once.
+void read_ahead(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Options& options, const Clock& clock,
+                ReadAhead& ahead) {
+  while (ahead.messages.size() < kMaxReadAheadMessages && ahead.bytes < kMaxReadAheadBytes) {
     auto message = receive(sockets.agents);
     if (!message) break;
     if (!options.insecure && message->user_id.empty()) continue;  // never: the ZAP handler names every key
@@ -258,9 +276,28 @@ void take_agent_messages(Sockets& sockets, Ingest& ingest, RateLimiter& limit, c
                               std::to_string(options.max_bytes_per_s));
       continue;
     }
-    ingest.on_agent_message(message->routing_id, message->payload, outbox, message->user_id);
-    for (const auto& [id, bytes] : outbox.now) send_to(sockets.agents, id, bytes, false);
-    outbox.now.clear();
+    Outbox outbox;
+    if (ingest.answer_clock_probe(message->routing_id, message->payload, outbox, message->user_id)) {
+      send_now(sockets, outbox);
+      continue;
+    }
+    ahead.bytes += message->payload.size();
+    ahead.messages.push_back(std::move(*message));
+  }
+}
+
+// Applies up to kMaxMessagesPerCommit agent messages in the order they
+// came, reading ahead before each; replies that need no commit go at once.
+void take_agent_messages(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Options& options,
+                         const Clock& clock, ReadAhead& ahead, Outbox& outbox) {
+  for (int i = 0; i < kMaxMessagesPerCommit; ++i) {
+    read_ahead(sockets, ingest, limit, options, clock, ahead);
+    if (ahead.messages.empty()) break;
+    Received message = std::move(ahead.messages.front());
+    ahead.messages.pop_front();
+    ahead.bytes -= message.payload.size();
+    ingest.on_agent_message(message.routing_id, message.payload, outbox, message.user_id);
+    send_now(sockets, outbox);
   }
 }
 
@@ -317,6 +354,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   Commit& commit = service.commit();
   commit.start_writer();
   std::vector<std::pair<std::string, std::string>> acks_waiting, acks_written;
+  ReadAhead ahead;
   auto write_finished = [&] {
     if (commit.finish())
       for (const auto& [id, bytes] : acks_written) send_to(sockets->agents, id, bytes, false);
@@ -330,15 +368,18 @@ int run(const Options& options, const std::atomic<bool>& stop) {
                                {nullptr, commit.done_fd(), ZMQ_POLLIN, 0}};
     try {
       // Without an eventfd (done_fd() < 0) a finished write is seen at the next wake-up, at most 10 ms on.
+      // Messages read ahead and not yet applied: no wait.
       zmq::poll(items, commit.done_fd() >= 0 ? 3 : 2,
-                std::chrono::milliseconds(commit.writing() && commit.done_fd() < 0 ? 10 : 100));
+                std::chrono::milliseconds(!ahead.messages.empty()                    ? 0
+                                          : commit.writing() && commit.done_fd() < 0 ? 10
+                                                                                     : 100));
     } catch (const zmq::error_t& e) {
       // A signal (SIGTERM, SIGINT) interrupts the poll: check `stop` again.
       if (e.num() == EINTR) continue;
       throw;
     }
     Outbox outbox;
-    take_agent_messages(*sockets, service.ingest(), agent_limit, options, clock, outbox);
+    take_agent_messages(*sockets, service.ingest(), agent_limit, options, clock, ahead, outbox);
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
       evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled, fleet->get());

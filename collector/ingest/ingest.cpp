@@ -121,6 +121,34 @@ std::string Ingest::error_reply(wire::ErrorCode code, const std::string& message
   return proto::to_packed(builder);
 }
 
+std::string Ingest::clock_reply(uint64_t t1, uint64_t received_ns) const {
+  capnp::MallocMessageBuilder builder;
+  auto reply = builder.initRoot<wire::CollectorMessage>().initClockReply();
+  reply.setT1(t1);
+  reply.setT2(received_ns);
+  reply.setT3(clock_.realtime_ns());
+  return proto::to_packed(builder);
+}
+
+bool Ingest::answer_clock_probe(const std::string& routing_id, std::string_view bytes, Outbox& out,
+                                const std::string& key_node) {
+  // A packed probe is a few dozen bytes: a larger message is not one, and
+  // is not unpacked twice to find that out.
+  constexpr size_t kMaxClockProbeBytes = 128;
+  if (bytes.size() > kMaxClockProbeBytes) return false;
+  uint64_t received_ns = clock_.realtime_ns();
+  auto known = node_of_connection_.find(routing_id);
+  if (known == node_of_connection_.end() || (!key_node.empty() && key_node != known->second)) return false;
+  std::optional<uint64_t> t1;
+  auto read = proto::read_packed<wire::AgentMessage>(bytes, proto::ReadLimits{}, [&](auto message) {
+    if (message.which() == wire::AgentMessage::CLOCK_PROBE) t1 = message.getClockProbe().getT1();
+  });
+  if (!read || !t1) return false;
+  model_.nodes[known->second].last_contact_ns = received_ns;
+  out.now.emplace_back(routing_id, clock_reply(*t1, received_ns));
+  return true;
+}
+
 void Ingest::on_agent_message(const std::string& routing_id, std::string_view bytes, Outbox& out,
                               const std::string& key_node) {
   uint64_t received_ns = clock_.realtime_ns();
@@ -183,15 +211,9 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
         on_heartbeat(node, message.getHeartbeat());
         reply_detail(node, routing_id, out);
         break;
-      case wire::AgentMessage::CLOCK_PROBE: {
-        capnp::MallocMessageBuilder builder;
-        auto reply = builder.initRoot<wire::CollectorMessage>().initClockReply();
-        reply.setT1(message.getClockProbe().getT1());
-        reply.setT2(received_ns);
-        reply.setT3(clock_.realtime_ns());
-        out.now.emplace_back(routing_id, proto::to_packed(builder));
+      case wire::AgentMessage::CLOCK_PROBE:
+        out.now.emplace_back(routing_id, clock_reply(message.getClockProbe().getT1(), received_ns));
         break;
-      }
       default:
         bad_message(&node, "a message kind this collector does not know; ignored");
     }

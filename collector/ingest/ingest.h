@@ -89,6 +89,14 @@ class Ingest final : public CommitParticipant {
   // a Hello for another node is refused. Empty: no key (--insecure), any name.
   void on_agent_message(const std::string& routing_id, std::string_view bytes, Outbox& out,
                         const std::string& key_node = {});
+  // A clock probe answered the moment it is read, ahead of the messages
+  // read before it: true (the reply in out.now) when `bytes` is a probe on a
+  // connection whose Hello was applied, under its own key; false for
+  // anything else, to go through on_agent_message in its turn. Its `t2` is
+  // stamped here, so a probe that waited behind other agents' batches does
+  // not read as a long way in (the node's offset off by half the wait).
+  bool answer_clock_probe(const std::string& routing_id, std::string_view bytes, Outbox& out,
+                          const std::string& key_node = {});
   // A message of this connection dropped by the rate limit: counted for its
   // node (the key's, else the one its Hello named) and logged, rate-limited.
   void on_throttled(const std::string& routing_id, const std::string& key_node, const std::string& why);
@@ -216,6 +224,7 @@ class Ingest final : public CommitParticipant {
   static uint64_t slots_of(const CommState& comm) { return comm.nranks > 0 ? static_cast<uint64_t>(comm.nranks) : 1; }
   void persist_comm(const CommState& comm, bool retired = false);
   void persist_node(const NodeState& node);
+  std::string clock_reply(uint64_t t1, uint64_t received_ns) const;
   std::string error_reply(wire::ErrorCode code, const std::string& message) const;
   // Counts (in total and for `node`, null: not identified yet) and logs, rate-limited, one bad message.
   void bad_message(NodeState* node, const std::string& what);

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "collector/ingest/acks.h"
 #include "tests/support/harness.h"
 #include "tests/support/manual_clock.h"
@@ -102,6 +104,58 @@ TEST_F(IngestTest, AckComesOnlyAfterCommitAndReSendsChangeNothing) {
   EXPECT_EQ(comm.nranks, 2);
   EXPECT_EQ(comm.members.at(1).node, "gpu-1");
   EXPECT_EQ(comm.members.at(1).last_seq, 4);
+}
+
+std::string clock_probe(uint64_t t1) {
+  capnp::MallocMessageBuilder message;
+  message.initRoot<wire::AgentMessage>().initClockProbe().setT1(t1);
+  return proto::to_packed(message);
+}
+
+// What a clock reply says: (t1, t2, t3).
+std::tuple<uint64_t, uint64_t, uint64_t> clock_reply_of(const std::string& bytes) {
+  std::tuple<uint64_t, uint64_t, uint64_t> out{};
+  EXPECT_TRUE(proto::read_packed<wire::CollectorMessage>(bytes, proto::ReadLimits{}, [&](auto m) {
+    ASSERT_EQ(m.which(), wire::CollectorMessage::CLOCK_REPLY);
+    out = {m.getClockReply().getT1(), m.getClockReply().getT2(), m.getClockReply().getT3()};
+  }));
+  return out;
+}
+
+// The collector answers a probe as it reads it, ahead of the batches read
+// before it (collector.cpp, ReadAhead): only a probe, only on a connection
+// that said hello, only under that connection's key; anything else goes
+// through on_agent_message in its turn.
+TEST_F(IngestTest, AClockProbeIsAnsweredAheadOnlyOnAConnectionThatSaidHello) {
+  Outbox out;
+  EXPECT_FALSE(ingest.answer_clock_probe("conn-1", clock_probe(7), out)) << "no hello yet: in its turn";
+  EXPECT_TRUE(out.now.empty());
+  ingest.on_agent_message("conn-1", hello("gpu-1"), out);
+  out.now.clear();
+
+  clock.now += 123'456;
+  ASSERT_TRUE(ingest.answer_clock_probe("conn-1", clock_probe(7), out));
+  ASSERT_EQ(out.now.size(), 1u);
+  EXPECT_EQ(out.now[0].first, "conn-1");
+  auto [t1, t2, t3] = clock_reply_of(out.now[0].second);
+  EXPECT_EQ(t1, 7u);
+  EXPECT_EQ(t2, clock.now);
+  EXPECT_EQ(t3, clock.now);
+  EXPECT_EQ(ingest.node("gpu-1")->last_contact_ns, clock.now);
+  EXPECT_TRUE(out.after_commit.empty());
+
+  out.now.clear();
+  EXPECT_FALSE(ingest.answer_clock_probe("conn-1", batch(1, 0, 3), out)) << "a batch: in its turn";
+  EXPECT_FALSE(ingest.answer_clock_probe("conn-1", std::string("\x01\x02garbage"), out));
+  EXPECT_FALSE(ingest.answer_clock_probe("conn-1", clock_probe(8), out, "gpu-2")) << "another node's key";
+  EXPECT_TRUE(out.now.empty());
+  EXPECT_TRUE(out.after_commit.empty());
+  EXPECT_EQ(ingest.counters().bad_messages, 0u) << "nothing is judged here";
+
+  // In its turn a probe is answered the same way.
+  ingest.on_agent_message("conn-1", clock_probe(9), out);
+  ASSERT_EQ(out.now.size(), 1u);
+  EXPECT_EQ(std::get<0>(clock_reply_of(out.now[0].second)), 9u);
 }
 
 TEST_F(IngestTest, RecordsAreStoredOnTheCollectorClock) {
