@@ -6,6 +6,15 @@
 
 namespace rankscope::collector {
 
+void ClockRefiner::Recent::push(uint64_t seq, uint64_t ns) {
+  if (size_ < kIssueHistory) {
+    at_[(first_ + size_++) % kIssueHistory] = {seq, ns};
+  } else {
+    at_[first_] = {seq, ns};
+    first_ = (first_ + 1) % kIssueHistory;
+  }
+}
+
 void ClockRefiner::on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {
   if (lane != 0 || comm.nranks < 2 || rank < 0) return;
   RankIssues& known = comms_[comm.hash].ranks[rank];
@@ -15,19 +24,16 @@ void ClockRefiner::on_issue(const CommState& comm, int32_t rank, uint32_t lane, 
     members_of_[{member->second.node, member->second.pid}].emplace_back(comm.hash, rank);
   }
   if (!issues.empty() && issues.back().first >= seq) return;
-  issues.emplace_back(seq, issue_ns);
-  while (issues.size() > kIssueHistory) issues.pop_front();
+  issues.push(seq, issue_ns);
 }
 
 void ClockRefiner::on_complete(const CollectiveComplete& done) {
   if (done.comm.nranks < 2) return;
-  auto& arrivals = comms_[done.comm.hash].last_arrival;
-  arrivals[done.seq] = *std::max_element(done.issue.begin(), done.issue.end());
-  while (arrivals.size() > kIssueHistory) arrivals.erase(arrivals.begin());
+  comms_[done.comm.hash].last_arrival.push(done.seq, *std::max_element(done.issue.begin(), done.issue.end()));
 }
 
 void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
-  auto process = members_of_.find({node, pid});
+  auto process = members_of_.find(std::pair<std::string_view, uint32_t>(node, pid));
   if (process == members_of_.end()) return;
   for (const auto& [hash, rank] : process->second) {
     auto it = model_.comms.find(hash);
@@ -38,13 +44,20 @@ void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start
     if (member == comm.members.end() || member->second.pid != pid || member->second.node != node) continue;
     auto track = comms_.find(hash);
     if (track == comms_.end()) continue;
-    auto& issues = track->second.ranks[rank].issues;
+    auto known = track->second.ranks.find(rank);
+    if (known == track->second.ranks.end()) continue;
+    const Recent& issues = known->second.issues;
     // The wait follows the last collective this rank issued before it began.
-    auto after = std::find_if(issues.rbegin(), issues.rend(), [&](const auto& i) { return i.second < start_ns; });
-    if (after == issues.rend()) continue;
-    uint64_t seq = after->first;
+    size_t i = issues.size();
+    while (i > 0 && issues[i - 1].second >= start_ns) --i;
+    if (i == 0) continue;
+    uint64_t seq = issues[i - 1].first;
+    // Only the first wait after it counts.
+    if (known->second.joined && known->second.joined_seq == seq) continue;
+    known->second.joined = true;
+    known->second.joined_seq = seq;
     Group& group = track->second.groups[seq];
-    group.ends.emplace(rank, end_ns);  // the first wait after it
+    group.ends.emplace_back(rank, end_ns);
     if (group.ends.size() == static_cast<size_t>(comm.nranks)) {
       complete(comm, track->second, seq, group);
       track->second.groups.erase(seq);
@@ -56,27 +69,47 @@ void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start
 void ClockRefiner::complete(const CommState& comm, CommTrack& track, uint64_t seq, const Group& group) {
   // The collective's last arrival: nobody can have left before it (0: the
   // instance did not complete, its ranks called different things).
-  auto arrival = track.last_arrival.find(seq);
-  uint64_t last_arrival = arrival == track.last_arrival.end() ? 0 : arrival->second;
+  uint64_t last_arrival = 0;
+  for (size_t i = track.last_arrival.size(); i > 0; --i)
+    if (track.last_arrival[i - 1].first == seq) {
+      last_arrival = track.last_arrival[i - 1].second;
+      break;
+    }
   // Residuals are taken on the probes' clocks alone (the refinement now
   // applied removed), so that they do not move as the refinement does.
-  std::vector<int64_t> raw_ends;
-  std::map<std::string, std::vector<int64_t>> by_node;
+  // Each rank's end with its node's name, sorted by node: one run per node.
+  scratch_ends_.clear();
   for (const auto& [rank, end] : group.ends) {
     auto member = comm.members.find(rank);
     if (member == comm.members.end()) return;
     const std::string& node = member->second.node;
     if (last_arrival && end < last_arrival) violations_[node] += 1;
-    int64_t raw = static_cast<int64_t>(end) - applied(node);
-    raw_ends.push_back(raw);
-    by_node[node].push_back(raw);
+    scratch_ends_.emplace_back(&node, static_cast<int64_t>(end));
   }
-  if (by_node.size() < 2) return;  // one node: nothing to align
-  int64_t middle = median(raw_ends);
-  for (auto& [node, ends] : by_node) {
-    auto& ring = residuals_[node];
-    ring.push_back(median(ends) - middle);
-    while (ring.size() > kResiduals) ring.pop_front();
+  std::sort(scratch_ends_.begin(), scratch_ends_.end(),
+            [](const auto& a, const auto& b) { return *a.first < *b.first; });
+  scratch_raw_.clear();
+  size_t nodes = 0;
+  for (size_t i = 0; i < scratch_ends_.size();) {
+    const std::string& node = *scratch_ends_[i].first;
+    int64_t refinement = applied(node);
+    for (; i < scratch_ends_.size() && *scratch_ends_[i].first == node; ++i) {
+      scratch_ends_[i].second -= refinement;
+      scratch_raw_.push_back(scratch_ends_[i].second);
+    }
+    ++nodes;
+  }
+  if (nodes < 2) return;  // one node: nothing to align
+  int64_t middle = median(scratch_raw_);
+  for (size_t i = 0; i < scratch_ends_.size();) {
+    const std::string& node = *scratch_ends_[i].first;
+    scratch_node_.clear();
+    for (; i < scratch_ends_.size() && *scratch_ends_[i].first == node; ++i)
+      scratch_node_.push_back(scratch_ends_[i].second);
+    auto ring = residuals_.find(node);
+    if (ring == residuals_.end()) ring = residuals_.emplace(node, std::deque<int64_t>()).first;
+    ring->second.push_back(median(scratch_node_) - middle);
+    while (ring->second.size() > kResiduals) ring->second.pop_front();
   }
 }
 
