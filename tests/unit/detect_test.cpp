@@ -561,6 +561,70 @@ TEST_F(DetectTest, OneStoppedRankIsOneHangWithTheJobsOtherStallsFoldedIntoIt) {
   EXPECT_TRUE(open(FindingKind::hang).empty()) << summaries(open(FindingKind::hang));
 }
 
+// A fleet: the job above hangs beside a second job (processes 8-11, one
+// data-parallel communicator) whose collectives are in flight. Stalls are
+// followed only through the jobs of those that timed out; the second job's
+// own hang, when it comes, is a finding of its own, not folded into the
+// first job's.
+TEST_F(DetectTest, AHangIsFoldedWithinItsOwnJobBesideAnotherJobsStalls) {
+  start(12, true, {8, 9, 10, 11});
+  const uint64_t tp = kComm + 1, dp = kComm + 10, other = kComm + 20;
+  for (int32_t i = 0; i < 4; ++i) register_comm(tp + i, {2 * i, 2 * i + 1});
+  for (int32_t g = 0; g < 2; ++g) register_comm(dp + g, {g, g + 2, g + 4, g + 6});
+  for (int32_t rank = 8; rank < 12; rank += 2) {
+    testing::AgentBatch b = batch(node_of(rank));
+    for (int32_t r = rank; r < rank + 2; ++r) {
+      b.processes.push_back(testing::process(100 + r, "job-2", "chemistry", "bob"));
+      b.comms.push_back(testing::member(100 + r, other, r - 8, 4));
+    }
+    send(node_of(rank), b.bytes());
+  }
+  const uint64_t t = clock.now;
+  for (uint64_t step = 0; step < 6; ++step) {
+    std::vector<Call> list;
+    for (int32_t r = 0; r < 8; ++r) {
+      if (r == 6 && step > 4) continue;  // 6 stops after step 4; 7 waits in TP for it
+      list.push_back({r, step, t + step * 20 * kMs + r * 1000, RS_OP_ALLREDUCE, 1024, tp + r / 2, r % 2});
+      if (r < 6 || step <= 4)
+        list.push_back({r, step, t + step * 20 * kMs + 10 * kMs + r * 1000, RS_OP_ALLREDUCE, 1024, dp + r % 2, r / 2});
+    }
+    calls(list);
+  }
+  // Job 2 runs on: ranks 10 and 11 are yet to enter its #40 when job 1 is due.
+  const uint64_t due = t + 5 * 20 * kMs + 10 * kMs + options.hang_timeout_ns + kMs;
+  std::vector<Call> job2;
+  for (uint64_t seq = 0; seq <= 40; ++seq)
+    for (int32_t r = 8; r < (seq < 40 ? 12 : 10); ++r)
+      job2.push_back({r, seq, t + seq * (due - t) / 40 + r * 1000, RS_OP_ALLREDUCE, 1024, other, r - 8});
+  calls(job2);
+  keep_talking(due);
+  health(6, 'T', 1000, due);
+  evaluate_at(due);
+
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u) << summaries(hangs);
+  EXPECT_EQ(hangs[0]->job, "job-1");
+  ASSERT_EQ(hangs[0]->ranks.size(), 1u) << hangs[0]->summary;
+  EXPECT_EQ(ingest.comms().at(hangs[0]->comm).members.at(hangs[0]->ranks[0]).pid, 106u) << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->summary.find("5 other communicator(s) stall behind it"), std::string::npos) << hangs[0]->summary;
+
+  // Job 2's #40 never completes either: a hang of its own, naming its missing ranks.
+  const uint64_t later = due + options.hang_timeout_ns + kSecond;
+  keep_talking(later);
+  health(6, 'T', 1000, later);
+  evaluate_at(later);
+  hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 2u) << summaries(hangs);
+  const Finding* first = hangs[0]->job == "job-1" ? hangs[0] : hangs[1];
+  const Finding* second = hangs[0]->job == "job-1" ? hangs[1] : hangs[0];
+  EXPECT_EQ(second->job, "job-2") << summaries(hangs);
+  EXPECT_EQ(second->comm, other);
+  EXPECT_EQ(second->ranks, (std::vector<int32_t>{2, 3})) << second->summary;
+  EXPECT_EQ(second->seq, 40);
+  EXPECT_NE(first->summary.find("5 other communicator(s) stall behind it"), std::string::npos) << first->summary;
+  EXPECT_EQ(second->summary.find("stall behind it"), std::string::npos) << second->summary;
+}
+
 // As a real job's host calls go: NCCL only enqueues, so a rank issues its
 // next collective before the last one ran. 4 processes, tensor-parallel
 // pairs {0,1} {2,3} within the nodes, data-parallel groups {0,2} {1,3}
