@@ -253,19 +253,26 @@ struct ReadAhead {
 };
 constexpr size_t kMaxReadAheadMessages = kMaxMessagesPerCommit;
 constexpr size_t kMaxReadAheadBytes = 64ull << 20;
+// Messages of any kind read in one round (probes answered, messages over
+// their budget dropped, and the rest): a peer that sends without end still
+// lets the round end, and the evaluation and the commit run.
+constexpr int kMaxReadsPerRound = 2 * kMaxMessagesPerCommit;
 
 void send_now(Sockets& sockets, Outbox& outbox) {
   for (const auto& [id, bytes] : outbox.now) send_to(sockets.agents, id, bytes, false);
   outbox.now.clear();
 }
 
-// Reads what the agents' socket holds, within the read-ahead's bounds, each
-// message within its key's budget; answers clock probes at once.
+// Reads what the agents' socket holds, within the read-ahead's bounds and
+// the round's `reads`, each message within its key's budget; answers clock
+// probes at once.
 void read_ahead(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Options& options, const Clock& clock,
-                ReadAhead& ahead) {
-  while (ahead.messages.size() < kMaxReadAheadMessages && ahead.bytes < kMaxReadAheadBytes) {
+                ReadAhead& ahead, int& reads) {
+  while (ahead.messages.size() < kMaxReadAheadMessages && ahead.bytes < kMaxReadAheadBytes &&
+         reads < kMaxReadsPerRound) {
     auto message = receive(sockets.agents);
     if (!message) break;
+    ++reads;
     if (!options.insecure && message->user_id.empty()) continue;  // never: the ZAP handler names every key
     // Budgets are per key (the node the ZAP handler bound it to), not per
     // connection: a key that opens many connections shares one budget.
@@ -290,8 +297,9 @@ void read_ahead(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Opti
 // came, reading ahead before each; replies that need no commit go at once.
 void take_agent_messages(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Options& options,
                          const Clock& clock, ReadAhead& ahead, Outbox& outbox) {
+  int reads = 0;
   for (int i = 0; i < kMaxMessagesPerCommit; ++i) {
-    read_ahead(sockets, ingest, limit, options, clock, ahead);
+    read_ahead(sockets, ingest, limit, options, clock, ahead, reads);
     if (ahead.messages.empty()) break;
     Received message = std::move(ahead.messages.front());
     ahead.messages.pop_front();
