@@ -220,7 +220,7 @@ ServiceOptions service_options(const Options& options) {
 // Every kEvaluationIntervalNs: retire, refine the clocks, judge, bill, and
 // tell the outputs.
 void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64_t now, uint64_t liveness_ns,
-              uint64_t query_throttled, const fleet::Membership* fleet) {
+              uint64_t query_throttled, const fleet::Membership* fleet, const LoopTime& loop) {
   service.evaluate(now);
   Evaluated evaluated{now,
                       liveness_ns,
@@ -233,7 +233,8 @@ void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64
                       sockets.zap ? sockets.zap->admitted() : 0,
                       sockets.zap ? sockets.zap->refused() : 0,
                       query_throttled,
-                      std::nullopt};
+                      std::nullopt,
+                      loop};
   if (fleet) {
     fleet::FleetView view = fleet->view();
     evaluated.fleet = Evaluated::Fleet{view.members.size(), view.etcd_ok, view.registrations};
@@ -363,6 +364,14 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   commit.start_writer();
   std::vector<std::pair<std::string, std::string>> acks_waiting, acks_written;
   ReadAhead ahead;
+  LoopTime loop;  // for the metrics
+  auto timed = [&](LoopTime::Phase phase, auto&& work) {
+    uint64_t start = clock.monotonic_ns();
+    work();
+    uint64_t took = clock.monotonic_ns() - start;
+    loop.total_ns[phase] += took;
+    return took;
+  };
   auto write_finished = [&] {
     if (commit.finish())
       for (const auto& [id, bytes] : acks_written) send_to(sockets->agents, id, bytes, false);
@@ -387,35 +396,42 @@ int run(const Options& options, const std::atomic<bool>& stop) {
       throw;
     }
     Outbox outbox;
-    take_agent_messages(*sockets, service.ingest(), agent_limit, options, clock, ahead, outbox);
+    timed(LoopTime::agents,
+          [&] { take_agent_messages(*sockets, service.ingest(), agent_limit, options, clock, ahead, outbox); });
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
-      evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled, fleet->get());
-      if (*fleet) tell_agents_the_fleet(**fleet, service.ingest(), *sockets);
+      loop.last_evaluation_ns = timed(LoopTime::evaluate, [&] {
+        evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled, fleet->get(), loop);
+        if (*fleet) tell_agents_the_fleet(**fleet, service.ingest(), *sockets);
+      });
       last_evaluation = now;
     }
     acks_waiting.insert(acks_waiting.end(), std::make_move_iterator(outbox.after_commit.begin()),
                         std::make_move_iterator(outbox.after_commit.end()));
-    if (commit.writing() && commit.write_done()) write_finished();
-    if (!commit.writing()) {
-      if (commit.begin(now)) {
-        acks_written = std::move(acks_waiting);
-      } else {
-        // Nothing to write: what these batches needed is durable already.
-        for (const auto& [id, bytes] : acks_waiting) send_to(sockets->agents, id, bytes, false);
+    timed(LoopTime::commit, [&] {
+      if (commit.writing() && commit.write_done()) write_finished();
+      if (!commit.writing()) {
+        if (commit.begin(now)) {
+          acks_written = std::move(acks_waiting);
+        } else {
+          // Nothing to write: what these batches needed is durable already.
+          for (const auto& [id, bytes] : acks_waiting) send_to(sockets->agents, id, bytes, false);
+        }
+        acks_waiting.clear();
       }
-      acks_waiting.clear();
-    }
-    while (auto request = receive(sockets->queries)) {
-      if (!query_limit.admit(limit_key(*request), request->payload.size(), clock.monotonic_ns())) {
-        ++query_throttled;
-        query_throttle_log.report(request->user_id.empty() ? "a query client" : request->user_id,
-                                  "query over the rate limit, dropped", clock.realtime_ns());
-        continue;
+    });
+    timed(LoopTime::queries, [&] {
+      while (auto request = receive(sockets->queries)) {
+        if (!query_limit.admit(limit_key(*request), request->payload.size(), clock.monotonic_ns())) {
+          ++query_throttled;
+          query_throttle_log.report(request->user_id.empty() ? "a query client" : request->user_id,
+                                    "query over the rate limit, dropped", clock.realtime_ns());
+          continue;
+        }
+        send_to(sockets->queries, request->routing_id, answer_query(request->payload, query_context, request->user_id),
+                true);
       }
-      send_to(sockets->queries, request->routing_id, answer_query(request->payload, query_context, request->user_id),
-              true);
-    }
+    });
   }
   if (commit.writing()) write_finished();
   // The batches applied since are written by the last commit (service.stop): acknowledged once it is durable.

@@ -116,6 +116,11 @@ class Metrics {
   // was granted. Never called for a collector alone, which has no such series.
   void set_fleet(size_t members, bool etcd_ok, uint64_t registrations);
   void set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled, uint64_t query_throttled);
+  // The collector loop's time by phase since it started (ns; LoopPhase
+  // order), and how long its last evaluation took.
+  static constexpr size_t kLoopPhases = 4;
+  static constexpr std::array<const char*, kLoopPhases> kLoopPhaseNames = {"agents", "evaluate", "commit", "queries"};
+  void set_loop_time(const std::array<uint64_t, kLoopPhases>& total_ns, uint64_t last_evaluation_ns);
 
   // Running totals of one Slurm account since the collector started (the
   // usage ledger's); only their growth is added. The first kTenantSeries
@@ -176,6 +181,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* comm_last_sequence_;
   prometheus::Family<prometheus::Gauge>* node_unacked_batches_;
   prometheus::Family<prometheus::Gauge>* findings_waste_;
+  std::array<CounterTotal, kLoopPhases> loop_;
+  prometheus::Gauge* last_evaluation_ = nullptr;
   std::map<std::pair<FindingKind, std::string>, prometheus::Gauge*> findings_waste_series_;
   struct TenantSeries {
     prometheus::Counter* gpu = nullptr;

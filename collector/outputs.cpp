@@ -44,6 +44,8 @@ class MetricsOutput final : public Output {
     const DetailPolicy::Counts& detail = e.detail.counts();
     metrics_.set_detail(e.detail.wanted_comms(), detail.finding, detail.link, detail.rise);
     if (e.fleet) metrics_.set_fleet(e.fleet->members, e.fleet->etcd_ok, e.fleet->registrations);
+    static_assert(LoopTime::phases == Metrics::kLoopPhases);
+    metrics_.set_loop_time(e.loop.total_ns, e.loop.last_evaluation_ns);
   }
 
  private:

@@ -4,6 +4,7 @@
 // drainer (--drain-after-jobs) and the Prometheus exposition (--metrics).
 // Each is an Output; the collector starts those its options ask for and
 // hands every one the same picture, in that order, twice a second.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,6 +22,14 @@ class Ingest;
 class UsageLedger;
 
 // The pipeline just after an evaluation.
+// The collector loop's time since it started, by phase (ns), in the order
+// of Metrics::kLoopPhaseNames, and how long its last evaluation took.
+struct LoopTime {
+  enum Phase { agents, evaluate, commit, queries, phases };
+  std::array<uint64_t, phases> total_ns{};
+  uint64_t last_evaluation_ns = 0;
+};
+
 struct Evaluated {
   uint64_t now_ns = 0;       // cluster clock
   uint64_t liveness_ns = 0;  // a node unheard of for this long is down
@@ -40,6 +49,7 @@ struct Evaluated {
     uint64_t registrations = 0;
   };
   std::optional<Fleet> fleet;
+  LoopTime loop;  // up to the evaluation before this one
 };
 
 class Output {

@@ -80,6 +80,8 @@ void set_every_metric(Metrics& metrics) {
   metrics.set_split_totals(4, 1, 3);
   metrics.set_detail(2, 1, 0, 3);
   metrics.set_fleet(3, false, 2);
+  metrics.set_loop_time({1'500'000'000, 250'000'000, 0, 0}, 0);
+  metrics.set_loop_time({2'500'000'000, 750'000'000, 100'000'000, 0}, 125'000'000);  // totals: only growth is added
   metrics.set_tenant_usage("physics", 7200, 360, 0);
   metrics.set_tenant_usage("(unknown)", 60, 0, 12.5);
   metrics.set_node_unacked_batches("gpu-0", 42);
@@ -121,6 +123,11 @@ TEST(Metrics, ExpositionPassesPromtoolAndHasEveryCatalogueMetric) {
   EXPECT_EQ(sample(exposition, "rankscope_fleet_members"), 3);
   EXPECT_EQ(sample(exposition, "rankscope_fleet_etcd_up"), 0);
   EXPECT_EQ(sample(exposition, "rankscope_fleet_registrations_total"), 2);
+  EXPECT_EQ(sample(exposition, "rankscope_collector_loop_seconds_total{phase=\"agents\"}"), 2.5);
+  EXPECT_EQ(sample(exposition, "rankscope_collector_loop_seconds_total{phase=\"evaluate\"}"), 0.75);
+  EXPECT_EQ(sample(exposition, "rankscope_collector_loop_seconds_total{phase=\"commit\"}"), 0.1);
+  EXPECT_EQ(sample(exposition, "rankscope_collector_loop_seconds_total{phase=\"queries\"}"), 0);
+  EXPECT_EQ(sample(exposition, "rankscope_collector_last_evaluation_seconds"), 0.125);
   EXPECT_EQ(sample(exposition, "rankscope_findings_waste_gpu_seconds{job_name=\"slurm-4242\",kind=\"straggler\"}"), 2700);
 }
 

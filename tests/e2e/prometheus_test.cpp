@@ -74,6 +74,17 @@ TEST(PrometheusE2E, TheRulesRaiseALiveHangThroughAlertmanagerAndEveryDashboardQu
   EXPECT_TRUE(wait_for(delivered, std::chrono::seconds(20)))
       << "Prometheus did not deliver the alert to Alertmanager\n" << prometheus.log() << alertmanager.log();
 
+  // The collector's own load, from its loop: taking in the agents' messages
+  // took time, and evaluations ran.
+  EXPECT_TRUE(wait_for(
+      [&] {
+        return !prometheus.query("increase(rankscope_collector_loop_seconds_total{phase=\"agents\"}[1m]) > 0")["result"]
+                    .empty();
+      },
+      std::chrono::seconds(20)))
+      << prometheus.log();
+  EXPECT_FALSE(prometheus.query("rankscope_collector_last_evaluation_seconds > 0")["result"].empty());
+
   // Every panel's query, live: valid, and with data.
   std::string command = std::string(RANKSCOPE_SOURCE_DIR) + "/tests/deploy/verify_dashboard.py --prometheus " +
                         prometheus.url() + " > " + dir.file("dashboard.out") + " 2>&1";
