@@ -259,9 +259,10 @@ constexpr size_t kMaxReadAheadBytes = 64ull << 20;
 // lets the round end, and the evaluation and the commit run.
 constexpr int kMaxReadsPerRound = 2 * kMaxMessagesPerCommit;
 
-void send_now(Sockets& sockets, Outbox& outbox) {
-  for (const auto& [id, bytes] : outbox.now) send_to(sockets.agents, id, bytes, false);
-  outbox.now.clear();
+// Sends each (routing id, bytes) to the agents, and empties the list.
+void send_all(zmq::socket_t& agents, std::vector<std::pair<std::string, std::string>>& replies) {
+  for (const auto& [id, bytes] : replies) send_to(agents, id, bytes, false);
+  replies.clear();
 }
 
 // Reads what the agents' socket holds, within the read-ahead's bounds and
@@ -286,7 +287,7 @@ void read_ahead(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Opti
     }
     Outbox outbox;
     if (ingest.answer_clock_probe(message->routing_id, message->payload, outbox, message->user_id)) {
-      send_now(sockets, outbox);
+      send_all(sockets.agents, outbox.now);
       continue;
     }
     ahead.bytes += message->payload.size();
@@ -306,7 +307,7 @@ void take_agent_messages(Sockets& sockets, Ingest& ingest, RateLimiter& limit, c
     ahead.messages.pop_front();
     ahead.bytes -= message.payload.size();
     ingest.on_agent_message(message.routing_id, message.payload, outbox, message.user_id);
-    send_now(sockets, outbox);
+    send_all(sockets.agents, outbox.now);
   }
 }
 
@@ -318,7 +319,7 @@ void tell_agents_the_fleet(const fleet::Membership& fleet, Ingest& ingest, Socke
   for (const auto& m : view.members) members.push_back(FleetEntry{m.id, m.agents, m.public_key});
   Outbox outbox;
   ingest.set_fleet(view.self, members, outbox);
-  for (const auto& [id, bytes] : outbox.now) send_to(sockets.agents, id, bytes, false);
+  send_all(sockets.agents, outbox.now);
 }
 
 }  // namespace
@@ -373,8 +374,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     return took;
   };
   auto write_finished = [&] {
-    if (commit.finish())
-      for (const auto& [id, bytes] : acks_written) send_to(sockets->agents, id, bytes, false);
+    if (commit.finish()) send_all(sockets->agents, acks_written);
     // else logged by the commit; these acks are dropped, and the agents' re-sends are acknowledged by the commit that
     // writes them
     acks_written.clear();
@@ -415,7 +415,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
           acks_written = std::move(acks_waiting);
         } else {
           // Nothing to write: what these batches needed is durable already.
-          for (const auto& [id, bytes] : acks_waiting) send_to(sockets->agents, id, bytes, false);
+          send_all(sockets->agents, acks_waiting);
         }
         acks_waiting.clear();
       }
@@ -439,7 +439,7 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     RS_LOG(error, "stopping with %llu bytes not written: %s",
            static_cast<unsigned long long>(service.commit().backlog_bytes()), committed.error().message.c_str());
   else
-    for (const auto& [id, bytes] : acks_waiting) send_to(sockets->agents, id, bytes, false);
+    send_all(sockets->agents, acks_waiting);
   fleet->reset();  // leaves the fleet: its lease revoked, its jobs move at once
   RS_LOG(info, "stopped");
   return 0;

@@ -53,9 +53,8 @@ void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start
     if (i == 0) continue;
     uint64_t seq = issues[i - 1].first;
     // Only the first wait after it counts.
-    if (known->second.joined && known->second.joined_seq == seq) continue;
-    known->second.joined = true;
-    known->second.joined_seq = seq;
+    if (known->second.joined == seq) continue;
+    known->second.joined = seq;
     Group& group = track->second.groups[seq];
     group.ends.emplace_back(rank, end_ns);
     if (group.ends.size() == static_cast<size_t>(comm.nranks)) {

@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -71,8 +72,7 @@ class ClockRefiner final : public MatchListener, public RecordObserver {
     uint32_t pid = 0;  // the process last seen as this rank (in members_of_)
     // The collective whose group this rank's wait ends last joined: only
     // the first wait after a collective counts.
-    uint64_t joined_seq = 0;
-    bool joined = false;
+    std::optional<uint64_t> joined;
   };
   struct Group {
     std::vector<std::pair<int32_t, uint64_t>> ends;  // (rank, wait end), each rank once
