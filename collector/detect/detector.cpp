@@ -214,10 +214,12 @@ void Detector::on_pair(const PairComplete& pair) {
   if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver)) receiver->add(pair.recv_issue_ns, data);
 }
 
-void Detector::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
+void Detector::on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) {
   // Only processes a communicator's collectives made known.
   auto p = procs_.find({node, pid});
-  if (p != procs_.end() && end_ns >= start_ns) p->second.add_wait(start_ns, end_ns);
+  if (p == procs_.end()) return;
+  for (const HostWait& wait : waits)
+    if (wait.end_ns >= wait.start_ns) p->second.add_wait(wait.start_ns, wait.end_ns);
 }
 
 void Detector::on_gpu(const CommState& comm, int32_t rank, uint8_t, const proto::GpuRecord& record) {
@@ -229,17 +231,18 @@ void Detector::on_gpu(const CommState& comm, int32_t rank, uint8_t, const proto:
   if (ProcHistory* p = proc_of(comm, comms_[comm.hash], rank)) p->add_gpu_end(record.kernel_end_ns);
 }
 
-void Detector::on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {
-  CommDetect& state = comms_[comm.hash];
-  ProcHistory* p = proc_of(comm, state, rank);
+void Detector::on_issues(const CommState& comm, int32_t rank, uint32_t lane, std::span<const Issue> issues) {
+  ProcHistory* p = proc_of(comm, comms_[comm.hash], rank);
   if (!p) return;
-  p->add_issue(issue_ns);
-  if (issue_ns >= p->last_issue_ns) {
-    p->last_comm = comm.hash;
-    p->last_rank = rank;
-    p->last_lane = lane;
-    p->last_seq = seq;
-    p->last_issue_ns = issue_ns;
+  for (const Issue& issue : issues) {
+    p->add_issue(issue.issue_ns);
+    if (issue.issue_ns >= p->last_issue_ns) {
+      p->last_comm = comm.hash;
+      p->last_rank = rank;
+      p->last_lane = lane;
+      p->last_seq = issue.seq;
+      p->last_issue_ns = issue.issue_ns;
+    }
   }
 }
 

@@ -58,11 +58,11 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   void on_complete(const CollectiveComplete& done) override;
   void on_mismatch(const CollectiveMismatch& mismatch) override;
   void on_pair(const PairComplete& pair) override;
-  void on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) override;
+  void on_issues(const CommState& comm, int32_t rank, uint32_t lane, std::span<const Issue> issues) override;
   // A host wait on the GPU that ended (cudaStreamSynchronize and friends),
   // as the ingest applies it (its observer): when the exchange it waited
   // for had its data (ProcHistory).
-  void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
+  void on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) override;
   void on_gpu_complete(const GpuComplete& done) override;
   // The GPU side of a member's call, as the ingest applies it: its kernel's end.
   void on_gpu(const CommState& comm, int32_t rank, uint8_t op, const proto::GpuRecord& record) override;

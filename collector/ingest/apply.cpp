@@ -189,6 +189,7 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
     if (news) changed.insert(comm.hash);
     uint64_t latest_ns = clock_.realtime_ns() + kMaxFutureNs;
     size_t taken = 0, future = 0;
+    block_records_.clear();
     for (const auto& call : block->records) {
       StoredRecord record;
       record.key = RecordKey{block->comm_hash, block->lane, *rank, call.seq};
@@ -206,8 +207,10 @@ size_t Ingest::apply_collectives(NodeState& node, wire::Batch::Reader batch, con
         member.last_seq = static_cast<int64_t>(call.seq);
         member.last_issue_ns = record.call.issue_ns;
       }
-      for (RecordObserver* observer : observers_) observer->on_record(comm, *rank, block->lane, record.call);
+      block_records_.push_back(record.call);
     }
+    if (!block_records_.empty())
+      for (RecordObserver* observer : observers_) observer->on_records(comm, *rank, block->lane, block_records_);
     if (future)
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + std::to_string(future) +
                              " record(s) of comm " + hex64(comm.hash) +
@@ -232,15 +235,18 @@ void Ingest::apply_waits(NodeState& node, wire::Batch::Reader batch, const proto
     counters_.waits += block->waits.size();
     uint64_t latest_ns = clock_.realtime_ns() + kMaxFutureNs;
     size_t future = 0;
+    block_waits_.clear();
     for (const auto& w : block->waits) {
       if (w.result != 0) continue;
-      if (node.clock.to_cluster(w.end_ns) > latest_ns) {
+      const HostWait wait{node.clock.to_cluster(w.start_ns), node.clock.to_cluster(w.end_ns)};
+      if (wait.end_ns > latest_ns) {
         ++future;
         continue;
       }
-      for (RecordObserver* observer : observers_)
-        observer->on_wait(node.name, block->pid, node.clock.to_cluster(w.start_ns), node.clock.to_cluster(w.end_ns));
+      block_waits_.push_back(wait);
     }
+    if (!block_waits_.empty())
+      for (RecordObserver* observer : observers_) observer->on_waits(node.name, block->pid, block_waits_);
     if (future)
       bad_message(&node, "batch " + std::to_string(batch.getSeq()) + ": " + std::to_string(future) +
                              " wait(s) ending more than an hour past the collector's clock; skipped");

@@ -261,6 +261,9 @@ class Ingest final : public CommitParticipant {
   BadMessageLog throttle_log_;
   BadMessageLog refused_log_;
   std::vector<RecordObserver*> observers_;
+  // A block's records and waits as the observers are told them, reused.
+  std::vector<proto::CallRecord> block_records_;
+  std::vector<HostWait> block_waits_;
 };
 
 }  // namespace rankscope::collector

@@ -30,19 +30,29 @@ std::string CallShape::describe() const {
   return text;
 }
 
-void CollectiveMatcher::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
+void CollectiveMatcher::on_records(const CommState& comm, int32_t rank, uint32_t lane,
+                                   std::span<const proto::CallRecord> records) {
   // Sized by the communicator's size, which the ingest binds once and for
   // all; every index is checked against it anyway.
   if (comm.nranks <= 0 || rank < 0 || rank >= comm.nranks) return;
-  if (lane != 0) {
-    if (record.op != RS_OP_SEND && record.op != RS_OP_RECV) return;
-    for (MatchListener* listener : listeners_) listener->on_issue(comm, rank, lane, record.seq, record.issue_ns);
-    on_p2p(comm, comms_[comm.hash], rank, lane, record);
-    return;
+  // Lane 0 carries the collectives, a peer's lane its Sends and Recvs.
+  auto exchange = [lane](const proto::CallRecord& record) {
+    return lane == 0 ? proto::op_is_collective(record.op) : record.op == RS_OP_SEND || record.op == RS_OP_RECV;
+  };
+  issues_.clear();
+  for (const auto& record : records)
+    if (exchange(record)) issues_.push_back(MatchListener::Issue{record.seq, record.issue_ns});
+  if (issues_.empty()) return;
+  for (MatchListener* listener : listeners_) listener->on_issues(comm, rank, lane, issues_);
+  // Listeners hear of what completes as it does; none of them changes comms_.
+  CommMatch& state = comms_[comm.hash];
+  for (const auto& record : records) {
+    if (!exchange(record)) continue;
+    if (lane == 0)
+      on_collective(comm, state, rank, record);
+    else
+      on_p2p(comm, state, rank, lane, record);
   }
-  if (!proto::op_is_collective(record.op)) return;
-  for (MatchListener* listener : listeners_) listener->on_issue(comm, rank, 0, record.seq, record.issue_ns);
-  on_collective(comm, comms_[comm.hash], rank, record);
 }
 
 void CollectiveMatcher::on_collective(const CommState& comm, CommMatch& state, int32_t rank,
@@ -61,7 +71,7 @@ void CollectiveMatcher::on_collective(const CommState& comm, CommMatch& state, i
   if (static_cast<size_t>(rank) >= instance.issue.size() || instance.issue[rank] != 0) return;  // or seen already
   instance.issue[rank] = std::max<uint64_t>(record.issue_ns, 1);
   instance.signature[rank] = call.signature();
-  instance.distinct.emplace(instance.signature[rank], call);
+  instance.distinct.try_emplace(instance.signature[rank], call);  // no node made for a call seen already
   instance.arrived += 1;
   instance.first_issue_ns = std::min(instance.first_issue_ns, record.issue_ns);
   if (instance.signature[rank] != instance.first_signature || instance.mismatched) mismatch(comm, record.seq, instance);

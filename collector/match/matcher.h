@@ -15,6 +15,7 @@
 // communicator loses their own matching, never another job's.
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -78,10 +79,16 @@ class MatchListener {
   virtual void on_complete(const CollectiveComplete& done) {}
   virtual void on_mismatch(const CollectiveMismatch& mismatch) {}
   virtual void on_pair(const PairComplete& pair) {}
-  // A rank issued a call of an exchange (a collective or either half of a
-  // Send/Recv pair) of a communicator the matcher matches: its lane, its
-  // sequence number on that lane, its issue time on the cluster clock.
-  virtual void on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {}
+  // A call of an exchange (a collective or either half of a Send/Recv pair):
+  // its sequence number on its lane, its issue time on the cluster clock.
+  struct Issue {
+    uint64_t seq = 0;
+    uint64_t issue_ns = 0;
+  };
+  // A rank issued calls of exchanges on one lane of a communicator the
+  // matcher matches, in the order sent: a block's, told before the block's
+  // exchanges are matched.
+  virtual void on_issues(const CommState& comm, int32_t rank, uint32_t lane, std::span<const Issue> issues) {}
 };
 
 class CollectiveMatcher final : public RecordObserver {
@@ -93,7 +100,8 @@ class CollectiveMatcher final : public RecordObserver {
   // Listeners hear events in the order they subscribed.
   void subscribe(MatchListener& listener) { listeners_.push_back(&listener); }
 
-  void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) override;
+  void on_records(const CommState& comm, int32_t rank, uint32_t lane,
+                  std::span<const proto::CallRecord> records) override;
   // Drops what is open of communicators that ended (every member ended
   // them: what is open never completes) or that `comms` (the model's) lacks.
   void sweep(const std::map<uint64_t, CommState>& comms);
@@ -135,6 +143,7 @@ class CollectiveMatcher final : public RecordObserver {
 
   std::vector<MatchListener*> listeners_;
   std::map<uint64_t, CommMatch> comms_;
+  std::vector<MatchListener::Issue> issues_;  // a block's, reused
   // Open instances hold two words per rank (issue time, signature).
   OpenBudget budget_{2 * sizeof(uint64_t)};
 };

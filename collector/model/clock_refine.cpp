@@ -15,16 +15,15 @@ void ClockRefiner::Recent::push(uint64_t seq, uint64_t ns) {
   }
 }
 
-void ClockRefiner::on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) {
+void ClockRefiner::on_issues(const CommState& comm, int32_t rank, uint32_t lane, std::span<const Issue> issues) {
   if (lane != 0 || comm.nranks < 2 || rank < 0) return;
   RankIssues& known = comms_[comm.hash].ranks[rank];
-  auto& issues = known.issues;
   if (auto member = comm.members.find(rank); member != comm.members.end() && member->second.pid != known.pid) {
     known.pid = member->second.pid;
     members_of_[{member->second.node, member->second.pid}].emplace_back(comm.hash, rank);
   }
-  if (!issues.empty() && issues.back().first >= seq) return;
-  issues.push(seq, issue_ns);
+  for (const Issue& issue : issues)
+    if (known.issues.empty() || known.issues.back().first < issue.seq) known.issues.push(issue.seq, issue.issue_ns);
 }
 
 void ClockRefiner::on_complete(const CollectiveComplete& done) {
@@ -32,9 +31,12 @@ void ClockRefiner::on_complete(const CollectiveComplete& done) {
   comms_[done.comm.hash].last_arrival.push(done.seq, *std::max_element(done.issue.begin(), done.issue.end()));
 }
 
-void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
+void ClockRefiner::on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) {
   auto process = members_of_.find(std::pair<std::string_view, uint32_t>(node, pid));
   if (process == members_of_.end()) return;
+  // Each (communicator, rank) the process is, looked up once for the block;
+  // its state is its own, so taking it before the next is as taking each
+  // wait through all of them.
   for (const auto& [hash, rank] : process->second) {
     auto it = model_.comms.find(hash);
     if (it == model_.comms.end()) continue;
@@ -47,21 +49,23 @@ void ClockRefiner::on_wait(const std::string& node, uint32_t pid, uint64_t start
     auto known = track->second.ranks.find(rank);
     if (known == track->second.ranks.end()) continue;
     const Recent& issues = known->second.issues;
-    // The wait follows the last collective this rank issued before it began.
-    size_t i = issues.size();
-    while (i > 0 && issues[i - 1].second >= start_ns) --i;
-    if (i == 0) continue;
-    uint64_t seq = issues[i - 1].first;
-    // Only the first wait after it counts.
-    if (known->second.joined == seq) continue;
-    known->second.joined = seq;
-    Group& group = track->second.groups[seq];
-    group.ends.emplace_back(rank, end_ns);
-    if (group.ends.size() == static_cast<size_t>(comm.nranks)) {
-      complete(comm, track->second, seq, group);
-      track->second.groups.erase(seq);
+    for (const HostWait& wait : waits) {
+      // The wait follows the last collective this rank issued before it began.
+      size_t i = issues.size();
+      while (i > 0 && issues[i - 1].second >= wait.start_ns) --i;
+      if (i == 0) continue;
+      uint64_t seq = issues[i - 1].first;
+      // Only the first wait after it counts.
+      if (known->second.joined == seq) continue;
+      known->second.joined = seq;
+      Group& group = track->second.groups[seq];
+      group.ends.emplace_back(rank, wait.end_ns);
+      if (group.ends.size() == static_cast<size_t>(comm.nranks)) {
+        complete(comm, track->second, seq, group);
+        track->second.groups.erase(seq);
+      }
+      while (track->second.groups.size() > kOpenGroups) track->second.groups.erase(track->second.groups.begin());
     }
-    while (track->second.groups.size() > kOpenGroups) track->second.groups.erase(track->second.groups.begin());
   }
 }
 

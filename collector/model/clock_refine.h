@@ -39,10 +39,10 @@ class ClockRefiner final : public MatchListener, public RecordObserver {
   explicit ClockRefiner(const ClusterModel& model) : model_(model) {}
 
   // MatchListener: each rank's collectives, and each instance's last arrival.
-  void on_issue(const CommState& comm, int32_t rank, uint32_t lane, uint64_t seq, uint64_t issue_ns) override;
+  void on_issues(const CommState& comm, int32_t rank, uint32_t lane, std::span<const Issue> issues) override;
   void on_complete(const CollectiveComplete& done) override;
   // RecordObserver: the host waits that follow them.
-  void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
+  void on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) override;
   // Each node's refinement recomputed, and the violations seen since the
   // last update: for ClusterModel::adjust_clocks.
   ClockAdjustments update();

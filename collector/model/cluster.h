@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -240,15 +241,33 @@ struct ClusterModel {
   }
 };
 
+// A host wait on the GPU that ended (cudaStreamSynchronize...), on the cluster clock.
+struct HostWait {
+  uint64_t start_ns = 0;
+  uint64_t end_ns = 0;
+};
+
 // Told about every collective record as the ingest applies it to the model
-// (the matcher, the clock refiner, the usage ledger).
+// (the matcher, the clock refiner, the usage ledger), a block at a time: an
+// observer looks its communicator, member and process up once per block,
+// not per record.
 class RecordObserver {
  public:
   virtual ~RecordObserver() = default;
-  // `record` times are on the cluster clock.
-  virtual void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {}
-  // A host wait on the GPU that ended; times on the cluster clock.
-  virtual void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {}
+  // One member's records of one lane, in the order its agent sent them;
+  // times on the cluster clock.
+  virtual void on_records(const CommState& comm, int32_t rank, uint32_t lane,
+                          std::span<const proto::CallRecord> records) {}
+  // One thread's host waits that ended, in start order.
+  virtual void on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) {}
+  // A block of one.
+  void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
+    on_records(comm, rank, lane, std::span<const proto::CallRecord>(&record, 1));
+  }
+  void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
+    const HostWait wait{start_ns, end_ns};
+    on_waits(node, pid, std::span<const HostWait>(&wait, 1));
+  }
   // The GPU side of a member's collective (op, NCCL's seqNumber per
   // communicator and op), from NCCL's profiler plugin; times on the cluster clock.
   virtual void on_gpu(const CommState& comm, int32_t rank, uint8_t op, const proto::GpuRecord& record) {}

@@ -184,6 +184,25 @@ uint64_t minute_of(uint64_t ns) {
   return ns / kNs / 60 * 60;
 }
 
+// A span of years (a hostile wait's times) would make millions of minute
+// rows: heartbeats come every second and waits last seconds, so whatever
+// lasted longer than a day is counted in its last day.
+constexpr uint64_t kMaxSpanNs = 24ull * 3600 * kNs;
+uint64_t span_start(uint64_t from_ns, uint64_t to_ns) {
+  return to_ns - std::min(to_ns - from_ns, kMaxSpanNs);
+}
+
+// Calls at(from, to) for each minute's piece of the span [from_ns, to_ns)
+// (to_ns > from_ns), cut to its last day.
+template <typename At>
+void for_each_minute(uint64_t from_ns, uint64_t to_ns, At at) {
+  for (uint64_t from = span_start(from_ns, to_ns); from < to_ns;) {
+    const uint64_t end = std::min(to_ns, (minute_of(from) + 60) * kNs);
+    at(from, end);
+    from = end;
+  }
+}
+
 double clock_ticks_per_s() {
   static const double ticks = [] {
     long t = sysconf(_SC_CLK_TCK);
@@ -548,15 +567,9 @@ void UsageLedger::add_usage_span(uint64_t from_ns, uint64_t to_ns, const std::st
     add_usage(to_ns, node, identity, usage);
     return;
   }
-  // A minute row per minute spanned: a span of years (a hostile wait's
-  // times) would make millions. Heartbeats come every second and waits last
-  // seconds; whatever lasted longer than a day is counted in its last day.
-  constexpr uint64_t kMaxSpanNs = 24ull * 3600 * kNs;
-  if (to_ns - from_ns > kMaxSpanNs) from_ns = to_ns - kMaxSpanNs;
-  double total = static_cast<double>(to_ns - from_ns);
-  for (uint64_t at = from_ns; at < to_ns;) {
-    uint64_t end = std::min(to_ns, (minute_of(at) + 60) * kNs);
-    double share = static_cast<double>(end - at) / total;
+  const double total = static_cast<double>(to_ns - span_start(from_ns, to_ns));
+  for_each_minute(from_ns, to_ns, [&](uint64_t at, uint64_t end) {
+    const double share = static_cast<double>(end - at) / total;
     Usage part;
     part.gpu_s = usage.gpu_s * share;
     part.cpu_s = usage.cpu_s * share;
@@ -566,8 +579,7 @@ void UsageLedger::add_usage_span(uint64_t from_ns, uint64_t to_ns, const std::st
     part.bytes = usage.bytes * share;
     part.collectives = usage.collectives * share;
     add_usage(at, node, identity, part);
-    at = end;
-  }
+  });
 }
 
 void UsageLedger::add_waste(uint64_t at_ns, const WasteRow& row) {
@@ -622,22 +634,29 @@ const std::map<std::string, UsageLedger::Totals>& UsageLedger::totals(TenantKey 
   return totals_view_;
 }
 
-void UsageLedger::on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) {
+Usage& UsageLedger::record_usage(uint64_t minute, const std::string& node, uint32_t pid) {
+  if (!last_usage_.usage || last_usage_.minute != minute || last_usage_.pid != pid || last_usage_.node != node) {
+    last_usage_.usage = &record_usage_[{minute, node, pid}];
+    last_usage_.minute = minute;
+    last_usage_.pid = pid;
+    last_usage_.node = node;
+  }
+  return *last_usage_.usage;
+}
+
+void UsageLedger::on_records(const CommState& comm, int32_t rank, uint32_t lane,
+                             std::span<const proto::CallRecord> records) {
   auto member = comm.members.find(rank);
   if (member == comm.members.end()) return;
-  uint64_t minute = minute_of(record.issue_ns);
-  if (!last_usage_.usage || last_usage_.minute != minute || last_usage_.pid != member->second.pid ||
-      last_usage_.node != member->second.node) {
-    last_usage_.usage = &record_usage_[{minute, member->second.node, member->second.pid}];
-    last_usage_.minute = minute;
-    last_usage_.pid = member->second.pid;
-    last_usage_.node = member->second.node;
+  const std::string& node = member->second.node;
+  const uint32_t pid = member->second.pid;
+  for (const auto& record : records) {
+    Usage& usage = record_usage(minute_of(record.issue_ns), node, pid);
+    usage.collectives += 1;
+    usage.bytes += static_cast<double>(proto::record_bytes(record));
+    if (record.return_ns > record.issue_ns)
+      usage.collective_s += static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
   }
-  Usage& usage = *last_usage_.usage;
-  usage.collectives += 1;
-  usage.bytes += static_cast<double>(proto::record_bytes(record));
-  if (record.return_ns > record.issue_ns)
-    usage.collective_s += static_cast<double>(record.return_ns - record.issue_ns) / 1e9;
 }
 
 void UsageLedger::on_complete(const CollectiveComplete& done) {
@@ -814,12 +833,13 @@ std::optional<WasteRow> UsageLedger::neighbour_cause(const std::string& node_nam
   return row;
 }
 
-void UsageLedger::on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) {
-  if (end_ns <= start_ns) return;
-  const ProcessInfo* process = model_.process(node, pid);
-  Usage usage;
-  usage.wait_s = static_cast<double>(end_ns - start_ns) / 1e9;
-  add_usage_span(start_ns, end_ns, node, process ? Identity::of(*process) : Identity{}, usage);
+void UsageLedger::on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) {
+  // Added up by (minute, process) as records are; tick() finds whose they are.
+  for (const HostWait& wait : waits)
+    if (wait.end_ns > wait.start_ns)
+      for_each_minute(wait.start_ns, wait.end_ns, [&](uint64_t at, uint64_t end) {
+        record_usage(minute_of(at), node, pid).wait_s += static_cast<double>(end - at) / 1e9;
+      });
 }
 
 void UsageLedger::tick(uint64_t now_ns, const std::vector<const Finding*>& open) {

@@ -143,8 +143,9 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   // What an earlier run had counted of the processes and hangs still going.
   Result<void> restore();
 
-  void on_record(const CommState& comm, int32_t rank, uint32_t lane, const proto::CallRecord& record) override;
-  void on_wait(const std::string& node, uint32_t pid, uint64_t start_ns, uint64_t end_ns) override;
+  void on_records(const CommState& comm, int32_t rank, uint32_t lane,
+                  std::span<const proto::CallRecord> records) override;
+  void on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) override;
   // The waiting at a collective is owed to its last arrival.
   void on_complete(const CollectiveComplete& done) override;
   // Takes the processes' new heartbeat samples (GPU, CPU and off-CPU time)
@@ -243,9 +244,10 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   UsageOptions options_;
   std::map<std::pair<std::string, uint32_t>, ProcessTrack> processes_;
   std::map<uint64_t, CommTrack> comms_;
-  // The record path only adds up, cheaply; tick() attributes. By (minute, node, pid):
+  // The record and wait paths only add up, cheaply; tick() attributes. By (minute, node, pid):
   std::map<std::tuple<uint64_t, std::string, uint32_t>, Usage> record_usage_;
-  // The entry the last record went to: a block's records share it (cleared with record_usage_).
+  Usage& record_usage(uint64_t minute, const std::string& node, uint32_t pid);
+  // The entry the last record or wait went to: a block's share it (cleared with record_usage_).
   struct LastUsage {
     uint64_t minute = 0;
     uint32_t pid = 0;

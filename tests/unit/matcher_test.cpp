@@ -22,6 +22,20 @@ struct Heard final : MatchListener {
     uint64_t send_ns, recv_ns;
   };
   std::vector<Pair> pairs;
+  // Each on_issues call: its rank, lane and (seq, issue) pairs, and how
+  // many completions had been heard before it.
+  struct Issues {
+    int32_t rank;
+    uint32_t lane;
+    std::vector<std::pair<uint64_t, uint64_t>> issues;
+    size_t completed_before;
+  };
+  std::vector<Issues> issues;
+  void on_issues(const CommState&, int32_t rank, uint32_t lane, std::span<const Issue> block) override {
+    Issues heard{rank, lane, {}, complete.size()};
+    for (const Issue& i : block) heard.issues.emplace_back(i.seq, i.issue_ns);
+    issues.push_back(std::move(heard));
+  }
   void on_complete(const CollectiveComplete& done) override { complete.push_back({done.seq, done.issue}); }
   void on_mismatch(const CollectiveMismatch& m) override { mismatches.push_back(m); }
   void on_pair(const PairComplete& p) override {
@@ -70,6 +84,32 @@ TEST(CollectiveMatcher, ACollectiveCompletesOnceWithEveryMembersArrival) {
   EXPECT_EQ(matcher.open_from(0xc0, 0).second, nullptr) << "a complete instance is not kept";
   EXPECT_EQ(matcher.open_bytes(), 0u);
   EXPECT_TRUE(heard.mismatches.empty());
+}
+
+TEST(CollectiveMatcher, ABlockIsToldAsOneCallOfItsExchangesThenMatchedRecordByRecord) {
+  CollectiveMatcher matcher;
+  Heard heard;
+  matcher.subscribe(heard);
+  CommState comm = comm_of(0xc5, 2);
+  matcher.on_record(comm, 1, 0, call(0, 100));
+  matcher.on_record(comm, 1, 0, call(1, 200));
+  // Rank 0's block: two collectives with a call that is not one between them.
+  const std::vector<proto::CallRecord> block = {call(0, 110), call(1, 0, RS_OP_SEND), call(1, 190)};
+  matcher.on_records(comm, 0, 0, block);
+  ASSERT_EQ(heard.issues.size(), 3u);
+  EXPECT_EQ(heard.issues[2].rank, 0);
+  EXPECT_EQ(heard.issues[2].issues, (std::vector<std::pair<uint64_t, uint64_t>>{{0, 110}, {1, 190}}))
+      << "only the exchanges of its lane, in one call";
+  EXPECT_EQ(heard.issues[2].completed_before, 0u) << "told before its records are matched";
+  ASSERT_EQ(heard.complete.size(), 2u);
+  EXPECT_EQ(heard.complete[0].issue, (std::vector<uint64_t>{110, 100}));
+  EXPECT_EQ(heard.complete[1].issue, (std::vector<uint64_t>{190, 200}));
+
+  // A block with no exchange of its lane is not told at all: an AllReduce
+  // on a peer's lane, an empty block.
+  matcher.on_records(comm, 0, 3, std::vector<proto::CallRecord>{call(2, 300)});
+  matcher.on_records(comm, 0, 0, std::vector<proto::CallRecord>{});
+  EXPECT_EQ(heard.issues.size(), 3u);
 }
 
 TEST(CollectiveMatcher, DifferentCallsAtOneSequenceNumberAreAMismatchNotACompletion) {

@@ -81,8 +81,8 @@ class UsageFromMatcherTest : public ::testing::Test {
     ledger->committed();
   }
 
-  Report report() {
-    auto r = make_report(rows, kDay0, kDay0 + 86400, TenantKey::account, "");
+  Report report(uint64_t from_s = kDay0, uint64_t to_s = kDay0 + 86400) {
+    auto r = make_report(rows, from_s, to_s, TenantKey::account, "");
     EXPECT_TRUE(r) << r.error().message;
     return r ? *r : Report{};
   }
@@ -150,6 +150,33 @@ TEST_F(UsageFromMatcherTest, BackToBackCollectivesWaitingOnOneLateArrivalAreCoun
   const ReportLine* physics = line(report(), "physics");
   ASSERT_NE(physics, nullptr);
   EXPECT_NEAR(physics->waste_s, 0.050, 1e-6);
+}
+
+TEST_F(UsageFromMatcherTest, HostWaitsAreBilledToTheirProcessMinuteByMinute) {
+  start(4);
+  // Rank 3's process (node-1, pid 103) bills to chem: a block of its waits.
+  const std::vector<HostWait> waits = {
+      {t0 + 50 * kS, t0 + 70 * kS},  // 10 s in each of two minutes
+      {t0 + 75 * kS, t0 + 75 * kS},  // empty
+      {t0 + 80 * kS, t0 + 79 * kS},  // ends before it starts
+  };
+  ledger->on_waits("node-1", 103, waits);
+  // Rank 0's (physics) since 1970: counted over its last day alone.
+  ledger->on_wait("node-0", 100, 0, t0 + 90 * kS);
+  ledger->tick(t0 + 100 * kS, {});
+  commit(t0 + 100 * kS);
+
+  // t0 is kDay0 + 120 s: the first wait spans seconds 170-190 of the day.
+  for (uint64_t minute : {kDay0 + 120, kDay0 + 180}) {
+    const ReportLine* chem = line(report(minute, minute + 60), "chem");
+    ASSERT_NE(chem, nullptr) << "minute " << minute - kDay0;
+    EXPECT_NEAR(chem->usage.wait_s, 10, 1e-6) << "minute " << minute - kDay0;
+  }
+  EXPECT_NEAR(line(report(), "chem")->usage.wait_s, 20, 1e-6) << "the empty and backward waits add nothing";
+  const ReportLine* physics = line(report(kDay0 - 86400, kDay0 + 86400), "physics");
+  ASSERT_NE(physics, nullptr);
+  EXPECT_NEAR(physics->usage.wait_s, 86400, 1e-3);
+  EXPECT_NEAR(line(report(), "physics")->usage.wait_s, 210, 1e-3) << "its last day ends 210 s into day 0";
 }
 
 TEST_F(UsageFromMatcherTest, AnOpenHangChargesTheWaitingRanksToTheMissingOneUntilItCloses) {
