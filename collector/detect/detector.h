@@ -187,6 +187,11 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     std::vector<RankStats> ranks;
     std::set<std::string> all_inside;        // keys of open hangs where every rank is inside
     std::map<std::string, std::string> told;  // open hang key -> the culprits' process states it told
+    // The stall held back because a node had not told what it captured
+    // (reported_past): which (a kind's tag and its seq) and since when,
+    // on the collector's clock.
+    std::pair<int64_t, int64_t> held_stall{-1, -1};
+    uint64_t held_since_ns = 0;
   };
 
   using ProcKey = std::pair<std::string, uint32_t>;  // (node, pid)
@@ -275,16 +280,33 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   void evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t now_ns,
                       const std::vector<const Finding*>& open_of_comm, bool stalled);
   static bool is_pair_hang(const Finding& f);
+  // Whether `node` has told this collector what its agent captured until a
+  // hang timeout after `since_ns` (NodeState::reported_ns; not known: taken
+  // as told): a collector behind (its input queued, a restarted one reading
+  // the agents' spools) judges a rank missing only on what that rank's node
+  // sent after the timeout, not on what is still on its way.
+  bool reported_past(const std::string& node, uint64_t since_ns) const;
+  // Whether a stall of `state` (`which`: a kind's tag and its seq) waited on
+  // since `since_ns` is judged now: every node in `nodes` told what it
+  // captured past its timeout, or it was held back for one more hang
+  // timeout of the collector's clock already (a node whose data stays
+  // behind, its batches refused or held back, does not hide a hang for long).
+  template <typename Nodes>
+  bool judged_now(CommDetect& state, std::pair<int64_t, int64_t> which, const Nodes& nodes, uint64_t since_ns,
+                  uint64_t now_ns);
   // Folds the stalls that wait on another into it, and raises the rest that waited long enough.
   void raise_stalls(uint64_t now_ns);
   // Where each stall's missing ranks lead, by stall index: the processes
   // that wait in no exchange (roots), the stalls every rank is inside that
   // they reach (insides), and whether the stall names a root itself (direct:
-  // the job is held up there; the others stall behind it).
+  // the job is held up there; the others stall behind it). Only the stalls
+  // of the jobs that hung are followed (linked); the others are left as
+  // they are.
   struct StallLinks {
     std::vector<std::vector<ProcKey>> roots;
     std::vector<std::set<size_t>> insides;
     std::vector<bool> direct;
+    std::vector<char> linked;
   };
   StallLinks link_stalls();
   // Stalls that name the same held-up process become one (the one that
@@ -294,8 +316,8 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   // call is in stall i) entered: i, issued after it, is behind them.
   std::set<size_t> entered_elsewhere(size_t i, const std::vector<ProcKey>& members) const;
   // Of two stalls, the one whose finding tells the story: the one already
-  // open, else the one waited on longest.
-  bool tells_better(size_t a, size_t b) const;
+  // open (`open`, by stall), else the one waited on longest.
+  bool tells_better(size_t a, size_t b, const std::vector<char>& open) const;
   void raise_stall(Stall& stall, uint64_t now_ns);
   // A partial stall's culprits and story, worked out when it is told.
   void describe_stall(Stall& stall) const;

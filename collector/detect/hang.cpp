@@ -23,6 +23,11 @@ constexpr uint64_t kPairStallNs = 1'000'000'000ull;
 constexpr const char* kNeverPosted = " never posted ";
 // Processes followed from one stall's missing ranks to the one holding them up.
 constexpr size_t kMaxChase = 4096;
+// An agent tells what it captured at least at each heartbeat, every second:
+// a node that told it within this much of a stall's due time is taken as
+// having told it (nodes heartbeat out of step; the stalls of one stopped
+// rank fall due in the order they stalled).
+constexpr uint64_t kReportSlackNs = 1'000'000'000ull;
 // Stalls folded into a hang that its detail names one by one.
 constexpr size_t kFoldedTold = 16;
 // Every rank inside a collective that does not move, but some running on
@@ -115,6 +120,11 @@ bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last
     if (auto m = comm.members.find(r); m != comm.members.end())
       stall.missing.emplace_back(m->second.node, m->second.pid);
   }
+  if (stall.timed_out) {
+    std::vector<const std::string*> nodes;
+    for (const ProcKey& p : stall.missing) nodes.push_back(&p.first);
+    stall.timed_out = judged_now(*stall.state, {0, f.seq}, nodes, reached_ns, now_ns);
+  }
   // Missing ranks whose agent went silent are unseen, not hung: the
   // node_lost finding of their node tells it (and counts this one).
   if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return false;
@@ -124,6 +134,19 @@ bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last
   stall.instance_seq = instance_seq;
   stall.others = n - static_cast<int>(f.ranks.size());
   return true;
+}
+
+template <typename Nodes>
+bool Detector::judged_now(CommDetect& state, std::pair<int64_t, int64_t> which, const Nodes& nodes, uint64_t since_ns,
+                          uint64_t now_ns) {
+  bool told = true;
+  for (const auto& node : nodes) told = told && reported_past(*node, since_ns);
+  if (told) return true;
+  if (state.held_stall != which) {
+    state.held_stall = which;
+    state.held_since_ns = now_ns;
+  }
+  return now_ns >= state.held_since_ns + options_.hang_timeout_ns;
 }
 
 Detector::GpuSplit Detector::gpu_split(const CommState& comm) const {
@@ -193,6 +216,9 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
   std::string& tail = f.detail;
   // Every rank issued the same last collective and nothing moves.
   if (now_ns < last_activity || now_ns - last_activity < options_.hang_timeout_ns) return false;
+  std::vector<const std::string*> nodes;
+  for (const auto& [rank, m] : comm.members) nodes.push_back(&m.node);
+  if (!judged_now(state, {1, max_last}, nodes, last_activity, now_ns)) return false;
   std::vector<int32_t> all;
   for (const auto& [rank, m] : comm.members) all.push_back(rank);
   if (fold_into_lost_nodes(comm, all, true)) return false;
@@ -308,10 +334,15 @@ void Detector::evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t
   std::set<int32_t> missing, waiting;
   for (const auto& p : stuck) missing.insert(p.missing), waiting.insert(p.waiting);
   f.ranks.assign(missing.begin(), missing.end());
-  if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;
   for (int32_t r : f.ranks)
     if (auto m = comm.members.find(r); m != comm.members.end())
       stall.missing.emplace_back(m->second.node, m->second.pid);
+  if (stall.timed_out) {
+    std::vector<const std::string*> nodes;
+    for (const ProcKey& p : stall.missing) nodes.push_back(&p.first);
+    stall.timed_out = judged_now(state, {2, f.seq}, nodes, stall.since_ns, now_ns);
+  }
+  if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;
   std::vector<int32_t> waiters(waiting.begin(), waiting.end());
   const auto& first = stuck.front();
   std::string head = where("hang", comm) + ": ";
@@ -383,6 +414,12 @@ std::vector<Detector::ProcKey> Detector::waits_for(const ProcKey& p, size_t* ins
   return out;
 }
 
+bool Detector::reported_past(const std::string& node, uint64_t since_ns) const {
+  const NodeState* state = node_named(node);
+  return !state || state->reported_ns == 0 ||
+         state->reported_ns + kReportSlackNs >= since_ns + options_.hang_timeout_ns;
+}
+
 void Detector::raise_stalls(uint64_t now_ns) {
   bool any_due = false;
   for (const Stall& s : stalls_) any_due |= s.timed_out;
@@ -392,10 +429,8 @@ void Detector::raise_stalls(uint64_t now_ns) {
     if (!s.owned && s.timed_out) raise_stall(s, now_ns);
 }
 
-bool Detector::tells_better(size_t a, size_t b) const {
-  bool open_a = book_.open_finding(stalls_[a].finding.key()) != nullptr;
-  bool open_b = book_.open_finding(stalls_[b].finding.key()) != nullptr;
-  if (open_a != open_b) return open_a;
+bool Detector::tells_better(size_t a, size_t b, const std::vector<char>& open) const {
+  if (open[a] != open[b]) return open[a];
   if (stalls_[a].since_ns != stalls_[b].since_ns) return stalls_[a].since_ns < stalls_[b].since_ns;
   return a < b;
 }
@@ -481,7 +516,9 @@ Detector::StallLinks Detector::link_stalls() {
   // is a stall (linking them all, whenever one job hung anywhere, was a
   // tenth of the collector's time at 8,192 ranks). A stall reached from a
   // linked one brings its job in too; a stall of no known job, every stall.
-  std::vector<char> linked(stalls_.size(), 0), done(stalls_.size(), 0);
+  std::vector<char>& linked = links.linked;
+  linked.assign(stalls_.size(), 0);
+  std::vector<char> done(stalls_.size(), 0);
   std::set<std::string_view> jobs;
   auto take_job = [&](const std::string& job) {
     if (!jobs.insert(job).second) return;
@@ -530,12 +567,20 @@ void Detector::fold_stalls(const StallLinks& links) {
   const auto& roots = links.roots;
   const auto& insides = links.insides;
   const auto& direct = links.direct;
-  // The stalls that name each process as missing.
+  const auto& linked = links.linked;
+  // A stall that was not followed is of a job that did not hang: it names
+  // and waits on none of the followed stalls' processes, and stays as it is.
+  // The stalls that name each process as missing, and whether each has its
+  // finding open already (looked up once, for tells_better).
   std::map<ProcKey, std::vector<size_t>> naming;
+  std::vector<char> open(stalls_.size(), 0);
   for (size_t i = 0; i < stalls_.size(); ++i) {
+    if (!linked[i]) continue;
     for (const ProcKey& p : stalls_[i].missing) naming[p].push_back(i);
     for (const ProcKey& p : stalls_[i].stuck) naming[p].push_back(i);
+    open[i] = book_.open_finding(stalls_[i].finding.key()) != nullptr;
   }
+  auto better = [&](size_t a, size_t b) { return tells_better(a, b, open); };
   // Stalls that name the same held-up process are one story: the best tells it.
   std::vector<size_t> owner(stalls_.size());
   for (size_t i = 0; i < stalls_.size(); ++i) owner[i] = i;
@@ -543,7 +588,7 @@ void Detector::fold_stalls(const StallLinks& links) {
   auto unite = [&](size_t a, size_t b) {
     a = find(a), b = find(b);
     if (a == b) return;
-    if (tells_better(a, b))
+    if (better(a, b))
       owner[b] = a;
     else
       owner[a] = b;
@@ -560,11 +605,11 @@ void Detector::fold_stalls(const StallLinks& links) {
   }
   // A stall behind others joins the best of the stalls it waits on.
   for (size_t i = 0; i < stalls_.size(); ++i) {
-    if (direct[i]) continue;
+    if (!linked[i] || direct[i]) continue;
     size_t best = SIZE_MAX;
     auto consider = [&](size_t c) {
       c = find(c);
-      if (c != i && (best == SIZE_MAX || tells_better(c, best))) best = c;
+      if (c != i && (best == SIZE_MAX || better(c, best))) best = c;
     };
     // Through the stalls it is behind that are behind others in turn (a
     // data-parallel group behind a tensor-parallel one behind the stopped
@@ -593,7 +638,7 @@ void Detector::fold_stalls(const StallLinks& links) {
     // that tells it best; the others into it too.
     if (best == SIZE_MAX) {
       for (size_t c : visited)
-        if (!stalls_[c].stuck.empty() && (best == SIZE_MAX || tells_better(c, best))) best = c;
+        if (!stalls_[c].stuck.empty() && (best == SIZE_MAX || better(c, best))) best = c;
       if (best == i) best = SIZE_MAX;
     }
     if (best != SIZE_MAX) {

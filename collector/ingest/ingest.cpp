@@ -453,6 +453,10 @@ void Ingest::on_batch(NodeState& node, const std::string& routing_id, wire::Batc
 
   acks_.mark_stored(node, batch.getInstanceId(), batch.getSeq());
   update_gap(node, batch.getInstanceId());
+  if (batch.getCreatedNs() != 0) node.closed_ns = std::max(node.closed_ns, node.clock.to_cluster(batch.getCreatedNs()));
+  // A batch missing before it (lost on the way, or held back) holds what it
+  // captured earlier: told only once that one comes.
+  if (node.gap_seq == 0) node.reported_ns = std::max(node.reported_ns, node.closed_ns);
   node.batches += 1;
   node.records += records;
   counters_.batches_stored += 1;
@@ -528,6 +532,9 @@ void Ingest::on_heartbeat(NodeState& node, wire::Heartbeat::Reader heartbeat) {
   node.traced_processes = heartbeat.getTracedProcesses();
   node.unacked_batches = heartbeat.getUnackedBatches();
   node.last_monotonic_ns = heartbeat.getMonotonicNs();
+  // Every batch it made is stored: what it captured until (about) now is here.
+  if (heartbeat.getUnackedBatches() == 0 && heartbeat.getMonotonicNs() != 0)
+    node.reported_ns = std::max(node.reported_ns, node.clock.to_cluster(heartbeat.getMonotonicNs()));
   // A heartbeat carries what the agent knows now; keep the larger counters.
   keep_larger(node.drops, proto::read_drops(heartbeat.getDrops()));
   for (auto p : heartbeat.getProcesses()) {

@@ -92,6 +92,13 @@ struct NodeState {
   std::map<uint32_t, ProcessHealth> health;  // by pid, from heartbeats
   std::map<uint64_t, CgroupUsage> cgroups;   // by cgroup id, from heartbeats
   uint64_t last_monotonic_ns = 0;            // node clock of the last heartbeat
+  // Cluster clock: what its agent captured up to then has been applied
+  // here (the close of its latest batch applied with none missing before
+  // it, or a heartbeat that said every batch of it was acknowledged); 0:
+  // not known. A collector behind judges a hang only on what the missing
+  // ranks' nodes have told it (collector/detect/hang.cpp).
+  uint64_t reported_ns = 0;
+  uint64_t closed_ns = 0;  // the close of its latest batch applied, a gap before it or not
   // A batch of its current agent instance missing while a later one is
   // stored (lost on the way and to be sent again, or re-ordered): until it
   // comes, its processes' histories lack what it holds (the detector waits

@@ -54,6 +54,7 @@ inline std::array<uint64_t, 4> tight_clock_sample() { return {1000, 1050, 1060, 
 // One batch of an agent instance.
 struct AgentBatch {
   uint64_t instance = 1, seq = 1;
+  uint64_t created_ns = 0;  // when the agent closed it (its clock); 0: not said
   std::vector<proto::ProcessIdentity> processes;
   std::vector<proto::CommJoined> comms;
   std::vector<std::array<uint64_t, 4>> clock_samples;
@@ -64,7 +65,7 @@ struct AgentBatch {
   bool compact = false;                                  // as to a collector that reads it so: a table, compressed
 
   std::string bytes() const {
-    std::string packed = proto::encode_batch(instance, seq, 0, [&](proto::wire::Batch::Builder b) {
+    std::string packed = proto::encode_batch(instance, seq, created_ns, [&](proto::wire::Batch::Builder b) {
       std::vector<const proto::ProcessIdentity*> identities;
       for (const auto& p : processes) identities.push_back(&p);
       if (!identities.empty()) proto::write_processes(identities, b);

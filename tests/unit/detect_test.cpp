@@ -347,6 +347,69 @@ TEST_F(DetectTest, HangNamesTheRankThatNeverEnteredAndResolvesWhenItDoes) {
   EXPECT_TRUE(open(FindingKind::hang).empty());
 }
 
+// A collector behind (its input queued, or reading the agents' spools after
+// a restart) has not read yet what the missing rank's node sent since: the
+// rank is missing only once that node told what it captured past the
+// timeout, by a batch closed then or a heartbeat with every batch acknowledged.
+TEST_F(DetectTest, AHangIsJudgedOnWhatTheMissingRanksNodeSentNotOnWhatIsOnItsWay) {
+  start(4);
+  const uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 10; ++seq) instance(seq, t + seq * 10 * kMs);
+  instance(10, t + 100 * kMs, nullptr, {3});  // rank 3's #10 is not here
+  testing::AgentBatch upto = batch("node-1");
+  upto.created_ns = t + kSecond;  // node-1's batches closed after this one are still on their way
+  send("node-1", upto.bytes());
+  auto heartbeat = [&](uint64_t monotonic_ns, uint32_t unacked) {
+    send("node-1", [&](auto m) {
+      auto h = m.initHeartbeat();
+      h.setInstanceId(7);
+      h.setMonotonicNs(monotonic_ns);
+      h.setUnackedBatches(unacked);
+    });
+  };
+
+  const uint64_t due = t + 100 * kMs + options.hang_timeout_ns + kMs;
+  keep_talking(due);
+  evaluate_at(due);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << "node-1 told what it captured until t + 1 s only";
+  heartbeat(due, 3);
+  evaluate_at(due + kMs);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << "a heartbeat with batches unacknowledged says nothing of them";
+
+  heartbeat(due, 0);
+  evaluate_at(due + 2 * kMs);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{3});
+  EXPECT_EQ(hangs[0]->seq, 10);
+}
+
+TEST_F(DetectTest, ANodeWhoseDataStaysBehindHoldsAHangBackOneMoreTimeoutAtMost) {
+  start(4);
+  const uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 10; ++seq) instance(seq, t + seq * 10 * kMs);
+  instance(10, t + 100 * kMs, nullptr, {3});
+  testing::AgentBatch upto = batch("node-1");
+  upto.created_ns = t + kSecond;
+  send("node-1", upto.bytes());
+
+  // First held back two timeouts after the stall began (a collector far
+  // behind, or a restarted one reading old spools): one more timeout on the
+  // collector's clock from then, not from the records' times.
+  const uint64_t held = t + 100 * kMs + 2 * options.hang_timeout_ns + kMs;
+  keep_talking(held);
+  evaluate_at(held);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << "records two timeouts old are not judged at once";
+  keep_talking(held + options.hang_timeout_ns - kSecond);
+  evaluate_at(held + options.hang_timeout_ns - kSecond);
+  EXPECT_TRUE(open(FindingKind::hang).empty());
+  keep_talking(held + options.hang_timeout_ns + kMs);
+  evaluate_at(held + options.hang_timeout_ns + kMs);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u) << "its batches are refused or held back: judged on what is here";
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{3});
+}
+
 TEST_F(DetectTest, EveryRankInsideAndIdleIsReportedAsNoRankMissing) {
   start(4);
   uint64_t t = clock.now;

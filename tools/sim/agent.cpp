@@ -78,7 +78,7 @@ void SimAgent::send_probe() {
 }
 
 void SimAgent::send_heartbeat(int64_t rel_ns) {
-  proto::HeartbeatHeader header{node_.instance, node_clock(rel_ns), static_cast<uint32_t>(queue_.size())};
+  proto::HeartbeatHeader header{node_.instance, node_clock(rel_ns), static_cast<uint32_t>(queue_.size() + prebuilt_)};
   send(proto::encode_heartbeat(header, [&](wire::Heartbeat::Builder hb) { fill_heartbeat(hb, rel_ns); }));
   ++counters_.heartbeats;
 }
@@ -272,12 +272,14 @@ std::vector<std::pair<size_t, std::string>> SimAgent::prebuild(int64_t window_ns
     size_t records = pending_records_;
     out.emplace_back(records, build_batch(until));
   }
+  prebuilt_ += out.size();
   return out;
 }
 
 void SimAgent::start(int64_t rel_ns) { send_hello(rel_ns); }
 
 void SimAgent::submit(std::string bytes, int64_t rel_ns) {
+  if (prebuilt_ > 0) --prebuilt_;
   queue_.push_back(Pending{++submitted_seq_, std::move(bytes)});
   transmit(queue_.back(), rel_ns, false);
 }

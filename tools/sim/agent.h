@@ -125,6 +125,10 @@ class SimAgent {
   size_t pending_records_ = 0;
   uint64_t ringbuf_lost_ = 0;
   std::deque<Pending> queue_;
+  // Batches prebuilt and not submitted yet: made, so its heartbeats count
+  // them as unacknowledged (as an agent's spool), and the collector does
+  // not take the node as having told it everything it captured.
+  size_t prebuilt_ = 0;
   uint64_t held_seq_ = 0;  // a batch held back, to be sent after the next one (reordering)
   AckTimer ack_timer_;     // when to re-send, as the agent (node-agent/transport.cpp) decides it
   std::set<uint32_t> reported_dead_;
