@@ -333,9 +333,12 @@ void Detector::evaluate(uint64_t now_ns) {
   stalls_.clear();
   inside_stalls_.clear();
   uint64_t unseen_after = std::min(options_.node_lost_timeout_ns, kUnseenNs);
+  untold_nodes_ = false;
   for (const auto& [name, node] : model_.nodes) {
     uint64_t heard = std::max(node.last_contact_ns, model_.started_ns);
-    if (now_ns > heard && now_ns - heard > unseen_after) silent_.insert(name);
+    const bool silent = now_ns > heard && now_ns - heard > unseen_after;
+    if (silent) silent_.insert(name);
+    untold_nodes_ |= !silent && node.batches == 0 && node.reported_ns == 0;
   }
   forget_retired(now_ns);
   for (const auto& [hash, comm] : model_.comms) {

@@ -351,6 +351,10 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   std::map<uint64_t, CommDetect> comms_;
   std::map<std::pair<std::string, uint32_t>, ProcHistory> procs_;  // by (node, pid)
   std::set<std::string> silent_;                     // this evaluation's silent nodes
+  // Some node heard from has told nothing of what it captured yet (no
+  // batch of it applied, no heartbeat saying all is acknowledged): a rank
+  // no agent reported may be one of its, its announcement still on the way.
+  bool untold_nodes_ = false;
   std::vector<Stall> stalls_;                         // this evaluation's
   std::map<std::pair<uint64_t, uint64_t>, size_t> inside_stalls_;  // (comm, seq) -> stall every rank is inside
   std::map<std::string, std::set<uint64_t>> folded_;  // silent node -> comms whose hang it explains

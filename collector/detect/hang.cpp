@@ -123,6 +123,8 @@ bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last
   if (stall.timed_out) {
     std::vector<const std::string*> nodes;
     for (const ProcKey& p : stall.missing) nodes.push_back(&p.first);
+    // A missing rank no agent reported: its node may be one not heard in full yet.
+    if (untold_nodes_ && stall.missing.size() < f.ranks.size()) nodes.push_back(nullptr);
     stall.timed_out = judged_now(*stall.state, {0, f.seq}, nodes, reached_ns, now_ns);
   }
   // Missing ranks whose agent went silent are unseen, not hung: the
@@ -140,7 +142,7 @@ template <typename Nodes>
 bool Detector::judged_now(CommDetect& state, std::pair<int64_t, int64_t> which, const Nodes& nodes, uint64_t since_ns,
                           uint64_t now_ns) {
   bool told = true;
-  for (const auto& node : nodes) told = told && reported_past(*node, since_ns);
+  for (const std::string* node : nodes) told = told && node && reported_past(*node, since_ns);
   if (told) return true;
   if (state.held_stall != which) {
     state.held_stall = which;
@@ -340,6 +342,7 @@ void Detector::evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t
   if (stall.timed_out) {
     std::vector<const std::string*> nodes;
     for (const ProcKey& p : stall.missing) nodes.push_back(&p.first);
+    if (untold_nodes_ && stall.missing.size() < f.ranks.size()) nodes.push_back(nullptr);
     stall.timed_out = judged_now(state, {2, f.seq}, nodes, stall.since_ns, now_ns);
   }
   if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;

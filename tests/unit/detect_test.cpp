@@ -1479,6 +1479,30 @@ TEST_F(DetectTest, RankThatNeverJoinedIsNamed) {
   EXPECT_EQ(hangs[0]->seq, 0);
 }
 
+// A node that said hello and has told nothing yet (a collector behind on
+// it): a rank no agent reported may be one of its, its announcement on the
+// way. Held back one more timeout at most, as any stall whose node has not
+// told; with every node heard in full, named at the timeout (above).
+TEST_F(DetectTest, ARankNoAgentReportedIsHeldBackWhileANodeHasToldNothingYet) {
+  start(4, true, {3});
+  send("node-9", testing::hello_message("node-9", 7));
+  const uint64_t t = clock.now;
+  for (uint64_t seq = 0; seq < 4; ++seq) instance(seq, t + seq * kMs, nullptr, {3});
+  auto talk = [&](uint64_t at) {
+    keep_talking(at);
+    send("node-9", [](auto m) { m.initHeartbeat().setInstanceId(7); });
+  };
+  const uint64_t due = t + options.hang_timeout_ns + kSecond;
+  talk(due);
+  evaluate_at(due);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << "node-9 has told nothing yet";
+  talk(due + options.hang_timeout_ns + kMs);
+  evaluate_at(due + options.hang_timeout_ns + kMs);
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{3});
+}
+
 TEST_F(DetectTest, DestroyedCommunicatorResolvesItsFindings) {
   start(2);
   uint64_t t = clock.now;
