@@ -291,6 +291,8 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   // captured past its timeout, or it was held back for one more hang
   // timeout of the collector's clock already (a node whose data stays
   // behind, its batches refused or held back, does not hide a hang for long).
+  // `nodes` holds `const std::string*`; null: a node not known (a missing
+  // rank no agent reported, while some node has told nothing yet), not told.
   template <typename Nodes>
   bool judged_now(CommDetect& state, std::pair<int64_t, int64_t> which, const Nodes& nodes, uint64_t since_ns,
                   uint64_t now_ns);
