@@ -291,11 +291,12 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   // captured past its timeout, or it was held back for one more hang
   // timeout of the collector's clock already (a node whose data stays
   // behind, its batches refused or held back, does not hide a hang for long).
-  // `nodes` holds `const std::string*`; null: a node not known (a missing
-  // rank no agent reported, while some node has told nothing yet), not told.
-  template <typename Nodes>
-  bool judged_now(CommDetect& state, std::pair<int64_t, int64_t> which, const Nodes& nodes, uint64_t since_ns,
-                  uint64_t now_ns);
+  // A null node: one not known (a missing rank no agent reported, while
+  // some node has told nothing yet), not told.
+  bool judged_now(CommDetect& state, std::pair<int64_t, int64_t> which, const std::vector<const std::string*>& nodes,
+                  uint64_t since_ns, uint64_t now_ns);
+  // The nodes of a partial stall's missing ranks, for judged_now.
+  std::vector<const std::string*> missing_nodes(const Stall& stall) const;
   // Folds the stalls that wait on another into it, and raises the rest that waited long enough.
   void raise_stalls(uint64_t now_ns);
   // Where each stall's missing ranks lead, by stall index: the processes

@@ -120,13 +120,7 @@ bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last
     if (auto m = comm.members.find(r); m != comm.members.end())
       stall.missing.emplace_back(m->second.node, m->second.pid);
   }
-  if (stall.timed_out) {
-    std::vector<const std::string*> nodes;
-    for (const ProcKey& p : stall.missing) nodes.push_back(&p.first);
-    // A missing rank no agent reported: its node may be one not heard in full yet.
-    if (untold_nodes_ && stall.missing.size() < f.ranks.size()) nodes.push_back(nullptr);
-    stall.timed_out = judged_now(*stall.state, {0, f.seq}, nodes, reached_ns, now_ns);
-  }
+  if (stall.timed_out) stall.timed_out = judged_now(*stall.state, {0, f.seq}, missing_nodes(stall), reached_ns, now_ns);
   // Missing ranks whose agent went silent are unseen, not hung: the
   // node_lost finding of their node tells it (and counts this one).
   if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return false;
@@ -138,9 +132,16 @@ bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last
   return true;
 }
 
-template <typename Nodes>
-bool Detector::judged_now(CommDetect& state, std::pair<int64_t, int64_t> which, const Nodes& nodes, uint64_t since_ns,
-                          uint64_t now_ns) {
+std::vector<const std::string*> Detector::missing_nodes(const Stall& stall) const {
+  std::vector<const std::string*> nodes;
+  for (const ProcKey& p : stall.missing) nodes.push_back(&p.first);
+  // A missing rank no agent reported: its node may be one not heard in full yet.
+  if (untold_nodes_ && stall.missing.size() < stall.finding.ranks.size()) nodes.push_back(nullptr);
+  return nodes;
+}
+
+bool Detector::judged_now(CommDetect& state, std::pair<int64_t, int64_t> which,
+                          const std::vector<const std::string*>& nodes, uint64_t since_ns, uint64_t now_ns) {
   bool told = true;
   for (const std::string* node : nodes) told = told && node && reported_past(*node, since_ns);
   if (told) return true;
@@ -339,12 +340,7 @@ void Detector::evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t
   for (int32_t r : f.ranks)
     if (auto m = comm.members.find(r); m != comm.members.end())
       stall.missing.emplace_back(m->second.node, m->second.pid);
-  if (stall.timed_out) {
-    std::vector<const std::string*> nodes;
-    for (const ProcKey& p : stall.missing) nodes.push_back(&p.first);
-    if (untold_nodes_ && stall.missing.size() < f.ranks.size()) nodes.push_back(nullptr);
-    stall.timed_out = judged_now(state, {2, f.seq}, nodes, stall.since_ns, now_ns);
-  }
+  if (stall.timed_out) stall.timed_out = judged_now(state, {2, f.seq}, missing_nodes(stall), stall.since_ns, now_ns);
   if (fold_into_lost_nodes(comm, f.ranks, stall.timed_out)) return;
   std::vector<int32_t> waiters(waiting.begin(), waiting.end());
   const auto& first = stuck.front();
