@@ -133,6 +133,45 @@ std::string cause_key(const WasteRow& row) {
   return part;
 }
 
+// The spread row of a victim: its waiting on causes beyond the named ones
+// (UsageOptions::named_causes). Its cause part has the spread node and a
+// digest no identity has (all ones), so no named cause shares its key.
+const std::string& spread_marker() {
+  static const std::string marker = std::string(kSpreadCauseNode) + '\0' + std::string(16, '\xff');
+  return marker;
+}
+
+std::string spread_cause_key(WasteReason reason) {
+  return spread_marker() + static_cast<char>(reason);
+}
+
+bool is_spread_cause(std::string_view cause_part) {
+  return cause_part.size() == spread_marker().size() + 1 && cause_part.starts_with(spread_marker());
+}
+
+// A waste row's key whose cause is the spread one (the cause part ends it).
+bool is_spread_row(std::string_view key) {
+  return key.size() > spread_marker().size() && is_spread_cause(key.substr(key.size() - spread_marker().size() - 1));
+}
+
+// What two identities have in common: each field they agree on (a job's
+// late ranks share its job, user and account; their cgroups and pods differ).
+Identity common_fields(const Identity& a, const Identity& b) {
+  Identity out;
+  auto keep = [](std::string& to, const std::string& x, const std::string& y) {
+    if (x == y) to = x;
+  };
+  keep(out.job, a.job, b.job);
+  keep(out.step, a.step, b.step);
+  keep(out.user, a.user, b.user);
+  keep(out.account, a.account, b.account);
+  keep(out.namespace_, a.namespace_, b.namespace_);
+  keep(out.pod_uid, a.pod_uid, b.pod_uid);
+  keep(out.container_id, a.container_id, b.container_id);
+  keep(out.cgroup_path, a.cgroup_path, b.cgroup_path);
+  return out;
+}
+
 // The key of the same row in another bucket: only the prefix differs.
 std::string rekeyed(const std::string& key, Level level, uint64_t bucket_s) {
   return key_prefix(level, bucket_s, key[kKeyPrefixBytes - 1]) + key.substr(kKeyPrefixBytes);
@@ -587,7 +626,7 @@ void UsageLedger::add_waste(uint64_t at_ns, const WasteRow& row) {
 }
 
 void UsageLedger::add_waste_at(std::string key, const std::string& node, const Identity& identity,
-                               const WasteRow& cause, double gpu_s) {
+                               const WasteRow& cause, double gpu_s, bool spread) {
   auto [it, created] = edges_.try_emplace(std::move(key));
   MinuteEdge& edge = it->second;
   if (created) {
@@ -599,7 +638,10 @@ void UsageLedger::add_waste_at(std::string key, const std::string& node, const I
       if (auto entry = decode_ledger_entry(it->first, **stored); entry && entry->waste) {
         edge.row.gpu_s = entry->edge.gpu_s;
         edge.flushed = entry->edge.gpu_s;
+        if (spread) edge.row.cause = common_fields(entry->edge.cause, cause.cause);
       }
+  } else if (spread) {
+    edge.row.cause = common_fields(edge.row.cause, cause.cause);
   }
   edge.row.gpu_s += gpu_s;
   if (!cause.cause_detail.empty()) edge.row.cause_detail = cause.cause_detail;
@@ -771,11 +813,48 @@ void UsageLedger::fold_records() {
     }
   }
   pending_waits_.clear();
-  for (const auto& [key, gpu_s] : owed) {
-    const auto& [minute_s, victim, cause_at] = key;
+  // Each (minute, victim party) names its causes up to a bound; the rest
+  // of its waiting goes to one spread row per reason. A job's healthy
+  // jitter makes every rank late now and then: at thousands of ranks,
+  // naming each would write a row per (victim node, late node) every
+  // minute, tens of thousands a minute for one job, kept as long as the
+  // database. The most waited on are named first; a cause named earlier
+  // in the minute stays named.
+  std::vector<std::pair<double, size_t>> group;  // (GPU-seconds, cause) of one (minute, victim)
+  std::set<std::string_view> named;
+  for (auto it = owed.begin(); it != owed.end();) {
+    const uint64_t minute_s = std::get<0>(it->first);
+    const size_t victim = std::get<1>(it->first);
+    group.clear();
+    for (; it != owed.end() && std::get<0>(it->first) == minute_s && std::get<1>(it->first) == victim; ++it)
+      group.emplace_back(it->second, std::get<2>(it->first));
+    std::sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     const auto& party = parties[victim];
-    add_waste_at(key_prefix(Level::minute, minute_s, 'w') + party.key + cause_keys[cause_at], party.node,
-                 party.identity, causes[cause_at], gpu_s);
+    const std::string prefix = key_prefix(Level::minute, minute_s, 'w') + party.key;
+    named.clear();
+    for (auto edge = edges_.lower_bound(prefix); edge != edges_.end() && edge->first.starts_with(prefix); ++edge) {
+      const std::string_view cause_part = std::string_view(edge->first).substr(prefix.size());
+      // Hangs are named whatever their number (one row per hang finding).
+      if (!is_spread_cause(cause_part) && edge->second.row.reason != WasteReason::hang) named.insert(cause_part);
+    }
+    std::map<WasteReason, std::pair<WasteRow, double>> spread;
+    for (const auto& [gpu_s, cause_at] : group) {
+      const std::string& cause_part = cause_keys[cause_at];
+      if (named.count(cause_part) || named.size() < options_.named_causes) {
+        add_waste_at(prefix + cause_part, party.node, party.identity, causes[cause_at], gpu_s);
+        named.insert(cause_part);  // cause_keys outlive this fold's use of `named`
+        continue;
+      }
+      auto [at, fresh] = spread.try_emplace(causes[cause_at].reason, causes[cause_at], 0.0);
+      if (!fresh) at->second.first.cause = common_fields(at->second.first.cause, causes[cause_at].cause);
+      at->second.second += gpu_s;
+    }
+    for (auto& [reason, row_and_s] : spread) {
+      WasteRow& row = row_and_s.first;
+      row.cause_node = kSpreadCauseNode;
+      row.cause_detail = "ranks beyond the " + std::to_string(options_.named_causes) + " most waited on this minute";
+      add_waste_at(prefix + spread_cause_key(reason), party.node, party.identity, row, row_and_s.second, true);
+    }
   }
 }
 
@@ -1115,6 +1194,8 @@ Result<bool> UsageLedger::persist(WriteSet& writes, uint64_t now_ns, bool force)
     for (Level level : {Level::hour, Level::day}) {
       auto [it, created] = edge_rollups.try_emplace(rekeyed(key, level, bucket_start(level, minute_s)), edge.row);
       if (created) it->second.gpu_s = 0;
+      else if (is_spread_row(key))
+        it->second.cause = common_fields(it->second.cause, edge.row.cause);
       it->second.gpu_s += delta;
     }
   }
@@ -1149,6 +1230,7 @@ Result<void> UsageLedger::write_rollups(WriteSet& writes, std::map<std::string, 
       auto entry = decode_ledger_entry(key, **stored);
       if (!entry) return entry.error();
       row.gpu_s += entry->edge.gpu_s;
+      if (is_spread_row(key)) row.cause = common_fields(row.cause, entry->edge.cause);
     }
     put(writes, key, encode_waste_row(row));
   }

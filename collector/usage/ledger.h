@@ -77,6 +77,10 @@ struct Usage {
 // GPU-seconds a victim's GPUs sat idle because of a cause.
 enum class WasteReason : uint8_t { straggler = 1, cpu_neighbour = 2, hang = 3 };
 const char* waste_reason_name(WasteReason reason);
+// The cause node of a victim's spread row: its waiting in a minute on
+// causes beyond the ones named (UsageOptions::named_causes), whose cause
+// identity keeps only what those causes had in common.
+constexpr const char* kSpreadCauseNode = "(spread)";
 
 struct UsageRow {
   std::string node;
@@ -130,6 +134,10 @@ struct UsageOptions {
   double neighbour_runqueue_share = 0.05;  // ...when the late rank waited this share of its time for a CPU
   uint64_t neighbour_window_ns = 10'000'000'000ull;
   uint64_t hang_timeout_ns = 30'000'000'000ull;  // hang waste counts from when the ranks started waiting
+  // Causes named per victim (node and identity) and minute, the most waited
+  // on first; the rest of its waiting that minute is one spread row. Bounds
+  // the rows a job's jitter writes at thousands of ranks.
+  size_t named_causes = 8;
 };
 
 // A record observer for what each process did (calls, bytes, time in
@@ -221,8 +229,9 @@ class UsageLedger final : public RecordObserver, public MatchListener, public Co
   // add_usage and add_waste with the row's key made (fold_records makes
   // each party's part of it once); `cause`: the waste row's cause fields.
   void add_usage_at(std::string key, const std::string& node, const Identity& identity, const Usage& usage);
+  // `spread`: the row gathers many causes; its cause identity keeps what they have in common.
   void add_waste_at(std::string key, const std::string& node, const Identity& identity, const WasteRow& cause,
-                    double gpu_s);
+                    double gpu_s, bool spread = false);
   double gpus_of(const ProcessInfo* process) const;
   // The neighbour cgroup to blame for a late rank on `node`, if any.
   std::optional<WasteRow> neighbour_cause(const std::string& node, const ProcessInfo* late, uint32_t late_pid) const;

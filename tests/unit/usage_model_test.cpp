@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,68 @@ TEST_F(UsageFromMatcherTest, BackToBackCollectivesWaitingOnOneLateArrivalAreCoun
   const ReportLine* physics = line(report(), "physics");
   ASSERT_NE(physics, nullptr);
   EXPECT_NEAR(physics->waste_s, 0.050, 1e-6);
+}
+
+TEST_F(UsageFromMatcherTest, AVictimNamesItsMostWaitedOnCausesEachMinuteAndSpreadsTheRest) {
+  start(40);  // 20 nodes, two ranks each: node-19's rank 39 bills to chem
+  // Each second one rank is late: rank 39 by 200 ms every fifth second,
+  // else one of ranks 2-37 (nodes 1-18) by 10-14 ms. Node-0's two ranks
+  // wait on all of them: 19 parties, more than the 8 named a minute.
+  const size_t named = UsageOptions{}.named_causes;
+  double node0_waste = 0, chem_caused = 0, total = 0;
+  auto late = [](uint64_t seq) { return seq % 5 == 0 ? 39 : 2 + static_cast<int32_t>(seq % 36); };
+  auto delay = [](int32_t rank) { return rank == 39 ? 200 * kMs : 10 * kMs + static_cast<uint64_t>(rank) * kMs / 10; };
+  // Node-0's minute rows: named causes (by cause node and detail) and the spread rows.
+  auto node0_rows = [&](std::set<std::string>& causes, std::vector<WasteRow>& spread) {
+    causes.clear();
+    spread.clear();
+    double sum = 0;
+    auto scanned = scan_ledger(
+        rows, kDay0, kDay0 + 86400,
+        [&](const LedgerEntry& e) {
+          if (!e.waste || e.edge.node != "node-0") return;
+          sum += e.edge.gpu_s;
+          if (e.edge.cause_node == kSpreadCauseNode)
+            spread.push_back(e.edge);
+          else
+            causes.insert(e.edge.cause_node + " " + e.edge.cause_detail);
+        },
+        Level::minute);
+    EXPECT_TRUE(scanned);
+    return sum;
+  };
+  std::set<std::string> first, second;
+  std::vector<WasteRow> spread;
+  for (uint64_t half : {0, 1}) {
+    for (uint64_t seq = half * 20; seq < half * 20 + 20; ++seq) {
+      const int32_t l = late(seq);
+      const double d = static_cast<double>(delay(l)) / kS;
+      instance(seq, t0 + seq * kS, [&](int32_t r) { return r == l ? delay(l) : 0; });
+      node0_waste += 2 * d;  // both of node-0's ranks waited, one GPU each
+      total += (nranks - 1) * d;
+      if (l == 39) chem_caused += (nranks - 1) * d;
+    }
+    ledger->tick(t0 + (half + 1) * 20 * kS, {});
+    commit(t0 + (half + 1) * 20 * kS);
+    EXPECT_NEAR(node0_rows(half == 0 ? first : second, spread), node0_waste, 1e-9) << "half " << half;
+    ASSERT_EQ(spread.size(), 1u) << "half " << half;
+  }
+  // One minute: at most `named` causes and one spread row for node-0, the
+  // most waited on among them, and a cause named once stays named.
+  EXPECT_EQ(second.size(), named);
+  EXPECT_TRUE(second.count("node-19 rank 39 (pid 139)"));
+  for (const auto& cause : first) EXPECT_TRUE(second.count(cause)) << cause << " was named, then not";
+  // The spread row keeps what its causes share: the job and the account.
+  EXPECT_EQ(spread[0].cause.job, "job-1");
+  EXPECT_EQ(spread[0].cause.account, "physics");
+  EXPECT_EQ(spread[0].reason, WasteReason::straggler);
+  // Nothing is lost: by account, chem caused its own waiting and physics the rest.
+  Report r = report();
+  ASSERT_NE(line(r, "chem"), nullptr);
+  ASSERT_NE(line(r, "physics"), nullptr);
+  EXPECT_NEAR(line(r, "chem")->caused_s, chem_caused, 1e-9);
+  EXPECT_NEAR(line(r, "physics")->caused_s, total - chem_caused, 1e-9);
+  EXPECT_NEAR(r.total.waste_s, total, 1e-9);
 }
 
 TEST_F(UsageFromMatcherTest, HostWaitsAreBilledToTheirProcessMinuteByMinute) {
