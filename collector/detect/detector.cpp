@@ -103,6 +103,15 @@ void Detector::ProcHistory::add_issue(uint64_t issue) {
     issues.pop_front();
 }
 
+void Detector::ProcHistory::add_call(const Call& call) {
+  // Blocks of different communicators and lanes interleave: keep time order.
+  if (recent.size() == kRecentCalls && call.issue_ns < recent.front().issue_ns) return;
+  auto at = recent.end();
+  while (at != recent.begin() && (at - 1)->issue_ns > call.issue_ns) --at;
+  recent.insert(at, call);
+  if (recent.size() > kRecentCalls) recent.erase(recent.begin());
+}
+
 void Detector::ProcHistory::add_gpu_end(uint64_t end) {
   // A batch's blocks (one per communicator and op) each span the batch:
   // keep time order.
@@ -236,6 +245,7 @@ void Detector::on_issues(const CommState& comm, int32_t rank, uint32_t lane, std
   if (!p) return;
   for (const Issue& issue : issues) {
     p->add_issue(issue.issue_ns);
+    p->add_call({comm.hash, rank, lane, issue.seq, issue.issue_ns});
     if (issue.issue_ns >= p->last_issue_ns) {
       p->last_comm = comm.hash;
       p->last_rank = rank;

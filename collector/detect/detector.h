@@ -144,6 +144,18 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     uint32_t last_lane = 0;
     uint64_t last_seq = 0;
     uint64_t last_issue_ns = 0;
+    // Its latest calls (the last one among them), oldest first: one that
+    // has not completed holds its stream, whatever it called after.
+    struct Call {
+      uint64_t comm = 0;
+      int32_t rank = -1;
+      uint32_t lane = 0;
+      uint64_t seq = 0;
+      uint64_t issue_ns = 0;
+    };
+    static constexpr size_t kRecentCalls = 8;
+    std::vector<Call> recent;
+    void add_call(const Call& call);
     // When the process was last free to go on before `t`: the latest release
     // of an exchange it entered before `t`, or, where its host waited on the
     // GPU for that exchange, when the exchange's data had moved (a pipeline
@@ -324,9 +336,9 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   void raise_stall(Stall& stall, uint64_t now_ns);
   // A partial stall's culprits and story, worked out when it is told.
   void describe_stall(Stall& stall) const;
-  // The processes `p` waits for in its latest exchange (none: it is not
-  // waiting in one); `inside` is set when that exchange is a stall every rank is inside.
-  std::vector<ProcKey> waits_for(const ProcKey& p, size_t* inside) const;
+  // Who waits on whom in this evaluation's stalls (collector/detect/hang.cpp):
+  // each exchange followed once, whatever the number of stalls reaching it.
+  class WaitGraph;
   void evaluate_stragglers(const CommState& comm, CommDetect& state, uint64_t now_ns,
                            const std::set<int32_t>* open_ranks);
   // A straggler finding for rank r: host side from `host`, GPU side from `gpu` (else null).

@@ -21,8 +21,6 @@ constexpr const char* kWentOn = "Every rank went on past this collective by";
 constexpr uint64_t kPairStallNs = 1'000'000'000ull;
 // How a hang in Send/Recv says what is missing (and how it is told from a collective's).
 constexpr const char* kNeverPosted = " never posted ";
-// Processes followed from one stall's missing ranks to the one holding them up.
-constexpr size_t kMaxChase = 4096;
 // An agent tells what it captured at least at each heartbeat, every second:
 // a node that told it within this much of a stall's due time is taken as
 // having told it (nodes heartbeat out of step; the stalls of one stopped
@@ -393,25 +391,128 @@ void Detector::describe_stall(Stall& stall) const {
   f.detail = " (" + call + ").\nMissing:";
 }
 
-std::vector<Detector::ProcKey> Detector::waits_for(const ProcKey& p, size_t* inside) const {
-  *inside = SIZE_MAX;
-  std::vector<ProcKey> out;
-  auto h = procs_.find(p);
-  if (h == procs_.end() || h->second.last_issue_ns == 0) return out;
-  const ProcHistory& last = h->second;
-  auto comm = model_.comms.find(last.last_comm);
-  if (comm == model_.comms.end() || comm->second.ended) return out;
-  if (last.last_lane == 0) {
-    if (auto in = inside_stalls_.find({last.last_comm, last.last_seq}); in != inside_stalls_.end()) {
-      *inside = in->second;
-      return out;
+// Who waits on whom: a process waits in the calls it made that did not
+// complete, on the ranks those calls await. Each exchange's waiters are
+// followed once per evaluation, memoized with what they reach: a job's
+// world collective that thousands of ranks never entered is one exchange,
+// not thousands of searches of thousands of processes.
+class Detector::WaitGraph {
+ public:
+  // The processes waited on at the end of the chains (waiting in nothing),
+  // and the stalls every rank is inside that the chains end in.
+  struct Reach {
+    std::set<ProcKey> roots;
+    std::set<size_t> insides;
+  };
+  explicit WaitGraph(const Detector& detector) : d_(detector) {}
+
+  // The calls `p` waits in: its latest, if that has not completed; else,
+  // unless it is stopped or gone, the earlier of its latest calls that
+  // have not (the calls of a group run side by side: a pipeline stage's
+  // last half matched, an earlier one waits on a stage that never posted
+  // its own). `inside`: its latest call (or, where none of them waits,
+  // an earlier one) is in a stall every rank is inside.
+  std::vector<size_t> waiting(const ProcKey& p, size_t* inside) {
+    *inside = SIZE_MAX;
+    std::vector<size_t> calls;
+    auto h = d_.procs_.find(p);
+    if (h == d_.procs_.end() || h->second.last_issue_ns == 0) return calls;
+    const ProcHistory& history = h->second;
+    const ProcHistory::Call latest{history.last_comm, history.last_rank, history.last_lane, history.last_seq,
+                                   history.last_issue_ns};
+    if (open_call(latest, calls, inside) || *inside != SIZE_MAX) return calls;
+    // A stopped or exited process is where the job is held, whatever it called before.
+    if (const NodeState* node = d_.node_named(p.first)) {
+      auto health = node->health.find(p.second);
+      if (health != node->health.end() && health->second.known() && stuck_process(health->second)) return calls;
     }
+    size_t inside_earlier = SIZE_MAX;
+    for (auto call = history.recent.rbegin(); call != history.recent.rend(); ++call) {
+      if (call->comm == latest.comm && call->lane == latest.lane && call->seq == latest.seq) continue;
+      size_t in = SIZE_MAX;
+      open_call(*call, calls, &in);
+      if (inside_earlier == SIZE_MAX) inside_earlier = in;
+    }
+    if (calls.empty()) *inside = inside_earlier;
+    return calls;
   }
-  for (int32_t r : matcher_.awaited(last.last_comm, last.last_rank, last.last_lane, last.last_seq))
-    if (auto m = comm->second.members.find(r); m != comm->second.members.end())
-      out.emplace_back(m->second.node, m->second.pid);
-  return out;
-}
+
+  // Adds what `p` waits on to `out`; true when `p` itself waits in nothing.
+  bool reach(const ProcKey& p, Reach& out, size_t depth = 0) {
+    size_t inside = SIZE_MAX;
+    std::vector<size_t> calls = waiting(p, &inside);
+    if (inside != SIZE_MAX) {
+      if (out.insides.size() < kMaxReach) out.insides.insert(inside);
+      return false;
+    }
+    if (calls.empty()) {
+      if (out.roots.size() < kMaxReach) out.roots.insert(p);
+      return true;
+    }
+    if (depth >= kMaxDepth) return false;
+    for (size_t c : calls) {
+      const Reach& r = reach_call(c, depth + 1);
+      for (const ProcKey& root : r.roots)
+        if (out.roots.size() < kMaxReach) out.roots.insert(root);
+      for (size_t in : r.insides)
+        if (out.insides.size() < kMaxReach) out.insides.insert(in);
+    }
+    return false;
+  }
+
+ private:
+  // Bounds: what one chain reaches (a hang names a few processes), and how
+  // long a chain is followed (each link two frames of the stack).
+  static constexpr size_t kMaxReach = 256;
+  static constexpr size_t kMaxDepth = 512;
+  struct Node {
+    std::vector<ProcKey> awaited;
+    enum { fresh, following, done } state = fresh;
+    Reach reach;
+  };
+
+  // Whether `call` waits on someone (adding its node to `calls`), or sets
+  // `inside` where it is in a stall every rank is inside.
+  bool open_call(const ProcHistory::Call& call, std::vector<size_t>& calls, size_t* inside) {
+    auto comm = d_.model_.comms.find(call.comm);
+    if (comm == d_.model_.comms.end() || comm->second.ended) return false;
+    if (call.lane == 0)
+      if (auto in = d_.inside_stalls_.find({call.comm, call.seq}); in != d_.inside_stalls_.end()) {
+        *inside = in->second;
+        return false;
+      }
+    // A collective's instance is one node for all its ranks; a Send/Recv
+    // half is its own.
+    auto key = std::make_tuple(call.comm, call.lane == 0 ? -1 : call.rank, call.lane, call.seq);
+    auto [at, fresh] = index_.try_emplace(key, nodes_.size());
+    if (fresh) {
+      Node& node = nodes_.emplace_back();
+      for (int32_t r : d_.matcher_.awaited(call.comm, call.rank, call.lane, call.seq))
+        if (auto m = comm->second.members.find(r); m != comm->second.members.end())
+          node.awaited.emplace_back(m->second.node, m->second.pid);
+    }
+    if (nodes_[at->second].awaited.empty()) return false;
+    calls.push_back(at->second);
+    return true;
+  }
+
+  const Reach& reach_call(size_t n, size_t depth) {
+    static const Reach kNothing;
+    Node& node = nodes_[n];  // a deque: nodes added while following stay put
+    if (node.state == Node::done) return node.reach;
+    if (node.state == Node::following) return kNothing;  // a cycle
+    node.state = Node::following;
+    Reach r;
+    for (const ProcKey& q : node.awaited) reach(q, r, depth);
+    node.reach = std::move(r);
+    node.state = Node::done;
+    return node.reach;
+  }
+
+  const Detector& d_;
+  std::map<std::tuple<uint64_t, int32_t, uint32_t, uint64_t>, size_t> index_;
+  std::deque<Node> nodes_;
+};
 
 bool Detector::reported_past(const std::string& node, uint64_t since_ns) const {
   const NodeState* state = node_named(node);
@@ -446,27 +547,16 @@ Detector::StallLinks Detector::link_stalls() {
   auto& roots = links.roots;
   auto& insides = links.insides;
   auto& direct = links.direct;
+  WaitGraph graph(*this);
+  // Whether a process it starts from waits in nothing: the stall names
+  // where the job is held.
   auto chase = [&](size_t i, const std::vector<ProcKey>& from) {
-    std::set<ProcKey> own(from.begin(), from.end()), seen = own;
-    std::deque<ProcKey> queue(from.begin(), from.end());
+    WaitGraph::Reach reach;
     bool names_root = false;
-    for (size_t visited = 0; !queue.empty() && visited < kMaxChase; ++visited) {
-      ProcKey p = std::move(queue.front());
-      queue.pop_front();
-      size_t inside = SIZE_MAX;
-      std::vector<ProcKey> next = waits_for(p, &inside);
-      if (inside != SIZE_MAX) {
-        if (inside != i) insides[i].insert(inside);
-        continue;
-      }
-      if (next.empty()) {
-        names_root |= own.count(p) > 0;
-        roots[i].push_back(std::move(p));
-        continue;
-      }
-      for (auto& q : next)
-        if (seen.insert(q).second) queue.push_back(std::move(q));
-    }
+    for (const ProcKey& p : from) names_root |= graph.reach(p, reach);
+    roots[i].assign(reach.roots.begin(), reach.roots.end());
+    reach.insides.erase(i);
+    insides[i] = std::move(reach.insides);
     return names_root;
   };
   auto link = [&](size_t i) {
@@ -483,7 +573,7 @@ Detector::StallLinks Detector::link_stalls() {
     for (const auto& [rank, m] : s.comm->members) {
       members.emplace_back(m.node, m.pid);
       size_t inside = SIZE_MAX;
-      elsewhere |= !waits_for(members.back(), &inside).empty();
+      elsewhere |= !graph.waiting(members.back(), &inside).empty();
       here |= inside == i;
       if (inside == i) in_here.push_back(members.back());
       elsewhere |= inside != SIZE_MAX && inside != i;

@@ -756,6 +756,50 @@ TEST_F(DetectTest, AStallWithAStoppedRankBehindAnotherStallWaitsOnThatOne) {
   EXPECT_EQ(ingest.comms().at(b).members.at(hangs[0]->ranks[0]).pid, 102u) << hangs[0]->summary;
 }
 
+TEST_F(DetectTest, AStageWhoseLastHalfMatchedWaitsOnTheEarlierHalfThatDidNot) {
+  // A pipeline of three stages (processes 0, 1, 2; communicator kComm + 1),
+  // each step a group of Sends and Recvs to both neighbours, then an
+  // AllReduce of stages 1 and 2 (kComm + 2). Process 0 stops after step 4.
+  // Stage 1's step-5 group waits on its halves with stage 0; its last call
+  // (the Recv from stage 2) matched. The AllReduce #5 waits for stage 1: it
+  // stalls behind stage 0, not on a rank of its own.
+  start(3);
+  const uint64_t pp = kComm + 1, dp = kComm + 2;
+  register_comm(pp, {0, 1, 2});
+  register_comm(dp, {1, 2});
+  auto lane = [](int32_t peer, bool recv) { return 1 + 2 * static_cast<uint32_t>(peer) + (recv ? 1 : 0); };
+  uint64_t t = clock.now;
+  for (uint64_t step = 0; step < 6; ++step) {
+    std::vector<Call> list;
+    uint64_t at = t + step * 20 * kMs;
+    for (int32_t s = 0; s < 3; ++s) {
+      if (s == 0 && step == 5) continue;  // stopped
+      uint64_t half = at + static_cast<uint64_t>(s) * 100'000;
+      for (int32_t peer : {s - 1, s + 1}) {
+        if (peer < 0 || peer > 2) continue;
+        for (bool recv : {false, true}) {
+          list.push_back({s, step, half, recv ? RS_OP_RECV : RS_OP_SEND, 1024, pp, s, lane(peer, recv)});
+          half += 1000;
+        }
+      }
+    }
+    if (step < 5) list.push_back({1, step, at + 10 * kMs, RS_OP_ALLREDUCE, 1024, dp, 0});
+    list.push_back({2, step, at + 10 * kMs + 1000, RS_OP_ALLREDUCE, 1024, dp, 1});
+    calls(list);
+  }
+  uint64_t due = t + 100 * kMs + 10 * kMs + options.hang_timeout_ns + kMs;
+  keep_talking(due);
+  health(0, 'T', 1000, due);
+  evaluate_at(due);
+
+  auto hangs = open(FindingKind::hang);
+  ASSERT_EQ(hangs.size(), 1u) << summaries(hangs);
+  EXPECT_EQ(hangs[0]->comm, pp) << hangs[0]->summary;
+  EXPECT_EQ(hangs[0]->ranks, std::vector<int32_t>{0}) << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->summary.find("1 other communicator(s) stall behind it"), std::string::npos) << hangs[0]->summary;
+  EXPECT_NE(hangs[0]->detail.find("stopped"), std::string::npos) << hangs[0]->detail;
+}
+
 TEST_F(DetectTest, ARankThatNeverPostsItsRecvIsAHangOfItsPipelineAndTheJobWaitsBehindIt) {
   // Two pipelines of two stages, {0,1} and {2,3}, each its own
   // communicator: each step stage 0 sends to stage 1, then all four ranks

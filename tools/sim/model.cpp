@@ -529,13 +529,11 @@ void Fleet::p2p(int j, std::vector<std::vector<SimEvent>>& out, size_t& made) {
   for (int c = 0; c < static_cast<int>(job.comms.size()); ++c) {
     const CommDef& comm = job.comms[c];
     if (comm.kind != "pp") continue;
-    bool complete = true;
     std::vector<int64_t> arrival(comm.members.size(), kNever);
     for (size_t s = 0; s < comm.members.size(); ++s) {
       int r = comm.members[s];
       if (run.t[r] >= kNever || stops_at(j, r, run.t[r])) {
         run.t[r] = kNever;
-        complete = false;
         continue;
       }
       arrival[s] = run.t[r];
@@ -552,24 +550,24 @@ void Fleet::p2p(int j, std::vector<std::vector<SimEvent>>& out, size_t& made) {
         }
       }
     }
-    if (!complete) {
-      for (size_t s = 0; s < comm.members.size(); ++s)
-        if (arrival[s] < kNever) {
-          state_[j][comm.members[s]].blocked_at = std::min(state_[j][comm.members[s]].blocked_at, arrival[s] + 20000);
-          run.t[comm.members[s]] = kNever;
-        }
-      continue;
-    }
     // NCCL point-to-point semantics: a Send completes when its peer posts
     // the Recv, and the calls of one group run side by side, so a stage
-    // waits for its direct neighbours only (not for the whole pipeline).
+    // waits for its direct neighbours only (not for the whole pipeline):
+    // one whose neighbour never posted waits for ever, the others go on
+    // (and wait, at their next exchange, on the stage that waits).
     std::normal_distribution<double> spread(0, config_.exit_spread_us * 1000);
     const int64_t transfer = static_cast<int64_t>(config_.step_ms * kMs * 0.01);
     const int stages = static_cast<int>(comm.members.size());
     for (int s = 0; s < stages; ++s) {
+      if (arrival[s] >= kNever) continue;
       int64_t leave = arrival[s];
       if (s > 0) leave = std::max(leave, arrival[s - 1]);
       if (s + 1 < stages) leave = std::max(leave, arrival[s + 1]);
+      if (leave >= kNever) {
+        state_[j][comm.members[s]].blocked_at = std::min(state_[j][comm.members[s]].blocked_at, arrival[s] + 20000);
+        run.t[comm.members[s]] = kNever;
+        continue;
+      }
       run.t[comm.members[s]] = leave + transfer + static_cast<int64_t>(std::fabs(spread(rng)));
     }
   }
