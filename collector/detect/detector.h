@@ -226,6 +226,9 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     int others = 0;                             // partial: the ranks that entered it
     std::vector<size_t> folded;    // the stalls waiting on it, folded into its finding
     bool owned = false;            // folded into another stall's finding
+    // Its collective is mismatched: the job is held there, and the mismatch
+    // finding tells it; no hang is raised for it or the stalls behind it.
+    bool mismatch = false;
   };
 
   // The communicator's detection state, its per-rank statistics sized.
@@ -330,8 +333,9 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   // The other stalls whose stalled collective one of `members` (whose latest
   // call is in stall i) entered: i, issued after it, is behind them.
   std::set<size_t> entered_elsewhere(size_t i, const std::vector<ProcKey>& members) const;
-  // Of two stalls, the one whose finding tells the story: the one already
-  // open (`open`, by stall), else the one waited on longest.
+  // Of two stalls, the one whose finding tells the story: a mismatched
+  // collective's, else the one already open (`open`, by stall), else the one
+  // waited on longest.
   bool tells_better(size_t a, size_t b, const std::vector<char>& open) const;
   void raise_stall(Stall& stall, uint64_t now_ns);
   // A partial stall's culprits and story, worked out when it is told.

@@ -127,6 +127,12 @@ bool Detector::note_partial_stall(Stall& stall, const std::vector<int64_t>& last
   stall.instance = instance;
   stall.instance_seq = instance_seq;
   stall.others = n - static_cast<int>(f.ranks.size());
+  // Ranks that called something else: the ranks that issued it wait there
+  // for ever (or NCCL moves past it with what it computed wrong).
+  if (instance_seq == n_seq && instance->mismatched) {
+    stall.mismatch = true;
+    inside_stalls_[{comm.hash, n_seq}] = stalls_.size();
+  }
   return true;
 }
 
@@ -284,6 +290,7 @@ bool Detector::note_inside_stall(Stall& stall, int64_t max_last, uint64_t last_a
   tail = ".\nRanks:";
   state.all_inside.insert(f.key());
   inside_stalls_[{comm.hash, static_cast<uint64_t>(max_last)}] = stalls_.size();
+  stall.mismatch = matcher_.mismatched(comm.hash, static_cast<uint64_t>(max_last));
   return true;
 }
 
@@ -403,6 +410,7 @@ class Detector::WaitGraph {
   struct Reach {
     std::set<ProcKey> roots;
     std::set<size_t> insides;
+    bool mismatch = false;  // a chain ends at a mismatched collective
   };
   explicit WaitGraph(const Detector& detector) : d_(detector) {}
 
@@ -411,16 +419,18 @@ class Detector::WaitGraph {
   // have not (the calls of a group run side by side: a pipeline stage's
   // last half matched, an earlier one waits on a stage that never posted
   // its own). `inside`: its latest call (or, where none of them waits,
-  // an earlier one) is in a stall every rank is inside.
-  std::vector<size_t> waiting(const ProcKey& p, size_t* inside) {
+  // an earlier one) is in a stall every rank is inside. `mismatch`: it
+  // waits in a collective whose ranks called different things.
+  std::vector<size_t> waiting(const ProcKey& p, size_t* inside, bool* mismatch) {
     *inside = SIZE_MAX;
+    *mismatch = false;
     std::vector<size_t> calls;
     auto h = d_.procs_.find(p);
     if (h == d_.procs_.end() || h->second.last_issue_ns == 0) return calls;
     const ProcHistory& history = h->second;
     const ProcHistory::Call latest{history.last_comm, history.last_rank, history.last_lane, history.last_seq,
                                    history.last_issue_ns};
-    if (open_call(latest, calls, inside) || *inside != SIZE_MAX) return calls;
+    if (open_call(latest, calls, inside, mismatch) || *inside != SIZE_MAX || *mismatch) return calls;
     // A stopped or exited process is where the job is held, whatever it called before.
     if (const NodeState* node = d_.node_named(p.first)) {
       auto health = node->health.find(p.second);
@@ -430,17 +440,25 @@ class Detector::WaitGraph {
     for (auto call = history.recent.rbegin(); call != history.recent.rend(); ++call) {
       if (call->comm == latest.comm && call->lane == latest.lane && call->seq == latest.seq) continue;
       size_t in = SIZE_MAX;
-      open_call(*call, calls, &in);
+      bool mismatched = false;
+      open_call(*call, calls, &in, &mismatched);
       if (inside_earlier == SIZE_MAX) inside_earlier = in;
+      *mismatch |= mismatched;
     }
-    if (calls.empty()) *inside = inside_earlier;
+    if (!calls.empty()) *mismatch = false;
+    if (calls.empty() && !*mismatch) *inside = inside_earlier;
     return calls;
   }
 
   // Adds what `p` waits on to `out`; true when `p` itself waits in nothing.
   bool reach(const ProcKey& p, Reach& out, size_t depth = 0) {
     size_t inside = SIZE_MAX;
-    std::vector<size_t> calls = waiting(p, &inside);
+    bool mismatch = false;
+    std::vector<size_t> calls = waiting(p, &inside, &mismatch);
+    if (mismatch) {
+      out.mismatch = true;
+      return false;
+    }
     if (inside != SIZE_MAX) {
       if (out.insides.size() < kMaxReach) out.insides.insert(inside);
       return false;
@@ -456,6 +474,7 @@ class Detector::WaitGraph {
         if (out.roots.size() < kMaxReach) out.roots.insert(root);
       for (size_t in : r.insides)
         if (out.insides.size() < kMaxReach) out.insides.insert(in);
+      out.mismatch |= r.mismatch;
     }
     return false;
   }
@@ -472,15 +491,21 @@ class Detector::WaitGraph {
   };
 
   // Whether `call` waits on someone (adding its node to `calls`), or sets
-  // `inside` where it is in a stall every rank is inside.
-  bool open_call(const ProcHistory::Call& call, std::vector<size_t>& calls, size_t* inside) {
+  // `inside` where it is in a stall every rank is inside (or a mismatched
+  // collective's stall), or `mismatch` where its collective is mismatched.
+  bool open_call(const ProcHistory::Call& call, std::vector<size_t>& calls, size_t* inside, bool* mismatch) {
     auto comm = d_.model_.comms.find(call.comm);
     if (comm == d_.model_.comms.end() || comm->second.ended) return false;
-    if (call.lane == 0)
+    if (call.lane == 0) {
       if (auto in = d_.inside_stalls_.find({call.comm, call.seq}); in != d_.inside_stalls_.end()) {
         *inside = in->second;
         return false;
       }
+      if (d_.matcher_.mismatched(call.comm, call.seq)) {
+        *mismatch = true;
+        return false;
+      }
+    }
     // A collective's instance is one node for all its ranks; a Send/Recv
     // half is its own.
     auto key = std::make_tuple(call.comm, call.lane == 0 ? -1 : call.rank, call.lane, call.seq);
@@ -526,10 +551,11 @@ void Detector::raise_stalls(uint64_t now_ns) {
   if (!any_due) return;
   fold_stalls(link_stalls());
   for (Stall& s : stalls_)
-    if (!s.owned && s.timed_out) raise_stall(s, now_ns);
+    if (!s.owned && s.timed_out && !s.mismatch) raise_stall(s, now_ns);
 }
 
 bool Detector::tells_better(size_t a, size_t b, const std::vector<char>& open) const {
+  if (stalls_[a].mismatch != stalls_[b].mismatch) return stalls_[a].mismatch;
   if (open[a] != open[b]) return open[a];
   if (stalls_[a].since_ns != stalls_[b].since_ns) return stalls_[a].since_ns < stalls_[b].since_ns;
   return a < b;
@@ -557,10 +583,13 @@ Detector::StallLinks Detector::link_stalls() {
     roots[i].assign(reach.roots.begin(), reach.roots.end());
     reach.insides.erase(i);
     insides[i] = std::move(reach.insides);
+    // Held at a mismatched collective and nowhere else: its finding tells it.
+    if (reach.mismatch && roots[i].empty() && insides[i].empty()) stalls_[i].mismatch = true;
     return names_root;
   };
   auto link = [&](size_t i) {
     Stall& s = stalls_[i];
+    if (s.mismatch) return;  // the job is held here
     if (s.partial) {
       direct[i] = chase(i, s.missing) || (roots[i].empty() && insides[i].empty());
       return;
@@ -573,7 +602,8 @@ Detector::StallLinks Detector::link_stalls() {
     for (const auto& [rank, m] : s.comm->members) {
       members.emplace_back(m.node, m.pid);
       size_t inside = SIZE_MAX;
-      elsewhere |= !graph.waiting(members.back(), &inside).empty();
+      bool mismatch = false;
+      elsewhere |= !graph.waiting(members.back(), &inside, &mismatch).empty() || mismatch;
       here |= inside == i;
       if (inside == i) in_here.push_back(members.back());
       elsewhere |= inside != SIZE_MAX && inside != i;

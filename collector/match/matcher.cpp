@@ -121,6 +121,13 @@ void CollectiveMatcher::on_p2p(const CommState& comm, CommMatch& state, int32_t 
 
 void CollectiveMatcher::sweep(const std::map<uint64_t, CommState>& comms) { sweep_open(comms_, comms, budget_); }
 
+bool CollectiveMatcher::mismatched(uint64_t comm, uint64_t seq) const {
+  auto state = comms_.find(comm);
+  if (state == comms_.end()) return false;
+  auto it = state->second.open.find(seq);
+  return it != state->second.open.end() && it->second.mismatched;
+}
+
 std::pair<uint64_t, const OpenCollective*> CollectiveMatcher::open_from(uint64_t comm, uint64_t seq) const {
   auto state = comms_.find(comm);
   if (state == comms_.end()) return {0, nullptr};

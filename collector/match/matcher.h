@@ -106,6 +106,8 @@ class CollectiveMatcher final : public RecordObserver {
   // them: what is open never completes) or that `comms` (the model's) lacks.
   void sweep(const std::map<uint64_t, CommState>& comms);
 
+  // Whether instance `seq` of `comm` is open and its ranks called different things.
+  bool mismatched(uint64_t comm, uint64_t seq) const;
   // The first open instance of `comm` at or after `seq`: (its seq, it), or (0, null).
   std::pair<uint64_t, const OpenCollective*> open_from(uint64_t comm, uint64_t seq) const;
   // The ranks that `rank`'s call at (lane, seq) of `comm` still waits for:

@@ -967,6 +967,34 @@ TEST_F(DetectTest, ATimelineReplyIsBoundedAndSaysSo) {
   EXPECT_EQ(seqs.at(2), std::make_pair(uint64_t{0}, kCalls - 1));
 }
 
+TEST_F(DetectTest, AJobHeldAtAMismatchedCollectiveRaisesNoHangBesideTheMismatch) {
+  // Tensor-parallel pairs {0,1} {2,3} and a world AllReduce each step; at
+  // step 1, rank 2 calls AllGather where the others call AllReduce. NCCL
+  // waits there for ever: the world collective has every rank inside and
+  // does not move, and the pairs' communicators wait behind it. The
+  // mismatch finding tells it; a hang ("suspect the network or a GPU")
+  // would send the operator after the wrong cause.
+  start(4);
+  const uint64_t tp = kComm + 1;
+  for (int32_t i = 0; i < 2; ++i) register_comm(tp + i, {2 * i, 2 * i + 1});
+  uint64_t t = clock.now;
+  for (uint64_t step = 0; step < 2; ++step) {
+    std::vector<Call> list;
+    uint64_t at = t + step * 20 * kMs;
+    for (int32_t r = 0; r < 4; ++r) list.push_back({r, step, at + r * 1000, RS_OP_ALLREDUCE, 1024, tp + r / 2, r % 2});
+    for (int32_t r = 0; r < 4; ++r)
+      list.push_back({r, step, at + 10 * kMs, step == 1 && r == 2 ? RS_OP_ALLGATHER : RS_OP_ALLREDUCE});
+    calls(list);
+  }
+  ASSERT_EQ(open(FindingKind::mismatch).size(), 1u);
+  uint64_t due = t + 30 * kMs + options.hang_timeout_ns + kMs;
+  keep_talking(due);
+  evaluate_at(due);
+  evaluate_at(due + kSecond);
+  EXPECT_TRUE(open(FindingKind::hang).empty()) << summaries(open(FindingKind::hang));
+  EXPECT_EQ(open(FindingKind::mismatch).size(), 1u);
+}
+
 TEST_F(DetectTest, AMismatchOutlivesItsJob) {
   start(4);
   uint64_t t = clock.now;
