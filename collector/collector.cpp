@@ -273,7 +273,10 @@ void read_ahead(Sockets& sockets, Ingest& ingest, RateLimiter& limit, const Opti
   while (ahead.messages.size() < kMaxReadAheadMessages && ahead.bytes < kMaxReadAheadBytes &&
          reads < kMaxReadsPerRound) {
     auto message = receive(sockets.agents);
-    if (!message) break;
+    if (!message) {
+      ingest.note_drained(clock.realtime_ns());
+      break;
+    }
     ++reads;
     if (!options.insecure && message->user_id.empty()) continue;  // never: the ZAP handler names every key
     // Budgets are per key (the node the ZAP handler bound it to), not per

@@ -323,6 +323,14 @@ const ProcessHealth* Detector::health_of(const MemberState& member) const {
   return health == node->health.end() ? nullptr : &health->second;
 }
 
+bool Detector::silent_for(const NodeState& node, uint64_t now_ns, uint64_t after_ns) const {
+  const uint64_t heard = std::max(node.last_contact_ns, model_.started_ns);
+  if (now_ns <= heard || now_ns - heard <= after_ns) return false;
+  const uint64_t drained = model_.drained_ns;
+  if (drained == 0) return true;  // no loop tells it (a replay, a test of the rule alone)
+  return drained >= heard + after_ns || (now_ns > drained && now_ns - drained > 2 * options_.node_lost_timeout_ns);
+}
+
 void Detector::evaluate(uint64_t now_ns) {
   // The open hangs and mismatches by communicator, gathered once: asking the
   // book per communicator costs (communicators x open findings).
@@ -345,8 +353,7 @@ void Detector::evaluate(uint64_t now_ns) {
   uint64_t unseen_after = std::min(options_.node_lost_timeout_ns, kUnseenNs);
   untold_nodes_ = false;
   for (const auto& [name, node] : model_.nodes) {
-    uint64_t heard = std::max(node.last_contact_ns, model_.started_ns);
-    const bool silent = now_ns > heard && now_ns - heard > unseen_after;
+    const bool silent = silent_for(node, now_ns, unseen_after);
     if (silent) silent_.insert(name);
     untold_nodes_ |= !silent && node.batches == 0 && node.reported_ns == 0;
   }

@@ -251,6 +251,12 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   void score_gpu_front(CommDetect& state);
   // Nodes silent for long enough that their ranks are unseen, not hung.
   bool unseen(const std::string& node) const { return silent_.count(node) > 0; }
+  // Nothing heard of `node` for `after_ns` (since this collector started, at
+  // least), and everything it could have sent since has been read: a loop
+  // held up (a long evaluation, a burst) would find nodes silent whose
+  // heartbeats wait unread. A loop that has not read its socket empty for
+  // two node-lost timeouts judges on what it read.
+  bool silent_for(const NodeState& node, uint64_t now_ns, uint64_t after_ns) const;
   // Whether a hang naming `ranks` is explained by lost nodes (then, with `note`, noted for their finding).
   bool fold_into_lost_nodes(const CommState& comm, const std::vector<int32_t>& ranks, bool note);
   // Resolves the communicator's hangs that progressed, and notes its stall, if any.

@@ -15,8 +15,7 @@ void Detector::evaluate_nodes(uint64_t now_ns) {
   for (const auto& [name, node] : model_.nodes) {
     // After a restart, a node's last contact is at least our own start.
     uint64_t heard = std::max(node.last_contact_ns, model_.started_ns);
-    bool silent = now_ns > heard && now_ns - heard > options_.node_lost_timeout_ns;
-    if (!silent) {
+    if (!silent_for(node, now_ns, options_.node_lost_timeout_ns)) {
       if (open_lost_.count(name)) {
         Finding f;
         f.kind = FindingKind::node_lost;

@@ -134,6 +134,8 @@ class Ingest final : public CommitParticipant {
   const NodeState* node(const std::string& name) const { return model_.node(name); }
   // What every later stage reads.
   const ClusterModel& model() const { return model_; }
+  // The loop read the agents' socket empty at `realtime_ns` (ClusterModel::drained_ns).
+  void note_drained(uint64_t realtime_ns) { model_.drained_ns = realtime_ns; }
 
   const std::map<std::string, NodeState>& nodes() const { return model_.nodes; }
   const std::map<uint64_t, CommState>& comms() const { return model_.comms; }

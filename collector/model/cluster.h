@@ -221,6 +221,11 @@ struct ClusterModel {
   // with the members that got no child (collector/ingest/split.cpp).
   std::map<std::pair<uint64_t, int32_t>, std::set<uint64_t>> pending_splits;
   uint64_t started_ns = 0;  // when this collector started (realtime): nodes unheard of since are not yet silent
+  // When the collector last found the agents' socket empty (realtime; 0:
+  // never told): what a node sent before then has been read. A node unheard
+  // of since a time after it may have spoken, its words waiting unread
+  // behind a busy loop.
+  uint64_t drained_ns = 0;
   // The nodes with a batch missing (NodeState::gap_seq): name -> since (collector clock).
   std::map<std::string, uint64_t> gaps;
 

@@ -1619,6 +1619,44 @@ TEST_F(DetectTest, SilentNodeWithLiveRanksIsLost) {
   EXPECT_TRUE(open(FindingKind::node_lost).empty());
 }
 
+// The collector's loop held up (a long evaluation, a burst of batches):
+// heartbeats may wait unread in its socket. A node is lost once the loop
+// has read everything the node could have sent since it was last heard.
+TEST_F(DetectTest, ANodeIsLostOnlyOnceTheCollectorReadWhatItCouldHaveSent) {
+  start(4);
+  instance(0, clock.now);
+  const uint64_t t = clock.now;
+  ingest.note_drained(t);
+  clock.now = t + options.node_lost_timeout_ns + kSecond;
+  health(0, 'S', 0, 0);  // node-0's heartbeat is read; node-1's could be waiting
+  evaluate_at(clock.now);
+  EXPECT_TRUE(open(FindingKind::node_lost).empty()) << summaries(open(FindingKind::node_lost));
+  ingest.note_drained(clock.now);  // read empty: node-1 sent nothing
+  evaluate_at(clock.now + kMs);
+  auto lost = open(FindingKind::node_lost);
+  ASSERT_EQ(lost.size(), 1u) << summaries(lost);
+  EXPECT_EQ(lost[0]->nodes, std::vector<std::string>{"node-1"});
+}
+
+// A loop that never reads its socket empty (overloaded for good) judges on
+// what it has read, after two node-lost timeouts.
+TEST_F(DetectTest, ALoopThatNeverReadsItsSocketEmptyJudgesSilenceOnWhatItRead) {
+  start(4);
+  instance(0, clock.now);
+  const uint64_t t = clock.now;
+  ingest.note_drained(t);
+  clock.now = t + 2 * options.node_lost_timeout_ns - kSecond;
+  health(0, 'S', 0, 0);
+  evaluate_at(clock.now);
+  EXPECT_TRUE(open(FindingKind::node_lost).empty()) << summaries(open(FindingKind::node_lost));
+  clock.now = t + 2 * options.node_lost_timeout_ns + kSecond;
+  health(0, 'S', 0, 0);
+  evaluate_at(clock.now);
+  auto lost = open(FindingKind::node_lost);
+  ASSERT_EQ(lost.size(), 1u) << summaries(lost);
+  EXPECT_EQ(lost[0]->nodes, std::vector<std::string>{"node-1"});
+}
+
 TEST_F(DetectTest, FindingsSurviveACollectorRestart) {
   start(4);
   uint64_t t = clock.now;
