@@ -104,7 +104,8 @@ void Detector::ProcHistory::add_issue(uint64_t issue) {
 }
 
 void Detector::ProcHistory::add_call(const Call& call) {
-  // Blocks of different communicators and lanes interleave: keep time order.
+  // Blocks of different communicators and lanes interleave: keep time order
+  // (a call at the same time as the latest is the latest).
   if (recent.size() == kRecentCalls && call.issue_ns < recent.front().issue_ns) return;
   auto at = recent.end();
   while (at != recent.begin() && (at - 1)->issue_ns > call.issue_ns) --at;
@@ -246,13 +247,6 @@ void Detector::on_issues(const CommState& comm, int32_t rank, uint32_t lane, std
   for (const Issue& issue : issues) {
     p->add_issue(issue.issue_ns);
     p->add_call({comm.hash, rank, lane, issue.seq, issue.issue_ns});
-    if (issue.issue_ns >= p->last_issue_ns) {
-      p->last_comm = comm.hash;
-      p->last_rank = rank;
-      p->last_lane = lane;
-      p->last_seq = issue.seq;
-      p->last_issue_ns = issue.issue_ns;
-    }
   }
 }
 

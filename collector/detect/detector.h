@@ -137,15 +137,9 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     int32_t first_rank = -1;
     bool several_gpus = false;
     void add_wait(uint64_t start, uint64_t end);
-    // Its latest call of an exchange (by issue time): where it is now, if
-    // that exchange has not completed.
-    uint64_t last_comm = 0;
-    int32_t last_rank = -1;
-    uint32_t last_lane = 0;
-    uint64_t last_seq = 0;
-    uint64_t last_issue_ns = 0;
-    // Its latest calls (the last one among them), oldest first: one that
-    // has not completed holds its stream, whatever it called after.
+    // Its latest calls of exchanges, oldest first (by issue time): the last
+    // is where it is now, if that exchange has not completed; an earlier
+    // one that has not holds its stream, whatever it called after.
     struct Call {
       uint64_t comm = 0;
       int32_t rank = -1;
@@ -156,6 +150,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     static constexpr size_t kRecentCalls = 8;
     std::vector<Call> recent;
     void add_call(const Call& call);
+    uint64_t last_issue_ns() const { return recent.empty() ? 0 : recent.back().issue_ns; }
     // When the process was last free to go on before `t`: the latest release
     // of an exchange it entered before `t`, or, where its host waited on the
     // GPU for that exchange, when the exchange's data had moved (a pipeline

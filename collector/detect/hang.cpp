@@ -306,7 +306,7 @@ void Detector::evaluate_pairs(const CommState& comm, CommDetect& state, uint64_t
                                  auto m = comm.members.find(p.missing);
                                  if (m == comm.members.end()) return false;
                                  auto h = procs_.find({m->second.node, m->second.pid});
-                                 return h != procs_.end() && h->second.last_issue_ns > p.since_ns;
+                                 return h != procs_.end() && h->second.last_issue_ns() > p.since_ns;
                                }),
                 pending.end());
   // A hang in Send/Recv resolves once its missing ranks hold no half back.
@@ -426,19 +426,16 @@ class Detector::WaitGraph {
     *mismatch = false;
     std::vector<size_t> calls;
     auto h = d_.procs_.find(p);
-    if (h == d_.procs_.end() || h->second.last_issue_ns == 0) return calls;
-    const ProcHistory& history = h->second;
-    const ProcHistory::Call latest{history.last_comm, history.last_rank, history.last_lane, history.last_seq,
-                                   history.last_issue_ns};
-    if (open_call(latest, calls, inside, mismatch) || *inside != SIZE_MAX || *mismatch) return calls;
+    if (h == d_.procs_.end() || h->second.last_issue_ns() == 0) return calls;
+    const std::vector<ProcHistory::Call>& recent = h->second.recent;
+    if (open_call(recent.back(), calls, inside, mismatch) || *inside != SIZE_MAX || *mismatch) return calls;
     // A stopped or exited process is where the job is held, whatever it called before.
     if (const NodeState* node = d_.node_named(p.first)) {
       auto health = node->health.find(p.second);
       if (health != node->health.end() && health->second.known() && stuck_process(health->second)) return calls;
     }
     size_t inside_earlier = SIZE_MAX;
-    for (auto call = history.recent.rbegin(); call != history.recent.rend(); ++call) {
-      if (call->comm == latest.comm && call->lane == latest.lane && call->seq == latest.seq) continue;
+    for (auto call = recent.rbegin() + 1; call != recent.rend(); ++call) {  // the latest: above
       size_t in = SIZE_MAX;
       bool mismatched = false;
       open_call(*call, calls, &in, &mismatched);
