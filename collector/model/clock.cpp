@@ -63,34 +63,67 @@ void NodeClock::add(const ClockProbeSample& s) {
 }
 
 void NodeClock::fit() {
-  // One point per group: the probe with the smallest round trip.
+  // Every estimate here is of the offset at the newest probe (the
+  // reference) and a linear combination of probe offsets. Each probe's
+  // offset is within its half round trip of the truth, on a side nothing
+  // tells: a busy collector stamps t2 late on every probe alike, so errors
+  // need not cancel. A combination sum c_i * offset_i whose c_i sum to 1
+  // and carry a steady drift to the reference (sum c_i * t_i = reference)
+  // is therefore within sum |c_i| * half_i of the truth. The newest probe
+  // alone is one such; each pair of points projected to the reference
+  // another (a tight recent point carried forward by the slope to a far
+  // one); the weighted line through all of them a third. The truth lies in
+  // every one's interval, so in their intersection: the offset is taken
+  // inside it and the uncertainty is its far edge from there. While the
+  // probes span too little time for a slope, each point alone bounds the
+  // offset too, by its half round trip and the most two clocks may drift
+  // apart since.
   struct Point {
-    double t, offset, weight;
-    uint64_t half_rtt;
+    double t, offset, weight, half;  // t and offset relative to the newest probe
   };
+  const ClockProbeSample& last = window_.back();
+  reference_ns_ = midpoint(last);
+  const int64_t base = sample_offset(last);
+  auto point = [&](const ClockProbeSample& s) {
+    double half = static_cast<double>(round_trip(s) / 2);
+    return Point{static_cast<double>(static_cast<int64_t>(midpoint(s) - reference_ns_)),
+                 static_cast<double>(sample_offset(s) - base), 1.0 / std::pow(half + 1000.0, 2), half};
+  };
+  // One point per group: the probe with the smallest round trip.
   std::vector<Point> points;
   for (size_t start = 0; start < window_.size(); start += kGroup) {
     size_t end = std::min(window_.size(), start + kGroup);
     const ClockProbeSample* best = &window_[start];
     for (size_t i = start; i < end; ++i)
       if (round_trip(window_[i]) < round_trip(*best)) best = &window_[i];
-    uint64_t half = round_trip(*best) / 2;
-    double w = 1.0 / std::pow(static_cast<double>(half) + 1000.0, 2);
-    points.push_back({static_cast<double>(midpoint(*best)), static_cast<double>(sample_offset(*best)), w, half});
+    points.push_back(point(*best));
   }
-  const Point& newest = points.back();
-  reference_ns_ = static_cast<uint64_t>(newest.t);
-  uint64_t best_half = newest.half_rtt;
-  for (const auto& p : points) best_half = std::min(best_half, p.half_rtt);
+
+  const Point newest = point(last);
+  double lo = newest.offset - newest.half, hi = newest.offset + newest.half;
+  auto within = [&](double x, double bound) {
+    lo = std::max(lo, x - bound);
+    hi = std::min(hi, x + bound);
+  };
+  std::vector<Point> candidates = points;
+  if (points.back().t < newest.t) candidates.push_back(newest);
+  for (size_t a = 0; a < candidates.size(); ++a)
+    for (size_t b = a + 1; b < candidates.size(); ++b) {
+      const Point &p = candidates[a], &q = candidates[b];
+      if (q.t <= p.t) continue;
+      double cq = (newest.t - p.t) / (q.t - p.t), cp = 1 - cq;
+      within(cp * p.offset + cq * q.offset, std::fabs(cp) * p.half + std::fabs(cq) * q.half);
+    }
+  for (const auto& p : candidates) within(p.offset, p.half + kMaxDrift * std::fabs(p.t));
+  const bool consistent = lo <= hi;  // else a rate that changed within the window
 
   double span = points.back().t - points.front().t;
   if (points.size() < 3 || span < 10e9) {
-    // Too short to see drift: the tightest recent probe alone.
-    auto tightest = std::min_element(points.begin(), points.end(),
-                                     [](const Point& a, const Point& b) { return a.half_rtt < b.half_rtt; });
-    offset_ns_ = static_cast<int64_t>(tightest->offset);
+    // Too short to fit a drift: the middle of what the probes allow.
+    double x = consistent ? (lo + hi) / 2 : newest.offset;
+    offset_ns_ = base + static_cast<int64_t>(std::llround(x));
     drift_ = 0;
-    uncertainty_ns_ = tightest->half_rtt;
+    uncertainty_ns_ = static_cast<uint64_t>(std::ceil(consistent ? (hi - lo) / 2 : newest.half));
     return;
   }
   // Weighted least squares of offset over time, centred for precision.
@@ -106,15 +139,25 @@ void NodeClock::fit() {
     sto += p.weight * (p.t - tm) * (p.offset - om);
   }
   drift_ = stt > 0 ? sto / stt : 0;
-  double at_reference = om + drift_ * (static_cast<double>(reference_ns_) - tm);
-  double residual = 0;
+  const double fitted = om + drift_ * (newest.t - tm);
+  // Its own bound, and the residual: what covers a rate that changed within
+  // the window (a slewing NTP daemon), where none of the bounds hold.
+  double line_bound = 0, residual = 0;
   for (const auto& p : points) {
+    double c = p.weight / sw + (stt > 0 ? (newest.t - tm) * p.weight * (p.t - tm) / stt : 0);
+    line_bound += std::fabs(c) * p.half;
     double predicted = om + drift_ * (p.t - tm);
     residual += p.weight * (p.offset - predicted) * (p.offset - predicted);
   }
   residual = std::sqrt(residual / sw);
-  offset_ns_ = static_cast<int64_t>(std::llround(at_reference));
-  uncertainty_ns_ = best_half + static_cast<uint64_t>(residual);
+  within(fitted, line_bound);
+  double x = fitted, bound = line_bound;
+  if (lo <= hi) {
+    x = std::clamp(fitted, lo, hi);  // the line, unless the probes rule it out
+    bound = std::max(x - lo, hi - x);
+  }
+  offset_ns_ = base + static_cast<int64_t>(std::llround(x));
+  uncertainty_ns_ = static_cast<uint64_t>(std::ceil(bound)) + static_cast<uint64_t>(residual);
 }
 
 uint64_t NodeClock::uncertainty_since(uint64_t cluster_ns) const {

@@ -37,8 +37,10 @@ class NodeClock {
   int64_t offset_ns() const { return offset_ns_ + refinement_ns_; }
   // Drift in ns per s of node time (ppm x 1000); 0 until enough probes span time.
   double drift_ppb() const { return drift_ * 1e9; }
-  // What the probes alone bound: half the smallest recent round trip, plus
-  // the fit's residual; the seed counts as 1 s.
+  // What the probes alone bound: the tightest probe's half round trip
+  // while the probes span too little time to fit a drift, then each
+  // point's half round trip weighted by its share in the fitted estimate,
+  // plus the fit's residual; the seed counts as 1 s.
   uint64_t probe_uncertainty_ns() const { return uncertainty_ns_; }
   // The bound on offset_ns(): the probes put the true offset within
   // probe_uncertainty_ns() of their estimate, and the refinement moved the
@@ -69,6 +71,10 @@ class NodeClock {
  private:
   static constexpr size_t kWindow = 256;  // probes kept (about 4 minutes at one a second)
   static constexpr size_t kGroup = 8;     // probes per minimum-filter group
+  // How fast two machines' clocks may run apart (ns per ns): crystals are
+  // made within +-50 ppm; an NTP daemon slews faster only while it corrects
+  // a step, and the fit's residual covers that.
+  static constexpr double kMaxDrift = 100e-6;
   void fit();
 
   std::deque<ClockProbeSample> window_;
