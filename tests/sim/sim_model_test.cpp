@@ -155,5 +155,33 @@ TEST(SimSlowdowns, StallsCostWhatEvenSlowingDoesButComeAtFewCollectives) {
   EXPECT_GE(stalls.late.back(), 100 * ms) << "... and a stall of at least --stall-ms at some";
 }
 
+TEST(SimSlowdowns, ARankWhoseHostRunsAheadLagsALittleAtEachCallAndArrivesEverLater) {
+  // FSDP's host issues layer after layer without waiting: a slowed rank's
+  // own time lags at each call by its extra compute for that layer, and its
+  // arrivals fall further behind through the step. The truth keeps both,
+  // the figures a slow rank's and a costly straggler's findings state.
+  FleetConfig config = small_job("fsdp", 2);
+  config.scenario = "slowdown";
+  config.factor = 1.5;
+  config.fault_after_s = 1;
+  config.fault_window_s = 0;
+  config.jitter_sigma = 0;
+  Fleet fleet(config);
+  std::vector<std::vector<SimEvent>> out;
+  fleet.advance(10 * kSecond, out);
+  auto median_of = [](const std::map<Fleet::LatenessKey, std::vector<int64_t>>& truth) {
+    std::vector<int64_t> all;
+    for (const auto& [key, values] : truth) all.insert(all.end(), values.begin(), values.end());
+    std::sort(all.begin(), all.end());
+    return all.empty() ? int64_t{0} : all[all.size() / 2];
+  };
+  ASSERT_EQ(fleet.own_lag().size(), fleet.lateness().size());
+  const int64_t own = median_of(fleet.own_lag()), late = median_of(fleet.lateness());
+  // A step of 100 ms over 3 calls a layer: half again of a layer's share.
+  EXPECT_GT(own, 0);
+  EXPECT_LT(own, 2'000'000) << "its own lag is a layer's extra compute";
+  EXPECT_GT(late, 10 * own) << "its arrivals fall behind through the step";
+}
+
 }  // namespace
 }  // namespace rankscope::sim

@@ -142,6 +142,7 @@ void Fleet::build() {
     wire_comms(j, jd);
     JobRun run;
     run.t.assign(jd.ranks.size(), 0);
+    run.own.assign(jd.ranks.size(), 0);
     // Ranks start their first step a little apart, as processes do.
     for (auto& t : run.t) t = static_cast<int64_t>(unit(rng_) * 2 * kMs);
     run.comm_seq.assign(jd.comms.size(), 0);
@@ -300,6 +301,7 @@ void Fleet::compute(int j, int r, double base_ns) {
   if (std::uniform_real_distribution<double>(0, 1)(rng) < config_.gc_rate / segments_)
     ns += std::uniform_real_distribution<double>(config_.gc_min_ms, config_.gc_max_ms)(rng) * 1e6;
   run.t[r] += static_cast<int64_t>(ns);
+  run.own[r] += static_cast<int64_t>(ns);
 }
 
 void Fleet::emit(int j, int r, int comm, int32_t comm_rank, uint32_t lane, uint64_t seq, uint8_t op, uint8_t datatype,
@@ -324,6 +326,7 @@ void Fleet::emit(int j, int r, int comm, int32_t comm_rank, uint32_t lane, uint6
   e.call.redop = 0;
   e.call.flags = flags;
   e.at_ns = issue + call;
+  runs_[j].own[r] = 0;  // its own time starts again at its next compute
   out[rd.node].push_back(e);
   ++made;
 }
@@ -335,6 +338,7 @@ Fleet::Arrivals Fleet::arrive(int j, int c, uint8_t op, uint8_t datatype, uint64
   uint64_t seq = run.comm_seq[c]++;
   Arrivals a;
   a.at.assign(comm.members.size(), kNever);
+  a.own.assign(comm.members.size(), 0);
   for (size_t k = 0; k < comm.members.size(); ++k) {
     int r = comm.members[k];
     if (run.t[r] >= kNever || stops_at(j, r, run.t[r])) {
@@ -343,6 +347,7 @@ Fleet::Arrivals Fleet::arrive(int j, int c, uint8_t op, uint8_t datatype, uint64
       continue;
     }
     a.at[k] = run.t[r];
+    a.own[k] = run.own[r];
     uint64_t my_count = count;
     if (mismatch_point && run.mismatch_fault[r] < 0) {
       for (auto& f : faults_)
@@ -389,7 +394,8 @@ void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t
   for (int c : comms) {
     const CommDef& comm = job.comms[c];
     uint64_t seq = run.comm_seq[c];
-    auto [arrival, complete, mismatched] = arrive(j, c, op, datatype, count, mismatch_point, out, made);
+    const Arrivals arrived = arrive(j, c, op, datatype, count, mismatch_point, out, made);
+    const auto& [arrival, own, complete, mismatched] = arrived;
     sample_clocks(jobs_[j], comm, seq, arrival);
     if (!complete || mismatched) {
       // Whoever arrived waits for ever; the job cannot go past this point.
@@ -419,22 +425,25 @@ void Fleet::collective(int j, const std::vector<int>& comms, uint8_t op, uint8_t
         out[job.ranks[r].node].push_back(w);
       }
     }
-    note_lateness(j, comm, arrival, last);
+    note_lateness(j, comm, arrived, last);
   }
 }
 
-void Fleet::note_lateness(int j, const CommDef& comm, const std::vector<int64_t>& arrival, int64_t last) {
-  // The truth of each active slowdown: the culprit's lateness against the median of the others.
+void Fleet::note_lateness(int j, const CommDef& comm, const Arrivals& a, int64_t last) {
+  // The truth of each active slowdown: the culprit's lateness against the
+  // median of the others, and its own time's.
+  const std::vector<int64_t>& arrival = a.at;
   for (const auto& f : faults_) {
     if (f.job != j || (f.kind != FaultKind::slowdown_rank && f.kind != FaultKind::slowdown_node)) continue;
     if (last < f.onset_ns || last >= f.end_ns) continue;
     for (size_t k = 0; k < comm.members.size(); ++k) {
       int r = comm.members[k];
       if (std::find(f.ranks.begin(), f.ranks.end(), r) == f.ranks.end()) continue;
-      std::vector<int64_t> others;
+      std::vector<int64_t> others, others_own;
       for (size_t o = 0; o < comm.members.size(); ++o)
-        if (o != k) others.push_back(arrival[o]);
+        if (o != k) others.push_back(arrival[o]), others_own.push_back(a.own[o]);
       lateness_[{f.id, comm.hash, r}].push_back(arrival[k] - median(others));
+      own_lag_[{f.id, comm.hash, r}].push_back(a.own[k] - median(others_own));
     }
   }
 }
@@ -445,7 +454,8 @@ void Fleet::queued_collective(int j, int c, uint8_t op, uint8_t datatype, uint64
   const CommDef& comm = jobs_[j].comms[c];
   std::mt19937_64& rng = job_rng_[j];
   const uint64_t seq = run.comm_seq[c];
-  auto [arrival, complete, mismatched] = arrive(j, c, op, datatype, count, mismatch_point, out, made);
+  const Arrivals arrived = arrive(j, c, op, datatype, count, mismatch_point, out, made);
+  const auto& [arrival, own, complete, mismatched] = arrived;
   sample_clocks(jobs_[j], comm, seq, arrival);
   for (size_t k = 0; k < comm.members.size(); ++k)
     if (arrival[k] < kNever) run.t[comm.members[k]] = arrival[k] + 15'000;  // enqueued: the host computes on
@@ -459,7 +469,7 @@ void Fleet::queued_collective(int j, int c, uint8_t op, uint8_t datatype, uint64
       last = std::max(last, std::max(arrival[k], run.stream[comm.members[k]]));
     std::normal_distribution<double> spread(0, config_.exit_spread_us * 1000);
     for (int r : comm.members) run.stream[r] = last + static_cast<int64_t>(xfer_ns) + static_cast<int64_t>(std::fabs(spread(rng)));
-    note_lateness(j, comm, arrival, *std::max_element(arrival.begin(), arrival.end()));
+    note_lateness(j, comm, arrived, *std::max_element(arrival.begin(), arrival.end()));
   }
   if (sync) host_waits(j, out);
 }

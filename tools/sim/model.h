@@ -189,6 +189,11 @@ class Fleet {
     }
   };
   const std::map<LatenessKey, std::vector<int64_t>>& lateness() const { return lateness_; }
+  // The same instances' truth of the culprit's own time against the median
+  // of the others': its compute since its previous call, what a slow rank's
+  // finding states (its lag at each collective), where lateness() is what
+  // its arrivals accumulate.
+  const std::map<LatenessKey, std::vector<int64_t>>& own_lag() const { return own_lag_; }
   // True issue times of one sampled rank per node (local rank 0, its TP comm), for clock error.
   struct ClockSample {
     int node;
@@ -202,6 +207,7 @@ class Fleet {
  private:
   struct JobRun {
     std::vector<int64_t> t;                      // per rank: ready for the next operation (kNever: blocked)
+    std::vector<int64_t> own;                    // per rank: its compute since its previous call (its own time)
     std::vector<int64_t> stream;                 // per rank: its GPU stream is free from (queued patterns)
     std::vector<uint64_t> comm_seq;              // next lane-0 seq per comm
     std::map<std::tuple<int, int, uint32_t>, uint64_t> p2p_seq;  // (comm, rank, lane) -> next seq
@@ -221,7 +227,8 @@ class Fleet {
   // next collective at its ready time; a mismatch fault due at a
   // `mismatch_point` makes its rank call another count.
   struct Arrivals {
-    std::vector<int64_t> at;  // by comm rank; kNever: did not arrive
+    std::vector<int64_t> at;   // by comm rank; kNever: did not arrive
+    std::vector<int64_t> own;  // by comm rank: its compute since its previous call
     bool complete = true, mismatched = false;
   };
   Arrivals arrive(int j, int c, uint8_t op, uint8_t datatype, uint64_t count, bool mismatch_point,
@@ -241,7 +248,7 @@ class Fleet {
   // The host of each rank waits for its stream (a wait record each).
   void host_waits(int j, std::vector<std::vector<SimEvent>>& out);
   // The lateness truth of the active slowdowns at an instance of comm `c`.
-  void note_lateness(int j, const CommDef& comm, const std::vector<int64_t>& arrival, int64_t last);
+  void note_lateness(int j, const CommDef& comm, const Arrivals& a, int64_t last);
   double slowdown(int j, int r, int64_t at) const;
   bool stops_at(int j, int r, int64_t at);
   uint64_t comm_hash(int j, const std::string& what) const;
@@ -258,7 +265,7 @@ class Fleet {
   std::vector<JobRun> runs_;
   std::vector<std::vector<RankState>> state_;
   std::vector<uint64_t> steps_;
-  std::map<LatenessKey, std::vector<int64_t>> lateness_;
+  std::map<LatenessKey, std::vector<int64_t>> lateness_, own_lag_;
   std::vector<ClockSample> clock_samples_;
   std::map<uint64_t, int64_t> clock_sampled_ns_;  // comm hash -> when its last samples were taken
   std::vector<std::mt19937_64> job_rng_;  // one stream per job: the same records whatever the pacing

@@ -138,16 +138,19 @@ void write_nodes_and_faults(std::ostream& out, const Fleet& fleet, uint64_t t0, 
 // stored values check the clock correction.
 void write_lateness_and_clock(std::ostream& out, const Fleet& fleet, uint64_t t0,
                               const std::vector<Fleet::ClockSample>& clock_samples) {
-  for (const auto& [key, values] : fleet.lateness())
+  for (const auto& [key, values] : fleet.lateness()) {
+    auto own = fleet.own_lag().find(key);
     out << JsonLine()
                .add("type", "lateness")
                .add("fault", key.fault)
                .add("comm", hex64(key.comm))
                .add("rank", key.rank)
                .add("median_ns", median(values))
+               .add("own_median_ns", own == fleet.own_lag().end() ? int64_t{0} : median(own->second))
                .add("samples", static_cast<int64_t>(values.size()))
                .str()
         << "\n";
+  }
   for (const auto& s : clock_samples)
     out << JsonLine()
                .add("type", "clock_sample")

@@ -65,6 +65,7 @@ struct Truth {
   std::vector<TruthFault> faults;
   std::map<std::string, JsonObject> jobs;
   std::map<std::tuple<int, std::string, int>, int64_t> lateness;  // (fault, comm, rank)
+  std::map<std::tuple<int, std::string, int>, int64_t> own_lag;   // the same, its own time's lag
   std::vector<JsonObject> clock_samples;
   uint64_t t0 = 0, end = 0;
   std::string run_id;
@@ -105,8 +106,10 @@ Result<Truth> read_truth(const std::string& path) {
       f.factor = line.num("factor", 1);
       faults.push_back(std::move(f));
     } else if (type == "lateness") {
-      true_lateness[{static_cast<int>(line.i64("fault")), line.str("comm"), static_cast<int>(line.i64("rank"))}] =
-          line.i64("median_ns");
+      const std::tuple<int, std::string, int> key{static_cast<int>(line.i64("fault")), line.str("comm"),
+                                                  static_cast<int>(line.i64("rank"))};
+      true_lateness[key] = line.i64("median_ns");
+      if (line.has_number("own_median_ns")) t.own_lag[key] = line.i64("own_median_ns");
     } else if (type == "clock_sample") {
       clock_samples.push_back(line);
     }
@@ -227,8 +230,13 @@ void score_faults(const Truth& truth, const std::vector<SeenFinding>& seen, std:
       true_positive.insert(s.id);
       if (!first_match) first_match = &s;
       if (s.kind == "straggler" && !s.ranks.empty()) {
-        auto t = truth.lateness.find({f.id, s.comm, s.ranks[0]});
-        if (t != truth.lateness.end() && t->second > 0)
+        // A slow rank's finding states its lag at each collective (its own
+        // time against the median rank's), a costly straggler's how late it
+        // arrived when it held the others up: each against its own truth.
+        const bool slow = s.summary.find(" is slow: ") != std::string::npos;
+        const auto& of_kind = slow ? truth.own_lag : truth.lateness;
+        auto t = of_kind.find({f.id, s.comm, s.ranks[0]});
+        if (t != of_kind.end() && t->second > 0)
           cost_errors.push_back((s.lateness_s * 1e9 - static_cast<double>(t->second)) / static_cast<double>(t->second));
       }
     }
