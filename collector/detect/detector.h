@@ -315,6 +315,9 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   std::vector<const std::string*> missing_nodes(const Stall& stall) const;
   // Folds the stalls that wait on another into it, and raises the rest that waited long enough.
   void raise_stalls(uint64_t now_ns);
+  // The communicators held behind a mismatched collective raise no hang:
+  // its job's open mismatch finding counts them, and says since when.
+  void tell_held_behind_mismatch(uint64_t now_ns);
   // Where each stall's missing ranks lead, by stall index: the processes
   // that wait in no exchange (roots), the stalls every rank is inside that
   // they reach (insides), and whether the stall names a root itself (direct:

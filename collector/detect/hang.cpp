@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <set>
 #include <string_view>
 
@@ -17,6 +18,8 @@ namespace rankscope::collector {
 namespace {
 // The note a mismatch finding gets when the job goes on past it.
 constexpr const char* kWentOn = "Every rank went on past this collective by";
+// The note a mismatch finding gets while other communicators of its job wait behind it.
+constexpr const char* kHeldBehind = "Held behind it: ";
 // Send/Recv halves waiting this long (or the hang timeout, if shorter) are a stall.
 constexpr uint64_t kPairStallNs = 1'000'000'000ull;
 // How a hang in Send/Recv says what is missing (and how it is told from a collective's).
@@ -549,6 +552,40 @@ void Detector::raise_stalls(uint64_t now_ns) {
   fold_stalls(link_stalls());
   for (Stall& s : stalls_)
     if (!s.owned && s.timed_out && !s.mismatch) raise_stall(s, now_ns);
+  tell_held_behind_mismatch(now_ns);
+}
+
+void Detector::tell_held_behind_mismatch(uint64_t now_ns) {
+  // By job: the stalls at a mismatched collective, and those folded into them.
+  std::map<std::string_view, std::set<const Stall*>> held;
+  for (const Stall& s : stalls_) {
+    if (!s.timed_out || !s.mismatch || !s.comm) continue;
+    held[s.comm->job].insert(&s);
+    for (size_t k : s.folded) held[s.comm->job].insert(&stalls_[k]);
+  }
+  if (held.empty()) return;
+  for (const Finding* f : book_.open()) {
+    if (f->kind != FindingKind::mismatch) continue;
+    auto of_job = held.find(f->job);
+    if (of_job == held.end()) continue;
+    size_t others = 0;
+    uint64_t since = UINT64_MAX;
+    for (const Stall* s : of_job->second)
+      if (s->comm->hash != f->comm) ++others, since = std::min(since, s->since_ns);
+    if (others == 0) continue;
+    std::string detail = f->detail;
+    if (auto at = detail.find(std::string("\n") + kHeldBehind); at != std::string::npos) {
+      auto end = detail.find('\n', at + 1);
+      detail.erase(at, end == std::string::npos ? std::string::npos : end - at);
+    }
+    detail += std::string("\n") + kHeldBehind + std::to_string(others) + " other communicator" +
+              (others == 1 ? "" : "s") + " of this job, stalled since " + format_time_ns(since) +
+              " (no hang is raised for them: this collective holds them).";
+    if (detail == f->detail) continue;
+    Finding told = *f;
+    told.detail = std::move(detail);
+    book_.raise(std::move(told), now_ns);
+  }
 }
 
 bool Detector::tells_better(size_t a, size_t b, const std::vector<char>& open) const {

@@ -967,13 +967,15 @@ TEST_F(DetectTest, ATimelineReplyIsBoundedAndSaysSo) {
   EXPECT_EQ(seqs.at(2), std::make_pair(uint64_t{0}, kCalls - 1));
 }
 
-TEST_F(DetectTest, AJobHeldAtAMismatchedCollectiveRaisesNoHangBesideTheMismatch) {
+TEST_F(DetectTest, AJobHeldAtAMismatchedCollectiveRaisesNoHangBesideTheMismatchWhichCountsThem) {
   // Tensor-parallel pairs {0,1} {2,3} and a world AllReduce each step; at
   // step 1, rank 2 calls AllGather where the others call AllReduce. NCCL
   // waits there for ever: the world collective has every rank inside and
-  // does not move, and the pairs' communicators wait behind it. The
-  // mismatch finding tells it; a hang ("suspect the network or a GPU")
-  // would send the operator after the wrong cause.
+  // does not move. Each rank's host goes on to issue its pair's next
+  // AllReduce, which its GPU runs only after the mismatched one: the pairs'
+  // communicators stall behind it. The mismatch finding tells it, and
+  // counts them; a hang ("suspect the network or a GPU") would send the
+  // operator after the wrong cause.
   start(4);
   const uint64_t tp = kComm + 1;
   for (int32_t i = 0; i < 2; ++i) register_comm(tp + i, {2 * i, 2 * i + 1});
@@ -984,15 +986,23 @@ TEST_F(DetectTest, AJobHeldAtAMismatchedCollectiveRaisesNoHangBesideTheMismatch)
     for (int32_t r = 0; r < 4; ++r) list.push_back({r, step, at + r * 1000, RS_OP_ALLREDUCE, 1024, tp + r / 2, r % 2});
     for (int32_t r = 0; r < 4; ++r)
       list.push_back({r, step, at + 10 * kMs, step == 1 && r == 2 ? RS_OP_ALLGATHER : RS_OP_ALLREDUCE});
+    if (step == 1)
+      for (int32_t r = 0; r < 4; ++r) list.push_back({r, 2, at + 15 * kMs, RS_OP_ALLREDUCE, 1024, tp + r / 2, r % 2});
     calls(list);
   }
   ASSERT_EQ(open(FindingKind::mismatch).size(), 1u);
-  uint64_t due = t + 30 * kMs + options.hang_timeout_ns + kMs;
+  EXPECT_EQ(open(FindingKind::mismatch)[0]->detail.find("Held behind it"), std::string::npos)
+      << "nothing has stalled yet";
+  uint64_t due = t + 40 * kMs + options.hang_timeout_ns + kMs;
   keep_talking(due);
   evaluate_at(due);
   evaluate_at(due + kSecond);
   EXPECT_TRUE(open(FindingKind::hang).empty()) << summaries(open(FindingKind::hang));
-  EXPECT_EQ(open(FindingKind::mismatch).size(), 1u);
+  auto mismatch = open(FindingKind::mismatch);
+  ASSERT_EQ(mismatch.size(), 1u);
+  EXPECT_NE(mismatch[0]->detail.find("Held behind it: 2 other communicators of this job, stalled since"),
+            std::string::npos)
+      << mismatch[0]->detail;
 }
 
 TEST_F(DetectTest, AMismatchOutlivesItsJob) {
