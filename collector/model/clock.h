@@ -37,10 +37,11 @@ class NodeClock {
   int64_t offset_ns() const { return offset_ns_ + refinement_ns_; }
   // Drift in ns per s of node time (ppm x 1000); 0 until enough probes span time.
   double drift_ppb() const { return drift_ * 1e9; }
-  // What the probes alone bound: the tightest probe's half round trip
-  // while the probes span too little time to fit a drift, then each
-  // point's half round trip weighted by its share in the fitted estimate,
-  // plus the fit's residual; the seed counts as 1 s.
+  // What the probes alone bound: the far edge, from the estimate, of the
+  // intersection of what the newest probe, each pair of points projected
+  // to it, the fitted line and each point widened by kMaxDrift since allow
+  // (fit()), plus the fit's residual once a line is fitted; the seed
+  // counts as 1 s.
   uint64_t probe_uncertainty_ns() const { return uncertainty_ns_; }
   // The bound on offset_ns(): the probes put the true offset within
   // probe_uncertainty_ns() of their estimate, and the refinement moved the
