@@ -8,6 +8,7 @@
 #include <zmq.hpp>
 
 #include "collector/auth.h"
+#include "collector/clock_responder.h"
 #include "collector/fleet/membership.h"
 #include "collector/ingest/rate_limit.h"
 #include "collector/outputs.h"
@@ -101,10 +102,14 @@ struct Sockets {
   zmq::socket_t agents, queries;
   std::unique_ptr<ZapHandler> zap;  // none with --insecure
   std::string public_key;           // the collector's (Z85; "" with --insecure)
+  std::optional<curve::KeyFile> key;  // the collector's pair (none with --insecure)
 };
 std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& options) {
-  Sockets out{zmq::socket_t(context, zmq::socket_type::router), zmq::socket_t(context, zmq::socket_type::router), {},
-              {}};
+  Sockets out{zmq::socket_t(context, zmq::socket_type::router),
+              zmq::socket_t(context, zmq::socket_type::router),
+              {},
+              {},
+              std::nullopt};
   for (auto* socket : {&out.agents, &out.queries}) {
     socket->set(zmq::sockopt::linger, 0);
     socket->set(zmq::sockopt::router_mandatory, 0);
@@ -120,8 +125,10 @@ std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& opti
   out.queries.set(zmq::sockopt::maxmsgsize, kMaxQueryMessageBytes);
   // Started before the sockets bind, so no handshake ever finds it missing.
   if (options.insecure) {
-    RS_LOG(warn, "*** --insecure: plaintext and NO authentication on %s and %s: anyone who reaches these ports can "
-                 "send data as any node and read every timeline. Use it only on a trusted test network. ***",
+    RS_LOG(warn,
+           "*** --insecure: plaintext and NO authentication on %s, %s and the clock probes' port: anyone who "
+           "reaches these ports can send data as any node and read every timeline. Use it only on a trusted test "
+           "network. ***",
            options.listen.c_str(), options.query.c_str());
   } else {
     auto key = curve::available() ? curve::read(options.key)
@@ -141,6 +148,7 @@ std::optional<Sockets> open_sockets(zmq::context_t& context, const Options& opti
     }
     out.zap = std::move(*started);
     out.public_key = key->public_key;
+    out.key = *key;
     curve::apply_server(out.agents, *key, kAgentDomain);
     curve::apply_server(out.queries, *key, kQueryDomain);
     RS_LOG(info, "CurveZMQ on both sockets, collector public key %s; admitting the keys in %s", key->public_key.c_str(),
@@ -220,7 +228,8 @@ ServiceOptions service_options(const Options& options) {
 // Every kEvaluationIntervalNs: retire, refine the clocks, judge, bill, and
 // tell the outputs.
 void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64_t now, uint64_t liveness_ns,
-              uint64_t query_throttled, const fleet::Membership* fleet, const LoopTime& loop) {
+              uint64_t query_throttled, const fleet::Membership* fleet, const LoopTime& loop,
+              const ClockResponder* clock_responder) {
   service.evaluate(now);
   Evaluated evaluated{now,
                       liveness_ns,
@@ -238,6 +247,12 @@ void evaluate(Service& service, Outputs& outputs, const Sockets& sockets, uint64
   if (fleet) {
     fleet::FleetView view = fleet->view();
     evaluated.fleet = Evaluated::Fleet{view.members.size(), view.etcd_ok, view.registrations};
+  }
+  if (clock_responder) {
+    evaluated.clock_probes_apart = clock_responder->answered();
+    evaluated.clock_probes_apart_dropped = clock_responder->dropped();
+    evaluated.keys_admitted += clock_responder->keys_admitted();
+    evaluated.keys_refused += clock_responder->keys_refused();
   }
   for (auto& output : outputs) output->publish(evaluated);
 }
@@ -346,6 +361,24 @@ int run(const Options& options, const std::atomic<bool>& stop) {
   auto sockets = open_sockets(context, options);
   if (!sockets) return 2;
 
+  // Clock probes apart from the batches. Its port was chosen here ("auto"):
+  // one that cannot be had leaves probes on the agents' socket; one the
+  // operator named must be had.
+  std::unique_ptr<ClockResponder> clock_responder;
+  if (const std::string at = clock_endpoint(options.clock_listen, options.listen); !at.empty()) {
+    auto started = ClockResponder::start(at, sockets->key ? &*sockets->key : nullptr, options.allow, clock);
+    if (started) {
+      clock_responder = std::move(*started);
+      service.ingest().set_clock_port(clock_responder->port());
+      RS_LOG(info, "answering clock probes on %s, a thread of their own", clock_responder->endpoint().c_str());
+    } else if (options.clock_listen == "auto") {
+      RS_LOG(warn, "%s; clock probes are answered on the agents' socket", started.error().message.c_str());
+    } else {
+      RS_LOG(error, "--clock-listen: %s", started.error().message.c_str());
+      return 2;
+    }
+  }
+
   auto fleet = join_fleet(options, sockets->public_key, clock.realtime_ns());
   if (!fleet) {
     RS_LOG(error, "--etcd: %s", fleet.error().message.c_str());
@@ -404,7 +437,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
     uint64_t now = clock.realtime_ns();
     if (now - last_evaluation >= kEvaluationIntervalNs) {
       loop.last_evaluation_ns = timed(LoopTime::evaluate, [&] {
-        evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled, fleet->get(), loop);
+        evaluate(service, *outputs, *sockets, now, query_context.liveness_ns, query_throttled, fleet->get(), loop,
+                 clock_responder.get());
         if (*fleet) tell_agents_the_fleet(**fleet, service.ingest(), *sockets);
       });
       last_evaluation = now;

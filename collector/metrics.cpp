@@ -57,6 +57,7 @@ enum class MetricId {
   alertmanager_posts,
   handshakes,
   throttled_messages,
+  clock_probes,
   metrics_series_dropped,
   tenant_gpu,
   tenant_waste,
@@ -227,12 +228,19 @@ const MetricInfo kCatalogue[] = {
      Type::counter,
      "",
      {"result"},
-     "CurveZMQ handshakes on the agent and query sockets, by the allow-list's answer (admitted, refused)."},
+     "CurveZMQ handshakes on the agent, clock and query sockets, by the allow-list's answer (admitted, refused)."},
     {"rankscope_throttled_messages_total",
      Type::counter,
      "",
      {"socket"},
      "Messages dropped over the per-key rate limit, by socket (agent, query)."},
+    {"rankscope_clock_probes_total",
+     Type::counter,
+     "",
+     {"socket", "result"},
+     "Clock probes of the agents, by the socket that took them (clock: their own, answered on a thread that nothing "
+     "queues ahead of; agent: the agents' socket, for agents that cannot reach the clock port) and result (answered; "
+     "dropped: over 20 a second per key, or not a probe)."},
     {"rankscope_metrics_series_dropped_total",
      Type::counter,
      "",
@@ -439,6 +447,10 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, size_t max_series
   auto& throttled = counters(r, MetricId::throttled_messages);
   throttled_agent_.counter = &throttled.Add({{"socket", "agent"}});
   throttled_query_.counter = &throttled.Add({{"socket", "query"}});
+  auto& probes = counters(r, MetricId::clock_probes);
+  probes_clock_.counter = &probes.Add({{"socket", "clock"}, {"result", "answered"}});
+  probes_clock_dropped_.counter = &probes.Add({{"socket", "clock"}, {"result", "dropped"}});
+  probes_agent_.counter = &probes.Add({{"socket", "agent"}, {"result", "answered"}});
   series_dropped_ = &counter(r, MetricId::metrics_series_dropped);
   tenant_gpu_ = &counters(r, MetricId::tenant_gpu);
   tenant_waste_ = &counters(r, MetricId::tenant_waste);
@@ -630,6 +642,12 @@ void Metrics::set_security_totals(uint64_t admitted, uint64_t refused, uint64_t 
   advance(handshakes_refused_, refused);
   advance(throttled_agent_, agent_throttled);
   advance(throttled_query_, query_throttled);
+}
+
+void Metrics::set_clock_probes(uint64_t apart, uint64_t apart_dropped, uint64_t on_agent_socket) {
+  advance(probes_clock_, apart);
+  advance(probes_clock_dropped_, apart_dropped);
+  advance(probes_agent_, on_agent_socket);
 }
 
 void Metrics::set_detector_totals(uint64_t incomplete) {

@@ -116,6 +116,8 @@ class Metrics {
   // was granted. Never called for a collector alone, which has no such series.
   void set_fleet(size_t members, bool etcd_ok, uint64_t registrations);
   void set_security_totals(uint64_t admitted, uint64_t refused, uint64_t agent_throttled, uint64_t query_throttled);
+  // Clock probes answered and dropped on their own socket, and answered on the agents'.
+  void set_clock_probes(uint64_t apart, uint64_t apart_dropped, uint64_t on_agent_socket);
   // The collector loop's time by phase since it started (ns; LoopPhase
   // order), and how long its last evaluation took.
   static constexpr size_t kLoopPhases = 4;
@@ -210,6 +212,7 @@ class Metrics {
   CounterTotal detail_finding_, detail_link_, detail_rise_;
   CounterTotal alert_posts_ok_, alert_posts_failed_;
   CounterTotal handshakes_admitted_, handshakes_refused_, throttled_agent_, throttled_query_;
+  CounterTotal probes_clock_, probes_clock_dropped_, probes_agent_;
   prometheus::Counter* series_dropped_;
 
   std::unordered_map<std::string, NodeSeries> nodes_;

@@ -30,6 +30,7 @@ po::options_description describe(Options& options) {
     ("config", po::value<std::string>(), "read options from this file (key = value, same names as the flags)")
     ("listen", po::value(&options.listen)->default_value(options.listen), "ZeroMQ endpoint the agents connect to")
     ("query", po::value(&options.query)->default_value(options.query), "ZeroMQ endpoint the CLI connects to")
+    ("clock-listen", po::value(&options.clock_listen)->default_value(options.clock_listen), "ZeroMQ endpoint where clock probes are answered on a thread of their own (agents reach its port at --listen's host): auto (--listen's address, any free port), none (on the agents' socket), or tcp://HOST:PORT (fixed, for a firewall or a Service)")
     ("db", po::value(&options.db)->default_value(options.db), "RocksDB directory (created if missing)")
     ("liveness-ms", po::value(&options.liveness_ms)->default_value(options.liveness_ms), "a node silent for longer is shown as disconnected (100 ms to 24 h)")
     ("hang-timeout-s", po::value(&options.hang_timeout_s)->default_value(options.hang_timeout_s), "ranks missing from a collective for this long are a hang (1 s to a week)")
@@ -169,6 +170,9 @@ Result<void> validate(const Options& o) {
   if (!log::parse_level(o.log_level)) return make_error(Errc::invalid_argument, "--log-level must be error, warn, info or debug");
   for (const auto& [name, value] : {std::pair{"--listen", &o.listen}, {"--query", &o.query}, {"--db", &o.db}})
     if (value->empty()) return make_error(Errc::invalid_argument, std::string(name) + " must not be empty");
+  if (o.clock_listen != "auto" && o.clock_listen != "none" && o.clock_listen.rfind("tcp://", 0) != 0)
+    return make_error(Errc::invalid_argument,
+                      "--clock-listen takes auto, none or tcp://HOST:PORT, not '" + o.clock_listen + "'");
   if (o.liveness_ms < kMinLivenessMs || o.liveness_ms > kMaxLivenessMs)
     return make_error(Errc::invalid_argument, "--liveness-ms must be between 100 and 86400000 (24 h)");
   // !(x >= min) also refuses NaN.

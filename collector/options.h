@@ -11,6 +11,9 @@ namespace rankscope::collector {
 struct Options {
   std::string listen = "tcp://0.0.0.0:7600";      // agents connect here (ZeroMQ ROUTER)
   std::string query = "tcp://127.0.0.1:7601";     // the CLI connects here
+  // Clock probes on a thread of their own (collector/clock_responder.h):
+  // "auto" (--listen's host, any free port), "none", or an endpoint.
+  std::string clock_listen = "auto";
   std::string db = "/var/lib/rankscope/db";       // RocksDB directory
   uint32_t liveness_ms = 5000;                    // a node silent for longer is shown as disconnected
   double hang_timeout_s = 30;                     // ranks missing from a collective this long: a hang

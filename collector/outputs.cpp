@@ -37,6 +37,7 @@ class MetricsOutput final : public Output {
     if (alerts_) metrics_.set_alert_posts(alerts_->posts_ok(), alerts_->posts_failed());
     metrics_.set_security_totals(e.keys_admitted, e.keys_refused, e.ingest.counters().throttled_messages,
                                  e.queries_throttled);
+    metrics_.set_clock_probes(e.clock_probes_apart, e.clock_probes_apart_dropped, e.ingest.counters().clock_probes);
     metrics_.set_commit_totals(e.commit.failures(), e.ingest.counters().held_batches);
     const IngestCounters& counters = e.ingest.counters();
     metrics_.set_split_totals(counters.splits_sized, counters.splits_abandoned, counters.split_waits);

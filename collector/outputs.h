@@ -50,6 +50,8 @@ struct Evaluated {
   };
   std::optional<Fleet> fleet;
   LoopTime loop;  // up to the evaluation before this one
+  // Clock probes answered, and dropped, on their own socket (collector/clock_responder.h).
+  uint64_t clock_probes_apart = 0, clock_probes_apart_dropped = 0;
 };
 
 class Output {

@@ -3,6 +3,8 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <array>
+#include <optional>
 #include <random>
 #include <set>
 #include <utility>
@@ -205,7 +207,10 @@ Transport::Link* Transport::link_for(const std::string& key) {
 
 std::vector<zmq::pollitem_t> Transport::poll_items() const {
   std::vector<zmq::pollitem_t> items;
-  for (const auto& link : links_) items.push_back({link->socket->handle(), 0, ZMQ_POLLIN, 0});
+  for (const auto& link : links_) {
+    items.push_back({link->socket->handle(), 0, ZMQ_POLLIN, 0});
+    if (link->clock_socket) items.push_back({link->clock_socket->handle(), 0, ZMQ_POLLIN, 0});
+  }
   return items;
 }
 
@@ -340,9 +345,71 @@ uint64_t Transport::ack_timeout_ns() const {
   return links_.front()->ack_timer.timeout_ns();
 }
 
+void Transport::open_clock(Link& link, uint16_t port) {
+  if (port == link.clock_port && (port == 0 || link.clock_socket)) return;
+  link.clock_socket.reset();
+  link.clock_port = 0;
+  const size_t colon = link.endpoint.rfind(':');
+  if (port == 0 || link.endpoint.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
+  const std::string endpoint = link.endpoint.substr(0, colon + 1) + std::to_string(port);
+  try {
+    auto socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+    socket->set(zmq::sockopt::linger, 0);
+    // No connection, no queue: the probe goes on the link instead.
+    socket->set(zmq::sockopt::immediate, 1);
+    socket->set(zmq::sockopt::sndhwm, 4);
+    socket->set(zmq::sockopt::reconnect_ivl, 100);
+    socket->set(zmq::sockopt::reconnect_ivl_max, 2000);
+    curve::apply(*socket, link.keys);
+    socket->connect(endpoint);
+    link.clock_socket = std::move(socket);
+    link.clock_port = port;
+    RS_LOG(info, "collector %s answers clock probes on %s", link.endpoint.c_str(), endpoint.c_str());
+  } catch (const zmq::error_t& e) {
+    RS_LOG(warn, "clock probes to %s stay on the collector's connection: %s", endpoint.c_str(), e.what());
+  }
+}
+
 void Transport::send_clock_probe() {
-  for (auto& link : links_)
-    if (link->accepted) send_bytes(*link, proto::encode_clock_probe(now()));
+  for (auto& link : links_) {
+    if (!link->accepted) continue;
+    const std::string bytes = proto::encode_clock_probe(now());
+    bool sent = false;
+    if (link->clock_socket) {
+      try {
+        sent = link->clock_socket->send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
+      } catch (const zmq::error_t&) {
+        sent = false;  // as if unconnected: on the link
+      }
+    }
+    if (sent)
+      ++messages_sent_;
+    else
+      send_bytes(*link, bytes);
+  }
+}
+
+void Transport::take_clock_replies(Link& link) {
+  while (link.clock_socket) {
+    zmq::message_t reply;
+    zmq::recv_result_t got;
+    try {
+      got = link.clock_socket->recv(reply, zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      break;
+    }
+    if (!got) break;
+    const uint64_t t4 = now();  // before the reply is read: its reading is not on the way back
+    ++messages_received_;
+    std::optional<std::array<uint64_t, 3>> times;
+    (void)proto::read_packed<wire::CollectorMessage>(
+        std::string_view(static_cast<const char*>(reply.data()), reply.size()), proto::ReadLimits{}, [&](auto message) {
+          if (message.which() != wire::CollectorMessage::CLOCK_REPLY) return;
+          auto r = message.getClockReply();
+          times = std::array<uint64_t, 3>{r.getT1(), r.getT2(), r.getT3()};
+        });
+    if (times) on_clock_sample_((*times)[0], (*times)[1], (*times)[2], t4, link.id);
+  }
 }
 
 bool Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill) {
@@ -368,6 +435,7 @@ bool Transport::send_heartbeat(const std::function<void(wire::Heartbeat::Builder
 void Transport::service() {
   for (size_t i = 0; i < links_.size(); ++i) {
     Link& link = *links_[i];
+    take_clock_replies(link);
     for (;;) {
       zmq::message_t reply;
       zmq::recv_result_t got;
@@ -506,6 +574,7 @@ void Transport::handle(Link& link, const std::string& bytes) {
           }
           link.accepted = true;
           link.reads_compact = reply.getReadsCompact();
+          open_clock(link, reply.getClockPort());
           // The configured collector says who it is in the fleet (its id names its jobs' owner).
           if (&link == links_.front().get() && reply.getCollectorId().size() > 0) link.id = reply.getCollectorId();
           for (auto& pending : queue_)  // send all again, in order (a new connection: no backing off)

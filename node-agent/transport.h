@@ -17,7 +17,10 @@
 // instance id and seq (the collectors' duplicate check is by node, instance
 // and seq: nothing is stored twice on one collector), after a batch that
 // announces the key's processes and communicators again (take_moved).
-// Heartbeats and clock probes go to every member.
+// Heartbeats and clock probes go to every member. A collector that answers
+// clock probes on a socket of their own (HelloReply.clockPort) gets them
+// there, where no batch queues ahead of them; while that socket has no
+// connection they go on the link itself.
 //
 // With a spool (node-agent/spool.h) every batch is on disk until acked and
 // memory keeps only the newest `max_unacked_bytes` of them; the batches an
@@ -142,6 +145,10 @@ class Transport {
     AckTimer ack_timer;
     std::vector<uint64_t> detail_comms;  // the collector's last DetailRequest
     uint64_t detail_at_ns = 0;           // ... when it came
+    // Where its collector answers clock probes apart from batches
+    // (HelloReply.clockPort, on this link's host); null: none said.
+    std::unique_ptr<zmq::socket_t> clock_socket;
+    uint16_t clock_port = 0;
   };
   struct Pending {
     uint64_t instance;
@@ -160,6 +167,10 @@ class Transport {
   std::unique_ptr<Link> open_link(const std::string& endpoint, const curve::ClientKeys& keys, const std::string& id);
   bool send_bytes(Link& link, const std::string& bytes);
   void send_hello(Link& link);
+  // Connects the link's clock socket to `port` on its collector's host (0: none).
+  void open_clock(Link& link, uint16_t port);
+  // Reads the clock replies waiting on the link's clock socket.
+  void take_clock_replies(Link& link);
   void handle(Link& link, const std::string& bytes);
   void take_fleet(Link& link, wire::FleetMap::Reader map);
   // The link `key`'s batches go to (the configured collector's when there is no fleet).

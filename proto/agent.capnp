@@ -405,6 +405,9 @@ struct HelloReply {
   fleet @5 :FleetMap;       # in a fleet, to an agent that follows it: the members now
   readsCompact @6 :Bool;    # the collector reads Batch.collectiveTable and AgentMessage.compressed
                             # (an older one would ignore the table, and refuse a compressed batch)
+  clockPort @7 :UInt16;     # the port, on the host this connection reached, where this collector
+                            # answers clock probes on a thread of its own, so that no batch queues
+                            # ahead of them (same CurveZMQ keys; 0: none, probe on this connection)
 }
 
 # The collectors of a fleet, as the one sending it last read them from etcd:

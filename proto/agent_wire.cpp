@@ -30,6 +30,24 @@ std::string encode_clock_probe(uint64_t t1) {
   return to_packed(message);
 }
 
+std::optional<uint64_t> read_clock_probe(std::string_view packed) {
+  if (packed.size() > kMaxClockProbeBytes) return std::nullopt;
+  std::optional<uint64_t> t1;
+  auto read = read_packed<wire::AgentMessage>(packed, ReadLimits{}, [&](auto message) {
+    if (message.which() == wire::AgentMessage::CLOCK_PROBE) t1 = message.getClockProbe().getT1();
+  });
+  return read ? t1 : std::nullopt;
+}
+
+std::string encode_clock_reply(uint64_t t1, uint64_t t2, uint64_t t3) {
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::CollectorMessage>().initClockReply();
+  reply.setT1(t1);
+  reply.setT2(t2);
+  reply.setT3(t3);
+  return to_packed(message);
+}
+
 std::string encode_heartbeat(const HeartbeatHeader& header, const std::function<void(wire::Heartbeat::Builder)>& fill) {
   capnp::MallocMessageBuilder message;
   auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();

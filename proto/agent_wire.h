@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,12 @@ std::string encode_hello(const Hello& hello);
 
 // Packed bytes of a clock probe sent at `t1` (node clock).
 std::string encode_clock_probe(uint64_t t1);
+// The collector's side of a probe: its `t1` if `packed` is a clock probe
+// (nothing else, and at most kMaxClockProbeBytes: a larger message is not
+// one, and is not unpacked to find that out); and the packed reply.
+inline constexpr size_t kMaxClockProbeBytes = 128;
+std::optional<uint64_t> read_clock_probe(std::string_view packed);
+std::string encode_clock_reply(uint64_t t1, uint64_t t2, uint64_t t3);
 
 struct HeartbeatHeader {
   uint64_t instance_id = 0;

@@ -22,7 +22,7 @@
 # "1.05-1.1 1.1-1.5 1.5-5"; the others' cells read "-"; none: the healthy jobs only). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
 # RS_PATTERN_S: each slowdown run's length (default 40 s; onsets at 10-15 s).
-# RS_KEEP_DIR=DIR keeps each run's findings and scores there (made if missing).
+# RS_KEEP_DIR=DIR keeps each run's findings, truth and scores there (made if missing).
 # RS_RATE_NODES x 8 ranks (default 64 256), RS_RATE_S seconds each (default
 # 40), RS_RATE_PATTERN (default fsdp) for --rate; RS_RATE_CULPRITS=N slows N
 # ranks of the job (from 15-25 s on; default 0: a healthy job) by factors
@@ -93,7 +93,7 @@ stop_collector() {
 score_kept() {
   timeout 180 "$bin/rankscope-sim" score --query "$query" --truth "$1" --out "$2" >&2 ||
     echo "bench-sim: scoring $3 failed" >&2
-  if [ -n "${RS_KEEP_DIR:-}" ]; then cp "$2" "$RS_KEEP_DIR/" 2>/dev/null || true; fi
+  if [ -n "${RS_KEEP_DIR:-}" ]; then cp "$1" "$2" "$RS_KEEP_DIR/" 2>/dev/null || true; fi
 }
 
 # accuracy NAME SCORES collector-options -- sim-options: one scored run.

@@ -8,6 +8,7 @@
 #include "common/format.h"
 #include "common/log.h"
 #include "common/version.h"
+#include "proto/agent_wire.h"
 #include "proto/compress.h"
 #include "proto/limits.h"
 #include "proto/store.capnp.h"
@@ -121,31 +122,17 @@ std::string Ingest::error_reply(wire::ErrorCode code, const std::string& message
   return proto::to_packed(builder);
 }
 
-std::string Ingest::clock_reply(uint64_t t1, uint64_t received_ns) const {
-  capnp::MallocMessageBuilder builder;
-  auto reply = builder.initRoot<wire::CollectorMessage>().initClockReply();
-  reply.setT1(t1);
-  reply.setT2(received_ns);
-  reply.setT3(clock_.realtime_ns());
-  return proto::to_packed(builder);
-}
-
 bool Ingest::answer_clock_probe(const std::string& routing_id, std::string_view bytes, Outbox& out,
                                 const std::string& key_node) {
-  // A packed probe is a few dozen bytes: a larger message is not one, and
-  // is not unpacked twice to find that out.
-  constexpr size_t kMaxClockProbeBytes = 128;
-  if (bytes.size() > kMaxClockProbeBytes) return false;
+  if (bytes.size() > proto::kMaxClockProbeBytes) return false;
   uint64_t received_ns = clock_.realtime_ns();
   auto known = node_of_connection_.find(routing_id);
   if (known == node_of_connection_.end() || (!key_node.empty() && key_node != known->second)) return false;
-  std::optional<uint64_t> t1;
-  auto read = proto::read_packed<wire::AgentMessage>(bytes, proto::ReadLimits{}, [&](auto message) {
-    if (message.which() == wire::AgentMessage::CLOCK_PROBE) t1 = message.getClockProbe().getT1();
-  });
-  if (!read || !t1) return false;
+  std::optional<uint64_t> t1 = proto::read_clock_probe(bytes);
+  if (!t1) return false;
   model_.nodes[known->second].last_contact_ns = received_ns;
-  out.now.emplace_back(routing_id, clock_reply(*t1, received_ns));
+  ++counters_.clock_probes;
+  out.now.emplace_back(routing_id, proto::encode_clock_reply(*t1, received_ns, clock_.realtime_ns()));
   return true;
 }
 
@@ -212,7 +199,9 @@ void Ingest::on_agent_message(const std::string& routing_id, std::string_view by
         reply_detail(node, routing_id, out);
         break;
       case wire::AgentMessage::CLOCK_PROBE:
-        out.now.emplace_back(routing_id, clock_reply(message.getClockProbe().getT1(), received_ns));
+        ++counters_.clock_probes;
+        out.now.emplace_back(
+            routing_id, proto::encode_clock_reply(message.getClockProbe().getT1(), received_ns, clock_.realtime_ns()));
         break;
       default:
         bad_message(&node, "a message kind this collector does not know; ignored");
@@ -294,6 +283,7 @@ void Ingest::on_hello(const std::string& routing_id, wire::Hello::Reader hello, 
   reply.setProtocolVersion(wire::PROTOCOL_VERSION);
   reply.setCollectorVersion(kVersion);
   reply.setReadsCompact(reads_compact_);
+  reply.setClockPort(clock_port_);
   std::string name = hello.getNode();
   uint32_t version = hello.getProtocolVersion();
   if (version == 0 || version > wire::PROTOCOL_VERSION) {

@@ -47,6 +47,7 @@ struct IngestCounters {
   uint64_t duplicate_batches = 0;
   uint64_t bad_messages = 0;
   uint64_t throttled_messages = 0;
+  uint64_t clock_probes = 0;    // answered on the agents' socket (not by collector/clock_responder.h)
   uint64_t refused_claims = 0;  // NodeState::refused_claims, all nodes
   uint64_t held_batches = 0;    // not taken while the database could not be written (Commit::holding)
   uint64_t batch_bytes = 0;     // wire size of the batches stored
@@ -150,6 +151,9 @@ class Ingest final : public CommitParticipant {
   // Whether HelloReplies say readsCompact (agents then send a table,
   // compressed); either way both are read.
   void set_reads_compact(bool reads) { reads_compact_ = reads; }
+  // Where clock probes are answered apart (collector/clock_responder.h),
+  // said in HelloReplies (0: none; probes come on the agents' socket).
+  void set_clock_port(uint16_t port) { clock_port_ = port; }
   // In a fleet of collectors: this collector's id and the members as last
   // read from etcd. Agents that follow the fleet get them in their
   // HelloReply, and, when they changed, in a FleetMap (into `out.now`, to
@@ -226,13 +230,13 @@ class Ingest final : public CommitParticipant {
   static uint64_t slots_of(const CommState& comm) { return comm.nranks > 0 ? static_cast<uint64_t>(comm.nranks) : 1; }
   void persist_comm(const CommState& comm, bool retired = false);
   void persist_node(const NodeState& node);
-  std::string clock_reply(uint64_t t1, uint64_t received_ns) const;
   std::string error_reply(wire::ErrorCode code, const std::string& message) const;
   // Counts (in total and for `node`, null: not identified yet) and logs, rate-limited, one bad message.
   void bad_message(NodeState* node, const std::string& what);
 
   std::map<std::string, std::vector<uint64_t>> detail_wanted_;
   bool reads_compact_ = true;  // said in HelloReplies
+  uint16_t clock_port_ = 0;    // said in HelloReplies
   TimelineStore& store_;
   Commit& commit_;
   WriteSet& pending_;  // commit_'s

@@ -220,6 +220,14 @@ def main():
         for p in service["spec"]["ports"]:
             if p["targetPort"] not in named:
                 fail("the Service's port %s targets no port of the collector" % p["name"])
+        # Agents reach the clock port (HelloReply.clockPort: the number the
+        # collector bound) at the host they reach the agents' port at: the
+        # Service must forward that same number to it.
+        clock_port = int(arg_value(collector_args, "clock-listen").rsplit(":", 1)[1])
+        container_ports = {p["name"]: p["containerPort"] for p in collector["ports"]}
+        if not any(p["port"] == clock_port and container_ports.get(p["targetPort"]) == clock_port
+                   for p in service["spec"]["ports"]):
+            fail("the Service does not forward port %d to the collector's --clock-listen" % clock_port)
 
         # The keys: the Secret holds the collector's secret key, the allow-list
         # every node's and the client's public key, and the real collector

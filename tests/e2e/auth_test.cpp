@@ -10,10 +10,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
 #include <optional>
 #include <zmq.hpp>
 
+#include "common/clock.h"
 #include "proto/agent.capnp.h"
 #include "proto/codec.h"
 #include "tests/support/cluster.h"
@@ -97,14 +99,16 @@ class RawAgent {
       if (!bytes) continue;
       std::optional<std::pair<bool, std::string>> answer;
       auto read = proto::read_packed<wire::CollectorMessage>(*bytes, proto::ReadLimits{}, [&](auto m) {
-        if (m.which() == wire::CollectorMessage::HELLO_REPLY)
-          answer = std::make_pair(m.getHelloReply().getAccepted(), std::string(m.getHelloReply().getReason().cStr()));
+        if (m.which() != wire::CollectorMessage::HELLO_REPLY) return;
+        answer = std::make_pair(m.getHelloReply().getAccepted(), std::string(m.getHelloReply().getReason().cStr()));
+        clock_port = m.getHelloReply().getClockPort();
       });
       EXPECT_TRUE(read);
       if (answer) return answer;
     }
     return std::nullopt;
   }
+  uint16_t clock_port = 0;  // as the last HelloReply said
 
  private:
   zmq::context_t context_{1};
@@ -374,6 +378,71 @@ TEST(RateLimit, FloodingPeerIsThrottledAndTheOtherIsServed) {
       std::chrono::seconds(10)))
       << collector_metric(metrics_port, "rankscope_throttled_messages_total{socket=\"agent\"}");
   EXPECT_EQ(collector_metric(metrics_port, "rankscope_throttled_messages_total{socket=\"query\"}"), 0);
+}
+
+// Clock probes have a socket and a thread of their own: the HelloReply
+// names its port; an admitted key's probe is answered there (its t1 back,
+// t2 <= t3 on the collector's clock), an unknown key gets nothing (refused
+// at the handshake), a key past 20 probes a second is cut to its budget,
+// and what is not a probe is dropped. The metrics count each.
+TEST(ClockSocket, AnswersAdmittedKeysWithinTheirBudgetAndNobodyElse) {
+  TempDir dir;
+  TestKeys keys(dir);
+  auto gpu1_keys = agent_keys(keys, "gpu-1", true), stranger_keys = agent_keys(keys, "gpu-9", false);
+  int metrics_port = free_port();
+  Collector collector(dir, &keys, {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
+  ASSERT_TRUE(collector.up) << slurp(collector.log);
+  RawAgent agent(collector.agent_port, gpu1_keys);
+  ASSERT_TRUE(agent.hello("gpu-1", std::chrono::seconds(10)));
+  ASSERT_NE(agent.clock_port, 0) << "the HelloReply names the clock port";
+  EXPECT_NE(agent.clock_port, collector.agent_port);
+
+  auto read_reply = [](const std::string& bytes) {
+    std::optional<std::array<uint64_t, 3>> times;
+    EXPECT_TRUE(proto::read_packed<wire::CollectorMessage>(bytes, proto::ReadLimits{}, [&](auto m) {
+      if (m.which() == wire::CollectorMessage::CLOCK_REPLY)
+        times = {m.getClockReply().getT1(), m.getClockReply().getT2(), m.getClockReply().getT3()};
+    }));
+    return times;
+  };
+  RawAgent prober(agent.clock_port, gpu1_keys);
+  const uint64_t before = SystemClock().realtime_ns();
+  prober.send(clock_probe(1234));
+  auto reply = prober.receive(std::chrono::seconds(10));
+  const uint64_t after = SystemClock().realtime_ns();
+  ASSERT_TRUE(reply) << slurp(collector.log);
+  auto times = read_reply(*reply);
+  ASSERT_TRUE(times) << "a clock reply";
+  EXPECT_EQ((*times)[0], 1234u);
+  EXPECT_LE(before, (*times)[1]);
+  EXPECT_LE((*times)[1], (*times)[2]);
+  EXPECT_LE((*times)[2], after);
+
+  RawAgent stranger(agent.clock_port, stranger_keys);
+  stranger.send(clock_probe(1));
+  EXPECT_FALSE(stranger.receive(std::chrono::seconds(2))) << "a key not on the allow-list is not answered";
+
+  // 60 probes at once: a full burst of 20 (refilled while the stranger
+  // waited), and what refills while they are read.
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t i = 0; i < 60; ++i) prober.send(clock_probe(2000 + i));
+  prober.send(heartbeat());  // not a probe: dropped
+  int answered = 0;
+  while (auto r = prober.receive(std::chrono::milliseconds(500))) answered += read_reply(*r).has_value();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(answered, 20);
+  EXPECT_LE(answered, 20 + static_cast<int>(20 * seconds) + 1) << "in " << seconds << " s";
+  const double dropped = 60 - answered + 1;
+  EXPECT_TRUE(wait_for(
+      [&] {
+        return collector_metric(metrics_port, "rankscope_clock_probes_total{result=\"answered\",socket=\"clock\"}") ==
+                   1 + answered &&
+               collector_metric(metrics_port, "rankscope_clock_probes_total{result=\"dropped\",socket=\"clock\"}") ==
+                   dropped;
+      },
+      std::chrono::seconds(10)))
+      << collector_metric(metrics_port, "rankscope_clock_probes_total{result=\"answered\",socket=\"clock\"}") << " "
+      << collector_metric(metrics_port, "rankscope_clock_probes_total{result=\"dropped\",socket=\"clock\"}");
 }
 
 // A peer with no key at all, speaking ZMTP 3.0 over plain TCP: its greeting

@@ -1,11 +1,13 @@
 // The collector's and the agent's flags and config files, parsed by the
 // functions their main() calls (and tests/fuzz/config_fuzz.cpp drives).
+#include "collector/options.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
 
-#include "collector/options.h"
+#include "collector/clock_responder.h"
 #include "node-agent/options.h"
 #include "tests/support/harness.h"
 
@@ -81,6 +83,22 @@ TEST(Options, CollectorTimeoutsOutOfRangeAreRefused) {
   EXPECT_EQ(line->options.retire_after_ns(), 60'000'000'000ull);
   EXPECT_EQ(line->options.drain_after_jobs, 3u);
   EXPECT_TRUE(line->options.drain_dry_run);
+}
+
+// --clock-listen: auto (--listen's host, any free port), none, or an
+// endpoint; nothing else.
+TEST(Options, ClockListenIsAutoNoneOrAnEndpoint) {
+  for (const char* bad : {"clock-listen = 7602\n", "clock-listen = \n", "clock-listen = yes\n"})
+    EXPECT_FALSE(collector_config(bad)) << bad;
+  auto line = collector_config("listen = tcp://10.1.2.3:7600\n");
+  ASSERT_TRUE(line) << line.error().message;
+  EXPECT_EQ(collector::clock_endpoint(line->options.clock_listen, line->options.listen), "tcp://10.1.2.3:*");
+  EXPECT_EQ(collector::clock_endpoint("auto", "tcp://[fd00::5]:7600"), "tcp://[fd00::5]:*");
+  EXPECT_EQ(collector::clock_endpoint("auto", "ipc:///run/rankscope.sock"), "") << "no port to take beside it";
+  EXPECT_EQ(collector::clock_endpoint("none", "tcp://10.1.2.3:7600"), "");
+  line = collector_config("clock-listen = tcp://0.0.0.0:7602\n");
+  ASSERT_TRUE(line) << line.error().message;
+  EXPECT_EQ(collector::clock_endpoint(line->options.clock_listen, line->options.listen), "tcp://0.0.0.0:7602");
 }
 
 TEST(Options, AlertmanagerCredentialsComeWholeAndOneKindAtATime) {

@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/placement.h"
 #include "node-agent/transport.h"
+#include "proto/agent_wire.h"
 #include "proto/codec.h"
 #include "proto/compress.h"
 #include "tests/support/harness.h"
@@ -310,8 +311,17 @@ class FakeCollector {
           hello.setAccepted(true);
           hello.setReadsCompact(reads_compact);
           hello.setCollectorId(id_in_fleet);
+          hello.setClockPort(clock_port);
           if (!fleet.empty() && m.getHello().getFollowsFleet()) write_fleet(hello.initFleet());
           agent = std::string(static_cast<const char*>(id.data()), id.size());
+          answer = true;
+        } else if (m.which() == wire::AgentMessage::CLOCK_PROBE) {
+          // Answered here with t2 = t3 = 111: a sample that came this way.
+          ++probes;
+          auto r = reply.initRoot<wire::CollectorMessage>().initClockReply();
+          r.setT1(m.getClockProbe().getT1());
+          r.setT2(111);
+          r.setT3(111);
           answer = true;
         } else if (m.which() == wire::AgentMessage::BATCH) {
           auto b = m.getBatch();
@@ -368,6 +378,8 @@ class FakeCollector {
   std::vector<std::pair<bool, bool>> compact;              // each batch: (compressed, with a table)
   std::vector<uint64_t> records;                           // each batch's collective records
   bool reads_compact = false;                              // said in the HelloReply
+  uint16_t clock_port = 0;                                 // said in the HelloReply
+  uint64_t probes = 0;                                     // clock probes that came on this socket
   std::vector<bool> announcements;                         // each batch: processes and no records (an announcement)
   std::string id_in_fleet;                                 // said in the HelloReply
   std::vector<std::pair<std::string, std::string>> fleet;  // (id, endpoint) told to agents that follow a fleet
@@ -687,6 +699,65 @@ TEST_F(SpoolTest, AFullSpoolKeepsSummariesAndCountsTheLostRecords) {
   EXPECT_EQ(transport.lost_records(), transport.discarded_batches() * 4) << "every dropped batch had 4 records";
   EXPECT_EQ(transport.unacked(), 50u) << "every batch is still to be sent: the dropped ones as summaries";
   EXPECT_LE(transport.spool()->bytes(), limits.max_bytes + limits.segment_bytes);
+}
+
+// A collector that names a clock port (HelloReply.clockPort) gets the
+// probes there, at the host the agent reached it at, and its answers there
+// are the samples; while nothing answers at that port (a firewall, a
+// Service that does not forward it) the probes go on the link.
+TEST_F(SpoolTest, ClockProbesGoToTheClockPortAndOnTheLinkWhileNothingAnswersThere) {
+  zmq::context_t context(1);
+  Options options;
+  options.collector = "tcp://127.0.0.1:" + std::to_string(testing::free_port());
+  const int clock_port = testing::free_port();
+  SystemClock clock;
+  FakeCollector collector(context, options.collector);
+  collector.clock_port = static_cast<uint16_t>(clock_port);
+  std::vector<uint64_t> t2s;
+  Transport transport(context, options, clock, 7,
+                      [&](uint64_t, uint64_t t2, uint64_t, uint64_t, const std::string&) { t2s.push_back(t2); });
+  accept(collector, transport);
+
+  // Nothing at the clock port yet: on the link.
+  transport.send_clock_probe();
+  ASSERT_TRUE(testing::wait_for([&] { return collector.serve_within(2), transport.service(), t2s.size() == 1; },
+                                std::chrono::seconds(10)));
+  EXPECT_EQ(t2s[0], 111u);
+  EXPECT_EQ(collector.probes, 1u);
+
+  // A responder at the clock port (t2 = t3 = 222): once the agent's socket reaches it, every probe goes there.
+  zmq::socket_t responder(context, zmq::socket_type::router);
+  responder.set(zmq::sockopt::linger, 0);
+  responder.bind("tcp://127.0.0.1:" + std::to_string(clock_port));
+  auto answer = [&] {
+    zmq::message_t id, body;
+    while (responder.recv(id, zmq::recv_flags::dontwait)) {
+      (void)responder.recv(body, zmq::recv_flags::none);
+      auto t1 = proto::read_clock_probe(std::string_view(static_cast<const char*>(body.data()), body.size()));
+      ASSERT_TRUE(t1);
+      responder.send(id, zmq::send_flags::sndmore);
+      responder.send(zmq::buffer(proto::encode_clock_reply(*t1, 222, 222)), zmq::send_flags::none);
+    }
+  };
+  auto turn = [&] {
+    answer();
+    collector.serve_within(2);
+    transport.service();
+  };
+  ASSERT_TRUE(testing::wait_for(
+      [&] {
+        transport.send_clock_probe();
+        for (int i = 0; i < 10; ++i) turn();
+        return !t2s.empty() && t2s.back() == 222;
+      },
+      std::chrono::seconds(10)));
+  const uint64_t on_link = collector.probes;
+  const size_t samples = t2s.size();
+  for (int i = 0; i < 3; ++i) transport.send_clock_probe();
+  ASSERT_TRUE(testing::wait_for([&] { return turn(), t2s.size() == samples + 3; }, std::chrono::seconds(10)));
+  EXPECT_EQ(std::vector<uint64_t>(t2s.begin() + static_cast<std::ptrdiff_t>(samples), t2s.end()),
+            std::vector<uint64_t>(3, 222));
+  EXPECT_EQ(collector.probes, on_link) << "none on the link once the clock port answers";
 }
 
 TEST_F(SpoolTest, WithoutASpoolMemoryStaysBounded) {

@@ -21,13 +21,15 @@ constexpr int64_t kHelloRetry = 2000 * kMs;
 }  // namespace
 
 SimAgent::SimAgent(zmq::context_t& context, const std::string& endpoint, const Fleet& fleet, int node, uint64_t t0_real,
-                   uint64_t seed)
+                   uint64_t seed, zmq::context_t* clock_context)
     : fleet_(fleet),
       index_(node),
       node_(fleet.nodes()[node]),
       t0_real_(t0_real),
       rng_(seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(node) * 104729ull + 3),
       socket_(context, zmq::socket_type::dealer),
+      clock_context_(clock_context ? *clock_context : context),
+      endpoint_(endpoint),
       ack_timer_(kAckTimeout, kMaxAckWait) {
   socket_.set(zmq::sockopt::linger, 0);
   socket_.set(zmq::sockopt::immediate, 1);
@@ -71,9 +73,16 @@ void SimAgent::send_probe() {
   int64_t out = mean > 0 ? static_cast<int64_t>(jitter(rng_)) : 0;
   int64_t back = mean > 0 ? static_cast<int64_t>(jitter(rng_)) : 0;
   uint64_t t1 = node_clock(now_rel() - out);
-  probe_in_flight_[t1] = back;
+  probe_in_flight_[t1] = ProbeInFlight{back, SystemClock::read(CLOCK_REALTIME)};
   while (probe_in_flight_.size() > 16) probe_in_flight_.erase(probe_in_flight_.begin());
-  send(proto::encode_clock_probe(t1));
+  const std::string bytes = proto::encode_clock_probe(t1);
+  bool sent = false;
+  try {
+    sent = clock_socket_ && clock_socket_->send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
+  } catch (const zmq::error_t&) {
+    sent = false;
+  }
+  if (!sent) send(bytes);
   ++counters_.probes;
 }
 
@@ -339,8 +348,33 @@ void SimAgent::flush_now(int64_t rel_ns) {
   }
 }
 
+void SimAgent::open_clock(uint16_t port) {
+  if (port == clock_port_ && (port == 0 || clock_socket_)) return;
+  clock_socket_.reset();
+  clock_port_ = 0;
+  const size_t colon = endpoint_.rfind(':');
+  if (port == 0 || endpoint_.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
+  clock_socket_ = std::make_unique<zmq::socket_t>(clock_context_, zmq::socket_type::dealer);
+  clock_socket_->set(zmq::sockopt::linger, 0);
+  clock_socket_->set(zmq::sockopt::immediate, 1);
+  clock_socket_->set(zmq::sockopt::reconnect_ivl, 100);
+  clock_socket_->connect(endpoint_.substr(0, colon + 1) + std::to_string(port));
+  clock_port_ = port;
+}
+
 void SimAgent::service(int64_t rel_ns) {
   if (dead_) return;
+  while (clock_socket_) {
+    zmq::message_t reply;
+    zmq::recv_result_t got;
+    try {
+      got = clock_socket_->recv(reply, zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      break;
+    }
+    if (!got) break;
+    handle(std::string(static_cast<const char*>(reply.data()), reply.size()), rel_ns);
+  }
   for (;;) {
     zmq::message_t reply;
     zmq::recv_result_t got;
@@ -361,6 +395,7 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
         if (message.getHelloReply().getAccepted()) {
           accepted_ = true;
           layout_ = message.getHelloReply().getReadsCompact() ? proto::BlockLayout::table : proto::BlockLayout::columns;
+          open_clock(message.getHelloReply().getClockPort());
           ack_timer_.reset();
           // As the agent: a new connection's clock is probed at once.
           send_probe();
@@ -391,7 +426,10 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
         auto reply = message.getClockReply();
         auto probe = probe_in_flight_.find(reply.getT1());
         if (probe == probe_in_flight_.end()) break;
-        uint64_t t4 = node_clock(now_rel() + probe->second);
+        uint64_t t4 = node_clock(now_rel() + probe->second.back);
+        const uint64_t now_real = SystemClock::read(CLOCK_REALTIME);
+        counters_.probe_in_ns.push_back(static_cast<int64_t>(reply.getT2() - probe->second.sent_real));
+        counters_.probe_out_ns.push_back(static_cast<int64_t>(now_real - reply.getT3()));
         probe_in_flight_.erase(probe);
         samples_.push_back({reply.getT1(), reply.getT2(), reply.getT3(), t4});
         if (batch_opened_ < 0) batch_opened_ = rel_ns;

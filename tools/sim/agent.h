@@ -32,13 +32,19 @@ struct AgentCounters {
   uint64_t batches = 0, records = 0, records_lost = 0, sends_lost = 0, reordered = 0, resent = 0;
   uint64_t acked = 0, records_acked = 0, probes = 0, heartbeats = 0, hellos = 0;
   uint64_t wire_bytes = 0;  // first sends of batches
+  // Each answered probe's real delays on this machine, without the simulated
+  // network's: to the collector's t2, and from its t3 to the reply's reading.
+  std::vector<int64_t> probe_in_ns, probe_out_ns;
 };
 
 class SimAgent {
  public:
   // `t0_real` is the true (collector machine) realtime of the run's start.
+  // `clock_context` holds the socket of its clock probes, where its
+  // collector answers them apart (null: `context`): a context of their own
+  // has an I/O thread that no batch queues in.
   SimAgent(zmq::context_t& context, const std::string& endpoint, const Fleet& fleet, int node, uint64_t t0_real,
-           uint64_t seed);
+           uint64_t seed, zmq::context_t* clock_context = nullptr);
 
   void add_events(std::vector<SimEvent>& events);
   // Does what is due at true time `rel_ns` (relative to the run's start).
@@ -46,6 +52,9 @@ class SimAgent {
   // Reads every reply waiting.
   void service(int64_t rel_ns);
   zmq::socket_t& socket() { return socket_; }
+  // Where its collector answers clock probes apart (HelloReply.clockPort),
+  // as the agent; null: none said.
+  zmq::socket_t* clock_socket() { return clock_socket_.get(); }
   bool dead() const { return dead_; }
   // A clock probe's reply is still to come: the run loop reads such sockets
   // between the fleet's ticks, so that the reply is stamped when it came.
@@ -112,6 +121,11 @@ class SimAgent {
   uint64_t t0_real_;
   std::mt19937_64 rng_;
   zmq::socket_t socket_;
+  zmq::context_t& clock_context_;
+  std::string endpoint_;
+  std::unique_ptr<zmq::socket_t> clock_socket_;
+  uint16_t clock_port_ = 0;
+  void open_clock(uint16_t port);
   bool accepted_ = false, dead_ = false, announced_ = false;
   proto::BlockLayout layout_ = proto::BlockLayout::columns;
   int64_t last_hello_ = -1, last_probe_ = -1, last_heartbeat_ = -1, batch_opened_ = -1;
@@ -121,7 +135,11 @@ class SimAgent {
   std::map<BlockKey, proto::ColumnBlock> blocks_;
   std::map<uint32_t, proto::WaitBlock> waits_;
   std::vector<std::array<uint64_t, 4>> samples_;
-  std::map<uint64_t, int64_t> probe_in_flight_;  // t1 -> inbound jitter to add at receipt
+  struct ProbeInFlight {
+    int64_t back = 0;        // the simulated network's delay on the way back, added at receipt
+    uint64_t sent_real = 0;  // when it really left (CLOCK_REALTIME, the collector's clock on this machine)
+  };
+  std::map<uint64_t, ProbeInFlight> probe_in_flight_;  // by t1
   size_t pending_records_ = 0;
   uint64_t ringbuf_lost_ = 0;
   std::deque<Pending> queue_;

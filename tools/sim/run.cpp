@@ -22,6 +22,18 @@ constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kLookahead = 200 * kMs;  // steps are generated this far ahead of true time
 constexpr size_t kClockSamplesPerNode = 16;
 
+// "p50 p90 p99" of `ns`, in microseconds ("" if empty).
+std::string percentiles_us(std::vector<int64_t> ns) {
+  if (ns.empty()) return "";
+  std::sort(ns.begin(), ns.end());
+  std::string out;
+  for (double q : {0.5, 0.9, 0.99}) {
+    const int64_t v = ns[std::min(ns.size() - 1, static_cast<size_t>(q * static_cast<double>(ns.size())))];
+    out += (out.empty() ? "" : " ") + std::to_string(v / 1000);
+  }
+  return out;
+}
+
 // The run's line: its configuration and every agent's counters summed.
 void write_run(std::ostream& out, const Fleet& fleet, const RunOptions& options, uint64_t t0, int64_t end_rel,
                const std::vector<std::unique_ptr<SimAgent>>& agents) {
@@ -29,6 +41,8 @@ void write_run(std::ostream& out, const Fleet& fleet, const RunOptions& options,
   AgentCounters total;
   for (const auto& a : agents) {
     const AgentCounters& k = a->counters();
+    total.probe_in_ns.insert(total.probe_in_ns.end(), k.probe_in_ns.begin(), k.probe_in_ns.end());
+    total.probe_out_ns.insert(total.probe_out_ns.end(), k.probe_out_ns.begin(), k.probe_out_ns.end());
     total.batches += k.batches;
     total.records += k.records;
     total.records_acked += k.records_acked;
@@ -63,6 +77,9 @@ void write_run(std::ostream& out, const Fleet& fleet, const RunOptions& options,
              .add("reordered", total.reordered)
              .add("resent", total.resent)
              .add("wire_bytes", total.wire_bytes)
+             .add("probes_answered", static_cast<uint64_t>(total.probe_in_ns.size()))
+             .add("probe_in_us_p50_p90_p99", percentiles_us(total.probe_in_ns))
+             .add("probe_out_us_p50_p90_p99", percentiles_us(total.probe_out_ns))
              .str()
       << "\n";
 }
@@ -188,6 +205,10 @@ struct Poller {
       if (probes_only ? a->awaiting_probe() : !a->dead()) {
         items.push_back({a->socket().handle(), 0, ZMQ_POLLIN, 0});
         polled.push_back(a.get());
+        if (zmq::socket_t* clock = a->clock_socket()) {
+          items.push_back({clock->handle(), 0, ZMQ_POLLIN, 0});
+          polled.push_back(a.get());
+        }
       }
     if (items.empty()) return;
     zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
@@ -222,14 +243,17 @@ void finish(std::vector<std::unique_ptr<SimAgent>>& agents, Poller& poller, cons
 
 int run_fleet(const FleetConfig& config, const RunOptions& options) {
   Fleet fleet(config);
-  zmq::context_t context(1);
-  // One socket per simulated node (ZeroMQ's default cap is 1023).
+  // One socket per simulated node in each (ZeroMQ's default cap is 1023):
+  // its link, and its clock probes' in a context of their own.
+  zmq::context_t context(1), clock_context(1);
   context.set(zmq::ctxopt::max_sockets, static_cast<int>(fleet.nodes().size()) + 64);
+  clock_context.set(zmq::ctxopt::max_sockets, static_cast<int>(fleet.nodes().size()) + 64);
   uint64_t t0 = SystemClock::read(CLOCK_REALTIME);
   auto rel_now = [&] { return static_cast<int64_t>(SystemClock::read(CLOCK_REALTIME) - t0); };
   std::vector<std::unique_ptr<SimAgent>> agents;
   for (size_t n = 0; n < fleet.nodes().size(); ++n)
-    agents.push_back(std::make_unique<SimAgent>(context, options.collector, fleet, static_cast<int>(n), t0, config.seed));
+    agents.push_back(std::make_unique<SimAgent>(context, options.collector, fleet, static_cast<int>(n), t0, config.seed,
+                                                &clock_context));
   RS_LOG(info, "%zu jobs, %zu nodes, %zu ranks against %s for %.0f s (scenario %s, seed %llu)", fleet.jobs().size(),
          fleet.nodes().size(), fleet.total_ranks(), options.collector.c_str(), options.duration_s,
          config.scenario.c_str(), static_cast<unsigned long long>(config.seed));
