@@ -21,14 +21,14 @@ constexpr int64_t kHelloRetry = 2000 * kMs;
 }  // namespace
 
 SimAgent::SimAgent(zmq::context_t& context, const std::string& endpoint, const Fleet& fleet, int node, uint64_t t0_real,
-                   uint64_t seed, zmq::context_t* clock_context)
+                   uint64_t seed, ClockProber* prober)
     : fleet_(fleet),
       index_(node),
       node_(fleet.nodes()[node]),
       t0_real_(t0_real),
       rng_(seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(node) * 104729ull + 3),
       socket_(context, zmq::socket_type::dealer),
-      clock_context_(clock_context ? *clock_context : context),
+      prober_(prober),
       endpoint_(endpoint),
       ack_timer_(kAckTimeout, kMaxAckWait) {
   socket_.set(zmq::sockopt::linger, 0);
@@ -75,14 +75,7 @@ void SimAgent::send_probe() {
   uint64_t t1 = node_clock(now_rel() - out);
   probe_in_flight_[t1] = ProbeInFlight{back, SystemClock::read(CLOCK_REALTIME)};
   while (probe_in_flight_.size() > 16) probe_in_flight_.erase(probe_in_flight_.begin());
-  const std::string bytes = proto::encode_clock_probe(t1);
-  bool sent = false;
-  try {
-    sent = clock_socket_ && clock_socket_->send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
-  } catch (const zmq::error_t&) {
-    sent = false;
-  }
-  if (!sent) send(bytes);
+  send(proto::encode_clock_probe(t1));
   ++counters_.probes;
 }
 
@@ -312,11 +305,20 @@ void SimAgent::tick(int64_t rel_ns) {
     // The agent dies: the connection goes silent, nothing more is sent.
     dead_ = true;
     socket_.close();
+    if (probes_apart_) prober_->close(index_);
     return;
   }
   if (!accepted_ && (last_hello_ < 0 || rel_ns - last_hello_ > kHelloRetry)) send_hello(rel_ns);
   take_due(rel_ns);
-  if (accepted_ && rel_ns - last_probe_ >= kProbeInterval) {
+  if (probes_apart_) {
+    for (const ClockProber::Answer& a : prober_->take(index_)) {
+      samples_.push_back(a.sample);
+      counters_.probe_in_ns.push_back(a.in_ns);
+      counters_.probe_out_ns.push_back(a.out_ns);
+      ++counters_.probes;
+      if (batch_opened_ < 0) batch_opened_ = rel_ns;
+    }
+  } else if (accepted_ && rel_ns - last_probe_ >= kProbeInterval) {
     send_probe();
     last_probe_ = rel_ns;
   }
@@ -348,33 +350,20 @@ void SimAgent::flush_now(int64_t rel_ns) {
   }
 }
 
-void SimAgent::open_clock(uint16_t port) {
-  if (port == clock_port_ && (port == 0 || clock_socket_)) return;
-  clock_socket_.reset();
-  clock_port_ = 0;
+void SimAgent::take_clock_port(uint16_t port) {
   const size_t colon = endpoint_.rfind(':');
-  if (port == 0 || endpoint_.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
-  clock_socket_ = std::make_unique<zmq::socket_t>(clock_context_, zmq::socket_type::dealer);
-  clock_socket_->set(zmq::sockopt::linger, 0);
-  clock_socket_->set(zmq::sockopt::immediate, 1);
-  clock_socket_->set(zmq::sockopt::reconnect_ivl, 100);
-  clock_socket_->connect(endpoint_.substr(0, colon + 1) + std::to_string(port));
-  clock_port_ = port;
+  const bool reachable = port != 0 && endpoint_.rfind("tcp://", 0) == 0 && colon != std::string::npos && colon >= 6;
+  if (!prober_ || (!reachable && !probes_apart_)) return;
+  if (reachable) {
+    prober_->open(index_, node_, endpoint_.substr(0, colon + 1) + std::to_string(port), rng_());
+  } else {
+    prober_->close(index_);
+  }
+  probes_apart_ = reachable;
 }
 
 void SimAgent::service(int64_t rel_ns) {
   if (dead_) return;
-  while (clock_socket_) {
-    zmq::message_t reply;
-    zmq::recv_result_t got;
-    try {
-      got = clock_socket_->recv(reply, zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      break;
-    }
-    if (!got) break;
-    handle(std::string(static_cast<const char*>(reply.data()), reply.size()), rel_ns);
-  }
   for (;;) {
     zmq::message_t reply;
     zmq::recv_result_t got;
@@ -395,10 +384,11 @@ void SimAgent::handle(const std::string& bytes, int64_t rel_ns) {
         if (message.getHelloReply().getAccepted()) {
           accepted_ = true;
           layout_ = message.getHelloReply().getReadsCompact() ? proto::BlockLayout::table : proto::BlockLayout::columns;
-          open_clock(message.getHelloReply().getClockPort());
+          take_clock_port(message.getHelloReply().getClockPort());
           ack_timer_.reset();
-          // As the agent: a new connection's clock is probed at once.
-          send_probe();
+          // As the agent: a new connection's clock is probed at once (by
+          // the prober, at once, where it has them).
+          if (!probes_apart_) send_probe();
           for (auto& p : queue_) {
             p.last_sent = -1;
             p.resends = 0;

@@ -7,8 +7,8 @@
 // with the processes' health and the waits still open. Its clock is the
 // node's simulated one (true time, its own origin and drift), and its
 // probes see simulated network jitter.
-#include <cstdint>
 #include <array>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <optional>
@@ -23,6 +23,7 @@
 #include "common/ack_timer.h"
 #include "proto/codec.h"
 #include "tools/sim/model.h"
+#include "tools/sim/prober.h"
 
 namespace rankscope::sim {
 
@@ -40,11 +41,12 @@ struct AgentCounters {
 class SimAgent {
  public:
   // `t0_real` is the true (collector machine) realtime of the run's start.
-  // `clock_context` holds the socket of its clock probes, where its
-  // collector answers them apart (null: `context`): a context of their own
-  // has an I/O thread that no batch queues in.
+  // `prober`: where its collector answers clock probes apart
+  // (HelloReply.clockPort), the prober's thread sends and reads them, as a
+  // real agent's own loop would (tools/sim/prober.h); null, or a
+  // collector that says no port: on its connection, from its ticks.
   SimAgent(zmq::context_t& context, const std::string& endpoint, const Fleet& fleet, int node, uint64_t t0_real,
-           uint64_t seed, zmq::context_t* clock_context = nullptr);
+           uint64_t seed, ClockProber* prober = nullptr);
 
   void add_events(std::vector<SimEvent>& events);
   // Does what is due at true time `rel_ns` (relative to the run's start).
@@ -52,9 +54,6 @@ class SimAgent {
   // Reads every reply waiting.
   void service(int64_t rel_ns);
   zmq::socket_t& socket() { return socket_; }
-  // Where its collector answers clock probes apart (HelloReply.clockPort),
-  // as the agent; null: none said.
-  zmq::socket_t* clock_socket() { return clock_socket_.get(); }
   bool dead() const { return dead_; }
   // A clock probe's reply is still to come: the run loop reads such sockets
   // between the fleet's ticks, so that the reply is stamped when it came.
@@ -121,11 +120,11 @@ class SimAgent {
   uint64_t t0_real_;
   std::mt19937_64 rng_;
   zmq::socket_t socket_;
-  zmq::context_t& clock_context_;
+  ClockProber* prober_;
   std::string endpoint_;
-  std::unique_ptr<zmq::socket_t> clock_socket_;
-  uint16_t clock_port_ = 0;
-  void open_clock(uint16_t port);
+  bool probes_apart_ = false;  // the prober has them
+  // Where its collector answers probes apart, said in its HelloReply.
+  void take_clock_port(uint16_t port);
   bool accepted_ = false, dead_ = false, announced_ = false;
   proto::BlockLayout layout_ = proto::BlockLayout::columns;
   int64_t last_hello_ = -1, last_probe_ = -1, last_heartbeat_ = -1, batch_opened_ = -1;

@@ -173,7 +173,7 @@ int run_flood(const FloodOptions& options) {
   uint64_t t0_hist = t0_main - static_cast<uint64_t>(options.history_steps) * kSecond;
   Fleet fleet(main), hist(history);
   zmq::context_t context(1);
-  context.set(zmq::ctxopt::max_sockets, 2 * static_cast<int>(fleet.nodes().size()) + 64);
+  context.set(zmq::ctxopt::max_sockets, static_cast<int>(fleet.nodes().size()) + 64);
   std::vector<std::unique_ptr<SimAgent>> agents, hist_agents;
   for (size_t n = 0; n < fleet.nodes().size(); ++n)
     agents.push_back(std::make_unique<SimAgent>(context, options.collector, fleet, static_cast<int>(n), t0_main, options.seed));

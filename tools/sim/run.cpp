@@ -205,10 +205,6 @@ struct Poller {
       if (probes_only ? a->awaiting_probe() : !a->dead()) {
         items.push_back({a->socket().handle(), 0, ZMQ_POLLIN, 0});
         polled.push_back(a.get());
-        if (zmq::socket_t* clock = a->clock_socket()) {
-          items.push_back({clock->handle(), 0, ZMQ_POLLIN, 0});
-          polled.push_back(a.get());
-        }
       }
     if (items.empty()) return;
     zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
@@ -243,17 +239,16 @@ void finish(std::vector<std::unique_ptr<SimAgent>>& agents, Poller& poller, cons
 
 int run_fleet(const FleetConfig& config, const RunOptions& options) {
   Fleet fleet(config);
-  // One socket per simulated node in each (ZeroMQ's default cap is 1023):
-  // its link, and its clock probes' in a context of their own.
-  zmq::context_t context(1), clock_context(1);
+  zmq::context_t context(1);
+  // One socket per simulated node (ZeroMQ's default cap is 1023).
   context.set(zmq::ctxopt::max_sockets, static_cast<int>(fleet.nodes().size()) + 64);
-  clock_context.set(zmq::ctxopt::max_sockets, static_cast<int>(fleet.nodes().size()) + 64);
   uint64_t t0 = SystemClock::read(CLOCK_REALTIME);
+  ClockProber prober(t0, config.probe_jitter_ms, fleet.nodes().size());
   auto rel_now = [&] { return static_cast<int64_t>(SystemClock::read(CLOCK_REALTIME) - t0); };
   std::vector<std::unique_ptr<SimAgent>> agents;
   for (size_t n = 0; n < fleet.nodes().size(); ++n)
-    agents.push_back(std::make_unique<SimAgent>(context, options.collector, fleet, static_cast<int>(n), t0, config.seed,
-                                                &clock_context));
+    agents.push_back(
+        std::make_unique<SimAgent>(context, options.collector, fleet, static_cast<int>(n), t0, config.seed, &prober));
   RS_LOG(info, "%zu jobs, %zu nodes, %zu ranks against %s for %.0f s (scenario %s, seed %llu)", fleet.jobs().size(),
          fleet.nodes().size(), fleet.total_ranks(), options.collector.c_str(), options.duration_s,
          config.scenario.c_str(), static_cast<unsigned long long>(config.seed));
