@@ -43,7 +43,8 @@
 # simulator's own delay).
 # RS_LIVE_S=N makes the --live run N s long (default 120). RS_COLLECTOR=PATH
 # runs that collector binary instead of BUILD_DIR's (a baseline build: the
-# same command then gives the before figures). RS_FLOOD_ARGS=ARGS adds
+# same command then gives the before figures); RS_COLLECTOR_ARGS=ARGS adds
+# ARGS to every collector it starts (e.g. --clock-listen none). RS_FLOOD_ARGS=ARGS adds
 # ARGS to each --scale flood (e.g. --columns: batches as to a collector
 # that does not read them compact, for a before figure with one collector).
 # Every run gets a fresh collector (its own database, ports); rankscope-sim
@@ -78,8 +79,9 @@ start_collector() {
   local name=$1
   shift
   port=$((port + 2))
+  # shellcheck disable=SC2086 # RS_COLLECTOR_ARGS is split into its words
   rs_loopback_collector "$port" "$work/db-$name" "$work/collector-$name.log" --max-messages-per-s 0 \
-    --max-bytes-per-s 0 "$@"
+    --max-bytes-per-s 0 "$@" ${RS_COLLECTOR_ARGS:-}
   pids+=("$collector_pid")
 }
 stop_collector() {
