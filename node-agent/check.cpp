@@ -39,6 +39,12 @@ struct Report {
       if (!fix.empty()) out << "                      -> " << fix << "\n";
     }
   }
+  // Works, less well than it could: said, with what to do, not a problem.
+  void warn(const char* what, const std::string& detail, const std::string& fix) {
+    out << "  warn  " << what;
+    for (size_t i = std::string(what).size(); i < 14; ++i) out << ' ';
+    out << detail << "\n                      -> " << fix << "\n";
+  }
 };
 
 bool mounted(const std::string& fstype, const std::string& where) {
@@ -60,8 +66,14 @@ uint64_t effective_capabilities() {
   return 0;
 }
 
+struct Reached {
+  bool accepted = false;
+  std::string detail;
+  uint16_t clock_port = 0;  // where it answers clock probes apart (0: none)
+};
+
 // Says hello to the collector and waits for its answer.
-std::pair<bool, std::string> reach_collector(const Options& options) {
+Reached reach_collector(const Options& options) {
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::dealer);
   socket.set(zmq::sockopt::linger, 0);
@@ -82,14 +94,46 @@ std::pair<bool, std::string> reach_collector(const Options& options) {
                        : "no answer within 3 s (plaintext: a collector with CurveZMQ does not answer --insecure)"};
   bool accepted = false;
   std::string reason;
+  uint16_t clock_port = 0;
   auto read = proto::read_packed<wire::CollectorMessage>(
       std::string_view(static_cast<const char*>(reply.data()), reply.size()), proto::ReadLimits{}, [&](auto m) {
         if (m.which() != wire::CollectorMessage::HELLO_REPLY) return;
         accepted = m.getHelloReply().getAccepted();
         reason = m.getHelloReply().getReason();
+        clock_port = m.getHelloReply().getClockPort();
       });
   if (!read) return {false, read.error().message};
-  return {accepted, accepted ? "answers and accepts node " + options.node : "refuses: " + reason};
+  return {accepted, accepted ? "answers and accepts node " + options.node : "refuses: " + reason, clock_port};
+}
+
+// One clock probe to the port the collector named, at its host, as the
+// agent sends them: whether it was answered, and its round trip.
+void check_clock_port(Report& report, const Options& options, uint16_t port) {
+  const size_t colon = options.collector.rfind(':');
+  if (options.collector.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
+  const std::string endpoint = options.collector.substr(0, colon + 1) + std::to_string(port);
+  zmq::context_t context(1);
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::rcvtimeo, 3000);
+  curve::apply(socket, options.keys);
+  socket.connect(endpoint);
+  SystemClock clock;
+  const uint64_t t1 = clock.monotonic_ns();
+  (void)socket.send(zmq::buffer(proto::encode_clock_probe(t1)), zmq::send_flags::dontwait);
+  zmq::message_t reply;
+  const bool answered = socket.recv(reply, zmq::recv_flags::none).has_value();
+  const uint64_t t4 = clock.monotonic_ns();
+  if (answered) {
+    report.line(
+        "clock port", true,
+        endpoint + ": probes answered apart from batches (round trip " + std::to_string((t4 - t1) / 1000) + " us)");
+  } else {
+    report.warn("clock port", endpoint + ": no answer within 3 s; the agent sends its clock probes on its connection",
+                "open TCP port " + std::to_string(port) +
+                    " from this node to the collector (a Service or NAT must forward that same number): there no "
+                    "batch queues ahead of a probe, which a busy collector otherwise adds to this node's clock error");
+  }
 }
 
 // The kernel, BTF, privileges and tracefs.
@@ -177,9 +221,10 @@ void check_collector(Report& report, const Options& options) {
   } else {
     report.line("keys", true, with_keys.insecure ? "--insecure: plaintext, no key" : "CurveZMQ, public key " + with_keys.keys.public_key);
   }
-  auto [reachable, detail] = reach_collector(with_keys);
-  report.line("collector", reachable, options.collector + ": " + detail,
+  const Reached reached = reach_collector(with_keys);
+  report.line("collector", reached.accepted, options.collector + ": " + reached.detail,
               "start rankscope-collector there, or give its address with --collector");
+  if (reached.accepted && reached.clock_port != 0) check_clock_port(report, with_keys, reached.clock_port);
 }
 
 bool maps_nccl(const std::string& proc_root, uint32_t pid) {

@@ -11,27 +11,41 @@
 namespace rankscope::testing {
 namespace {
 
-TEST(AgentCheck, ReadyNodeListsItsProbedLibraries) {
-  if (geteuid() != 0) GTEST_SKIP() << "loading eBPF programs needs root: run the suite as root (sudo make test)";
-  TempDir dir;
-  TestKeys keys(dir);
+// `rankscope-agent check` as node gpu-7 against a collector started with
+// `collector_args` beside its ports and keys: its exit status and output.
+std::pair<int, std::string> check_against(const TempDir& dir, TestKeys& keys, std::vector<std::string> collector_args) {
   int agent_port = free_port();
   SpawnOptions collector;
   collector.argv = {bin_path("rankscope-collector"), "--listen", "tcp://127.0.0.1:" + std::to_string(agent_port),
                     "--query", "tcp://127.0.0.1:" + std::to_string(free_port()), "--db", dir.file("db")};
   for (const auto& arg : keys.collector_args()) collector.argv.push_back(arg);
+  collector.argv.insert(collector.argv.end(), collector_args.begin(), collector_args.end());
   collector.stdout_path = dir.file("collector.log");
   Process running(collector);
 
   SpawnOptions check;
-  std::string fake = std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2";
-  check.argv = {bin_path("rankscope-agent"), "check", "--collector", "tcp://127.0.0.1:" + std::to_string(agent_port),
-                "--node", "gpu-7", "--nccl-lib", fake};
+  check.argv = {bin_path("rankscope-agent"),
+                "check",
+                "--collector",
+                "tcp://127.0.0.1:" + std::to_string(agent_port),
+                "--node",
+                "gpu-7",
+                "--nccl-lib",
+                std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2"};
   for (const auto& arg : keys.agent_args("gpu-7")) check.argv.push_back(arg);
   check.stdout_path = dir.file("check.out");
   Process agent(check);
-  EXPECT_EQ(agent.wait(std::chrono::seconds(60)), 0) << slurp(dir.file("check.out"));
-  std::string out = slurp(dir.file("check.out"));
+  int status = agent.wait(std::chrono::seconds(60));
+  return {status, slurp(dir.file("check.out"))};
+}
+
+TEST(AgentCheck, ReadyNodeListsItsProbedLibraries) {
+  if (geteuid() != 0) GTEST_SKIP() << "loading eBPF programs needs root: run the suite as root (sudo make test)";
+  TempDir dir;
+  TestKeys keys(dir);
+  auto [status, out] = check_against(dir, keys, {});
+  EXPECT_EQ(status, 0) << out;
+  std::string fake = std::string(RANKSCOPE_FAKENCCL_DIR) + "/libnccl.so.2";
   EXPECT_NE(out.find("ok    BPF programs  loaded and verified"), std::string::npos) << out;
   EXPECT_NE(out.find(fake + ": NCCL, 20 functions probed"), std::string::npos) << out;
   EXPECT_NE(out.find("libcudart.so.13: CUDA runtime, 4 functions probed"), std::string::npos) << out;
@@ -39,6 +53,28 @@ TEST(AgentCheck, ReadyNodeListsItsProbedLibraries) {
   EXPECT_NE(out.find("ok    host context  sched_switch"), std::string::npos) << out;
   EXPECT_NE(out.find("accepts node gpu-7"), std::string::npos) << out;
   EXPECT_NE(out.find("ok    keys          CurveZMQ, public key"), std::string::npos) << out;
+  EXPECT_NE(out.find("ok    clock port    tcp://127.0.0.1:"), std::string::npos) << out;
+  EXPECT_NE(out.find(": probes answered apart from batches (round trip"), std::string::npos) << out;
+  EXPECT_NE(out.find("ready: this node can be traced"), std::string::npos) << out;
+}
+
+// A clock port the node cannot reach (here: bound on another loopback
+// address than the one the agent reaches the collector at, as a firewall
+// or a Service without it would leave it): said, with what to do, and not
+// a problem (probes go on the agent's connection).
+TEST(AgentCheck, AClockPortOutOfReachIsAWarningWithWhatToDo) {
+  if (geteuid() != 0) GTEST_SKIP() << "loading eBPF programs needs root: run the suite as root (sudo make test)";
+  TempDir dir;
+  TestKeys keys(dir);
+  const int clock_port = free_port();
+  auto [status, out] = check_against(dir, keys, {"--clock-listen", "tcp://127.0.0.2:" + std::to_string(clock_port)});
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("warn  clock port    tcp://127.0.0.1:" + std::to_string(clock_port) + ": no answer within 3 s"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("-> open TCP port " + std::to_string(clock_port) + " from this node to the collector"),
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("ready: this node can be traced"), std::string::npos) << out;
 }
 
