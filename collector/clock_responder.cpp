@@ -74,7 +74,7 @@ void ClockResponder::serve() {
       zmq::poll(&item, 1, std::chrono::milliseconds(kPollMs));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
-      RS_LOG(error, "clock probes: poll failed (%s); probes are answered on the agents' socket only", e.what());
+      RS_LOG(error, "clock probes: poll failed (%s); none is answered on the clock socket from now on", e.what());
       return;
     }
     for (;;) {

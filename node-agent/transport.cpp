@@ -353,7 +353,7 @@ void Transport::open_clock(Link& link, uint16_t port) {
   if (port == 0 || link.endpoint.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
   const std::string endpoint = link.endpoint.substr(0, colon + 1) + std::to_string(port);
   try {
-    auto socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+    auto socket = std::make_unique<zmq::socket_t>(clock_context_, zmq::socket_type::dealer);
     socket->set(zmq::sockopt::linger, 0);
     // No connection, no queue: the probe goes on the link instead.
     socket->set(zmq::sockopt::immediate, 1);

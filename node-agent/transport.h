@@ -19,8 +19,9 @@
 // announces the key's processes and communicators again (take_moved).
 // Heartbeats and clock probes go to every member. A collector that answers
 // clock probes on a socket of their own (HelloReply.clockPort) gets them
-// there, where no batch queues ahead of them; while that socket has no
-// connection they go on the link itself.
+// there, from a ZeroMQ context of their own, so that no batch queues ahead
+// of them on either side; while that socket has no connection they go on
+// the link itself.
 //
 // With a spool (node-agent/spool.h) every batch is on disk until acked and
 // memory keeps only the newest `max_unacked_bytes` of them; the batches an
@@ -189,6 +190,10 @@ class Transport {
   void warn_if_unanswered(Link& link);
 
   zmq::context_t& context_;
+  // The clock sockets' own: its I/O thread (which encrypts what goes out)
+  // is never busy with a batch when a probe leaves. Before links_: it
+  // outlives their sockets.
+  zmq::context_t clock_context_{1};
   const Options& options_;
   const Clock& clock_;
   uint64_t instance_id_;
