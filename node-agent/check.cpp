@@ -109,9 +109,8 @@ Reached reach_collector(const Options& options) {
 // One clock probe to the port the collector named, at its host, as the
 // agent sends them: whether it was answered, and its round trip.
 void check_clock_port(Report& report, const Options& options, uint16_t port) {
-  const size_t colon = options.collector.rfind(':');
-  if (options.collector.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
-  const std::string endpoint = options.collector.substr(0, colon + 1) + std::to_string(port);
+  const std::string endpoint = proto::clock_probe_endpoint(options.collector, port);
+  if (endpoint.empty()) return;
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::dealer);
   socket.set(zmq::sockopt::linger, 0);

@@ -3,8 +3,6 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
-#include <array>
-#include <optional>
 #include <random>
 #include <set>
 #include <utility>
@@ -349,9 +347,8 @@ void Transport::open_clock(Link& link, uint16_t port) {
   if (port == link.clock_port && (port == 0 || link.clock_socket)) return;
   link.clock_socket.reset();
   link.clock_port = 0;
-  const size_t colon = link.endpoint.rfind(':');
-  if (port == 0 || link.endpoint.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return;
-  const std::string endpoint = link.endpoint.substr(0, colon + 1) + std::to_string(port);
+  const std::string endpoint = proto::clock_probe_endpoint(link.endpoint, port);
+  if (endpoint.empty()) return;
   try {
     auto socket = std::make_unique<zmq::socket_t>(clock_context_, zmq::socket_type::dealer);
     socket->set(zmq::sockopt::linger, 0);
@@ -401,13 +398,7 @@ void Transport::take_clock_replies(Link& link) {
     if (!got) break;
     const uint64_t t4 = now();  // before the reply is read: its reading is not on the way back
     ++messages_received_;
-    std::optional<std::array<uint64_t, 3>> times;
-    (void)proto::read_packed<wire::CollectorMessage>(
-        std::string_view(static_cast<const char*>(reply.data()), reply.size()), proto::ReadLimits{}, [&](auto message) {
-          if (message.which() != wire::CollectorMessage::CLOCK_REPLY) return;
-          auto r = message.getClockReply();
-          times = std::array<uint64_t, 3>{r.getT1(), r.getT2(), r.getT3()};
-        });
+    auto times = proto::read_clock_reply(std::string_view(static_cast<const char*>(reply.data()), reply.size()));
     if (times) on_clock_sample_((*times)[0], (*times)[1], (*times)[2], t4, link.id);
   }
 }

@@ -48,6 +48,22 @@ std::string encode_clock_reply(uint64_t t1, uint64_t t2, uint64_t t3) {
   return to_packed(message);
 }
 
+std::optional<std::array<uint64_t, 3>> read_clock_reply(std::string_view packed) {
+  std::optional<std::array<uint64_t, 3>> times;
+  auto read = read_packed<wire::CollectorMessage>(packed, ReadLimits{}, [&](auto message) {
+    if (message.which() != wire::CollectorMessage::CLOCK_REPLY) return;
+    auto reply = message.getClockReply();
+    times = std::array<uint64_t, 3>{reply.getT1(), reply.getT2(), reply.getT3()};
+  });
+  return read ? times : std::nullopt;
+}
+
+std::string clock_probe_endpoint(const std::string& connected_to, uint16_t port) {
+  const size_t colon = connected_to.rfind(':');
+  if (port == 0 || connected_to.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) return "";
+  return connected_to.substr(0, colon + 1) + std::to_string(port);
+}
+
 std::string encode_heartbeat(const HeartbeatHeader& header, const std::function<void(wire::Heartbeat::Builder)>& fill) {
   capnp::MallocMessageBuilder message;
   auto hb = message.initRoot<wire::AgentMessage>().initHeartbeat();

@@ -34,6 +34,12 @@ std::string encode_clock_probe(uint64_t t1);
 inline constexpr size_t kMaxClockProbeBytes = 128;
 std::optional<uint64_t> read_clock_probe(std::string_view packed);
 std::string encode_clock_reply(uint64_t t1, uint64_t t2, uint64_t t3);
+// The agent's side: t1, t2, t3 if `packed` is a clock reply.
+std::optional<std::array<uint64_t, 3>> read_clock_reply(std::string_view packed);
+// Where a collector reached at `connected_to` (tcp://HOST:PORT) answers
+// probes apart (HelloReply.clockPort): the same host, `port`. "" where
+// there is none (port 0, or not a TCP endpoint).
+std::string clock_probe_endpoint(const std::string& connected_to, uint16_t port);
 
 struct HeartbeatHeader {
   uint64_t instance_id = 0;

@@ -351,11 +351,11 @@ void SimAgent::flush_now(int64_t rel_ns) {
 }
 
 void SimAgent::take_clock_port(uint16_t port) {
-  const size_t colon = endpoint_.rfind(':');
-  const bool reachable = port != 0 && endpoint_.rfind("tcp://", 0) == 0 && colon != std::string::npos && colon >= 6;
+  const std::string endpoint = proto::clock_probe_endpoint(endpoint_, port);
+  const bool reachable = !endpoint.empty();
   if (!prober_ || (!reachable && !probes_apart_)) return;
   if (reachable) {
-    prober_->open(index_, node_, endpoint_.substr(0, colon + 1) + std::to_string(port), rng_());
+    prober_->open(index_, node_, endpoint, rng_());
   } else {
     prober_->close(index_);
   }

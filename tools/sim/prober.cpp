@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/agent_wire.h"
-#include "proto/codec.h"
 
 namespace rankscope::sim {
 
@@ -115,14 +113,7 @@ void ClockProber::read(int index, Node& node) {
     }
     if (!got) return;
     const uint64_t now_real = SystemClock::read(CLOCK_REALTIME);
-    std::optional<std::array<uint64_t, 3>> times;
-    (void)proto::read_packed<proto::wire::CollectorMessage>(
-        std::string_view(static_cast<const char*>(reply.data()), reply.size()), proto::ReadLimits{},
-        [&](auto message) {
-          if (message.which() != proto::wire::CollectorMessage::CLOCK_REPLY) return;
-          auto r = message.getClockReply();
-          times = std::array<uint64_t, 3>{r.getT1(), r.getT2(), r.getT3()};
-        });
+    auto times = proto::read_clock_reply(std::string_view(static_cast<const char*>(reply.data()), reply.size()));
     if (!times) continue;
     auto probe = node.in_flight.find((*times)[0]);
     if (probe == node.in_flight.end()) continue;
