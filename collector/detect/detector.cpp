@@ -63,6 +63,7 @@ void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<Exchange
   e.arrival_bound = std::max(before ? before->arrival_bound : 0, arrival);
   e.free_bound = std::max(before ? before->free_bound : 0, free_bound_of(e));
   e.arrival_after = arrival;
+  e.release_min = std::min(before ? before->release_min : UINT64_MAX, data->release);
   for (auto earlier = exchanges.rbegin(); earlier != exchanges.rend() && earlier->arrival_after > arrival; ++earlier)
     earlier->arrival_after = arrival;
   exchanges.push_back(std::move(e));
@@ -164,7 +165,9 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   for (auto e = std::make_reverse_iterator(from); e != exchanges.rend(); ++e) {
     if (arrival_found && e->arrival_bound <= latest_arrival) {
       // The latest arrival before t is settled: nothing earlier arrived later.
-      if (e->free_bound <= base) break;
+      // Nor is anything from here back free later than what is found, or
+      // free by t at all.
+      if (e->free_bound <= base || e->release_min > t) break;
       // Released after t: the host ran ahead of it, whatever released
       // earlier (a host many calls ahead of a slow rank would otherwise be
       // walked back through all of them).

@@ -113,6 +113,11 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
       // about in arrival order, so those arrived at or after a time are
       // found by a binary search, not passed over one by one.
       uint64_t arrival_after = 0;
+      // The earliest release from the oldest kept to it: where it is after
+      // the time asked about, none of them was free by then. A host that
+      // queued a whole step ahead (FSDP's first step) would otherwise be
+      // walked back through every call of it, for each call scored.
+      uint64_t release_min = UINT64_MAX;
     };
     // The latest an exchange can be free, as far as is known now.
     static uint64_t free_bound_of(const Exchange& e);
