@@ -272,6 +272,33 @@ static __always_inline void share__give_back(__u32 *used, __u32 n)
     __sync_fetch_and_add(used, -n); /* an atomic add is all the BPF ISA has */
 }
 
+/* User namespaces nest at most 32 deep (the kernel's limit). */
+#define RS_USER_NS_DEPTH 32
+
+/* The user whose share the calling process counts in: its kernel uid, or,
+ * where it runs in a user namespace an unprivileged user made, that user.
+ * Such a user can map the subordinate uids /etc/subuid gives it (rootless
+ * containers: tens of thousands) and run a process as each; counted by
+ * kernel uid, every one would hold a share of its own. Of the namespaces
+ * from the process's out, the outermost one made by a user other than root
+ * names it. A namespace made by root (a container runtime's, for a pod
+ * with user namespaces) keeps its processes' own uids: root chose them. */
+static __always_inline __u32 share__user(void)
+{
+  __u32 uid = (__u32)bpf_get_current_uid_gid();
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct user_namespace *ns = BPF_CORE_READ(task, cred, user_ns);
+  for (int i = 0; i < RS_USER_NS_DEPTH && ns; i++) {
+    if (BPF_CORE_READ(ns, level) == 0)
+      break; /* the initial namespace */
+    __u32 owner = BPF_CORE_READ(ns, owner.val);
+    if (owner != 0)
+      uid = owner;
+    ns = BPF_CORE_READ(ns, parent);
+  }
+  return uid;
+}
+
 /* The row of a traced process, made at its first NCCL call or CUDA wait
  * within its user's share of processes; NULL when it is over the share (or
  * a table is full): the process is not traced. */
@@ -280,7 +307,7 @@ static __always_inline struct process_tables *process__admit(__u32 tgid)
   struct process_tables *t = bpf_map_lookup_elem(&process_tables, &tgid);
   if (t)
     return t;
-  __u32 uid = (__u32)bpf_get_current_uid_gid();
+  __u32 uid = share__user();
   struct user_share *share = user__share(uid);
   if (!share) {
     drops__count(RS_DROP_MAP_FULL);

@@ -599,6 +599,72 @@ TEST_F(CaptureTest, AUserOverItsShareOfTheTablesCannotHideAnotherUsersJob) {
   EXPECT_EQ(use().comms, 0u);
 }
 
+// A user given subordinate uids (/etc/subuid, for rootless containers) can
+// make a user namespace, map them, and run a process as each: many kernel
+// uids. They all count in that user's one share. A namespace root made (a
+// container runtime's, for a pod) keeps its processes' own uids.
+TEST_F(CaptureTest, ProcessesAsAUsersSubordinateUidsCountInThatUsersShare) {
+  constexpr uint32_t kNobody = 65534;
+  constexpr uint32_t kSubordinate = 3'000'000, kRuntime = 3'100'000;  // kernel uids of the two namespaces' id 0
+  tracer_.reset();
+  tracer_ = std::make_unique<Tracer>(scope_, multi_uprobes(), agent::Scope::UserShares{2, 4, 3, 64});
+  ASSERT_EQ(tracer_->error(), "");
+  const std::string open_dir = dir_.file("open");
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  std::deque<Process> inside;
+  // One process that makes one communicator and calls once, as id `as` of
+  // a namespace made by `owner` whose ids start at kernel uid `base`.
+  auto start = [&](uint32_t owner, uint32_t base, uint32_t as) {
+    std::string n = std::to_string(inside.size());
+    std::string prefix = "'" + bin_path("rankscope-userns-run") + "' --owner " + std::to_string(owner) + " --base " +
+                         std::to_string(base) + " --count 16 --as " + std::to_string(as) + " --";
+    inside.push_back(child({"hoard", "1"}, "inside",
+                           {{"CAPTURE_HOLD", open_dir + "/exit"}, {"CAPTURE_DONE", open_dir + "/done-" + n}}, prefix,
+                           false));
+    ASSERT_TRUE(tracer_->pump_until([&] { return access((open_dir + "/done-" + n).c_str(), F_OK) == 0; },
+                                    std::chrono::seconds(20)))
+        << logs();
+    tracer_->probes().poll(50);
+  };
+  auto calls_of = [&](size_t i) { return tracer_->of<rs_call_event>(inside[i].pid()).size(); };
+  auto use = [&](uint32_t uid) { return tracer_->probes().user_use(uid); };
+
+  // Three processes as three subordinate uids of nobody's namespace: its share is two.
+  start(kNobody, kSubordinate, 1);
+  start(kNobody, kSubordinate, 2);
+  start(kNobody, kSubordinate, 3);
+  EXPECT_EQ(calls_of(0), 1u);
+  EXPECT_EQ(calls_of(1), 1u);
+  EXPECT_EQ(calls_of(2), 0u) << "a third kernel uid is not a third share";
+  ASSERT_TRUE(use(kNobody).has_value());
+  EXPECT_EQ(use(kNobody)->processes, 2u);
+  EXPECT_EQ(use(kNobody)->comms, 2u);
+  for (uint32_t as : {1u, 2u, 3u}) EXPECT_FALSE(use(kSubordinate + as).has_value()) << as;
+  EXPECT_GE(tracer_->probes().drops().user_share, 1u);
+
+  // Root's namespace: each process counts as its own kernel uid.
+  start(0, kRuntime, 1);
+  start(0, kRuntime, 2);
+  EXPECT_EQ(calls_of(3), 1u);
+  EXPECT_EQ(calls_of(4), 1u);
+  for (uint32_t as : {1u, 2u}) {
+    ASSERT_TRUE(use(kRuntime + as).has_value()) << as;
+    EXPECT_EQ(use(kRuntime + as)->processes, 1u) << as;
+  }
+  EXPECT_FALSE(use(0).has_value());
+
+  // Their exits give the shares back to whom they were counted in.
+  std::FILE* f = std::fopen((open_dir + "/exit").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  for (auto& p : inside) EXPECT_EQ(p.wait(std::chrono::seconds(20)), 0) << logs();
+  ASSERT_TRUE(tracer_->pump_until([&] { return use(kNobody)->processes == 0; }, std::chrono::seconds(10)));
+  EXPECT_EQ(use(kNobody)->comms, 0u);
+  EXPECT_EQ(use(kRuntime + 1)->processes, 0u);
+}
+
 // The agent's own memory with 1,000 traced processes and 100,000
 // communicators made and destroyed over time: everything of an exited
 // process or a destroyed communicator is freed, in the BPF tables and in
