@@ -1,7 +1,9 @@
 #include "node-agent/identify.h"
 
 #include <fcntl.h>
+#include <linux/nsfs.h>
 #include <pwd.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -373,6 +375,35 @@ std::string read_slurm_account(const std::string& jobs_dir, const std::string& j
   return {};
 }
 
+namespace {
+// The user a process in a user namespace that a user other than root made
+// counts as (the outermost such namespace's maker), as the agent's BPF
+// programs count its share of their tables (bpf/nccl.bpf.c, share__user):
+// someone given subordinate uids (/etc/subuid, rootless containers) runs
+// processes as many kernel uids, each of them theirs. nullopt: none (the
+// initial namespace, or namespaces root made, whose uids root chose), or
+// `ns_user` (/proc/PID/ns/user) could not be read.
+std::optional<uint32_t> namespace_maker(const std::string& ns_user) {
+  int fd = open(ns_user.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::optional<uint32_t> maker;
+  // User namespaces nest at most 32 deep.
+  for (int depth = 0; depth <= 32; ++depth) {
+    uid_t owner = 0;
+    if (ioctl(fd, NS_GET_OWNER_UID, &owner) != 0) break;
+    // The initial namespace has no parent (EPERM), nor has one above the
+    // agent's own.
+    int parent = ioctl(fd, NS_GET_PARENT);
+    if (parent < 0) break;
+    if (owner != 0) maker = owner;
+    close(fd);
+    fd = parent;
+  }
+  close(fd);
+  return maker;
+}
+}  // namespace
+
 std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint32_t pid,
                                              const std::string& container_state_root,
                                              const std::string& slurm_jobs_dir) {
@@ -436,12 +467,18 @@ std::optional<ProcessIdentity> read_identity(const std::string& proc_root, uint3
     if (!names.pod_name.empty()) identity.pod_name = names.pod_name;
   }
   {
+    // The user is the process's kernel uid, or the maker of the user
+    // namespace it runs in (a rootless container's subordinate uids are
+    // its maker's); `uid` stays the process's own.
+    const uint32_t user = namespace_maker(dir + "/ns/user").value_or(identity.uid);
     identity.user.clear();
     passwd entry{};
     passwd* found = nullptr;
     char buf[1024];
-    if (getpwuid_r(identity.uid, &entry, buf, sizeof(buf), &found) == 0 && found) identity.user = found->pw_name;
-    else identity.user = "uid " + std::to_string(identity.uid);
+    if (getpwuid_r(user, &entry, buf, sizeof(buf), &found) == 0 && found)
+      identity.user = found->pw_name;
+    else
+      identity.user = "uid " + std::to_string(user);
   }
   // The environment's values are the process's own word, of any length; a
   // value past its bound is taken as not set (never cut).

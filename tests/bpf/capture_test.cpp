@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <nccl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include "node-agent/discover.h"
 #include "node-agent/drain.h"
 #include "node-agent/host.h"
+#include "node-agent/identify.h"
 #include "node-agent/summarise.h"
 #include "proto/codec.h"
 #include "tests/support/harness.h"
@@ -643,6 +645,15 @@ TEST_F(CaptureTest, ProcessesAsAUsersSubordinateUidsCountInThatUsersShare) {
   EXPECT_EQ(use(kNobody)->comms, 2u);
   for (uint32_t as : {1u, 2u, 3u}) EXPECT_FALSE(use(kSubordinate + as).has_value()) << as;
   EXPECT_GE(tracer_->probes().drops().user_share, 1u);
+  // The agent names the same user for them (the usage ledger's), and their own uid.
+  auto user_of = [](uid_t uid) {
+    passwd* entry = getpwuid(uid);
+    return entry ? std::string(entry->pw_name) : "uid " + std::to_string(uid);
+  };
+  auto identity = agent::read_identity("/proc", static_cast<uint32_t>(inside[1].pid()));
+  ASSERT_TRUE(identity.has_value());
+  EXPECT_EQ(identity->uid, kSubordinate + 2);
+  EXPECT_EQ(identity->user, user_of(kNobody));
 
   // Root's namespace: each process counts as its own kernel uid.
   start(0, kRuntime, 1);
@@ -654,6 +665,9 @@ TEST_F(CaptureTest, ProcessesAsAUsersSubordinateUidsCountInThatUsersShare) {
     EXPECT_EQ(use(kRuntime + as)->processes, 1u) << as;
   }
   EXPECT_FALSE(use(0).has_value());
+  identity = agent::read_identity("/proc", static_cast<uint32_t>(inside[3].pid()));
+  ASSERT_TRUE(identity.has_value());
+  EXPECT_EQ(identity->user, user_of(kRuntime + 1));
 
   // Their exits give the shares back to whom they were counted in.
   std::FILE* f = std::fopen((open_dir + "/exit").c_str(), "w");
