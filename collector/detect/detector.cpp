@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/search.h"
 #include "common/stats.h"
 
 namespace rankscope::collector {
@@ -26,6 +27,7 @@ constexpr uint64_t kWaitJoinNs = 2'000'000;
 // before it began (an exchange whose wait record came first is matched when
 // it completes).
 constexpr uint64_t kWaitLookbackNs = 1'000'000'000ull;
+
 // Whether a host wait (start, end) of a member that arrived at `arrival`
 // waited for an exchange released at `release`: the exchange was on its
 // stream before the wait began, and the wait held the host past the release.
@@ -47,11 +49,11 @@ Detector::Detector(const ClusterModel& model, CollectiveMatcher& matcher, Findin
 }
 
 uint64_t Detector::ProcHistory::free_bound_of(const Exchange& e) {
-  return e.waited ? std::max(e.data->release, e.data->data_ns) : e.data->release;
+  return e.waited ? std::max(e.release, e.data->data_ns) : e.release;
 }
 
 void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data) {
-  Exchange e{arrival, false, data};
+  Exchange e{arrival, data->release, false, data};
   // Its waits that ended before the exchange completed here (the last
   // member's records came later than its wait's).
   for (auto w = waits.rbegin(); w != waits.rend() && w->second >= data->release; ++w)
@@ -69,7 +71,7 @@ void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<Exchange
   exchanges.push_back(std::move(e));
   while (exchanges.size() > kProcExchanges ||
          (exchanges.front().arrival + kProcHistoryNs < arrival && exchanges.size() > 1))
-    exchanges.pop_front();
+    exchanges.pop_front(), ++exchanges_dropped;
 }
 
 void Detector::ProcHistory::add_wait(uint64_t start, uint64_t end) {
@@ -82,7 +84,7 @@ void Detector::ProcHistory::add_wait(uint64_t start, uint64_t end) {
   size_t earliest = exchanges.size();
   for (auto e = exchanges.rbegin(); e != exchanges.rend(); ++e) {
     if (e->arrival + kWaitLookbackNs < start) break;
-    if (!waited_for(start, end, e->arrival, e->data->release)) continue;
+    if (!waited_for(start, end, e->arrival, e->release)) continue;
     e->waited = true;
     e->data->data_ns = std::min(e->data->data_ns, end);
     earliest = static_cast<size_t>(exchanges.rend() - e) - 1;
@@ -101,7 +103,7 @@ void Detector::ProcHistory::add_issue(uint64_t issue) {
   while (at != issues.begin() && *(at - 1) > issue) --at;
   issues.insert(at, issue);
   while (issues.size() > kProcExchanges || (issues.front() + kProcHistoryNs < issues.back() && issues.size() > 1))
-    issues.pop_front();
+    issues.pop_front(), ++issues_dropped;
 }
 
 void Detector::ProcHistory::add_call(const Call& call) {
@@ -148,19 +150,24 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
   bool arrival_found = false;
   // Those from the first whose earliest arrival onward is at or after t
   // all arrived at or after t: none counts.
-  auto from =
-      std::partition_point(exchanges.begin(), exchanges.end(), [&](const Exchange& e) { return e.arrival_after < t; });
+  const size_t from_at =
+      partition_from(exchanges.size(), exchanges_finger - std::min(exchanges_finger, exchanges_dropped),
+                     [&](size_t i) { return exchanges[i].arrival_after < t; });
+  exchanges_finger = exchanges_dropped + from_at;
+  auto from = exchanges.begin() + static_cast<std::ptrdiff_t>(from_at);
   // A call after the latest known exchange: an exchange whose release is not
   // known (a Send whose Recv never arrived). The release before it would
   // make everything since look like its own time.
   auto after_unknown = [&] {
-    auto later = std::lower_bound(issues.begin(), issues.end(), t);
-    return later != issues.begin() && *(later - 1) > latest_arrival;
+    const size_t later = partition_from(issues.size(), issues_finger - std::min(issues_finger, issues_dropped),
+                                        [&](size_t i) { return issues[i] < t; });
+    issues_finger = issues_dropped + later;
+    return later > 0 && issues[later - 1] > latest_arrival;
   };
   // Some exchange before t released by t: the oldest kept, where the history is in order.
   auto released_by_t = [&] {
     const Exchange& oldest = exchanges.front();
-    return oldest.arrival < t && oldest.data->release > 0 && oldest.data->release <= t;
+    return oldest.arrival < t && oldest.release > 0 && oldest.release <= t;
   };
   for (auto e = std::make_reverse_iterator(from); e != exchanges.rend(); ++e) {
     if (arrival_found && e->arrival_bound <= latest_arrival) {
@@ -175,7 +182,7 @@ std::pair<Detector::ProcHistory::Release, uint64_t> Detector::ProcHistory::base_
         return after_unknown() ? std::pair{Release::unknown, uint64_t{0}} : std::pair{Release::ahead, uint64_t{0}};
     }
     if (e->arrival >= t) continue;
-    const uint64_t release = e->data->release;
+    const uint64_t release = e->release;
     // Of equal arrivals the latest in the history (met first here).
     if (!arrival_found || e->arrival > latest_arrival) {
       latest_arrival = e->arrival, latest_release = release;

@@ -93,7 +93,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   // the data's arrival and carries no other member's delay.
   struct ExchangeData {
     explicit ExchangeData(uint64_t at) : release(at) {}
-    uint64_t release;
+    const uint64_t release;
     uint64_t data_ns = UINT64_MAX;  // none covered it yet
   };
   // When a process's host was last free to go on: per exchange it took part
@@ -102,6 +102,10 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   struct ProcHistory {
     struct Exchange {
       uint64_t arrival;  // cluster clock
+      // Its data's release, kept here too: base_before reads it for every
+      // exchange it passes, and the shared row, made when the exchange
+      // completed, is seldom in the cache by then.
+      uint64_t release;
       bool waited = false;
       std::shared_ptr<ExchangeData> data;
       // Bounds over it and every exchange before it, for base_before to stop
@@ -123,6 +127,13 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     static uint64_t free_bound_of(const Exchange& e);
     std::deque<Exchange> exchanges;
     std::deque<uint64_t> issues;  // its calls of exchanges, complete or not, in time order
+    // Where base_before last found the time it was asked about in each, as
+    // a count of entries ever kept (so that dropping the oldest does not
+    // move it): its next question is about a time close by, and the
+    // entries there are still in the cache, where a binary search over a
+    // whole history missed it at every step.
+    size_t exchanges_dropped = 0, issues_dropped = 0;
+    mutable size_t exchanges_finger = 0, issues_finger = 0;
     // Its host's waits on the GPU (start, end), by end: blocked in
     // cudaStreamSynchronize until its stream's work was done.
     std::deque<std::pair<uint64_t, uint64_t>> waits;
