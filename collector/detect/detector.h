@@ -115,7 +115,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
       uint64_t arrival_bound = 0, free_bound = 0;
       // The earliest arrival from it to the latest: exchanges complete
       // about in arrival order, so those arrived at or after a time are
-      // found by a binary search, not passed over one by one.
+      // found by a search (common/search.h), not passed over one by one.
       uint64_t arrival_after = 0;
       // The earliest release from the oldest kept to it: where it is after
       // the time asked about, none of them was free by then. A host that
