@@ -157,6 +157,14 @@ class CaptureTest : public ::testing::Test {
     spawn.stdout_path = dir_.file("child-" + std::to_string(children_++) + ".log");
     return Process(spawn);
   }
+  // A folder other users' processes can write in (the test's own is root's
+  // alone: they may pass through it, not list it); "" if it could not be made.
+  std::string make_open_dir() {
+    const std::string open = dir_.file("open");
+    if (chmod(dir_.path().c_str(), 0711) != 0 || mkdir(open.c_str(), 0777) != 0 || chmod(open.c_str(), 0777) != 0)
+      return "";
+    return open;
+  }
   void release_children() {
     FILE* f = std::fopen(dir_.file("exit").c_str(), "w");
     if (f) std::fclose(f);
@@ -519,12 +527,8 @@ TEST_F(CaptureTest, AUserOverItsShareOfTheTablesCannotHideAnotherUsersJob) {
   // Shares: 3 processes, 4 communicators, 3 lanes, 64 threads.
   tracer_ = std::make_unique<Tracer>(scope_, multi_uprobes(), agent::Scope::UserShares{3, 4, 3, 64});
   ASSERT_EQ(tracer_->error(), "");
-  // The user's processes can reach this directory (the test's own is
-  // root's alone: they may pass through it, not list it).
-  const std::string open_dir = dir_.file("open");
-  ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
-  ASSERT_EQ(mkdir(open_dir.c_str(), 0777), 0);
-  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  const std::string open_dir = make_open_dir();
+  ASSERT_NE(open_dir, "");
   std::deque<Process> hostile;
   auto start = [&](const std::string& comms, const std::string& mode = "hoard") {
     std::string n = std::to_string(hostile.size());
@@ -611,10 +615,8 @@ TEST_F(CaptureTest, ProcessesAsAUsersSubordinateUidsCountInThatUsersShare) {
   tracer_.reset();
   tracer_ = std::make_unique<Tracer>(scope_, multi_uprobes(), agent::Scope::UserShares{2, 4, 3, 64});
   ASSERT_EQ(tracer_->error(), "");
-  const std::string open_dir = dir_.file("open");
-  ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
-  ASSERT_EQ(mkdir(open_dir.c_str(), 0777), 0);
-  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  const std::string open_dir = make_open_dir();
+  ASSERT_NE(open_dir, "");
   std::deque<Process> inside;
   // One process that makes one communicator and calls once, as id `as` of
   // a namespace made by `owner` whose ids start at kernel uid `base`.
