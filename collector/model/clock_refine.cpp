@@ -16,8 +16,12 @@ void ClockRefiner::Recent::push(uint64_t seq, uint64_t ns) {
 }
 
 void ClockRefiner::on_issues(const CommState& comm, int32_t rank, uint32_t lane, std::span<const Issue> issues) {
-  if (lane != 0 || comm.nranks < 2 || rank < 0) return;
-  RankIssues& known = comms_[comm.hash].ranks[rank];
+  if (lane != 0 || comm.nranks < 2 || rank < 0 || rank >= comm.nranks) return;
+  CommTrack& track = comms_[comm.hash];
+  if (track.ranks.size() < static_cast<size_t>(comm.nranks)) track.ranks.resize(static_cast<size_t>(comm.nranks));
+  std::unique_ptr<RankIssues>& seen = track.ranks[static_cast<size_t>(rank)];
+  if (!seen) seen = std::make_unique<RankIssues>();
+  RankIssues& known = *seen;
   if (auto member = comm.members.find(rank); member != comm.members.end() && member->second.pid != known.pid) {
     known.pid = member->second.pid;
     members_of_[{member->second.node, member->second.pid}].emplace_back(comm.hash, rank);
@@ -46,9 +50,9 @@ void ClockRefiner::on_waits(const std::string& node, uint32_t pid, std::span<con
     if (member == comm.members.end() || member->second.pid != pid || member->second.node != node) continue;
     auto track = comms_.find(hash);
     if (track == comms_.end()) continue;
-    auto known = track->second.ranks.find(rank);
-    if (known == track->second.ranks.end()) continue;
-    const Recent& issues = known->second.issues;
+    if (rank < 0 || static_cast<size_t>(rank) >= track->second.ranks.size() || !track->second.ranks[rank]) continue;
+    RankIssues& known = *track->second.ranks[static_cast<size_t>(rank)];
+    const Recent& issues = known.issues;
     for (const HostWait& wait : waits) {
       // The wait follows the last collective this rank issued before it began.
       size_t i = issues.size();
@@ -56,8 +60,8 @@ void ClockRefiner::on_waits(const std::string& node, uint32_t pid, std::span<con
       if (i == 0) continue;
       uint64_t seq = issues[i - 1].first;
       // Only the first wait after it counts.
-      if (known->second.joined == seq) continue;
-      known->second.joined = seq;
+      if (known.joined == seq) continue;
+      known.joined = seq;
       Group& group = track->second.groups[seq];
       group.ends.emplace_back(rank, wait.end_ns);
       if (group.ends.size() == static_cast<size_t>(comm.nranks)) {

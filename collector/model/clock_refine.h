@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -78,7 +79,9 @@ class ClockRefiner final : public MatchListener, public RecordObserver {
     std::vector<std::pair<int32_t, uint64_t>> ends;  // (rank, wait end), each rank once
   };
   struct CommTrack {
-    std::map<int32_t, RankIssues> ranks;
+    // By rank, made for the ranks seen: a communicator announced with many
+    // ranks and few of them seen keeps a pointer for each of the others.
+    std::vector<std::unique_ptr<RankIssues>> ranks;
     std::map<uint64_t, Group> groups;  // by the seq the waits follow
     Recent last_arrival;               // (seq, its last rank's issue) of completed instances, as they completed
   };
