@@ -45,6 +45,8 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
       per_bucket_(std::max<size_t>(1, (options.min_instances + buckets_ - 2) / (buckets_ - 1))),
       lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1),
       timed_lags_(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1) {
+  for (size_t i = 0; i < kCoarse.size(); ++i)
+    coarse_lags_.emplace_back(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1);
   wall_.assign(buckets_, 0);
   count_.assign(buckets_, 0);
   ranks_.resize(static_cast<size_t>(std::max(0, nranks)));
@@ -58,11 +60,14 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
 }
 
 WaitAttribution::LagSeries::LagSeries(size_t nranks, size_t memory, size_t closed_kept)
-    : sum_(nranks, 0),
-      last_(nranks, 0),
-      changes_(nranks * memory, 0),
-      memory_(memory),
-      closed_counts_(closed_kept, 0) {}
+    : nranks_(nranks), memory_(memory), closed_counts_(closed_kept, 0) {}
+
+void WaitAttribution::LagSeries::start() {
+  if (!sum_.empty() || nranks_ == 0) return;
+  sum_.assign(nranks_, 0);
+  last_.assign(nranks_, 0);
+  changes_.assign(nranks_ * memory_, 0);
+}
 
 void WaitAttribution::LagSeries::centred(std::vector<double>& out) const {
   // Each rank's mean lag less the mean of the others': lags are counted
@@ -70,17 +75,18 @@ void WaitAttribution::LagSeries::centred(std::vector<double>& out) const {
   // ranks would sit below their mean: every rank would seem behind it by
   // chance. The others' mean, not one that includes the rank, behind which
   // a straggler would hide.
-  const size_t n = sum_.size();
+  const size_t n = nranks_;
   out.assign(n, 0);
-  if (count_ == 0 || n < 2) return;
+  if (count_ == 0 || n < 2 || sum_.empty()) return;
   double sum = 0;
   for (size_t r = 0; r < n; ++r) sum += out[r] = sum_[r] / count_;
   for (double& lag : out) lag = less_others_mean(lag, sum, n);
 }
 
 void WaitAttribution::LagSeries::close(std::vector<double>& out) {
+  start();
   centred(out);
-  const size_t n = sum_.size();
+  const size_t n = nranks_;
   if (has_last_) {
     for (size_t r = 0; r < n; ++r) changes_[r * memory_ + next_] = std::abs(out[r] - last_[r]);
     next_ = (next_ + 1) % memory_;
@@ -92,9 +98,10 @@ void WaitAttribution::LagSeries::close(std::vector<double>& out) {
   closed_counts_[closed_ % closed_counts_.size()] = count_;
   closed_ += 1;
   count_ = 0;
+  noise_ = measure_noise();
 }
 
-double WaitAttribution::LagSeries::noise() const {
+double WaitAttribution::LagSeries::measure_noise() {
   // Changes of each rank's centred lag from one bucket to the next, the
   // last `memory_` of each: under no fault, a difference of two values of
   // the same noise. The centred lag itself, not the rank's raw mean: that
@@ -205,6 +212,28 @@ double WaitAttribution::lag_step(double centred_lag, double noise) const {
   return std::clamp(centred_lag / noise, -clip, clip) - options_.lag_reference_sd;
 }
 
+double WaitAttribution::coarse_cap() const {
+  // The level needed and one clipped bucket more, where the window's
+  // CUSUM holds 4 times the level: the longer buckets are 4-16 times as
+  // long, and a rank that has recovered falls below the level in about as
+  // much time as from the window's cap (10 longer buckets against 120).
+  return options_.lag_evidence_sd * 1.25;
+}
+
+double WaitAttribution::coarse_noise(size_t i) const {
+  // As measured on the longer buckets' own changes, and never under what
+  // the window's buckets' noise would be over kCoarse[i] of them were they
+  // independent: few longer buckets are closed yet (the first are minutes
+  // apart), and a 75th percentile of few changes is now and then far too
+  // small. A job whose lags drift from one bucket to the next (the same
+  // rank behind for a while, by chance) measures more than that, and is
+  // judged on what it measures.
+  const double measured = coarse_lags_[i].noise();
+  const double fine = lags_.noise();
+  if (measured <= 0 || fine <= 0) return 0;
+  return std::max(measured, fine / std::sqrt(static_cast<double>(kCoarse[i])));
+}
+
 bool WaitAttribution::far_behind(double centred_lag, double noise) const {
   // The clip reached. Under normal noise a bucket of one collective is
   // that far behind by chance about once in 1,000 (scripts/bench-chance.py).
@@ -255,6 +284,18 @@ void WaitAttribution::close_bucket() {
   lags_.close(centred);
   const double job_noise = lags_.noise();
   const double bucket_lag = lag_sum(s);
+  closed_buckets_ += 1;
+  for (size_t i = 0; i < kCoarse.size(); ++i) {
+    if (closed_buckets_ % kCoarse[i] != 0) continue;
+    std::vector<double> coarse;
+    coarse_lags_[i].close(coarse);
+    const double noise = coarse_noise(i);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Rank& rank = ranks_[r];
+      if (rank.learnt)
+        rank.coarse_evidence[i] = std::clamp(rank.coarse_evidence[i] + lag_step(coarse[r], noise), 0.0, coarse_cap());
+    }
+  }
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
     if (!rank.learnt) continue;
@@ -327,8 +368,9 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
     wall_[s] += std::min(completion_ns - last_completion_, kMaxIntervalNs);
   last_completion_ = std::max(last_completion_, completion_ns);
   count_[s] += 1;
-  lags_.count();
-  timed_lags_.count();
+  lags_.start(), lags_.count();
+  timed_lags_.start(), timed_lags_.count();
+  for (LagSeries& coarse : coarse_lags_) coarse.start(), coarse.count();
 
   order_.resize(n);
   std::iota(order_.begin(), order_.end(), 0);
@@ -343,6 +385,7 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
     const double lag = std::max(0.0, static_cast<double>(value[r]) - middle);
     lags_.add(r, lag);
     timed_lags_.add(r, lag);
+    for (LagSeries& coarse : coarse_lags_) coarse.add(r, lag);
   }
   // Between the arrivals at positions j-1 and j, j ranks wait, owed in
   // equal parts to the n - j ranks not there yet (`fair`, per waiting rank:
@@ -472,6 +515,13 @@ std::vector<Standing> WaitAttribution::standings() const {
   timed_lags_.centred(timed);
   const double job_noise = lags_.noise(), timed_noise = timed_lags_.noise();
   const double fill = lags_.fill(), timed_fill = timed_lags_.fill();
+  std::array<std::vector<double>, kCoarse.size()> coarse;
+  std::array<double, kCoarse.size()> coarse_noise_now{}, coarse_fill{};
+  for (size_t i = 0; i < kCoarse.size(); ++i) {
+    coarse_lags_[i].centred(coarse[i]);
+    coarse_noise_now[i] = coarse_noise(i);
+    coarse_fill[i] = coarse_lags_[i].fill();
+  }
   const double bucket_lag = current_ >= 0 ? lag_sum(slot(current_)) : 0;
   std::vector<Standing> out(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -501,6 +551,16 @@ std::vector<Standing> WaitAttribution::standings() const {
       st.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
       st.slow_evidence_ns = std::clamp(rank.slow_evidence_ns + evidence_step(slow_step(rank, s, bucket_lag)), 0.0, cap);
       st.lag_evidence = std::clamp(rank.lag_evidence + fill * lag_step(centred[r], job_noise), 0.0, lag_cap);
+      // Over longer buckets, where the window's have not passed.
+      for (size_t i = 0; i < kCoarse.size(); ++i) {
+        const double longer = std::clamp(
+            rank.coarse_evidence[i] + coarse_fill[i] * lag_step(coarse[i][r], coarse_noise_now[i]), 0.0, coarse_cap());
+        if (st.lag_evidence < options_.lag_evidence_sd && longer > st.lag_evidence) {
+          st.lag_evidence = longer;
+          st.noise_ns = coarse_noise_now[i];
+          st.chance_scale = static_cast<uint32_t>(kCoarse[i]);
+        }
+      }
       // The far-behind run, where the CUSUM has not passed: the bucket
       // being filled adds to it in part when it is far behind so far, and
       // ends it only once closed.
@@ -509,6 +569,7 @@ std::vector<Standing> WaitAttribution::standings() const {
       if (st.lag_evidence < options_.lag_evidence_sd && far > st.lag_evidence) {
         st.lag_evidence = far;
         st.noise_ns = timed_noise;
+        st.chance_scale = 1;
         st.far_buckets = rank.far_run + (far_now ? 1 : 0);
       }
     }

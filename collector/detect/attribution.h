@@ -53,6 +53,13 @@
 //     reason for the 75th percentile. Chance puts a rank that far
 //     behind about once in 1,000 such buckets of one collective, under
 //     normal noise.
+//     And a rank passes when the same CUSUM passes over longer buckets, of
+//     4 and of 16 of the window's each (kCoarse), each standardised by its
+//     own noise (measured as the window's is, and never under the
+//     window's noise / sqrt of the buckets summed): a rank whose lag in a
+//     bucket is under the reference value, a rank 5% slower in a job whose
+//     steps vary by 25%, never gathers evidence there, and over 16 buckets
+//     its lag is 4 times as many of their standard deviations.
 //     A structurally late rank (the last pipeline stage) passes
 //     this test always, and is judged by the rules above.
 // A rank that passes the chance test but costs its job less than the
@@ -70,6 +77,7 @@
 // structure passes the chance test always, and one window of its noise,
 // or one pause, is not a slowdown.
 // Methods and defaults: docs/detection.md, Straggler.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -103,6 +111,7 @@ struct Standing {
   double evidence_ns = 0;    // CUSUM of owed waiting beyond the allowance
   double noise_ns = 0;       // the job's noise: the standard deviation of a bucket's mean lag
   double lag_evidence = 0;   // the chance test's evidence, in those standard deviations
+  uint32_t chance_scale = 1;  // ... over buckets of this many of the window's buckets
   uint32_t far_buckets = 0;  // ... from this many buckets of 1 s or more, each far behind (0: from the CUSUM)
   uint64_t owed_ns = 0;      // owed in the window
   double lateness_ns = 0;    // its lateness: owed per instance it held up, less its structure
@@ -160,6 +169,7 @@ class WaitAttribution {
     double carry = 0;             // its lateness in arrival (fair share of the stretch) at its last instance
     double evidence_ns = 0;
     double lag_evidence = 0;   // the chance test's CUSUM (window buckets)
+    std::array<double, 2> coarse_evidence{};  // ... and over longer buckets (kCoarse)
     uint32_t far_run = 0;      // ... and its run of far-behind buckets of 1 s or more
     double baseline = 0;       // its structural share
     double late_baseline = 0;  // ... and lateness as measured per unit of wall time, learnt alike
@@ -175,27 +185,35 @@ class WaitAttribution {
   class LagSeries {
    public:
     LagSeries(size_t nranks, size_t memory, size_t closed_kept);
+    // Its per-rank rows, made at the first instance: a communicator whose
+    // instances never complete (announced with many ranks, few of them
+    // seen) keeps none.
+    void start();
     void add(size_t rank, double lag) { sum_[rank] += lag; }
     void count() { count_ += 1; }
     // Each rank's mean lag in the bucket being filled less the others' mean.
     void centred(std::vector<double>& out) const;
     // Closes the bucket being filled: its centred lags (out), their changes kept.
     void close(std::vector<double>& out);
-    // The standard deviation of a bucket's centred lag (0: not yet known).
-    double noise() const;
+    // The standard deviation of a bucket's centred lag (0: not yet known),
+    // as of the last close.
+    double noise() const { return noise_; }
     // How full the bucket being filled is, against the closed ones.
     double fill() const;
 
    private:
+    size_t nranks_;
     std::vector<double> sum_;      // by rank
     std::vector<double> last_;     // by rank: its centred lag in the last closed bucket
     std::vector<double> changes_;  // by rank, memory_ each: the last changes (a ring)
-    size_t memory_, next_ = 0, kept_ = 0;
+    size_t memory_, next_ = 0, kept_ = 0;  // memory_: changes kept per rank
     bool has_last_ = false;
     uint32_t count_ = 0;
     std::vector<uint32_t> closed_counts_;  // the instances of the last closed buckets (a ring)
     size_t closed_ = 0;
-    mutable std::vector<double> scratch_;
+    double noise_ = 0;
+    std::vector<double> scratch_;
+    double measure_noise();
   };
   size_t slot(int64_t bucket) const { return static_cast<size_t>(bucket) % buckets_; }
   // The window's totals (slots of the last `buckets_` buckets) and each rank's share.
@@ -221,6 +239,10 @@ class WaitAttribution {
   static constexpr size_t kNoiseBuckets = 20;
   static constexpr size_t kNoiseChanges = 400;
   static size_t noise_memory(int32_t nranks);
+  // The noise of the longer buckets of kCoarse[i] (0: not yet known).
+  double coarse_noise(size_t i) const;
+  // The most the longer buckets' CUSUM holds.
+  double coarse_cap() const;
   double lag_step(double centred_lag, double noise) const;
   // A far-behind bucket (the clip reached) adds to the run what a clipped
   // bucket adds to the CUSUM; any other ends it.
@@ -244,6 +266,11 @@ class WaitAttribution {
   std::vector<uint32_t> count_;        // by slot
   LagSeries lags_;                     // the window's buckets
   LagSeries timed_lags_;               // buckets of bucket_ns_ closed by time alone ...
+  // The chance test over longer buckets: kCoarse[i] of the window's each.
+  static constexpr std::array<size_t, 2> kCoarse = {4, 16};
+  static_assert(kCoarse.size() == std::tuple_size_v<decltype(Rank::coarse_evidence)>);
+  std::vector<LagSeries> coarse_lags_;  // by kCoarse
+  size_t closed_buckets_ = 0;           // the window's buckets closed so far
   uint64_t timed_start_ = 0;           // ... the completion that opened the one being filled
   uint64_t last_completion_ = 0;
   std::vector<Rank> ranks_;

@@ -302,12 +302,13 @@ Finding Detector::straggler_finding(const CommState& comm, const CommDetect& sta
   const std::string chance =
       "; not chance: its lag behind the median rank gathered " + format_fixed(st.lag_evidence, 1) +
       " standard deviations of evidence (" + format_fixed(options_.straggler.lag_evidence_sd, 0) + " needed)" +
+      (st.chance_scale > 1 ? " over buckets of " + std::to_string(st.chance_scale) + " of the window's" : "") +
       (st.far_buckets > 0
            ? ", at least " + format_fixed(options_.straggler.lag_evidence_sd / 4, 0) +
                  " of them behind in each of its last " + std::to_string(st.far_buckets) + " buckets of 1 s or more"
            : "") +
       ", where by chance a rank's lag varies by " + format_duration_ns(static_cast<int64_t>(st.noise_ns)) +
-      (st.far_buckets > 0 ? " from one such bucket to the next" : "") + " in this job";
+      (st.far_buckets > 0 || st.chance_scale > 1 ? " from one such bucket to the next" : "") + " in this job";
   std::string why;
   if (slow)
     why = "A slow rank: it lags the median rank persistently, " + format_percent(st.lag_share) +

@@ -515,6 +515,72 @@ TEST(WaitAttribution, NoRankOfAHealthyJobIsSlowOverHours) {
   }
 }
 
+// A data-parallel job of `n` ranks whose compute varies by data: about 1 s
+// a step, log-normal (`sigma`), times a rank's `factor`; then two gradient
+// buckets issued back to back (their hosts ran ahead).
+struct JitteryJob {
+  JitteryJob(int32_t n, double sigma, uint32_t seed)
+      : waits(n, AttributionOptions{}), rng(seed), compute(-sigma * sigma / 2, sigma) {}
+  WaitAttribution waits;
+  std::mt19937 rng;
+  std::normal_distribution<double> compute;
+  uint64_t t = kStart;
+  void step(const std::vector<double>& factor = {}) {
+    std::vector<int64_t> late(static_cast<size_t>(waits.nranks()));
+    for (size_t r = 0; r < late.size(); ++r)
+      late[r] = static_cast<int64_t>(1000.0 * kMs * std::exp(compute(rng)) * (r < factor.size() ? factor[r] : 1.0));
+    for (int bucket = 0; bucket < 2; ++bucket) instance(waits, t + bucket * kMs, late, 0, true);
+    t += static_cast<uint64_t>(*std::max_element(late.begin(), late.end())) + 5 * kMs;
+  }
+};
+
+TEST(WaitAttribution, ARankAFewPercentSlowerInAJobWhoseStepsVaryByAQuarterIsFoundGivenTime) {
+  // 64 ranks whose compute varies by 25% (steps that vary by data); rank 37
+  // slows 1.05x. In each of the window's buckets (2 steps) it lags by a
+  // fraction of a bucket's noise, under the CUSUM's reference value: those
+  // buckets alone did not gather it in an hour (5 seeds of 5; 1.08x: 1 of
+  // 5 not in an hour, the others after 1,155-2,689 steps). Buckets of 4
+  // and 16 of them do: found after 962-1,712 steps (5 seeds). The hour
+  // before it slowed, nobody was.
+  JitteryJob job(64, 0.25, 11);
+  for (int i = 0; i < 3600; ++i) {
+    job.step();
+    for (const Standing& s : job.waits.standings())
+      ASSERT_FALSE(s.over || s.slow) << "healthy, at step " << i << ": lag " << s.lag_share << ", chance "
+                                     << s.lag_evidence;
+  }
+  std::vector<double> slowed(64, 1.0);
+  slowed[37] = 1.05;
+  int found_after = -1;
+  double highest = 0;
+  for (int i = 0; i < 3600 && found_after < 0; ++i) {
+    job.step(slowed);
+    auto st = job.waits.standings();
+    for (int r = 0; r < 64; ++r) {
+      if (r != 37) {
+        ASSERT_FALSE(st[r].over || st[r].slow) << "rank " << r << " at step " << i;
+      }
+    }
+    highest = std::max(highest, st[37].lag_evidence);
+    if (st[37].slow || st[37].over) found_after = i;
+  }
+  const Standing st = job.waits.standings()[37];
+  ASSERT_GE(found_after, 0) << "never found: lag " << st.lag_share << ", the chance test's highest " << highest;
+  EXPECT_GT(st.chance_scale, 1u) << "found on the window's buckets";
+  EXPECT_GE(st.lag_evidence, AttributionOptions{}.lag_evidence_sd);
+  // Slow for 10 minutes more (its evidence at the cap), then recovered:
+  // its evidence falls below the level within minutes, as the window's
+  // does from its cap (120 of its buckets: 240 steps).
+  for (int i = 0; i < 600; ++i) job.step(slowed);
+  int below_after = -1;
+  for (int i = 0; i < 1200 && below_after < 0; ++i) {
+    job.step();
+    if (job.waits.standings()[37].lag_evidence < AttributionOptions{}.lag_evidence_sd) below_after = i;
+  }
+  EXPECT_GE(below_after, 0) << "still passing the chance test 1,200 steps after it recovered";
+  EXPECT_LE(below_after, 400);
+}
+
 TEST(WaitAttribution, ARankLateByStructureWithNoiseAndPausesIsNotSlowUntilItSlowsFurther) {
   // A pipeline pair: rank 1 (the last stage) takes 20% longer at every
   // step, each rank's compute varying by 3%, and a GC-like pause of 100-300
