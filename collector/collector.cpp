@@ -442,6 +442,8 @@ int run(const Options& options, const std::atomic<bool>& stop) {
         if (*fleet) tell_agents_the_fleet(**fleet, service.ingest(), *sockets);
       });
       last_evaluation = now;
+    } else {
+      timed(LoopTime::evaluate, [&] { service.score_some(now); });
     }
     acks_waiting.insert(acks_waiting.end(), std::make_move_iterator(outbox.after_commit.begin()),
                         std::make_move_iterator(outbox.after_commit.end()));

@@ -279,7 +279,8 @@ const MetricInfo kCatalogue[] = {
      "seconds",
      {"phase"},
      "Time the collector's loop (one thread) spent, by phase: agents (reading and applying their messages), "
-     "evaluate (the detectors and the usage ledger, every 500 ms), commit (staging each database write; the write "
+     "evaluate (the detectors and the usage ledger, every 500 ms, and the straggler detector's scoring of settled "
+     "collectives between batches), commit (staging each database write; the write "
      "runs on a thread of its own), queries. Their summed rate near 1 is a loop with no time to spare: agents wait "
      "for acks, and clock probes for answers."},
     {"rankscope_collector_last_evaluation_seconds",

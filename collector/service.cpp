@@ -52,6 +52,12 @@ void Service::evaluate(uint64_t now_ns) {
   ledger_.tick(now_ns, findings_.open());
 }
 
+void Service::score_some(uint64_t now_ns) {
+  // About 5-10 ms of scoring between two rounds of batches (a collective is scored whole).
+  constexpr size_t kMembersBetweenBatches = 16'384;
+  detector_.score_some(now_ns, kMembersBetweenBatches);
+}
+
 Result<void> Service::stop(uint64_t now_ns) {
   ledger_.tick(now_ns, findings_.open());
   return commit_.run(now_ns, true);

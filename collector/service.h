@@ -55,6 +55,9 @@ class Service {
   // Retires quiet communicators, refines the clocks, drops what the matcher
   // holds of communicators gone, judges, and bills: the periodic pass.
   void evaluate(uint64_t now_ns);
+  // Between evaluations, a bounded share of what evaluate() would score
+  // (Detector::score_some): the loop calls it between batches.
+  void score_some(uint64_t now_ns);
   // What the ledger counted since its last flush, then one last commit.
   Result<void> stop(uint64_t now_ns);
 

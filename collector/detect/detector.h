@@ -68,6 +68,13 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   void on_gpu(const CommState& comm, int32_t rank, uint8_t op, const proto::GpuRecord& record) override;
   // Runs the hang, straggler and node-lost detectors; `now_ns` is the cluster clock.
   void evaluate(uint64_t now_ns);
+  // Between evaluations: the communicators' settled instances scored, at
+  // most `members` members' worth, from where the last call stopped. At
+  // FSDP's rates half a second's instances are hundreds of thousands of
+  // members to score, and scored all at once by the evaluation they held
+  // the loop, and every ack, for up to 0.19 s (docs/benchmarks.md); the
+  // evaluation now scores what is left. Returns the members scored.
+  size_t score_some(uint64_t now_ns, size_t members);
   // Lateness of the last rank to arrive, per complete collective since the last call (seconds).
   std::vector<double> take_lateness_samples();
   // What it keeps state for: communicators and processes (bounded by the live model's).
@@ -248,7 +255,9 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   CommDetect& state_of(const CommState& comm);
   ProcHistory* proc_of(const CommState& comm, CommDetect& state, int32_t rank);
   // Own lateness of each settled complete instance into the ranks' windows.
-  void score(CommDetect& state, uint64_t now_ns);
+  // Scores its settled instances, at most about `members` members' worth
+  // (an instance is scored whole); returns the members scored.
+  size_t score(CommDetect& state, uint64_t now_ns, size_t members = SIZE_MAX);
   void score_front(CommDetect& state);
   // Whether the front instance can be scored: its members' missing batches
   // came (score), are still awaited (wait), or were waited for long enough
@@ -388,6 +397,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   const Clock& clock_;
   DetectOptions options_;
   std::map<uint64_t, CommDetect> comms_;
+  uint64_t score_from_ = 0;                                        // the communicator score_some goes on from
   std::map<std::pair<std::string, uint32_t>, ProcHistory> procs_;  // by (node, pid)
   std::set<std::string> silent_;                     // this evaluation's silent nodes
   // Some node heard from has told nothing of what it captured yet (no

@@ -27,15 +27,35 @@ Finding straggler_of(uint64_t comm, int32_t rank) {
 }
 }  // namespace
 
-void Detector::score(CommDetect& state, uint64_t now_ns) {
-  while (!state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) {
+size_t Detector::score(CommDetect& state, uint64_t now_ns, size_t members) {
+  size_t scored = 0;
+  while (scored < members && !state.done.empty() && state.done.front().last_ns + options_.settle_ns <= now_ns) {
     Ready r = ready(state.done.front(), now_ns);
     if (r == Ready::wait) break;  // in order: the communicator's later instances wait behind it
     if (r == Ready::late) ++incomplete_;
+    scored += state.done.front().issue.size();
     score_front(state);
   }
-  while (!state.gpu_done.empty() && state.gpu_done.front().last_ns + options_.settle_ns <= now_ns)
+  while (scored < members && !state.gpu_done.empty() && state.gpu_done.front().last_ns + options_.settle_ns <= now_ns) {
+    scored += state.gpu_done.front().issue.size();
     score_gpu_front(state);
+  }
+  return scored;
+}
+
+size_t Detector::score_some(uint64_t now_ns, size_t members) {
+  // Round the communicators from where the last call stopped, so that a
+  // busy one does not keep the others waiting for their next evaluation.
+  // A communicator not evaluated yet has no margins: the evaluation scores
+  // it (on_complete has its first instance's).
+  size_t scored = 0;
+  auto it = comms_.lower_bound(score_from_);
+  for (size_t visited = 0; visited < comms_.size() && scored < members; ++visited, ++it) {
+    if (it == comms_.end()) it = comms_.begin();
+    if (it->second.margin) scored += score(it->second, now_ns, members - scored);
+  }
+  score_from_ = it == comms_.end() ? 0 : it->first;
+  return scored;
 }
 
 Detector::Ready Detector::ready(const Completed& c, uint64_t now_ns) const {

@@ -1047,6 +1047,40 @@ TEST_F(DetectTest, PersistentlyLateRankIsAStragglerAndRecovers) {
   EXPECT_TRUE(open(FindingKind::straggler).empty());
 }
 
+TEST_F(DetectTest, InstancesScoredBetweenEvaluationsGiveTheSameStraggler) {
+  // The test above with settled instances scored between evaluations, as
+  // the collector's loop does between batches: every third step, one
+  // instance's 4 members (the budget), of the 3 settled since; and an
+  // evaluation every 25 steps, which scores the rest: the same finding, on
+  // the same figures.
+  start(4);
+  uint64_t t = clock.now;
+  uint64_t seq = 0;
+  size_t scored = 0;
+  auto step = [&](int64_t late) {
+    instance(seq, t + seq * 20 * kMs,
+             [&](int32_t r) { return (r == 1 ? late : 0) + (r * 37 + seq * 11) % 300 * 1000; });
+    ++seq;
+    const uint64_t now = t + seq * 20 * kMs + options.settle_ns;
+    if (seq % 3 == 0) {
+      const size_t now_scored = detector->score_some(now, 4);
+      EXPECT_LE(now_scored, 4u) << "one instance whole, none begun past the budget";
+      scored += now_scored;
+    }
+    if (seq % 25 == 0) evaluate_at(now);
+  };
+  const uint64_t window_steps = options.straggler.window_ns * 6 / 5 / (20 * kMs);
+  for (uint64_t i = 0; i < window_steps; ++i) step(0);
+  for (uint64_t i = 0; i < window_steps; ++i) step(10 * kMs);
+  EXPECT_GT(scored, 0u);
+  for (int i = 0; i < kTicks; ++i) evaluate_at(t + seq * 20 * kMs + options.settle_ns + i * kMs);
+  auto stragglers = open(FindingKind::straggler);
+  ASSERT_EQ(stragglers.size(), 1u);
+  EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{1});
+  EXPECT_NEAR(stragglers[0]->lateness_s, 0.010, 0.001);
+  EXPECT_GT(stragglers[0]->wait_share, 0.2);
+}
+
 TEST_F(DetectTest, RandomJitterIsNotAStraggler) {
   start(8);
   std::mt19937 rng(3);
