@@ -49,7 +49,11 @@ WaitAttribution::WaitAttribution(int32_t nranks, AttributionOptions options)
     coarse_lags_.emplace_back(static_cast<size_t>(std::max(0, nranks)), noise_memory(nranks), buckets_ - 1);
   wall_.assign(buckets_, 0);
   count_.assign(buckets_, 0);
-  ranks_.resize(static_cast<size_t>(std::max(0, nranks)));
+}
+
+void WaitAttribution::start() {
+  if (started() || nranks_ <= 0) return;
+  ranks_.resize(static_cast<size_t>(nranks_));
   for (Rank& r : ranks_) {
     r.owed.assign(buckets_, 0);
     r.held.assign(buckets_, 0);
@@ -339,8 +343,9 @@ double WaitAttribution::fair_until(const std::vector<uint64_t>& arrival, uint64_
 void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
                           const std::vector<uint64_t>& margin, uint64_t completion_ns, bool carried,
                           const std::vector<uint64_t>* released) {
-  const size_t n = ranks_.size();
+  const size_t n = static_cast<size_t>(std::max(0, nranks_));
   if (value.size() != n || arrival.size() != n || margin.size() != n || n < 2) return;
+  start();
   // A bucket lasts at least bucket_ns and holds at least per_bucket_
   // instances: a job of slow steps (one collective every 10 s) is judged
   // over as many instances as a fast one, over a longer window. The
@@ -499,6 +504,12 @@ void WaitAttribution::add_lags(const std::vector<int64_t>& value, const std::vec
 }
 
 std::vector<Standing> WaitAttribution::standings() const {
+  if (!started()) {
+    // What the rows would say of nothing: nobody owed anything, within the allowance.
+    std::vector<Standing> none(static_cast<size_t>(std::max(0, nranks_)));
+    for (Standing& st : none) st.allowance = options_.allowance, st.under = true;
+    return none;
+  }
   std::vector<double> share = shares();
   std::vector<double> sorted = share;
   std::sort(sorted.begin(), sorted.end());

@@ -151,8 +151,13 @@ class WaitAttribution {
   void add(const std::vector<int64_t>& value, const std::vector<uint64_t>& arrival,
            const std::vector<uint64_t>& margin, uint64_t completion_ns, bool carried,
            const std::vector<uint64_t>* released = nullptr);
-  // Every rank's standing as of the instances added (the current bucket included).
+  // Every rank's standing as of the instances added (the current bucket
+  // included); none added yet: nranks() standings of nothing.
   std::vector<Standing> standings() const;
+  // Whether an instance was added: the per-rank rows are made then, so
+  // that a communicator announced with many ranks whose collectives never
+  // complete (a stand-in libnccl's) holds none, and costs no standings.
+  bool started() const { return !ranks_.empty(); }
   // GPU time lost is counted for a rank while its evidence grows or while its finding is open.
   void set_open(int32_t rank, bool open);
 
@@ -248,6 +253,7 @@ class WaitAttribution {
   // bucket adds to the CUSUM; any other ends it.
   bool far_behind(double centred_lag, double noise) const;
   double far_evidence(uint32_t run) const;
+  void start();
   // Each rank's structural share, lateness and lag from the window as it stands.
   void learn(const std::vector<double>& share);
   // Each rank's lag behind the median at one instance, as the slow-rank rule counts it.

@@ -212,6 +212,13 @@ void Detector::evaluate_stragglers(const CommState& comm, CommDetect& state, uin
                                    const std::set<int32_t>* open_ranks) {
   const int32_t n = comm.nranks;
   if (n < 2) return;
+  // No collective of it scored yet and no finding of it open (one read back
+  // at a restart resolves as before): nobody to judge. A communicator
+  // announced with 65,536 ranks by a stand-in libnccl whose collectives
+  // never complete would cost 65,536 standings each time.
+  if (!state.waits->started() && !(state.gpu_waits && state.gpu_waits->started()) &&
+      (!open_ranks || open_ranks->empty()))
+    return;
   std::vector<Standing> standings = state.waits->standings();
   std::vector<Standing> gpu_standings;
   if (state.gpu_waits) gpu_standings = state.gpu_waits->standings();

@@ -51,6 +51,32 @@ TEST(WaitAttribution, TheLastArrivalAloneIsOwedItsGapAndTwoLateRanksShareTheirs)
   EXPECT_NEAR(b[2].lateness_ns, 10.0 * 2 / 3 * kMs, 1000.0) << "2 of the 3 others waited through its 10 ms";
 }
 
+TEST(WaitAttribution, ACommunicatorWhoseCollectivesNeverCompleteHoldsNoPerRankRows) {
+  // A stand-in libnccl can announce a communicator of 65,536 ranks whose
+  // collectives never complete: no per-rank rows are made for it, and its
+  // standings say what the rows would of nothing (nobody owed anything,
+  // within the allowance). Its first instance makes them.
+  AttributionOptions options;
+  WaitAttribution big(65536, options);
+  EXPECT_FALSE(big.started());
+  const std::vector<Standing> none = big.standings();
+  ASSERT_EQ(none.size(), 65536u);
+  for (const Standing& st : {none.front(), none.back()}) {
+    EXPECT_TRUE(st.under);
+    EXPECT_FALSE(st.over || st.slow || st.lags || st.learnt);
+    EXPECT_EQ(st.share, 0.0);
+    EXPECT_EQ(st.allowance, options.allowance);
+  }
+  WaitAttribution small(4, options);
+  instance(small, kStart, {0, 0, 0, 0, 0});  // not of its size: ignored
+  EXPECT_FALSE(small.started());
+  instance(small, kStart, {0, 0, 0, 0});
+  EXPECT_TRUE(small.started());
+  const Standing st = small.standings()[0];
+  EXPECT_EQ(st.under, none.front().under);
+  EXPECT_EQ(st.allowance, none.front().allowance);
+}
+
 TEST(WaitAttribution, ClockMarginAndSchedulingNoiseAreNotOwed) {
   AttributionOptions options;
   // Rank 3 is 8 ms late and the clocks cannot tell ranks apart within 9 ms:
