@@ -10,17 +10,19 @@ communicator size it prints:
     the job's noise estimate (the median, the 75th or the 95th percentile
     of the changes from one bucket to the next, each scaled as for normal
     changes); 1.00 is an unbiased estimate, above 1 one that is too small;
-  - the CUSUM of the standardised lag (clipped to +-5, less 0.5): how many
+  - the CUSUM of the standardised lag (clipped to +-CLIP, less 0.5): how many
     times per 800,000 rank-buckets it passed 8, 10, 12 and 14 on its way
     up (a finding needs 20);
-  - P(z >= 5): how often a bucket is at the clip or beyond (the far-behind
+  - P(z >= 5): how often a bucket is 5 sd behind or more (the far-behind
     run needs 5 such buckets in a row).
 
-  scripts/bench-chance.py [RANK_BUCKETS [NOISE]]
+  scripts/bench-chance.py [RANK_BUCKETS [NOISE [CLIP]]]
       RANK_BUCKETS: default 800000 (about half a minute in all on this machine)
       NOISE: normal (default), or lognormal:SIGMA: each rank's time at each
              collective log-normal, as rankscope-sim's jitter (--pattern
              jitter: SIGMA 0.25), heavier-tailed than normal
+      CLIP: the most one bucket adds, in sd: default 2.5, the detector's
+            (AttributionOptions::lag_clip_sd)
 Figures: docs/detection.md (Straggler), docs/benchmarks.md.
 """
 import math
@@ -29,7 +31,7 @@ import statistics
 import sys
 from statistics import NormalDist
 
-CLIP, REFERENCE = 5.0, 0.5
+REFERENCE, FAR = 0.5, 5.0
 QUANTILES = (0.5, 0.75, 0.95)
 LEVELS = (8, 10, 12, 14)
 
@@ -66,7 +68,7 @@ def noise(changes, quantile):
     return at / (NormalDist().inv_cdf(0.5 + quantile / 2) * math.sqrt(2))
 
 
-def row(m, n, rank_buckets, seed, sample):
+def row(m, n, rank_buckets, seed, sample, clip):
     rng = random.Random(seed)
     history = list(buckets(m, n, rank_buckets // n, rng, sample))
     changes = [abs(a - b) for prev, cur in zip(history, history[1:]) for a, b in zip(cur, prev)]
@@ -80,9 +82,9 @@ def row(m, n, rank_buckets, seed, sample):
         for c in history:
             for r in range(n):
                 z = c[r] / scale
-                far += z >= CLIP
+                far += z >= FAR
                 old = cusum[r]
-                cusum[r] = max(0.0, cusum[r] + max(-CLIP, min(CLIP, z)) - REFERENCE)
+                cusum[r] = max(0.0, cusum[r] + max(-clip, min(clip, z)) - REFERENCE)
                 for level in LEVELS:
                     up[level] += old < level <= cusum[r]
         scaled = {level: round(v * 800000 / (len(history) * n)) for level, v in up.items()}
@@ -95,7 +97,9 @@ def main():
     rank_buckets = int(sys.argv[1]) if len(sys.argv) > 1 else 800000
     shape = sys.argv[2] if len(sys.argv) > 2 else "normal"
     sample = draw(shape)
-    print(f"Chance test under no fault, {shape} noise, {rank_buckets} rank-buckets a row (scripts/bench-chance.py)")
+    clip = float(sys.argv[3]) if len(sys.argv) > 3 else 2.5
+    print(f"Chance test under no fault, {shape} noise, clip {clip:g} sd, {rank_buckets} rank-buckets a row "
+          "(scripts/bench-chance.py)")
     print()
     head = ["collectives a bucket", "ranks"]
     for q in ("median", "75th pct", "95th pct"):
@@ -104,7 +108,7 @@ def main():
     print("|" + " --- |" * len(head))
     for n in (8, 4, 32, 64):
         for m in (1, 2, 4):
-            print(row(m, n, rank_buckets, seed=1, sample=sample), flush=True)
+            print(row(m, n, rank_buckets, seed=1, sample=sample, clip=clip), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@
 # 8 x 4: 256 ranks, one slowed rank per job), RS_HEALTHY_S seconds of
 # RS_HEALTHY_JOBS healthy jobs of RS_HEALTHY_RANKS ranks (default 8, a
 # multiple of 4) per pattern (default 120 s, 12 jobs;
-# RS_HEALTHY_S=0: none). RS_PATTERN_RANGES picks the slowdown ranges (default
+# RS_HEALTHY_S=0: none), at 100 ms steps standing for 1 s
+# (RS_HEALTHY_REAL_STEPS=1: at real 1 s steps, each bucket then holding a
+# tenth of the steps, and ten times their noise). RS_PATTERN_RANGES picks the slowdown ranges (default
 # "1.05-1.1 1.1-1.5 1.5-5"; the others' cells read "-"; none: the healthy jobs only). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
 # RS_PATTERN_S: each slowdown run's length (default 40 s; onsets at 10-15 s).
@@ -288,7 +290,11 @@ if [ "$mode" = "--patterns" ]; then
   echo
   echo "Command: \`scripts/bench-sim.sh $build --patterns\` (RS_PATTERNS='$patterns', $pjobs jobs x $pnodes nodes x 8 ranks"
   echo "per slowdown run, ${pattern_s} s, 1 s steps (accum: 1 s optimizer steps of 4 micro-steps); $healthy_jobs healthy jobs of $healthy_ranks ranks"
-  echo "for ${healthy_s} s, 100 ms steps standing for 1 s (fsdp: 500 ms; accum: 100 ms optimizer steps); seeds 21, 22)."
+  if [ "${RS_HEALTHY_REAL_STEPS:-0}" = 1 ]; then
+    echo "for ${healthy_s} s, at real step times as the slowdown runs'; seeds 21, 22)."
+  else
+    echo "for ${healthy_s} s, 100 ms steps standing for 1 s (fsdp: 500 ms; accum: 100 ms optimizer steps); seeds 21, 22)."
+  fi
   echo "Slowdown runs: $((pjobs * pnodes * 8)) ranks, slowed $slowdown_shape (RS_SLOWDOWN_SHAPE; rankscope-sim --slowdown-shape)."
   echo
   echo "| pattern | 1.05-1.1x found | 1.1-1.5x found | 1.5-5x found | latency p50 / p90 (s), all | straggler precision | healthy job-hours | false alarms |"
@@ -314,6 +320,8 @@ if [ "$mode" = "--patterns" ]; then
     [ "$pattern" = fsdp ] && step=500
     nominal=1
     [ "$pattern" = accum ] && step=25 nominal=0.25  # micro-steps: its optimizer steps of 100 ms stand for 1 s
+    # RS_HEALTHY_REAL_STEPS=1: at the slowdown runs' real step times instead.
+    [ "${RS_HEALTHY_REAL_STEPS:-0}" = 1 ] && step=$slow_step
     shape="--nodes-per-job $((healthy_ranks / 4)) --gpus 4"
     # Pipeline stages need two data-parallel replicas: nodes of 2 ranks.
     case $pattern in pipeline | tp-dp) shape="--nodes-per-job $((healthy_ranks / 2)) --gpus 2" ;; esac

@@ -208,16 +208,17 @@ double WaitAttribution::typical(const std::vector<double>& shares, const std::ve
 
 double WaitAttribution::lag_step(double centred_lag, double noise) const {
   if (noise <= 0) return 0;
-  // One bucket gives at most a quarter of the evidence needed (a Huber
-  // clip of the standardised lag): persistence is what the test is for,
-  // and one pause of a node (hundreds of milliseconds in one collective of
-  // a quiet job) would otherwise pass it in one step.
-  const double clip = options_.lag_evidence_sd / 4;
+  // One bucket gives at most `lag_clip_sd` (a Huber clip of the
+  // standardised lag): persistence is what the test is for, one pause of a
+  // node (hundreds of milliseconds in one collective of a quiet job) would
+  // otherwise pass it in one step, and a few buckets of a heavy tail by
+  // chance in a few more.
+  const double clip = options_.lag_clip_sd;
   return std::clamp(centred_lag / noise, -clip, clip) - options_.lag_reference_sd;
 }
 
 double WaitAttribution::coarse_cap() const {
-  // The level needed and one clipped bucket more, where the window's
+  // The level needed and a quarter more, where the window's
   // CUSUM holds 4 times the level: the longer buckets are 4-16 times as
   // long, and a rank that has recovered falls below the level in about as
   // much time as from the window's cap (10 longer buckets against 120).
@@ -239,13 +240,14 @@ double WaitAttribution::coarse_noise(size_t i) const {
 }
 
 bool WaitAttribution::far_behind(double centred_lag, double noise) const {
-  // The clip reached. Under normal noise a bucket of one collective is
-  // that far behind by chance about once in 1,000 (scripts/bench-chance.py).
+  // A quarter of the level behind (5 sd). Under normal noise a bucket of one
+  // collective is that far behind by chance about once in 1,000
+  // (scripts/bench-chance.py).
   return noise > 0 && centred_lag >= options_.lag_evidence_sd / 4 * noise;
 }
 
 double WaitAttribution::far_evidence(uint32_t run) const {
-  // What as many clipped buckets add to the CUSUM.
+  // A quarter of the level a bucket, less the reference: 5 in a row pass.
   const double per_bucket = std::max(0.0, options_.lag_evidence_sd / 4 - options_.lag_reference_sd);
   return std::min(static_cast<double>(run) * per_bucket, kEvidenceCap * options_.lag_evidence_sd);
 }

@@ -33,17 +33,17 @@
 //     percentile of the absolute changes / (1.1503 sqrt 2): the median's
 //     estimate falls short of the heavier-than-normal tail of step times
 //     that vary by data). A CUSUM of that
-//     standardised lag, clipped to a quarter of `lag_evidence_sd` (one
-//     bucket, one pause, is not persistence), less `lag_reference_sd`
+//     standardised lag, clipped to `lag_clip_sd` (one bucket, one pause,
+//     is not persistence), less `lag_reference_sd`
 //     must reach `lag_evidence_sd`; the bucket being filled counts in
 //     proportion to how full it is. The CUSUM's buckets are the window's,
 //     of 4 instances at least: the mean lag of fewer is skewed, and chance
 //     passes the CUSUM far more often. At a slow step such a bucket spans
 //     two steps, and a rank slowed 5x, far behind at every step, would
-//     need 10 of them. So a rank also passes when it is far behind: at the
-//     clip or beyond in each of its last buckets of a fifth of the window
-//     (closed by time alone, an instance at least; standardised by their
-//     own noise), each adding what a clipped bucket adds to the CUSUM,
+//     need 10 of them. So a rank also passes when it is far behind: a
+//     quarter of `lag_evidence_sd` or more in each of its last buckets of a
+//     fifth of the window (closed by time alone, an instance at least;
+//     standardised by their own noise), each adding that less the reference,
 //     until the run reaches `lag_evidence_sd` (5 in a row; the bucket
 //     being filled counts in part while it is far behind so far, and ends
 //     the run only once closed). Their noise
@@ -94,12 +94,22 @@ struct AttributionOptions {
   double outsized = 3;                    // times a typical rank's share, to be this rank's and not noise
   uint64_t evidence_ns = 250'000'000;     // owed waiting beyond the allowance that opens a finding
   // The chance test's CUSUM (Page): reference value and decision interval
-  // in standard deviations of a bucket's mean lag. With 0.5 and 20, noise
-  // alone reaches it once in about 3e9 buckets of one rank (Siegmund's
+  // in standard deviations of a bucket's mean lag. With 0.5 and 20, normal
+  // noise alone reaches it once in about 3e9 buckets of one rank (Siegmund's
   // approximation, exp(2k(h + 1.166)) / 2k^2): at 1 s buckets, once in 4
   // days of an 8,192-rank job, before the other rules apply.
   double lag_reference_sd = 0.5;
   double lag_evidence_sd = 20;
+  // A bucket adds at most this many standard deviations (a Huber clip):
+  // the standardised lag of a job whose steps vary by data has a heavy
+  // right tail (a half-rectified log-normal: 5 sd or more in about one
+  // bucket of 800 at 25% variation, against one of 3.5 million were it
+  // normal). Where a bucket could add 5 sd, a few such buckets passed the
+  // CUSUM by luck alone, once in 17 job-hours of 64 ranks (40% variation:
+  // once in 5.5); at 3 sd once in 120 (both); at 2.5 never in 1,200
+  // (rankscope-bench-chance-steps, docs/benchmarks.md). The price: a rank
+  // slowed a little beyond the job's noise needs a few buckets more.
+  double lag_clip_sd = 2.5;
 };
 
 // A rank's standing: its window, its evidence and what they mean.
