@@ -336,7 +336,7 @@ if [ "$mode" = "--patterns" ]; then
     fi
     if [ -f "$scores" ]; then "$bin/rankscope-sim" report "$scores" >"$work/report-$pattern.md"; else : >"$work/report-$pattern.md"; fi
     found() { awk -F'|' -v r="slowdown_rank $1" '$2 ~ r {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%.0f of %s", $3 * $4, $3; f = 1} END {if (!f) printf "-"}' "$work/report-$pattern.md"; }
-    latency=$({ grep -h '"kind":"slowdown_rank"' "$scores" || true; } | { grep -o '"latency_s":[0-9.][0-9.]*' || true; } | cut -d: -f2 | sort -n |
+    latency=$({ [ -f "$scores" ] && grep -h '"kind":"slowdown_rank"' "$scores" || true; } | { grep -o '"latency_s":[0-9.][0-9.]*' || true; } | cut -d: -f2 | sort -n |
       awk '{v[NR] = $1} END {if (NR) printf "%.1f / %.1f", v[int((NR + 1) / 2)], v[int(NR * 0.9 + 0.999)]; else printf "-"}')
     precision=$(awk -F'|' '$2 ~ /^ straggler / {gsub(/ /, "", $6); printf "%s", $6}' "$work/report-$pattern.md")
     hours=$(grep -o 'Healthy jobs: [0-9.]* simulated job-days' "$work/report-$pattern-healthy.md" | awk '{printf "%.1f", $3 * 24}' || true)

@@ -23,6 +23,9 @@ constexpr uint64_t kMaxIntervalNs = 30'000'000'000ull;
 // run passes in 5 buckets of 1 s, where 4 of the CUSUM's buckets of 4
 // collectives can span 8 steps.)
 constexpr double kEvidenceClip = 0.25;
+// After this many buckets in a row at the chance test's clip, the next may
+// add up to a quarter of its level (WaitAttribution::lag_step).
+constexpr uint32_t kPersisting = 2;
 
 // A rank's value less the mean of the n - 1 others' (`sum`: all n ranks').
 double less_others_mean(double value, double sum, size_t n) {
@@ -206,15 +209,23 @@ double WaitAttribution::typical(const std::vector<double>& shares, const std::ve
   return median_of_sorted(others);
 }
 
-double WaitAttribution::lag_step(double centred_lag, double noise) const {
+double WaitAttribution::lag_step(double centred_lag, double noise, uint32_t persisting) const {
   if (noise <= 0) return 0;
   // One bucket gives at most `lag_clip_sd` (a Huber clip of the
   // standardised lag): persistence is what the test is for, one pause of a
   // node (hundreds of milliseconds in one collective of a quiet job) would
   // otherwise pass it in one step, and a few buckets of a heavy tail by
-  // chance in a few more.
-  const double clip = options_.lag_clip_sd;
+  // chance in a few more. A bucket that follows kPersisting in a row at
+  // the clip gives up to a quarter of the level: a rank far behind bucket
+  // after bucket passes almost as fast as without the lower clip, where the
+  // heavy tail's chance buckets come one at a time (their lags hardly
+  // correlate from one bucket to the next).
+  const double clip = persisting >= kPersisting ? options_.lag_evidence_sd / 4 : options_.lag_clip_sd;
   return std::clamp(centred_lag / noise, -clip, clip) - options_.lag_reference_sd;
+}
+
+bool WaitAttribution::at_clip(double centred_lag, double noise) const {
+  return noise > 0 && centred_lag >= options_.lag_clip_sd * noise;
 }
 
 double WaitAttribution::coarse_cap() const {
@@ -298,8 +309,11 @@ void WaitAttribution::close_bucket() {
     const double noise = coarse_noise(i);
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank& rank = ranks_[r];
-      if (rank.learnt)
-        rank.coarse_evidence[i] = std::clamp(rank.coarse_evidence[i] + lag_step(coarse[r], noise), 0.0, coarse_cap());
+      if (!rank.learnt) continue;
+      uint32_t& persisting = rank.lag_persisting[i + 1];
+      rank.coarse_evidence[i] =
+          std::clamp(rank.coarse_evidence[i] + lag_step(coarse[r], noise, persisting), 0.0, coarse_cap());
+      persisting = at_clip(coarse[r], noise) ? persisting + 1 : 0;
     }
   }
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -309,7 +323,9 @@ void WaitAttribution::close_bucket() {
     double x = static_cast<double>(rank.owed[s]) - allowance * static_cast<double>(wall_[s]);
     rank.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
     rank.slow_evidence_ns = std::clamp(rank.slow_evidence_ns + evidence_step(slow_step(rank, s, bucket_lag)), 0.0, cap);
-    rank.lag_evidence = std::clamp(rank.lag_evidence + lag_step(centred[r], job_noise), 0.0, lag_cap);
+    rank.lag_evidence =
+        std::clamp(rank.lag_evidence + lag_step(centred[r], job_noise, rank.lag_persisting[0]), 0.0, lag_cap);
+    rank.lag_persisting[0] = at_clip(centred[r], job_noise) ? rank.lag_persisting[0] + 1 : 0;
     if (rank.evidence_ns == 0 && !rank.open) rank.gpu_ns = 0;
   }
   if (window_instances() >= options_.baseline_instances) learn(share);
@@ -563,11 +579,14 @@ std::vector<Standing> WaitAttribution::standings() const {
       double x = static_cast<double>(rank.owed[s]) - st.allowance * static_cast<double>(wall_[s]);
       st.evidence_ns = std::clamp(rank.evidence_ns + x, 0.0, cap);
       st.slow_evidence_ns = std::clamp(rank.slow_evidence_ns + evidence_step(slow_step(rank, s, bucket_lag)), 0.0, cap);
-      st.lag_evidence = std::clamp(rank.lag_evidence + fill * lag_step(centred[r], job_noise), 0.0, lag_cap);
+      st.lag_evidence =
+          std::clamp(rank.lag_evidence + fill * lag_step(centred[r], job_noise, rank.lag_persisting[0]), 0.0, lag_cap);
       // Over longer buckets, where the window's have not passed.
       for (size_t i = 0; i < kCoarse.size(); ++i) {
-        const double longer = std::clamp(
-            rank.coarse_evidence[i] + coarse_fill[i] * lag_step(coarse[i][r], coarse_noise_now[i]), 0.0, coarse_cap());
+        const double longer =
+            std::clamp(rank.coarse_evidence[i] +
+                           coarse_fill[i] * lag_step(coarse[i][r], coarse_noise_now[i], rank.lag_persisting[i + 1]),
+                       0.0, coarse_cap());
         if (st.lag_evidence < options_.lag_evidence_sd && longer > st.lag_evidence) {
           st.lag_evidence = longer;
           st.noise_ns = coarse_noise_now[i];

@@ -34,7 +34,8 @@
 //     estimate falls short of the heavier-than-normal tail of step times
 //     that vary by data). A CUSUM of that
 //     standardised lag, clipped to `lag_clip_sd` (one bucket, one pause,
-//     is not persistence), less `lag_reference_sd`
+//     is not persistence; after two buckets in a row at that clip, to a
+//     quarter of `lag_evidence_sd`), less `lag_reference_sd`
 //     must reach `lag_evidence_sd`; the bucket being filled counts in
 //     proportion to how full it is. The CUSUM's buckets are the window's,
 //     of 4 instances at least: the mean lag of fewer is skewed, and chance
@@ -100,13 +101,14 @@ struct AttributionOptions {
   // days of an 8,192-rank job, before the other rules apply.
   double lag_reference_sd = 0.5;
   double lag_evidence_sd = 20;
-  // A bucket adds at most this many standard deviations (a Huber clip):
-  // the standardised lag of a job whose steps vary by data has a heavy
-  // right tail (a half-rectified log-normal: 5 sd or more in about one
-  // bucket of 800 at 25% variation, against one of 3.5 million were it
-  // normal). Where a bucket could add 5 sd, a few such buckets passed the
-  // CUSUM by luck alone, once in 17 job-hours of 64 ranks (40% variation:
-  // once in 5.5); at 3 sd once in 120 (both); at 2.5 never in 1,200
+  // A bucket adds at most this many standard deviations (a Huber clip),
+  // and a quarter of `lag_evidence_sd` only after two in a row at it: the
+  // standardised lag of a job whose steps vary by data has a heavy right
+  // tail (a half-rectified log-normal: 5 sd or more in about one bucket of
+  // 800 at 25% variation, against one of 3.5 million were it normal). Where
+  // any bucket could add 5 sd, a few such buckets passed the CUSUM by luck
+  // alone, once in 17 job-hours of 64 ranks (40% variation: once in 5.5);
+  // clipped at 3 sd, once in 120; at 2.5, then 5 after two, never in 1,200
   // (rankscope-bench-chance-steps, docs/benchmarks.md). The price: a rank
   // slowed a little beyond the job's noise needs a few buckets more.
   double lag_clip_sd = 2.5;
@@ -186,6 +188,10 @@ class WaitAttribution {
     double lag_evidence = 0;   // the chance test's CUSUM (window buckets)
     std::array<double, 2> coarse_evidence{};  // ... and over longer buckets (kCoarse)
     uint32_t far_run = 0;      // ... and its run of far-behind buckets of 1 s or more
+    // How many of its last closed buckets of each scale (the window's, then
+    // kCoarse's) in a row were at lag_clip_sd or beyond (kPersisting: the
+    // next may add more).
+    std::array<uint32_t, 3> lag_persisting{};
     double baseline = 0;       // its structural share
     double late_baseline = 0;  // ... and lateness as measured per unit of wall time, learnt alike
     bool learnt = false;
@@ -258,9 +264,12 @@ class WaitAttribution {
   double coarse_noise(size_t i) const;
   // The most the longer buckets' CUSUM holds.
   double coarse_cap() const;
-  double lag_step(double centred_lag, double noise) const;
-  // A far-behind bucket (the clip reached) adds to the run what a clipped
-  // bucket adds to the CUSUM; any other ends it.
+  // What a bucket adds to the chance test's CUSUM; `persisting`: how many
+  // buckets before it in a row were at the clip (at_clip).
+  double lag_step(double centred_lag, double noise, uint32_t persisting) const;
+  bool at_clip(double centred_lag, double noise) const;
+  // A far-behind bucket (a quarter of the level behind) adds to the run a
+  // quarter of the level less the reference; any other ends it.
   bool far_behind(double centred_lag, double noise) const;
   double far_evidence(uint32_t run) const;
   void start();
