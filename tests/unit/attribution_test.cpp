@@ -526,6 +526,26 @@ TEST(WaitAttribution, ARankAFewPercentSlowerAmongManyIsASlowRankThoughItCostsUnd
   EXPECT_NEAR(st.lag_ns, 50.0 * kMs, 15.0 * kMs);
 }
 
+TEST(WaitAttribution, ARankBehindBucketAfterBucketIsNotHeldToTheClip) {
+  // 64 ranks varying by 3%, rank 37 slowed 1.1x: its lag is beyond the
+  // chance test's clip (2.5 sd) in most buckets. One bucket at the clip
+  // adds 2 to the CUSUM, and chance buckets there come one at a time; a
+  // bucket after two in a row there adds up to 4.5. Found after 21 steps
+  // (seeds 1, 4, 5 and 37: 20-22); held to 2.5 throughout, after 29-39.
+  OneCollectiveJob job(64, 30, 1);
+  for (int i = 0; i < 120; ++i) job.step();
+  std::vector<double> slowed(64, 1.0);
+  slowed[37] = 1.1;
+  int found_after = -1;
+  for (int i = 0; i < 60 && found_after < 0; ++i) {
+    job.step(slowed);
+    if (job.waits.standings()[37].slow || job.waits.standings()[37].over) found_after = i;
+  }
+  ASSERT_GE(found_after, 0) << "never found: chance " << job.waits.standings()[37].lag_evidence;
+  EXPECT_LE(found_after, 25);
+  EXPECT_EQ(job.waits.standings()[37].far_buckets, 0u) << "the far-behind run passed it, not the CUSUM";
+}
+
 TEST(WaitAttribution, NoRankOfAHealthyJobIsSlowOverHours) {
   // The job above without a slowed rank, 3% and 10% variation, 1 s steps,
   // 2 hours each: its ranks lag the median at random, never persistently.
