@@ -121,8 +121,8 @@ int main(int argc, char** argv) {
     std::cout << opts;
     return 0;
   }
-  if (ranks < 2 || hours <= 0 || seeds == 0 || sigma < 0 || clip <= 0 || baseline <= 0) {
-    std::cerr << "rankscope-bench-chance-steps: need --ranks >= 2, --hours > 0, --seeds >= 1, --sigma >= 0 and "
+  if (ranks < 2 || hours <= 0 || seeds == 0 || sigma <= 0 || clip <= 0 || baseline <= 0) {
+    std::cerr << "rankscope-bench-chance-steps: need --ranks >= 2, --hours > 0, --seeds >= 1, --sigma > 0 and "
                  "clips > 0\n";
     return 2;
   }

@@ -22,7 +22,9 @@ communicator size it prints:
              collective log-normal, as rankscope-sim's jitter (--pattern
              jitter: SIGMA 0.25), heavier-tailed than normal
       CLIP: the most one bucket adds, in sd: default 2.5, the detector's
-            (AttributionOptions::lag_clip_sd)
+            (AttributionOptions::lag_clip_sd), applied plainly: the
+            detector's 5 after two buckets in a row at the clip is not
+            modelled. CLIP 5 gives the figures measured before it was 2.5.
 Figures: docs/detection.md (Straggler), docs/benchmarks.md.
 """
 import math

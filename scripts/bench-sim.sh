@@ -19,8 +19,8 @@
 # RS_HEALTHY_JOBS healthy jobs of RS_HEALTHY_RANKS ranks (default 8, a
 # multiple of 4) per pattern (default 120 s, 12 jobs;
 # RS_HEALTHY_S=0: none), at 100 ms steps standing for 1 s
-# (RS_HEALTHY_REAL_STEPS=1: at real 1 s steps, each bucket then holding a
-# tenth of the steps, and ten times their noise). RS_PATTERN_RANGES picks the slowdown ranges (default
+# (RS_HEALTHY_REAL_STEPS=1: at real 1 s steps, each bucket of the
+# detector's then holding fewer steps, and more of their noise). RS_PATTERN_RANGES picks the slowdown ranges (default
 # "1.05-1.1 1.1-1.5 1.5-5"; the others' cells read "-"; none: the healthy jobs only). RS_SLOWDOWN_SHAPE=stalls slows the ranks by stalls
 # instead of evenly (rankscope-sim --slowdown-shape: a CPU quota, CPU hogs).
 # RS_PATTERN_S: each slowdown run's length (default 40 s; onsets at 10-15 s).

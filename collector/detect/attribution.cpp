@@ -16,12 +16,12 @@ constexpr double kEvidenceCap = 4;
 // checkpoint, an evaluation pass) is not waiting for anyone meanwhile.
 constexpr uint64_t kMaxIntervalNs = 30'000'000'000ull;
 // One bucket adds at most this part of the opening level to the slow-rank
-// CUSUM (a Huber clip, as the chance test's): a rank late by structure
-// passes the chance test always, and one pause of a rank behind the median
-// but not last (a GC-like 300 ms) would otherwise pass the rest in one
-// bucket. (The costly straggler's evidence is not clipped: its far-behind
-// run passes in 5 buckets of 1 s, where 4 of the CUSUM's buckets of 4
-// collectives can span 8 steps.)
+// CUSUM (a Huber clip): a rank late by structure passes the chance test
+// always, and one pause of a rank behind the median but not last (a GC-like
+// 300 ms) would otherwise pass the rest in one bucket. (The costly
+// straggler's evidence is not clipped: its far-behind run passes in 5
+// buckets of 1 s, where the 6 or more of the chance test's CUSUM, of 4
+// collectives each, can span 12 steps.)
 constexpr double kEvidenceClip = 0.25;
 // After this many buckets in a row at the chance test's clip, the next may
 // add up to a quarter of its level (WaitAttribution::lag_step).
@@ -220,7 +220,8 @@ double WaitAttribution::lag_step(double centred_lag, double noise, uint32_t pers
   // after bucket passes almost as fast as without the lower clip, where the
   // heavy tail's chance buckets come one at a time (their lags hardly
   // correlate from one bucket to the next).
-  const double clip = persisting >= kPersisting ? options_.lag_evidence_sd / 4 : options_.lag_clip_sd;
+  const double clip =
+      persisting >= kPersisting ? std::max(options_.lag_clip_sd, options_.lag_evidence_sd / 4) : options_.lag_clip_sd;
   return std::clamp(centred_lag / noise, -clip, clip) - options_.lag_reference_sd;
 }
 

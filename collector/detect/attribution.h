@@ -41,7 +41,7 @@
 //     of 4 instances at least: the mean lag of fewer is skewed, and chance
 //     passes the CUSUM far more often. At a slow step such a bucket spans
 //     two steps, and a rank slowed 5x, far behind at every step, would
-//     need 10 of them. So a rank also passes when it is far behind: a
+//     need 12 of them. So a rank also passes when it is far behind: a
 //     quarter of `lag_evidence_sd` or more in each of its last buckets of a
 //     fifth of the window (closed by time alone, an instance at least;
 //     standardised by their own noise), each adding that less the reference,

@@ -544,6 +544,7 @@ TEST(WaitAttribution, ARankBehindBucketAfterBucketIsNotHeldToTheClip) {
   ASSERT_GE(found_after, 0) << "never found: chance " << job.waits.standings()[37].lag_evidence;
   EXPECT_LE(found_after, 25);
   EXPECT_EQ(job.waits.standings()[37].far_buckets, 0u) << "the far-behind run passed it, not the CUSUM";
+  EXPECT_EQ(job.waits.standings()[37].chance_scale, 1u) << "passed over longer buckets, not the window's";
 }
 
 TEST(WaitAttribution, NoRankOfAHealthyJobIsSlowOverHours) {
