@@ -539,12 +539,14 @@ TEST(WaitAttribution, ARankBehindBucketAfterBucketIsNotHeldToTheClip) {
   int found_after = -1;
   for (int i = 0; i < 60 && found_after < 0; ++i) {
     job.step(slowed);
-    if (job.waits.standings()[37].slow || job.waits.standings()[37].over) found_after = i;
+    const Standing st = job.waits.standings()[37];
+    if (st.slow || st.over) found_after = i;
   }
-  ASSERT_GE(found_after, 0) << "never found: chance " << job.waits.standings()[37].lag_evidence;
+  const Standing st = job.waits.standings()[37];
+  ASSERT_GE(found_after, 0) << "never found: chance " << st.lag_evidence;
   EXPECT_LE(found_after, 25);
-  EXPECT_EQ(job.waits.standings()[37].far_buckets, 0u) << "the far-behind run passed it, not the CUSUM";
-  EXPECT_EQ(job.waits.standings()[37].chance_scale, 1u) << "passed over longer buckets, not the window's";
+  EXPECT_EQ(st.far_buckets, 0u) << "the far-behind run passed it, not the CUSUM";
+  EXPECT_EQ(st.chance_scale, 1u) << "passed over longer buckets, not the window's";
 }
 
 TEST(WaitAttribution, NoRankOfAHealthyJobIsSlowOverHours) {
@@ -633,7 +635,7 @@ TEST(WaitAttribution, ARankAFewPercentSlowerInAJobWhoseStepsVaryByAQuarterIsFoun
 TEST(WaitAttribution, NoRankOfAJobWhoseStepsVaryByDataIsSlowOverManyHours) {
   // The job above, healthy, at 1 s steps for 10 hours each at 25% and 40%
   // variation. A bucket's lag behind the median is a half-rectified
-  // log-normal: its standardised changes have a far heavier right tail than
+  // log-normal: its standardised lag has a far heavier right tail than
   // a normal's (5 sd or more about once in 800 buckets, not once in 3.5
   // million), and where one bucket could add 5 sd a few of them passed the
   // chance test by luck alone (at 40% variation, this run did in its first
