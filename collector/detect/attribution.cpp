@@ -282,6 +282,7 @@ void WaitAttribution::close_timed_bucket() {
   std::vector<double> centred;
   timed_lags_.close(centred);
   const double job_noise = timed_lags_.noise();
+  if (options_.on_bucket) options_.on_bucket(true, centred, job_noise);
   for (size_t r = 0; r < ranks_.size(); ++r) {
     Rank& rank = ranks_[r];
     rank.far_run = rank.learnt && far_behind(centred[r], job_noise) ? rank.far_run + 1 : 0;
@@ -301,6 +302,7 @@ void WaitAttribution::close_bucket() {
   std::vector<double> centred;
   lags_.close(centred);
   const double job_noise = lags_.noise();
+  if (options_.on_bucket) options_.on_bucket(false, centred, job_noise);
   const double bucket_lag = lag_sum(s);
   closed_buckets_ += 1;
   for (size_t i = 0; i < kCoarse.size(); ++i) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <span>
 
 namespace rankscope::collector {
 namespace {
@@ -474,8 +475,8 @@ TEST(WaitAttribution, TheChanceTestOfAJobOfOneCollectiveEveryTwoSecondsHoldsUnde
 // every rank computes about 1 s (normal, sd `sd_ms`), times its `factor`
 // (1 where not given), plus its `extra`.
 struct OneCollectiveJob {
-  OneCollectiveJob(int32_t n, double sd_ms, uint32_t seed)
-      : waits(n, AttributionOptions{}), rng(seed), compute(1000.0 * kMs, sd_ms * kMs) {}
+  OneCollectiveJob(int32_t n, double sd_ms, uint32_t seed, AttributionOptions options = {})
+      : waits(n, std::move(options)), rng(seed), compute(1000.0 * kMs, sd_ms * kMs) {}
   WaitAttribution waits;
   std::mt19937 rng;
   std::normal_distribution<double> compute;
@@ -547,6 +548,57 @@ TEST(WaitAttribution, ARankBehindBucketAfterBucketIsNotHeldToTheClip) {
   EXPECT_LE(found_after, 25);
   EXPECT_EQ(st.far_buckets, 0u) << "the far-behind run passed it, not the CUSUM";
   EXPECT_EQ(st.chance_scale, 1u) << "passed over longer buckets, not the window's";
+}
+
+TEST(WaitAttribution, TheChanceTestTellsEachClosedBucketAsItReadsIt) {
+  // What benchmarks read the statistic's distribution by
+  // (AttributionOptions::on_bucket): each closed bucket, the window's and
+  // the far-behind run's, with every rank's centred lag and the noise it
+  // is measured against. 64 ranks varying by 3%, rank 37 slowed 1.2x after
+  // 120 steps: in every bucket after, it is the one furthest behind, by
+  // many times the noise; before, nobody was far behind.
+  struct Told {
+    bool timed;
+    std::vector<double> centred;
+    double noise;
+  };
+  std::vector<Told> told;
+  AttributionOptions options;
+  options.on_bucket = [&told](bool timed, std::span<const double> centred, double noise) {
+    told.push_back({timed, {centred.begin(), centred.end()}, noise});
+  };
+  OneCollectiveJob job(64, 30, 3, options);
+  for (int i = 0; i < 120; ++i) job.step();
+  const size_t healthy = told.size();
+  std::vector<double> slowed(64, 1.0);
+  slowed[37] = 1.2;
+  for (int i = 0; i < 10; ++i) job.step(slowed);
+  const size_t onset = told.size();  // past the buckets that straddle the slowing
+  for (int i = 0; i < 40; ++i) job.step(slowed);
+  size_t window = 0, timed = 0;
+  for (size_t b = 0; b < told.size(); ++b) {
+    const Told& t = told[b];
+    SCOPED_TRACE("bucket " + std::to_string(b) + (t.timed ? " (timed)" : ""));
+    ASSERT_EQ(t.centred.size(), 64u);
+    // Centred: each rank's lag less the others' mean, so the ranks' sum is 0.
+    double sum = 0, largest = 0;
+    for (double c : t.centred) sum += c, largest = std::max(largest, std::abs(c));
+    EXPECT_NEAR(sum, 0.0, 1e-6 * (largest + 1));
+    (t.timed ? timed : window) += 1;
+    if (b < 20 || t.noise <= 0) continue;  // the noise is measured on few changes yet
+    const auto worst = std::max_element(t.centred.begin(), t.centred.end());
+    const double z = *worst / t.noise;
+    if (b < healthy) {
+      EXPECT_LT(z, 8.0) << "healthy, rank " << (worst - t.centred.begin()) << " far behind";
+    } else if (b >= onset) {
+      EXPECT_EQ(worst - t.centred.begin(), 37) << "not the slowed rank furthest behind";
+      EXPECT_GT(z, 5.0);
+    }
+  }
+  // At 1 s steps of one collective: a timed bucket a step, a window bucket every 4.
+  EXPECT_GE(timed, 150u);
+  EXPECT_GE(window, 30u);
+  EXPECT_LT(window, timed);
 }
 
 TEST(WaitAttribution, NoRankOfAHealthyJobIsSlowOverHours) {
