@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "collector/detect/host_wait.h"
 #include "common/search.h"
 #include "common/stats.h"
 
@@ -19,21 +20,6 @@ constexpr size_t kProcExchanges = 1024;
 // calls) ends while its instances settle and wait to be scored.
 constexpr size_t kProcGpuEnds = 16384;
 constexpr uint64_t kProcHistoryNs = kBatchGapWaitNs + 2'000'000'000ull;  // ... or waits for a missing batch
-// A host wait on the GPU that began within this of an exchange's release
-// waited for it (a synchronize right after a Recv, or at a step's end after
-// the last bucket). One that began later waited for GPU work of its own.
-constexpr uint64_t kWaitJoinNs = 2'000'000;
-// A wait is matched to the exchanges its host entered at most this long
-// before it began (an exchange whose wait record came first is matched when
-// it completes).
-constexpr uint64_t kWaitLookbackNs = 1'000'000'000ull;
-
-// Whether a host wait (start, end) of a member that arrived at `arrival`
-// waited for an exchange released at `release`: the exchange was on its
-// stream before the wait began, and the wait held the host past the release.
-bool waited_for(uint64_t start, uint64_t end, uint64_t arrival, uint64_t release) {
-  return arrival <= start && start <= release + kWaitJoinNs && end >= release;
-}
 // Complete instances waiting to be scored, per communicator: this many
 // bytes of them, and at least kMinSettling.
 constexpr size_t kSettlingBytes = 16u << 20;
@@ -52,14 +38,15 @@ uint64_t Detector::ProcHistory::free_bound_of(const Exchange& e) {
   return e.waited ? std::max(e.release, e.data->data_ns) : e.release;
 }
 
-void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data) {
-  Exchange e{arrival, data->release, false, data};
+void Detector::ProcHistory::add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data, uint64_t margin) {
+  margin = std::min(margin, kWaitLookbackNs);
+  Exchange e{arrival, data->release, static_cast<uint32_t>(margin), false, data};
   // Its waits that ended before the exchange completed here (the last
   // member's records came later than its wait's).
-  for (auto w = waits.rbegin(); w != waits.rend() && w->second >= data->release; ++w)
-    if (waited_for(w->first, w->second, arrival, data->release)) {
+  for (auto w = waits.rbegin(); w != waits.rend() && w->second + margin >= data->release; ++w)
+    if (waited_for(w->first, w->second, arrival, data->release, margin)) {
       e.waited = true;
-      data->data_ns = std::min(data->data_ns, w->second);
+      data->data_ns = std::min(data->data_ns, data_moved(w->second, data->release));
     }
   const Exchange* before = exchanges.empty() ? nullptr : &exchanges.back();
   e.arrival_bound = std::max(before ? before->arrival_bound : 0, arrival);
@@ -84,9 +71,9 @@ void Detector::ProcHistory::add_wait(uint64_t start, uint64_t end) {
   size_t earliest = exchanges.size();
   for (auto e = exchanges.rbegin(); e != exchanges.rend(); ++e) {
     if (e->arrival + kWaitLookbackNs < start) break;
-    if (!waited_for(start, end, e->arrival, e->release)) continue;
+    if (!waited_for(start, end, e->arrival, e->release, e->margin)) continue;
     e->waited = true;
-    e->data->data_ns = std::min(e->data->data_ns, end);
+    e->data->data_ns = std::min(e->data->data_ns, data_moved(end, e->release));
     earliest = static_cast<size_t>(exchanges.rend() - e) - 1;
   }
   // An exchange now waited for may be free later than its bound said: raise
@@ -230,8 +217,12 @@ void Detector::on_pair(const PairComplete& pair) {
   // The pair is released when both sides are posted.
   CommDetect& state = comms_[pair.comm.hash];
   auto data = std::make_shared<ExchangeData>(std::max(pair.send_issue_ns, pair.recv_issue_ns));
-  if (ProcHistory* sender = proc_of(pair.comm, state, pair.sender)) sender->add(pair.send_issue_ns, data);
-  if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver)) receiver->add(pair.recv_issue_ns, data);
+  if (!state.margin) refresh_margins(pair.comm, state);
+  auto margin = [&](int32_t rank) { return rank >= 0 && rank < std::ssize(*state.margin) ? (*state.margin)[rank] : 0; };
+  if (ProcHistory* sender = proc_of(pair.comm, state, pair.sender))
+    sender->add(pair.send_issue_ns, data, margin(pair.sender));
+  if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver))
+    receiver->add(pair.recv_issue_ns, data, margin(pair.receiver));
 }
 
 void Detector::on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) {
@@ -269,8 +260,10 @@ void Detector::on_complete(const CollectiveComplete& done) {
   // Every member was free to go on from here: the exchange's release (or
   // once its data moved, for a member that waited for it).
   auto data = std::make_shared<ExchangeData>(done.issue[last]);
+  if (!state.margin) refresh_margins(comm, state);  // its first instance before its first evaluation
+  const std::vector<uint64_t>& margin = *state.margin;
   for (int32_t r = 0; r < n; ++r)
-    if (ProcHistory* p = proc_of(comm, state, r)) p->add(done.issue[r], data);
+    if (ProcHistory* p = proc_of(comm, state, r)) p->add(done.issue[r], data, r < std::ssize(margin) ? margin[r] : 0);
   // The last arrival's lateness against the median of the others, for the lateness histogram.
   if (lateness_samples_.size() < kMaxLatenessSamples) {
     std::vector<int64_t> others;
@@ -278,7 +271,6 @@ void Detector::on_complete(const CollectiveComplete& done) {
       if (r != last) others.push_back(static_cast<int64_t>(done.issue[r]));
     lateness_samples_.push_back(static_cast<double>(static_cast<int64_t>(done.issue[last]) - median(others)) / 1e9);
   }
-  if (!state.margin) refresh_margins(comm, state);  // its first instance before its first evaluation
   state.done.push_back(Completed{done.issue, done.issue[last], state.margin, {}});
   if (!model_.gaps.empty()) note_gaps(comm, state.done.back());
   // A job completing thousands of collectives a second (FSDP's per-layer

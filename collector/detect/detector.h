@@ -94,7 +94,8 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
   // members' hosts saw it: its release (the last arrival) and when its data
   // had moved, as far as a host can tell: the earliest end of a host wait
   // on the GPU that covered it, by any member (began by its release, or
-  // kWaitJoinNs after; ended after it). Every member's wait ends once its
+  // kWaitJoinNs and the clocks' margin after; ended after it:
+  // collector/detect/host_wait.h). Every member's wait ends once its
   // stream has the exchange's data, and later by its host's own delay in
   // waking (a CPU-starved host's is long): the earliest is the closest to
   // the data's arrival and carries no other member's delay.
@@ -113,6 +114,7 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
       // exchange it passes, and the shared row, made when the exchange
       // completed, is seldom in the cache by then.
       uint64_t release;
+      uint32_t margin;  // the clocks' margin between its arrival and the release (waited_for; at most 1 s)
       bool waited = false;
       std::shared_ptr<ExchangeData> data;
       // Bounds over it and every exchange before it, for base_before to stop
@@ -144,7 +146,8 @@ class Detector final : public MatchListener, public GpuListener, public RecordOb
     // Its host's waits on the GPU (start, end), by end: blocked in
     // cudaStreamSynchronize until its stream's work was done.
     std::deque<std::pair<uint64_t, uint64_t>> waits;
-    void add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data);
+    // `margin`: the clocks' margin between it and the others (waited_for).
+    void add(uint64_t arrival, const std::shared_ptr<ExchangeData>& data, uint64_t margin);
     void add_issue(uint64_t issue);
     // The ends of its kernels of every communicator, in time order: a
     // kernel cannot start before the one queued ahead of it on its stream

@@ -8,6 +8,7 @@
 
 #include "collector/detect/detector.h"
 #include "collector/detect/finding_store.h"
+#include "collector/detect/host_wait.h"
 #include "collector/query.h"
 #include "tests/support/feed.h"
 #include "tests/support/harness.h"
@@ -1342,6 +1343,36 @@ TEST_F(DetectTest, ACpuStarvedRankWokenLateFromItsWaitIsStillNamed) {
   ASSERT_EQ(stragglers.size(), 1u) << summaries(stragglers);
   EXPECT_EQ(stragglers[0]->ranks, std::vector<int32_t>{2});
   EXPECT_NEAR(stragglers[0]->lateness_s, 0.008, 0.001) << "its own late waking, not less";
+}
+
+TEST(HostWait, AWaitPutOnAMovedClockEstimateCountsForItsExchangeWithinTheMargin) {
+  // The last member arrived at 1 s (the release); the exchange's data moved
+  // 300 ms later. Its synchronize began 20 us after its arrival on its own
+  // clock, but its node's estimate moved 4 ms forward between the batch of
+  // its call and the batch of its wait: on the cluster clock the wait
+  // seems to begin 4.02 ms after the release. With the clocks' margin
+  // (4 ms: the move) it waited for the exchange; without, it did not (a
+  // wait for GPU work of its own), and it was taken as free at the release,
+  // late by the whole transfer at its next collective.
+  const uint64_t release = 1'000'000'000, arrival = release;
+  const uint64_t start = arrival + 20'000 + 4 * kMs, end = release + 300 * kMs + 4 * kMs;
+  EXPECT_TRUE(waited_for(start, end, arrival, release, 4 * kMs));
+  EXPECT_FALSE(waited_for(start, end, arrival, release, 0));
+  // Beyond the join and the margin: GPU work of its own, as before.
+  EXPECT_FALSE(waited_for(release + 7 * kMs, end, arrival, release, 4 * kMs));
+  // A wait that ended before the release waited for something earlier,
+  // unless the clocks cannot tell.
+  EXPECT_FALSE(waited_for(arrival, release - 5 * kMs, arrival - 10 * kMs, release, 4 * kMs));
+  EXPECT_TRUE(waited_for(arrival, release - 3 * kMs, arrival - 10 * kMs, release, 4 * kMs));
+  // ... and dates the data no earlier than the release: one such wait never
+  // makes the exchange's members free before it.
+  EXPECT_EQ(data_moved(release - 3 * kMs, release), release);
+  EXPECT_EQ(data_moved(end, release), end);
+  // A wait begun before its own arrival (the same node's clock) never did.
+  EXPECT_FALSE(waited_for(arrival - kMs, end, arrival, release, 4 * kMs));
+  // A clock not known yet: an unbounded margin counts as the lookback (1 s).
+  EXPECT_TRUE(waited_for(release + 900 * kMs, release + 2 * kSecond, arrival, release, UINT64_MAX / 2));
+  EXPECT_FALSE(waited_for(release + 1100 * kMs, release + 2 * kSecond, arrival, release, UINT64_MAX / 2));
 }
 
 TEST_F(DetectTest, ABatchLostAndSentAgainDoesNotMakeItsRanksLate) {
