@@ -40,12 +40,14 @@ namespace {
 // of one kind (the window's, or the far-behind run's timed ones).
 struct Tail {
   long buckets = 0;           // rank-buckets counted (the job's noise known, past the first window)
-  long over3 = 0, over5 = 0;  // at 3 and 5 sd or more (5: a far-behind bucket)
+  // A far-behind bucket's standardised lag, as WaitAttribution::far_behind reads it.
+  static inline const double kFar = AttributionOptions{}.lag_evidence_sd / 4;
+  long over3 = 0, over5 = 0;  // at 3 and kFar sd or more
   double sum = 0, squares = 0;
   // Pairs of a rank's value in one bucket and the next (lag-1 correlation).
   double px = 0, py = 0, pxx = 0, pyy = 0, pxy = 0;
   long pairs = 0;
-  std::map<long, long> runs;  // far-behind runs (5 sd or more in a row) by length
+  std::map<long, long> runs;  // far-behind runs (kFar sd or more in a row) by length
   std::vector<double> last;   // by rank: its value in the last bucket (NaN: none)
   std::vector<long> run;      // by rank: its run of far-behind buckets so far
   long seen = 0;              // buckets closed so far
@@ -58,7 +60,7 @@ struct Tail {
       const double z = centred[r] / noise;
       buckets += 1;
       over3 += z >= 3;
-      over5 += z >= 5;
+      over5 += z >= kFar;
       sum += z;
       squares += z * z;
       if (!std::isnan(last[r])) {
@@ -66,7 +68,7 @@ struct Tail {
         pairs += 1;
       }
       last[r] = z;
-      if (z >= 5) {
+      if (z >= kFar) {
         run[r] += 1;
       } else if (run[r] > 0) {
         runs[run[r]] += 1;
@@ -230,8 +232,10 @@ int main(int argc, char** argv) {
     if (tail) {
       std::printf(
           "\nThe standardised lag (centred lag / the job's noise), every rank and closed bucket past each run's "
-          "first 20:\n\n| buckets | rank-buckets | 3 sd or more | 5 sd or more | sd | lag-1 correlation | far-behind "
-          "runs (5 sd or more in a row) of 2 or more, by length |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+          "first 20:\n\n| buckets | rank-buckets | 3 sd or more | %.3g sd or more | sd | lag-1 correlation | "
+          "far-behind "
+          "runs (%.3g sd or more in a row) of 2 or more, by length |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+          Tail::kFar, Tail::kFar);
       window.print("the window's (the CUSUM's)");
       timed.print("of 1 s or more (the far-behind run's)");
     }

@@ -114,10 +114,11 @@ struct AttributionOptions {
   // (rankscope-bench-chance-steps, docs/benchmarks.md). The price: a rank
   // slowed a little beyond the job's noise needs a few buckets more.
   double lag_clip_sd = 2.5;
-  // Told of each closed bucket of the chance test's statistic, as the test
-  // reads it: `timed`, a far-behind run's bucket of 1 s or more (else the
-  // window's); each rank's centred lag and the job's noise it is measured
-  // against (0: not yet known). For benchmarks of its distribution
+  // Told of each closed bucket of the chance test's statistic: `timed`, a
+  // far-behind run's bucket of 1 s or more (else the window's); every
+  // rank's centred lag, whether or not the test reads it yet (a rank still
+  // learning its baseline is reported too), and the job's noise it is
+  // measured against (0: not yet known). For benchmarks of its distribution
   // (rankscope-bench-chance-steps --tail); unset, nothing is kept or told.
   std::function<void(bool timed, std::span<const double> centred, double noise)> on_bucket;
 };

@@ -26,6 +26,12 @@ constexpr size_t kSettlingBytes = 16u << 20;
 constexpr size_t kMinSettling = 1024;
 // An agent heartbeats every second: silent for this long, its ranks are unseen.
 constexpr uint64_t kUnseenNs = 3'000'000'000ull;
+
+// A member's clocks' margin as its communicator's last evaluation put it (0:
+// a rank it did not know yet).
+uint64_t margin_of(const std::vector<uint64_t>& margins, int32_t rank) {
+  return rank >= 0 && rank < std::ssize(margins) ? margins[rank] : 0;
+}
 }  // namespace
 
 Detector::Detector(const ClusterModel& model, CollectiveMatcher& matcher, FindingBook& book, const Clock& clock,
@@ -218,11 +224,10 @@ void Detector::on_pair(const PairComplete& pair) {
   CommDetect& state = comms_[pair.comm.hash];
   auto data = std::make_shared<ExchangeData>(std::max(pair.send_issue_ns, pair.recv_issue_ns));
   if (!state.margin) refresh_margins(pair.comm, state);
-  auto margin = [&](int32_t rank) { return rank >= 0 && rank < std::ssize(*state.margin) ? (*state.margin)[rank] : 0; };
   if (ProcHistory* sender = proc_of(pair.comm, state, pair.sender))
-    sender->add(pair.send_issue_ns, data, margin(pair.sender));
+    sender->add(pair.send_issue_ns, data, margin_of(*state.margin, pair.sender));
   if (ProcHistory* receiver = proc_of(pair.comm, state, pair.receiver))
-    receiver->add(pair.recv_issue_ns, data, margin(pair.receiver));
+    receiver->add(pair.recv_issue_ns, data, margin_of(*state.margin, pair.receiver));
 }
 
 void Detector::on_waits(const std::string& node, uint32_t pid, std::span<const HostWait> waits) {
@@ -261,9 +266,8 @@ void Detector::on_complete(const CollectiveComplete& done) {
   // once its data moved, for a member that waited for it).
   auto data = std::make_shared<ExchangeData>(done.issue[last]);
   if (!state.margin) refresh_margins(comm, state);  // its first instance before its first evaluation
-  const std::vector<uint64_t>& margin = *state.margin;
   for (int32_t r = 0; r < n; ++r)
-    if (ProcHistory* p = proc_of(comm, state, r)) p->add(done.issue[r], data, r < std::ssize(margin) ? margin[r] : 0);
+    if (ProcHistory* p = proc_of(comm, state, r)) p->add(done.issue[r], data, margin_of(*state.margin, r));
   // The last arrival's lateness against the median of the others, for the lateness histogram.
   if (lateness_samples_.size() < kMaxLatenessSamples) {
     std::vector<int64_t> others;
