@@ -1368,8 +1368,14 @@ TEST(HostWait, AWaitPutOnAMovedClockEstimateCountsForItsExchangeWithinTheMargin)
   // makes the exchange's members free before it.
   EXPECT_EQ(data_moved(release - 3 * kMs, release), release);
   EXPECT_EQ(data_moved(end, release), end);
-  // A wait begun before its own arrival (the same node's clock) never did.
-  EXPECT_FALSE(waited_for(arrival - kMs, end, arrival, release, 4 * kMs));
+  // Its estimate moved back instead: the synchronize, begun 35 us after its
+  // call, seems to begin 320 us before it (a healthy sync-each job's node
+  // in the live run, docs/benchmarks.md). It waited for the exchange; not
+  // where the clocks are known closer than that.
+  EXPECT_TRUE(waited_for(arrival - 320'000, end, arrival, release, 4 * kMs));
+  EXPECT_FALSE(waited_for(arrival - 320'000, end, arrival, release, 300'000));
+  // A wait begun before its own arrival beyond the margin never did.
+  EXPECT_FALSE(waited_for(arrival - 5 * kMs, end, arrival, release, 4 * kMs));
   // A clock not known yet: an unbounded margin counts as the lookback (1 s).
   EXPECT_TRUE(waited_for(release + 900 * kMs, release + 2 * kSecond, arrival, release, UINT64_MAX / 2));
   EXPECT_FALSE(waited_for(release + 1100 * kMs, release + 2 * kSecond, arrival, release, UINT64_MAX / 2));
