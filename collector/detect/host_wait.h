@@ -40,9 +40,10 @@ constexpr uint64_t kWaitLookbackNs = 1'000'000'000ull;
 // for the exchange, as a lag within the margin does not count; and a wait
 // that ended just before the member's call (a copy after the previous
 // exchange's synchronize) can be matched to it. Such a wait ended before
-// the release, and dates the data at the release (data_moved): every
-// member is then free at the release alike, as if no one had waited, and
-// none is made late against the others.
+// the call, and dates the data at the release or within the margin after
+// it (data_moved): every member is then free at about the release alike,
+// as if no one had waited, and none is made late against the others by
+// more than the margin, which its lag is judged less.
 inline bool waited_for(uint64_t start, uint64_t end, uint64_t arrival, uint64_t release, uint64_t margin) {
   margin = std::min(margin, kWaitLookbackNs);
   return arrival <= start + margin && start <= release + kWaitJoinNs + margin && end + margin >= release;
