@@ -451,14 +451,19 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
     double owed = fair - std::max(static_cast<double>(margin[r]), before);
     if (owed <= 0) continue;
     int64_t t = static_cast<int64_t>(arrival[r]);
-    int64_t from = std::max(t - static_cast<int64_t>(owed), rank.blamed_until);
+    const int64_t start = t - static_cast<int64_t>(owed);
+    // All it is owed here is new: no earlier instance counted any of it.
+    const bool whole = start >= rank.blamed_until;
+    int64_t from = std::max(start, rank.blamed_until);
     rank.blamed_until = std::max(rank.blamed_until, t);
     if (t <= from) continue;
     uint64_t counted = static_cast<uint64_t>(t - from);
     rank.owed[s] += counted;
     // Held up at this one: new waiting, not the tail of a stretch counted
     // at the previous one (where lateness is carried, any new waiting).
-    if (counted >= options_.min_lateness_ns || carried) {
+    // Its lateness passed the floor and the margin above; what lies beyond
+    // a wide margin may be under the floor and is as new.
+    if (whole || counted >= options_.min_lateness_ns || carried) {
       rank.held[s] += 1;
       rank.late[s] += held;  // its lateness there, as measured (the margin only guards the decision)
     }
