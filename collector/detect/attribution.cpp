@@ -461,8 +461,9 @@ void WaitAttribution::add(const std::vector<int64_t>& value, const std::vector<u
     rank.owed[s] += counted;
     // Held up at this one: new waiting, not the tail of a stretch counted
     // at the previous one (where lateness is carried, any new waiting).
-    // Its lateness passed the floor and the margin above; what lies beyond
-    // a wide margin may be under the floor and is as new.
+    // Where none of it was counted before, it is new however little of it
+    // lies beyond a wide margin: its lateness passed the floor and the
+    // margin above.
     if (whole || counted >= options_.min_lateness_ns || carried) {
       rank.held[s] += 1;
       rank.late[s] += held;  // its lateness there, as measured (the margin only guards the decision)
